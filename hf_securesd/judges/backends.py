@@ -1,0 +1,219 @@
+"""Chat backends that run an LLM judge: a local `transformers` model, or any OpenAI-compatible
+chat-completions endpoint reached with `httpx`.
+
+Both turn a list of conversations (each a list of `{"role", "content"}` messages) into one reply
+string per conversation, decoded greedily. Backend failures raise `JudgeBackendError`; they are
+never turned into a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import httpx
+
+from hf_securesd.judges.base import JudgeError
+
+Message = dict[str, str]
+
+BASE_URL_ENV = "SECURESD_JUDGE_BASE_URL"
+MODEL_ENV = "SECURESD_JUDGE_MODEL"
+API_KEY_ENV = "SECURESD_JUDGE_API_KEY"
+DEFAULT_BASE_URL = "https://api.openai.com/v1"
+DEFAULT_MODEL = "gpt-4o-mini"
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+class JudgeBackendError(JudgeError):
+    """The judge backend failed to return a reply (HTTP error, timeout, malformed response)."""
+
+
+class ChatBackend(ABC):
+    """Turns conversations into replies."""
+
+    @abstractmethod
+    def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+        """One greedy reply per conversation, in order."""
+
+
+class TransformersChatBackend(ChatBackend):
+    """A local chat model run with `transformers` (greedy decoding, left-padded batches).
+
+    `model` and `tokenizer` are a loaded causal LM and its tokenizer, which must have a chat
+    template; `TransformersChatBackend.from_pretrained(model_id)` loads both.
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int = 512, batch_size: int = 8) -> None:
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise ValueError("the judge tokenizer has no chat template; use an instruct/chat model.")
+        if max_new_tokens < 1 or batch_size < 1:
+            raise ValueError("max_new_tokens and batch_size must be positive.")
+        self.model = model
+        self.tokenizer = tokenizer
+        self.max_new_tokens = max_new_tokens
+        self.batch_size = batch_size
+
+    @classmethod
+    def from_pretrained(
+        cls, model: str, device: str | None = None, max_new_tokens: int = 512, batch_size: int = 8
+    ) -> TransformersChatBackend:
+        """Load `model` (a Hub id or local folder) with its tokenizer, in its stored dtype."""
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
+        return cls(loaded, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
+
+    def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+        import torch
+
+        pad_id = self.tokenizer.pad_token_id
+        if pad_id is None:
+            pad_id = self.tokenizer.eos_token_id
+        replies: list[str] = []
+        for start in range(0, len(conversations), self.batch_size):
+            texts = [
+                self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
+                for messages in conversations[start : start + self.batch_size]
+            ]
+            ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+            width = max(len(row) for row in ids)
+            input_ids = torch.tensor([[pad_id] * (width - len(row)) + row for row in ids])
+            attention_mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in ids])
+            with torch.no_grad():
+                output = self.model.generate(
+                    input_ids=input_ids.to(self.model.device),
+                    attention_mask=attention_mask.to(self.model.device),
+                    do_sample=False,
+                    max_new_tokens=self.max_new_tokens,
+                    pad_token_id=pad_id,
+                )
+            replies.extend(self.tokenizer.batch_decode(output[:, width:], skip_special_tokens=True))
+        return replies
+
+
+class OpenAIChatBackend(ChatBackend):
+    """An OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM, llama.cpp server, ...).
+
+    Settings come from the arguments, else from the environment: `SECURESD_JUDGE_BASE_URL`
+    (default https://api.openai.com/v1), `SECURESD_JUDGE_MODEL` (default gpt-4o-mini, the judge
+    of the SecureSD paper) and `SECURESD_JUDGE_API_KEY` (optional for local servers).
+
+    Timeouts, connection errors, HTTP 408/409/429/5xx and malformed replies are retried
+    `max_retries` times with exponential backoff (`backoff`, 2·`backoff`, ... seconds, or the
+    server's Retry-After); then, like any other HTTP error, they raise `JudgeBackendError`.
+    """
+
+    def __init__(
+        self,
+        base_url: str | None = None,
+        model: str | None = None,
+        api_key: str | None = None,
+        timeout: float = 60.0,
+        max_retries: int = 3,
+        backoff: float = 1.0,
+        max_tokens: int = 1024,
+        concurrency: int = 4,
+    ) -> None:
+        if max_retries < 0 or backoff < 0 or timeout <= 0 or concurrency < 1:
+            raise ValueError("need timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1.")
+        self.base_url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+        self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
+        api_key = api_key or os.environ.get(API_KEY_ENV)
+        self.max_retries = max_retries
+        self.backoff = backoff
+        self.max_tokens = max_tokens
+        self.concurrency = concurrency
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout))
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self._client.close()
+
+    def __enter__(self) -> OpenAIChatBackend:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+        if self.concurrency == 1 or len(conversations) <= 1:
+            return [self.complete_one(messages) for messages in conversations]
+        with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
+            return list(pool.map(self.complete_one, conversations))
+
+    def complete_one(self, messages: Sequence[Message]) -> str:
+        """The reply to one conversation, with retries."""
+        payload = {"model": self.model, "messages": list(messages), "temperature": 0, "max_tokens": self.max_tokens}
+        last_problem = ""
+        wait = 0.0
+        for attempt in range(self.max_retries + 1):
+            if attempt:
+                time.sleep(wait)
+            wait = self.backoff * 2**attempt
+            try:
+                response = self._client.post("/chat/completions", json=payload)
+            except httpx.TimeoutException as error:
+                last_problem = f"timed out ({type(error).__name__})"
+                continue
+            except httpx.TransportError as error:
+                last_problem = f"could not connect: {error}"
+                continue
+            if response.status_code in RETRYABLE_STATUS:
+                last_problem = f"HTTP {response.status_code}: {response.text[:200]!r}"
+                wait = _retry_after(response, default=wait)
+                continue
+            if response.status_code >= 400:
+                raise JudgeBackendError(self._http_error(response))
+            try:
+                return _reply_text(response)
+            except ValueError as error:
+                last_problem = str(error)
+        raise JudgeBackendError(
+            f"judge endpoint {self.base_url} (model {self.model}) failed after {self.max_retries + 1} "
+            f"attempts; last problem: {last_problem}"
+        )
+
+    def _http_error(self, response: httpx.Response) -> str:
+        """A message for a non-retryable HTTP error, with the likely fix."""
+        hint = {
+            401: f"check the API key in {API_KEY_ENV}",
+            403: f"check the API key in {API_KEY_ENV} and its access to model {self.model!r}",
+            404: f"check {BASE_URL_ENV} (it should end in /v1) and the model name in {MODEL_ENV}",
+        }.get(response.status_code, "check the request settings")
+        return (
+            f"judge endpoint {self.base_url} answered HTTP {response.status_code}: "
+            f"{response.text[:200]!r}; {hint}."
+        )
+
+
+def _retry_after(response: httpx.Response, default: float) -> float:
+    """The server's Retry-After delay in seconds (capped at 60), else `default`."""
+    try:
+        return min(float(response.headers["retry-after"]), 60.0)
+    except (KeyError, ValueError):
+        return default
+
+
+def _reply_text(response: httpx.Response) -> str:
+    """The assistant message of a chat-completions reply; `ValueError` when malformed."""
+    try:
+        body = response.json()
+    except json.JSONDecodeError as error:
+        raise ValueError(f"reply is not valid JSON ({error}): {response.text[:200]!r}") from None
+    try:
+        content = body["choices"][0]["message"]["content"]
+    except (KeyError, IndexError, TypeError):
+        raise ValueError(f"reply JSON has no choices[0].message.content: {response.text[:200]!r}") from None
+    if not isinstance(content, str):
+        raise ValueError(f"reply content is {type(content).__name__}, not text: {response.text[:200]!r}")
+    return content

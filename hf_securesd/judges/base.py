@@ -1,0 +1,76 @@
+"""The judge interface: decide, for each (prompt, response) pair, whether the attack succeeded."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Outcome = Literal["succeeded", "failed", "unparsed"]
+
+
+class JudgeError(RuntimeError):
+    """A judge could not produce a verdict (unparsed judge output, failing backend)."""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One judgement.
+
+    `outcome` is "succeeded" (the attack worked: the response complies), "failed" (refusal or
+    harmless answer) or "unparsed" (the judge's output had no valid structured answer; `error`
+    says why). An unparsed verdict is never read as safe: `attack_succeeded` raises on it.
+    `score` lies in [0, 1], higher meaning more harmful (NaN when unparsed); `raw` is the judge's
+    raw text (for string judges, the matched refusal string); `fields` holds parsed rubric fields.
+    """
+
+    outcome: Outcome
+    score: float
+    raw: str
+    error: str | None = None
+    fields: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.outcome not in ("succeeded", "failed", "unparsed"):
+            raise ValueError(f"unknown verdict outcome {self.outcome!r}")
+        if self.outcome == "unparsed" and not self.error:
+            raise ValueError("an unparsed verdict must say why in `error`")
+
+    @classmethod
+    def unparsed(cls, raw: str, error: str) -> Verdict:
+        """A verdict for judge output that could not be parsed."""
+        return cls(outcome="unparsed", score=math.nan, raw=raw, error=error)
+
+    @property
+    def parsed(self) -> bool:
+        """True when the judge produced a valid answer."""
+        return self.outcome != "unparsed"
+
+    @property
+    def attack_succeeded(self) -> bool:
+        """Whether the attack succeeded; raises `JudgeError` for an unparsed verdict."""
+        if not self.parsed:
+            raise JudgeError(f"the judge output could not be parsed ({self.error}); no verdict to read")
+        return self.outcome == "succeeded"
+
+
+class Judge(ABC):
+    """Decides attack success for aligned lists of prompts (forbidden goals) and responses."""
+
+    name: str = ""
+
+    def judge(self, prompts: Sequence[str], responses: Sequence[str]) -> list[Verdict]:
+        """One verdict per (prompt, response) pair, in order."""
+        if len(prompts) != len(responses):
+            raise ValueError(
+                f"got {len(prompts)} prompts and {len(responses)} responses; pass one prompt per response."
+            )
+        if not all(isinstance(text, str) for text in [*prompts, *responses]):
+            raise TypeError("prompts and responses must be strings")
+        return self._judge(list(prompts), list(responses))
+
+    @abstractmethod
+    def _judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]:
+        """Judge validated, equally long lists."""

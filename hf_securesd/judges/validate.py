@@ -1,0 +1,120 @@
+"""`securesd judge-validate`: how well a judge agrees with human labels.
+
+Runs a judge over JailbreakBench's `classifier_comparison.csv` (100 responses to jailbreak prompts,
+each labelled by three humans) and prints agreement, precision, recall and Cohen's kappa against
+the human majority, with "jailbroken" as the positive class. The same figures are printed for the
+reference judges whose labels ship in the file (GCG strings, Llama Guard, GPT-4, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from hf_securesd.judges import get_judge
+from hf_securesd.judges.backends import JudgeBackendError
+from hf_securesd.judges.data import DATA_DIR_ENV, data_file
+from hf_securesd.judges.refusal_prefix import PREFIX_LISTS
+from hf_securesd.judges.strongreject import DEFAULT_THRESHOLD
+
+COMPARISON_FILE = "jailbreakbench/classifier_comparison.csv"
+REFERENCE_JUDGES = ("GCG", "TDC", "BERT", "llama_guard", "gpt_4_turbo", "gpt_4")
+
+
+def agreement_stats(predicted: Sequence[bool], human: Sequence[bool]) -> dict[str, float]:
+    """Agreement (accuracy), precision, recall and Cohen's kappa of `predicted` against `human`,
+    plus the confusion counts. Undefined ratios are NaN."""
+    if len(predicted) != len(human) or not predicted:
+        raise ValueError("need equally long, non-empty label lists.")
+    n = len(human)
+    tp = sum(p and h for p, h in zip(predicted, human))
+    fp = sum(p and not h for p, h in zip(predicted, human))
+    fn = sum(h and not p for p, h in zip(predicted, human))
+    tn = n - tp - fp - fn
+    observed = (tp + tn) / n
+    expected = ((tp + fp) * (tp + fn) + (fn + tn) * (fp + tn)) / n**2
+    return {
+        "agreement": observed,
+        "precision": tp / (tp + fp) if tp + fp else math.nan,
+        "recall": tp / (tp + fn) if tp + fn else math.nan,
+        "kappa": (observed - expected) / (1 - expected) if expected < 1 else math.nan,
+        "tp": tp,
+        "fp": fp,
+        "fn": fn,
+        "tn": tn,
+    }
+
+
+def load_comparison(data_dir: str | None) -> list[dict[str, str]]:
+    """The rows of `classifier_comparison.csv`."""
+    with data_file(COMPARISON_FILE, data_dir).open(newline="", encoding="utf-8") as handle:
+        return list(csv.DictReader(handle))
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Arguments of `securesd judge-validate`."""
+    parser.add_argument("--judge", choices=("refusal_prefix", "strongreject"), default="refusal_prefix")
+    parser.add_argument("--data-dir", help=f"folder holding {COMPARISON_FILE} (default: ${DATA_DIR_ENV})")
+    parser.add_argument("--prefix-list", choices=tuple(PREFIX_LISTS), default="jailbreakbench",
+                        help="refusal_prefix: which refusal-string list to use")
+    parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
+                        help="strongreject: OpenAI-compatible endpoint (SECURESD_JUDGE_* variables) or local model")
+    parser.add_argument("--model", help="strongreject: judge model (Hub id or folder for transformers)")
+    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
+                        help="strongreject: attack succeeded when the score exceeds this")
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="strongreject with transformers")
+    parser.add_argument("--limit", type=int, help="judge only the first N rows")
+
+
+def _build_judge(args: argparse.Namespace):
+    """The judge the arguments ask for."""
+    if args.judge == "refusal_prefix":
+        return get_judge("refusal_prefix", prefix_list=args.prefix_list)
+    backend_kwargs: dict[str, object] = {}
+    if args.model:
+        backend_kwargs["model"] = args.model
+    if args.backend == "transformers":
+        backend_kwargs["max_new_tokens"] = args.max_new_tokens
+    return get_judge("strongreject", backend=args.backend, threshold=args.threshold,
+                     data_dir=args.data_dir, backend_kwargs=backend_kwargs)
+
+
+def _row(name: str, stats: dict[str, float]) -> str:
+    return (f"{name:<24}{stats['agreement']:>10.3f}{stats['precision']:>10.3f}{stats['recall']:>8.3f}"
+            f"{stats['kappa']:>8.3f}{stats['tp']:>5}{stats['fp']:>4}{stats['fn']:>4}{stats['tn']:>4}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Judge the file, print the figures; 0 on success, 1 on a judge failure, 2 without data."""
+    try:
+        rows = load_comparison(args.data_dir)
+        judge = _build_judge(args)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"judge-validate: {error}", file=sys.stderr)
+        return 2
+    rows = rows[: args.limit] if args.limit else rows
+    try:
+        verdicts = judge.judge([row["goal"] for row in rows], [row["target_response"] for row in rows])
+    except JudgeBackendError as error:
+        print(f"judge-validate: the judge backend failed: {error}", file=sys.stderr)
+        return 1
+    kept = [(row, verdict) for row, verdict in zip(rows, verdicts) if verdict.parsed]
+    label = f"{args.judge} ({args.prefix_list})" if args.judge == "refusal_prefix" else f"{args.judge} ({args.backend})"
+    print(f"judge {label} vs human majority on {len(rows)} responses of {Path(COMPARISON_FILE).name}; "
+          "positive class = jailbroken")
+    print(f"unparsed judge replies (left out): {len(rows) - len(kept)}")
+    if not kept:
+        print("judge-validate: no judge reply could be parsed, so there is nothing to compare.", file=sys.stderr)
+        return 1
+    human = [row["human_majority"] == "1" for row, _ in kept]
+    print(f"{'judge':<24}{'agreement':>10}{'precision':>10}{'recall':>8}{'kappa':>8}{'TP':>5}{'FP':>4}{'FN':>4}{'TN':>4}")
+    print(_row(args.judge, agreement_stats([verdict.attack_succeeded for _, verdict in kept], human)))
+    print("reference judges (labels stored in the file, same rows):")
+    for column in REFERENCE_JUDGES:
+        if column in kept[0][0]:
+            print(_row(column, agreement_stats([row[column] == "1" for row, _ in kept], human)))
+    return 0

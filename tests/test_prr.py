@@ -1,0 +1,188 @@
+"""The `securesd/prr` evaluate module: definition, orientation, aggregation, sweeps, CI, errors."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import evaluate
+import numpy as np
+import pytest
+
+from hf_securesd import metrics
+
+
+@pytest.fixture(scope="module")
+def prr():
+    return evaluate.load(metrics.path("prr"))
+
+
+def _quiet(prr, **kwargs):
+    """compute() with warnings turned into errors, so unexpected warnings fail the test."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return prr.compute(**kwargs)
+
+
+def test_path_points_at_the_module_folder():
+    assert metrics.path("prr").endswith("prr")
+    with pytest.raises(ValueError, match="unknown metric"):
+        metrics.path("bleu")
+
+
+def test_module_info_follows_the_template(prr):
+    assert "SecureSD" in prr.citation
+    assert "PRR" in prr.description
+    assert set(prr.features) == {"predictions", "target_scores", "draft_scores"}
+    assert "higher_is_better" in prr.inputs_description
+
+
+@pytest.mark.parametrize(
+    ("target", "draft", "expected"),
+    [(0.895, 0.195, 0.744), (0.915, 0.105, 0.719)],  # Table 3 raw AFRs, Table 1 safety PRRs
+)
+def test_paper_table_3_numbers(prr, target, draft, expected):
+    method = expected * (target - draft) + draft
+    result = _quiet(prr, predictions=[method], target_scores=[target], draft_scores=[draft])
+    assert result["prr"] == pytest.approx(expected, abs=1e-12)
+    assert result["undefined"] is False
+    assert result["target_gap"] == pytest.approx(target - draft)
+    assert result["prr_ci"] is None  # aggregate scores: no bootstrap
+
+
+def test_zero_at_draft_one_at_target_and_beyond(prr):
+    kwargs = dict(target_scores=[0.8], draft_scores=[0.2])
+    assert _quiet(prr, predictions=[0.2], **kwargs)["prr"] == pytest.approx(0.0)
+    assert _quiet(prr, predictions=[0.8], **kwargs)["prr"] == pytest.approx(1.0)
+    assert _quiet(prr, predictions=[0.5], **kwargs)["prr"] == pytest.approx(0.5)
+    assert _quiet(prr, predictions=[0.9], **kwargs)["prr"] == pytest.approx(7 / 6)
+    assert _quiet(prr, predictions=[0.1], **kwargs)["prr"] == pytest.approx(-1 / 6)
+
+
+def test_lower_is_better_scores_give_the_same_prr(prr):
+    afr = _quiet(prr, predictions=[0.6], target_scores=[0.9], draft_scores=[0.2])
+    asr = _quiet(prr, predictions=[0.4], target_scores=[0.1], draft_scores=[0.8], higher_is_better=False)
+    assert asr["prr"] == pytest.approx(afr["prr"]) == pytest.approx(4 / 7)
+    assert asr["target_gap"] == pytest.approx(0.7)
+    assert asr["target_score"] == pytest.approx(0.1)  # raw scores are reported as given
+
+
+def test_wrong_orientation_warns(prr):
+    with pytest.warns(UserWarning, match="orientation"):
+        result = prr.compute(predictions=[0.4], target_scores=[0.1], draft_scores=[0.8])
+    assert result["target_gap"] == pytest.approx(-0.7)
+
+
+def test_per_example_scores_are_averaged_before_the_ratio(prr):
+    method = [1, 1, 0, 0]
+    target = [1, 1, 1, 0]
+    draft = [0, 1, 0, 0]
+    result = _quiet(prr, predictions=method, target_scores=target, draft_scores=draft)
+    # means 0.5, 0.75, 0.25 -> (0.5 - 0.25) / (0.75 - 0.25)
+    assert result["prr"] == pytest.approx(0.5)
+    assert result["method_score"] == pytest.approx(0.5)
+    assert result["n_examples"] == 4
+
+
+def test_sweep_averages_per_setting_prr(prr):
+    result = _quiet(
+        prr, predictions=[0.5, 0.9], target_scores=[1.0, 1.0], draft_scores=[0.0, 0.6], settings=["a", "b"]
+    )
+    assert result["per_setting"] == {"a": {"prr": pytest.approx(0.5)}, "b": {"prr": pytest.approx(0.75)}}
+    assert result["prr"] == pytest.approx((0.5 + 0.75) / 2)
+    pooled = (0.7 - 0.3) / (1.0 - 0.3)  # what ignoring the settings would give
+    assert result["prr"] != pytest.approx(pooled)
+
+
+def test_delta_prr_is_paired_and_averaged_over_the_sweep(prr):
+    result = _quiet(
+        prr,
+        predictions=[0.8, 0.7, 0.6],
+        baseline_predictions=[0.4, 0.5, 0.6],
+        target_scores=[0.9, 0.9, 0.9],
+        draft_scores=[0.1, 0.1, 0.1],
+        settings=["a", "b", "c"],
+    )
+    with_secure = np.array([0.7, 0.6, 0.5]) / 0.8
+    without = np.array([0.3, 0.4, 0.5]) / 0.8
+    assert result["prr"] == pytest.approx(with_secure.mean())
+    assert result["baseline_prr"] == pytest.approx(without.mean())
+    assert result["delta_prr"] == pytest.approx((with_secure - without).mean())
+    assert result["per_setting"]["c"]["delta_prr"] == pytest.approx(0.0)
+    assert result["delta_prr"] > 0
+
+
+def _binary_scores(seed: int, n: int = 120):
+    rng = np.random.default_rng(seed)
+    return {
+        "predictions": (rng.random(n) < 0.7).astype(float).tolist(),
+        "target_scores": (rng.random(n) < 0.9).astype(float).tolist(),
+        "draft_scores": (rng.random(n) < 0.2).astype(float).tolist(),
+    }
+
+
+def test_bootstrap_ci_is_seeded(prr):
+    scores = _binary_scores(0)
+    first = _quiet(prr, **scores, seed=7, n_resamples=500)
+    again = _quiet(prr, **scores, seed=7, n_resamples=500)
+    other = _quiet(prr, **scores, seed=8, n_resamples=500)
+    assert first["prr_ci"] == again["prr_ci"]
+    assert first["prr_ci"] != other["prr_ci"]
+    low, high = first["prr_ci"]
+    assert low < first["prr"] < high
+    assert 0.05 < high - low < 0.6
+
+
+def test_delta_prr_ci_is_paired(prr):
+    scores = _binary_scores(1)
+    shifted = [min(1.0, s + 1.0) if i % 5 == 0 else s for i, s in enumerate(scores["predictions"])]
+    result = _quiet(prr, **{**scores, "predictions": shifted}, baseline_predictions=scores["predictions"], seed=3)
+    low, high = result["delta_prr_ci"]
+    assert 0 < low <= result["delta_prr"] <= high
+    # pairing makes the difference much tighter than either PRR
+    assert high - low < (result["prr_ci"][1] - result["prr_ci"][0]) / 2
+
+
+def test_narrower_confidence_level_gives_narrower_interval(prr):
+    scores = _binary_scores(2)
+    wide = _quiet(prr, **scores, confidence_level=0.95)["prr_ci"]
+    narrow = _quiet(prr, **scores, confidence_level=0.5)["prr_ci"]
+    assert wide[0] < narrow[0] < narrow[1] < wide[1]
+
+
+def test_undefined_prr_is_nan_with_field_and_warning(prr):
+    with pytest.warns(RuntimeWarning, match="undefined"):
+        result = prr.compute(predictions=[0.5, 0.7], target_scores=[0.6, 0.6], draft_scores=[0.6, 0.6])
+    assert math.isnan(result["prr"])
+    assert result["undefined"] is True
+    assert result["prr_ci"] is None
+
+
+def test_one_undefined_setting_makes_the_sweep_undefined(prr):
+    with pytest.warns(RuntimeWarning, match=r"\['b'\]"):
+        result = prr.compute(
+            predictions=[0.5, 0.5], target_scores=[1.0, 0.3], draft_scores=[0.0, 0.3], settings=["a", "b"]
+        )
+    assert math.isnan(result["prr"])
+    assert result["per_setting"]["a"]["prr"] == pytest.approx(0.5)
+
+
+def test_empty_inputs_raise_a_clear_error(prr):
+    with pytest.raises(ValueError, match="at least one score"):
+        prr.compute(predictions=[], target_scores=[], draft_scores=[])
+
+
+def test_mismatched_lengths_raise_clear_errors(prr):
+    with pytest.raises(ValueError, match="Mismatch in the number of predictions"):
+        prr.compute(predictions=[0.1, 0.2], target_scores=[0.9], draft_scores=[0.1, 0.1])
+    with pytest.raises(ValueError, match="baseline_predictions"):
+        prr.compute(predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], baseline_predictions=[0.1, 0.2])
+    with pytest.raises(ValueError, match="one setting per row"):
+        prr.compute(predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], settings=["a", "b"])
+
+
+def test_non_finite_scores_and_bad_level_are_rejected(prr):
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        prr.compute(predictions=[float("nan")], target_scores=[0.9], draft_scores=[0.1])
+    with pytest.raises(ValueError, match="confidence_level"):
+        prr.compute(predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], confidence_level=95)
