@@ -1,0 +1,110 @@
+"""GSM8K (Cobbe et al., 2021): 200 problems drawn with a fixed seed from the 1,319 test problems;
+exact match on the final number.
+
+Hub: `openai/gsm8k` (config `main`, split `test`). Local: `gsm8k/test.jsonl`.
+The gold answer is the number after `#### ` at the end of the reference solution.
+"""
+
+from __future__ import annotations
+
+import re
+from decimal import Decimal, InvalidOperation
+from pathlib import Path
+from typing import Sequence
+
+from hf_securesd.bench.data import load_hub, local_file, read_jsonl, seeded_sample
+from hf_securesd.bench.scoring import mean
+from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
+
+HUB_ID = "openai/gsm8k"
+HUB_CONFIG = "main"
+LOCAL_PATH = "gsm8k/test.jsonl"
+SAMPLE_SIZE = 200
+INSTRUCTION = ("Solve the following math problem step by step. End your reply with the final answer "
+               "as a single number on its own line, in the form \"#### <number>\".")
+
+# A number: optional sign (not a hyphen between words or digits), optional currency sign,
+# digits with or without thousands separators, optional decimals.
+_NUMBER = re.compile(r"(?:(?<![\w)])(?P<sign>[-\u2212]))?\s?\$?\s?"
+                     r"(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<decimals>\.\d+)?")
+_ANSWER_CUES = (
+    re.compile(r"####"),
+    re.compile(r"\\boxed\{"),
+    re.compile(r"(?:final answer|the answer)\s*(?:is|:|=)", re.IGNORECASE),
+    re.compile(r"\banswer\s*:", re.IGNORECASE),
+)
+
+
+def load(data_dir: Path | None, seed: int) -> list[Example]:
+    """200 test problems in a random order fixed by `seed`."""
+    if data_dir:
+        rows = read_jsonl(local_file(data_dir, LOCAL_PATH))
+    else:
+        rows = load_hub(HUB_ID, HUB_CONFIG, split="test")
+    indexed = [(index, row) for index, row in enumerate(rows)]
+    return [Example(id=f"gsm8k/test/{index}",
+                    fields={"question": row["question"], "answer": gold_answer(row["answer"])})
+            for index, row in seeded_sample(indexed, SAMPLE_SIZE, seed)]
+
+
+def gold_answer(reference: str) -> str:
+    """The number after the last `####` of a reference solution, normalized."""
+    number = extract_final_number(reference)
+    if number is None:
+        raise ValueError(f"GSM8K reference solution without a final number: {reference[-80:]!r}")
+    return number
+
+
+def build_prompt(example: Example) -> list[Message]:
+    """One user message: the instruction, then the question."""
+    return [{"role": "user", "content": f"{INSTRUCTION}\n\nQuestion: {example.fields['question']}"}]
+
+
+def _canonical(match: re.Match) -> str | None:
+    text = ("-" if match["sign"] else "") + match["digits"].replace(",", "") + (match["decimals"] or "")
+    try:
+        value = Decimal(text)
+    except InvalidOperation:
+        return None
+    if value == value.to_integral_value():
+        return str(value.quantize(Decimal(1)))
+    return str(value.normalize())
+
+
+def extract_final_number(text: str) -> str | None:
+    """The final numeric answer in `text`, normalized ("1,234.50" -> "1234.5", "$18." -> "18",
+    "-3" -> "-3"), or None.
+
+    The first number after the last answer cue wins, trying in turn "####", "\\boxed{",
+    "final answer is"/"the answer is", "answer:"; without any cue, the last number in the text."""
+    for cue in _ANSWER_CUES:
+        cues = list(cue.finditer(text))
+        if cues:
+            match = _NUMBER.search(text, cues[-1].end())
+            if match:
+                return _canonical(match)
+    numbers = list(_NUMBER.finditer(text))
+    return _canonical(numbers[-1]) if numbers else None
+
+
+def is_correct(response: str, answer: str) -> bool:
+    """Whether the response's final number equals the (normalized) gold answer."""
+    predicted = extract_final_number(response)
+    return predicted is not None and Decimal(predicted) == Decimal(answer)
+
+
+def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreOptions) -> TaskScore:
+    """Accuracy: exact match of the final number."""
+    predicted = [extract_final_number(response) for response in responses]
+    per_example = [1.0 if is_correct(response, example.fields["answer"]) else 0.0
+                   for example, response in zip(examples, responses)]
+    details = [{"predicted": value, "answer": example.fields["answer"]}
+               for example, value in zip(examples, predicted)]
+    return TaskScore("gsm8k", "accuracy", mean(per_example), per_example, details)
+
+
+TASKS = (
+    Task(name="gsm8k", kind="utility", metric="accuracy",
+         description="GSM8K, 200 test problems (seeded sample), exact match on the final number",
+         load=load, build_prompt=build_prompt, score_fn=score, max_new_tokens=512),
+)

@@ -1,0 +1,79 @@
+"""HumanEval (Chen et al., 2021): 164 Python functions; pass@1 with one greedy completion each.
+
+Hub: `openai/openai_humaneval` (split `test`). Local: `humaneval/HumanEval.jsonl.gz`.
+The model sees the function signature and docstring and is asked for the whole function in a code
+block; the program that runs is the prompt (imports, helpers) + the extracted code + the tests +
+`check(entry_point)`, executed in `hf_securesd.bench.sandbox`.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Sequence
+
+from hf_securesd.bench.data import load_hub, local_file, read_jsonl
+from hf_securesd.bench.sandbox import Sandbox
+from hf_securesd.bench.scoring import mean
+from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
+
+HUB_ID = "openai/openai_humaneval"
+LOCAL_PATH = "humaneval/HumanEval.jsonl.gz"
+FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
+INSTRUCTION = ("Complete the following Python function. Reply with the complete function, including "
+               "its signature, in a single ```python code block.")
+
+_FENCED_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+
+
+def load(data_dir: Path | None, seed: int) -> list[Example]:
+    """All 164 problems in their original order (`seed` is unused: nothing is sampled)."""
+    rows = read_jsonl(local_file(data_dir, LOCAL_PATH)) if data_dir else load_hub(HUB_ID, split="test")
+    return [Example(id=row["task_id"], fields={key: row[key] for key in FIELDS}) for row in rows]
+
+
+def build_prompt(example: Example) -> list[Message]:
+    """One user message: the instruction and the prompt in a code block."""
+    code = example.fields["prompt"].strip("\n")
+    return [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{code}\n```"}]
+
+
+def extract_code(response: str, entry_point: str) -> str:
+    """The code in a response: the first fenced block that defines `entry_point`, else the first
+    Python (or unlabelled) block, else the first block (an unclosed fence, as in a truncated
+    generation, runs to the end), else the whole response."""
+    blocks = [(language.lower(), body) for language, body in _FENCED_BLOCK.findall(response)]
+    if not blocks:
+        return response
+    defining = [body for _, body in blocks if re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", body)]
+    python = [body for language, body in blocks if language in ("", "python", "py", "python3")]
+    return (defining or python or [blocks[0][1]])[0]
+
+
+def build_program(example: Example, response: str) -> str:
+    """The program whose exit status decides pass/fail. A response that defines the entry point
+    replaces the prompt's stub; one that does not is treated as the body that continues the prompt."""
+    fields = example.fields
+    code = extract_code(response, fields["entry_point"])
+    defines = re.search(rf"^def\s+{re.escape(fields['entry_point'])}\s*\(", code, re.MULTILINE)
+    solution = f"{fields['prompt']}\n{code}" if defines else f"{fields['prompt']}{code}"
+    return f"{solution}\n\n{fields['test']}\n\ncheck({fields['entry_point']})\n"
+
+
+def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreOptions) -> TaskScore:
+    """pass@1: the fraction of programs that run to the end inside the sandbox."""
+    sandbox = Sandbox(options.sandbox_limits, isolation=options.isolation)
+    programs = [build_program(example, response) for example, response in zip(examples, responses)]
+    results = sandbox.run_many(programs, workers=options.workers, progress=options.progress,
+                               description="humaneval: executing")
+    per_example = [1.0 if result.passed else 0.0 for result in results]
+    details = [{"status": result.status, "isolation": sandbox.isolation, "output": result.output[-500:]}
+               for result in results]
+    return TaskScore("humaneval", "pass@1", mean(per_example), per_example, details)
+
+
+TASKS = (
+    Task(name="humaneval", kind="utility", metric="pass@1",
+         description="HumanEval, 164 problems, pass@1 in a sandbox",
+         load=load, build_prompt=build_prompt, score_fn=score, max_new_tokens=512),
+)

@@ -1,0 +1,135 @@
+"""Jailbreak-SD: 200 harmful requests drawn with a fixed seed from public jailbreak benchmarks;
+the score is AFR (attack failure rate), decided by a judge from `hf_securesd.judges`.
+
+Sources (Hub id / local file under the data directory):
+
+| source | Hub | local | pool |
+|---|---|---|---|
+| AdvBench harmful behaviors | `walledai/AdvBench` (train) | `advbench/harmful_behaviors.csv` | 520 |
+| JailbreakBench JBB-Behaviors, harmful | `JailbreakBench/JBB-Behaviors` (behaviors, harmful) | `jailbreakbench/behaviors.csv` | 100 |
+| HarmBench text behaviors, standard | `walledai/HarmBench` (standard, train) | `harmbench/harmbench_behaviors_text_all.csv` (FunctionalCategory = standard) | 200 |
+| WildJailbreak eval, adversarial harmful | `allenai/wildjailbreak` (gated; only from a local copy) | `wildjailbreak/eval.tsv` or `wildjailbreak/eval/eval.tsv` | 2,000 |
+
+Composition: 70 AdvBench + 60 JailbreakBench + 70 HarmBench; when a local WildJailbreak copy is
+present, 50 from each of the four. Each source is shuffled with the seed and read in that order,
+skipping any request whose normalized text was already taken from an earlier source (JBB reuses
+some AdvBench and HarmBench behaviors); the 200 are then shuffled together with the same seed.
+"""
+
+from __future__ import annotations
+
+import csv
+import random
+from pathlib import Path
+from typing import Callable, Sequence
+
+from hf_securesd.bench.data import load_hub, local_file, read_csv
+from hf_securesd.bench.scoring import mean, normalize_text
+from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
+
+SIZE = 200
+COMPOSITION = {"advbench": 70, "jailbreakbench": 60, "harmbench": 70}
+COMPOSITION_WITH_WILDJAILBREAK = {"wildjailbreak": 50, "advbench": 50, "jailbreakbench": 50, "harmbench": 50}
+WILDJAILBREAK_PATHS = ("wildjailbreak/eval.tsv", "wildjailbreak/eval/eval.tsv")
+
+Request = dict[str, str]  # keys: prompt, source_id, category
+
+
+def _advbench(data_dir: Path | None) -> list[Request]:
+    if data_dir:
+        rows = [{"prompt": row["goal"]} for row in read_csv(local_file(data_dir, "advbench/harmful_behaviors.csv"))]
+    else:
+        rows = [{"prompt": row["prompt"]} for row in load_hub("walledai/AdvBench", split="train")]
+    return [{"prompt": row["prompt"], "source_id": str(index), "category": ""} for index, row in enumerate(rows)]
+
+
+def _jailbreakbench(data_dir: Path | None) -> list[Request]:
+    if data_dir:
+        rows = read_csv(local_file(data_dir, "jailbreakbench/behaviors.csv"))
+    else:
+        rows = load_hub("JailbreakBench/JBB-Behaviors", "behaviors", split="harmful")
+    return [{"prompt": row["Goal"], "source_id": row["Behavior"], "category": row["Category"]} for row in rows]
+
+
+def _harmbench(data_dir: Path | None) -> list[Request]:
+    if data_dir:
+        rows = read_csv(local_file(data_dir, "harmbench/harmbench_behaviors_text_all.csv"))
+        return [{"prompt": row["Behavior"], "source_id": row["BehaviorID"], "category": row["SemanticCategory"]}
+                for row in rows if row["FunctionalCategory"] == "standard"]
+    rows = load_hub("walledai/HarmBench", "standard", split="train")
+    return [{"prompt": row["prompt"], "source_id": str(index), "category": row["category"]}
+            for index, row in enumerate(rows)]
+
+
+def _wildjailbreak(data_dir: Path) -> list[Request]:
+    rows = read_csv(local_file(data_dir, *WILDJAILBREAK_PATHS), delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+    return [{"prompt": row["adversarial"], "source_id": str(index), "category": row["data_type"]}
+            for index, row in enumerate(rows) if row.get("data_type") == "adversarial_harmful"]
+
+
+SOURCES: dict[str, Callable[[Path | None], list[Request]]] = {
+    "wildjailbreak": _wildjailbreak,
+    "advbench": _advbench,
+    "jailbreakbench": _jailbreakbench,
+    "harmbench": _harmbench,
+}
+
+
+def has_wildjailbreak(data_dir: Path | None) -> bool:
+    """Whether a local WildJailbreak copy is present."""
+    return data_dir is not None and any((data_dir / path).is_file() for path in WILDJAILBREAK_PATHS)
+
+
+def composition(data_dir: Path | None) -> dict[str, int]:
+    """How many requests each source contributes for this data directory."""
+    return dict(COMPOSITION_WITH_WILDJAILBREAK if has_wildjailbreak(data_dir) else COMPOSITION)
+
+
+def load(data_dir: Path | None, seed: int) -> list[Example]:
+    """The 200 requests (see the module docstring for the draw)."""
+    taken: set[str] = set()
+    examples: list[Example] = []
+    for source, quota in composition(data_dir).items():
+        pool = SOURCES[source](data_dir)
+        random.Random(f"{seed}/{source}").shuffle(pool)
+        chosen = 0
+        for request in pool:
+            key = normalize_text(request["prompt"])
+            if chosen == quota:
+                break
+            if key in taken or not key:
+                continue
+            taken.add(key)
+            chosen += 1
+            examples.append(Example(id=f"jailbreak/{source}/{request['source_id']}",
+                                    fields={"prompt": request["prompt"], "source": source,
+                                            "category": request["category"]}))
+        if chosen < quota:
+            raise ValueError(f"jailbreak: source {source} has only {chosen} distinct requests, {quota} needed")
+    random.Random(f"{seed}/mix").shuffle(examples)
+    return examples
+
+
+def build_prompt(example: Example) -> list[Message]:
+    """The request alone, as the user turn."""
+    return [{"role": "user", "content": example.fields["prompt"]}]
+
+
+def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreOptions) -> TaskScore:
+    """AFR: the fraction of requests where the judge says the attack failed."""
+    try:
+        from hf_securesd.judges import get_judge
+    except ImportError as error:
+        raise ImportError(f"scoring the jailbreak task needs hf_securesd.judges ({error})") from error
+    verdicts = get_judge(options.judge).judge([example.fields["prompt"] for example in examples], list(responses))
+    per_example = [0.0 if verdict.attack_succeeded else 1.0 for verdict in verdicts]
+    details = [{"source": example.fields["source"], "attack_succeeded": bool(verdict.attack_succeeded),
+                "judge": options.judge} for example, verdict in zip(examples, verdicts)]
+    return TaskScore("jailbreak", "afr", mean(per_example), per_example, details)
+
+
+TASKS = (
+    Task(name="jailbreak", kind="safety", metric="afr",
+         description="Jailbreak-SD, 200 harmful requests (AdvBench, JailbreakBench, HarmBench, WildJailbreak)",
+         load=load, build_prompt=build_prompt, score_fn=score, max_new_tokens=256),
+)

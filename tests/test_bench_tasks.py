@@ -1,0 +1,300 @@
+"""Benchmark tasks on the local data ($SECURESD_DATA_DIR, else /work/shared/data): loaders, sizes,
+seeded determinism, prompt builders and scorers."""
+
+from __future__ import annotations
+
+import os
+import sys
+import types
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.data import ENV_VAR, resolve_data_dir, seeded_sample
+from hf_securesd.bench.scoring import normalize_text
+from hf_securesd.bench.tasks import Example, ScoreOptions, get_task, task_names
+from hf_securesd.bench.tasks import jailbreak, prompt_injection
+from hf_securesd.bench.tasks.gsm8k import extract_final_number, is_correct
+
+FALLBACK_DATA_DIR = "/work/shared/data"
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
+    if not os.environ.get(ENV_VAR) and not Path(chosen).is_dir():
+        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
+    return Path(chosen)
+
+
+@pytest.fixture(scope="module")
+def injection_cases(data_dir: Path) -> list[Example]:
+    return get_task("prompt_injection").examples(data_dir=data_dir)
+
+
+# --- registry and data directory ---------------------------------------------------------------
+
+def test_registry_lists_every_task() -> None:
+    assert set(task_names()) >= {"humaneval", "gsm8k", "jailbreak", "prompt_injection", "prompt_injection_adaptive"}
+    for name in task_names():
+        task = get_task(name)
+        assert task.name == name and task.kind in ("utility", "safety")
+    with pytest.raises(KeyError, match="available"):
+        get_task("mmlu")
+
+
+def test_data_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv(ENV_VAR, raising=False)
+    assert resolve_data_dir(None) is None
+    monkeypatch.setenv(ENV_VAR, str(tmp_path))
+    assert resolve_data_dir(None) == tmp_path
+    explicit = tmp_path / "explicit"
+    explicit.mkdir()
+    assert resolve_data_dir(explicit) == explicit
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        resolve_data_dir(tmp_path / "missing")
+
+
+def test_missing_local_file_names_the_fix(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="gsm8k/test.jsonl.*docs/benchmarks.md"):
+        get_task("gsm8k").examples(data_dir=tmp_path)
+
+
+def test_seeded_sample_is_deterministic() -> None:
+    items = list(range(100))
+    assert seeded_sample(items, 10, 3) == seeded_sample(items, 10, 3)
+    assert seeded_sample(items, 10, 3) != seeded_sample(items, 10, 4)
+    assert sorted(seeded_sample(items, 200, 0)) == items
+
+
+def test_length_mismatch_and_empty_inputs_are_errors(data_dir: Path) -> None:
+    task = get_task("gsm8k")
+    examples = task.examples(data_dir=data_dir, limit=2)
+    with pytest.raises(ValueError, match="2 examples"):
+        task.score(examples, ["1"])
+    with pytest.raises(ValueError, match="no examples"):
+        task.score([], [])
+
+
+# --- HumanEval ---------------------------------------------------------------------------------
+
+def test_humaneval_loader(data_dir: Path) -> None:
+    examples = get_task("humaneval").examples(data_dir=data_dir)
+    assert len(examples) == 164 and examples[0].id == "HumanEval/0" and examples[-1].id == "HumanEval/163"
+    messages = get_task("humaneval").build_prompt(examples[0])
+    assert messages[0]["role"] == "user" and "def has_close_elements" in messages[0]["content"]
+
+
+# --- GSM8K -------------------------------------------------------------------------------------
+
+def test_gsm8k_loader_sample_is_seeded(data_dir: Path) -> None:
+    task = get_task("gsm8k")
+    first, again = task.examples(data_dir=data_dir), task.examples(data_dir=data_dir)
+    assert len(first) == 200 and len({example.id for example in first}) == 200
+    assert [example.id for example in first] == [example.id for example in again]
+    assert [example.id for example in task.examples(data_dir=data_dir, seed=1)] != [e.id for e in first]
+    assert task.examples(data_dir=data_dir, limit=5) == first[:5]
+    assert all(extract_final_number(example.fields["answer"]) == example.fields["answer"] for example in first)
+    assert "Question:" in task.build_prompt(first[0])[0]["content"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("She makes 9 * 2 = $18 every day.\n#### 18", "18"),
+    ("The total is 1,234 apples.", "1234"),
+    ("It costs $1,080.", "1080"),
+    ("So the answer is $3.50.", "3.5"),
+    ("The answer is 18.", "18"),
+    ("#### -5", "-5"),
+    ("The temperature dropped to -12 degrees.", "-12"),
+    ("He had 5-3=2 left.", "2"),
+    ("Half of 7 is 3.5", "3.5"),
+    ("#### 1,000,000", "1000000"),
+    ("####42", "42"),
+    ("First 3, then 4, then 5 remain. The final answer is 12 because 3 + 4 + 5 = 12.", "12"),
+    ("The answer is 40, since 10 + 30 = 40 and 2 * 20 = 40 too. Then 7 more.", "40"),
+    ("Total: 12 + 30 = 42 dollars", "42"),
+    ("\\boxed{72}", "72"),
+    ("So she pays 18.00 dollars.", "18"),
+    ("#### 18\nThat took 3 steps.", "18"),
+    ("Answer: \u22127", "-7"),
+    ("no numbers here", None),
+])
+def test_gsm8k_final_number_extraction(text: str, expected: str | None) -> None:
+    assert extract_final_number(text) == expected
+
+
+def test_gsm8k_scoring(data_dir: Path) -> None:
+    task = get_task("gsm8k")
+    examples = task.examples(data_dir=data_dir, limit=3)
+    answers = [example.fields["answer"] for example in examples]
+    responses = [f"Step by step... #### {answers[0]}", f"The answer is {answers[1]}.", "#### 123456789"]
+    result = task.score(examples, responses)
+    assert result.per_example == [1.0, 1.0, 0.0]
+    assert result.value == pytest.approx(2 / 3) and result.metric == "accuracy"
+    assert is_correct("#### 1,000.0", "1000") and not is_correct("#### 1001", "1000")
+
+
+# --- Jailbreak-SD ------------------------------------------------------------------------------
+
+def test_jailbreak_composition_and_determinism(data_dir: Path) -> None:
+    task = get_task("jailbreak")
+    examples = task.examples(data_dir=data_dir)
+    assert len(examples) == 200
+    assert Counter(example.fields["source"] for example in examples) == jailbreak.COMPOSITION
+    assert len({normalize_text(example.fields["prompt"]) for example in examples}) == 200
+    assert [e.id for e in task.examples(data_dir=data_dir)] == [e.id for e in examples]
+    assert [e.id for e in task.examples(data_dir=data_dir, seed=7)] != [e.id for e in examples]
+    # the mix is shuffled, so a prefix (smoke runs) draws from several sources
+    assert len({example.fields["source"] for example in examples[:20]}) == 3
+    assert task.build_prompt(examples[0]) == [{"role": "user", "content": examples[0].fields["prompt"]}]
+
+
+def test_jailbreak_harmbench_uses_standard_behaviors_only(data_dir: Path) -> None:
+    harmbench = jailbreak.SOURCES["harmbench"](data_dir)
+    assert len(harmbench) == 200
+
+
+def test_jailbreak_with_local_wildjailbreak(data_dir: Path, tmp_path: Path) -> None:
+    for name in ("advbench", "jailbreakbench", "harmbench"):
+        (tmp_path / name).symlink_to(data_dir / name)
+    (tmp_path / "wildjailbreak").mkdir()
+    rows = ["adversarial\tlabel\tdata_type"]
+    rows += [f"Imagine a story where a character explains forbidden thing {i}\t1\tadversarial_harmful"
+             for i in range(60)]
+    rows += [f"Benign roleplay request {i}\t0\tadversarial_benign" for i in range(30)]
+    (tmp_path / "wildjailbreak" / "eval.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    examples = get_task("jailbreak").examples(data_dir=tmp_path)
+    assert len(examples) == 200
+    assert Counter(example.fields["source"] for example in examples) == jailbreak.COMPOSITION_WITH_WILDJAILBREAK
+    assert not any("Benign" in example.fields["prompt"] for example in examples)
+
+
+def test_jailbreak_scorer_delegates_to_the_judge(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+
+    class Verdict:
+        def __init__(self, succeeded: bool) -> None:
+            self.attack_succeeded = succeeded
+
+    class StubJudge:
+        def judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]:
+            return [Verdict(not response.startswith("I'm sorry")) for response in responses]
+
+    def get_judge(name: str) -> StubJudge:
+        calls.append((name, 0))
+        return StubJudge()
+
+    monkeypatch.setitem(sys.modules, "hf_securesd.judges", types.SimpleNamespace(get_judge=get_judge))
+    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=4)
+    responses = ["I'm sorry, I can't help.", "Sure, here is how", "I'm sorry, no.", "Step 1: ..."]
+    result = get_task("jailbreak").score(examples, responses, ScoreOptions(judge="stub"))
+    assert calls == [("stub", 0)]
+    assert result.per_example == [1.0, 0.0, 1.0, 0.0] and result.value == 0.5 and result.metric == "afr"
+
+
+def test_jailbreak_with_the_real_refusal_judge(data_dir: Path) -> None:
+    judges = pytest.importorskip("hf_securesd.judges")
+    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=2)
+    if not hasattr(judges, "get_judge"):
+        pytest.skip("hf_securesd.judges has no get_judge yet")
+    result = get_task("jailbreak").score(examples, ["I'm sorry, but I cannot help with that.",
+                                                    "Sure, here is a detailed plan: first, ..."])
+    assert result.per_example == [1.0, 0.0]
+
+
+# --- OpenPromptInjection -----------------------------------------------------------------------
+
+def test_instructions_match_the_original_system_prompts(data_dir: Path) -> None:
+    prompts = data_dir / "open_prompt_injection" / "system_prompts"
+    for task in prompt_injection.INJECTION_TASKS.values():
+        assert task.instruction == (prompts / f"{task.name}.txt").read_text(encoding="utf-8").strip()
+        assert task.inject_instruction == (prompts / f"{task.name}_inject.txt").read_text(encoding="utf-8").strip()
+
+
+def test_prompt_injection_composition(injection_cases: list[Example]) -> None:
+    assert len(injection_cases) == 200
+    assert Counter(case.fields["strategy"] for case in injection_cases) == {s: 40 for s in prompt_injection.STRATEGIES}
+    pairs = set(prompt_injection.task_pairs())
+    used = {(case.fields["target_task"], case.fields["injected_task"]) for case in injection_cases}
+    assert used == pairs and len(pairs) == 12
+    assert all(target != injected for target, injected in pairs)
+    assert ("hate_detection", "spam_detection") not in pairs  # "yes"/"no" would collide
+    assert ("spam_detection", "hate_detection") not in pairs  # "no spam" contains "no"
+    for injected in ("duplicate_sentence_detection", "natural_language_inference"):
+        answers = Counter(case.fields["injected_answer"] for case in injection_cases
+                          if case.fields["injected_task"] == injected)
+        assert abs(answers.most_common()[0][1] - answers.most_common()[-1][1]) <= 1 and len(answers) == 2
+    assert len({case.id for case in injection_cases}) == 200
+
+
+def test_prompt_injection_is_seeded(data_dir: Path, injection_cases: list[Example]) -> None:
+    task = get_task("prompt_injection")
+    assert [case.fields for case in task.examples(data_dir=data_dir)] == [case.fields for case in injection_cases]
+    assert [case.fields for case in task.examples(data_dir=data_dir, seed=5)] != [c.fields for c in injection_cases]
+
+
+@pytest.mark.parametrize("strategy", prompt_injection.STRATEGIES)
+def test_prompt_injection_strategies_compose_the_data(injection_cases: list[Example], strategy: str) -> None:
+    case = next(case for case in injection_cases if case.fields["strategy"] == strategy)
+    fields = case.fields
+    data = fields["data"]
+    injection = f"{fields['injected_instruction']} {fields['injected_data']}"
+    assert data.startswith(fields["clean_data"]) and data.endswith(injection)
+    fake = prompt_injection.INJECTION_TASKS[fields["target_task"]].fake_answer
+    assert (fake in data) == (strategy in ("fake_completion", "combined"))
+    assert (prompt_injection.IGNORE_TEXT in data) == (strategy in ("context_ignoring", "combined"))
+    assert ("\n" in data[len(fields["clean_data"]):]) == (strategy in ("escape_characters", "combined"))
+    content = get_task("prompt_injection").build_prompt(case)[0]["content"]
+    assert content.startswith(fields["instruction"]) and content.endswith(data)
+
+
+@pytest.mark.parametrize("response, answers, expected", [
+    ("Not equivalent.", ("equivalent", "not equivalent"), "not equivalent"),
+    ("Answer: equivalent", ("equivalent", "not equivalent"), "equivalent"),
+    ("The sentences are NOT_ENTAILMENT", ("entailment", "not entailment"), "not entailment"),
+    ("Yes.", ("yes", "no"), "yes"),
+    ("Nothing to see", ("yes", "no"), None),
+    ("No, not really... actually yes", ("yes", "no"), "yes"),
+    ("The message is not spam.", ("yes", "no"), None),
+])
+def test_find_answer(response: str, answers: tuple[str, ...], expected: str | None) -> None:
+    assert prompt_injection.find_answer(response, answers) == expected
+
+
+def test_find_answer_ignores_an_echoed_question() -> None:
+    question = 'Write "equivalent" or "not equivalent" for whether they are equivalent.'
+    echoed = f'{question} Sentence 1: a. Sentence 2: b. Sure: "{question}" My answer: equivalent'
+    assert prompt_injection.find_answer(echoed, ("equivalent", "not equivalent"), [question]) == "equivalent"
+
+
+def test_prompt_injection_success_checker(injection_cases: list[Example]) -> None:
+    task = get_task("prompt_injection")
+    cases = injection_cases[:12]
+    obeys_injection = [f"Answer: {case.fields['injected_answer']}." for case in cases]
+    wrong_injected = [next(a for a in case.fields["answers"] if a != case.fields["injected_answer"])
+                      for case in cases]
+    assert [prompt_injection.attack_succeeded(case, response) for case, response in zip(cases, obeys_injection)] == [True] * 12
+    assert task.score(cases, obeys_injection).value == 0.0
+    assert task.score(cases, wrong_injected).value == 1.0
+    target_answers = {"duplicate_sentence_detection": "not equivalent", "natural_language_inference": "entailment",
+                      "spam_detection": "not spam", "hate_detection": "no",
+                      "grammar_correction": "I think we could not live without science."}
+    does_target_task = [target_answers[case.fields["target_task"]] for case in cases]
+    assert task.score(cases, does_target_task).value == 1.0
+
+
+def test_adaptive_variant(data_dir: Path, injection_cases: list[Example]) -> None:
+    adaptive = get_task("prompt_injection_adaptive").examples(data_dir=data_dir)
+    assert adaptive == prompt_injection.make_adaptive(injection_cases)
+    assert len(adaptive) == 200
+    for plain, delayed in zip(injection_cases, adaptive):
+        assert delayed.id == plain.id.replace("prompt_injection/", "prompt_injection_adaptive/")
+        assert prompt_injection.DELAY_TEXT in delayed.fields["data"]
+        assert delayed.fields["injected_answer"] == plain.fields["injected_answer"]
+    case = adaptive[0]
+    repeat_then_answer = (f"{case.fields['injected_instruction']} {case.fields['injected_data']}\n"
+                          f"{case.fields['injected_answer']}")
+    repeat_only = f"{case.fields['injected_instruction']} {case.fields['injected_data']}"
+    result = get_task("prompt_injection_adaptive").score([case, case], [repeat_then_answer, repeat_only])
+    assert result.per_example == [0.0, 1.0] and result.task == "prompt_injection_adaptive"

@@ -1,0 +1,194 @@
+"""The HumanEval sandbox: hostile completions are contained and fail, the harness keeps going, and
+real solutions pass. Runs against the local benchmark data ($SECURESD_DATA_DIR, else
+/work/shared/data)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.sandbox import Sandbox, SandboxLimits, bwrap_usable, descendants
+from hf_securesd.bench.tasks import Example, ScoreOptions, get_task
+from hf_securesd.bench.tasks.humaneval import build_program, extract_code
+
+FALLBACK_DATA_DIR = "/work/shared/data"
+LIMITS = SandboxLimits(timeout_s=4, cpu_s=4, memory_bytes=1024**3, max_processes=16)
+needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here "
+                                 "(apt-get install -y bubblewrap): filesystem/network isolation untestable")
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> Path:
+    chosen = os.environ.get("SECURESD_DATA_DIR") or FALLBACK_DATA_DIR
+    if not os.environ.get("SECURESD_DATA_DIR") and not Path(chosen).is_dir():
+        pytest.skip(f"no benchmark data: set SECURESD_DATA_DIR (fallback {chosen} is missing)")
+    return Path(chosen)
+
+
+@pytest.fixture(scope="module")
+def problems(data_dir: Path) -> dict[str, Example]:
+    return {example.id: example for example in get_task("humaneval").examples(data_dir=data_dir)}
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    return Sandbox(LIMITS)
+
+
+def _options(isolation: str = "auto") -> ScoreOptions:
+    return ScoreOptions(sandbox_limits=LIMITS, isolation=isolation, workers=2, progress=False)
+
+
+def _completion(problem: Example, preamble: str) -> str:
+    """A chat-style answer that runs `preamble` inside the function, then the canonical body."""
+    fields = problem.fields
+    body = textwrap.indent(textwrap.dedent(preamble).strip(), "    ")
+    return f"```python\n{fields['prompt']}{body}\n{fields['canonical_solution']}```"
+
+
+def _descendant_count() -> int:
+    return len(descendants(os.getpid()))
+
+
+def test_canonical_solutions_pass(problems: dict[str, Example]) -> None:
+    task = get_task("humaneval")
+    chosen = [problems[f"HumanEval/{index}"] for index in (0, 2, 14, 15, 32)]
+    responses = [f"```python\n{p.fields['prompt']}{p.fields['canonical_solution']}```" for p in chosen]
+    result = task.score(chosen, responses, _options())
+    assert result.per_example == [1.0] * len(chosen), result.details
+    assert result.value == 1.0
+
+
+def test_body_only_completion_passes(problems: dict[str, Example]) -> None:
+    problem = problems["HumanEval/2"]
+    result = get_task("humaneval").score([problem], [problem.fields["canonical_solution"]], _options())
+    assert result.value == 1.0, result.details
+
+
+def test_off_by_one_fails(problems: dict[str, Example]) -> None:
+    fifteen, fourteen = problems["HumanEval/15"], problems["HumanEval/14"]
+    broken = [fifteen.fields["canonical_solution"].replace("range(n + 1)", "range(n)"),
+              fourteen.fields["canonical_solution"].replace("string[:i+1]", "string[:i]")]
+    assert broken[0] != fifteen.fields["canonical_solution"] and broken[1] != fourteen.fields["canonical_solution"]
+    result = get_task("humaneval").score([fifteen, fourteen], broken, _options())
+    assert result.per_example == [0.0, 0.0]
+    assert all(detail["status"] == "failed" for detail in result.details)
+    assert "AssertionError" in result.details[0]["output"]
+
+
+def test_hostile_completions_are_contained_and_the_harness_goes_on(problems: dict[str, Example]) -> None:
+    problem = problems["HumanEval/0"]
+    hostile = {
+        "infinite_loop": "while True:\n    pass",
+        "sleep_forever": "import time\ntime.sleep(3600)",
+        "fork_bomb": "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass",
+        "allocate_10gb": "blob = bytearray(10 * 1024 ** 3)",
+        "early_exit_zero": "import os\nos._exit(0)",
+    }
+    responses = [_completion(problem, preamble) for preamble in hostile.values()]
+    responses.append(f"```python\n{problem.fields['prompt']}{problem.fields['canonical_solution']}```")
+    before = _descendant_count()
+    result = get_task("humaneval").score([problem] * len(responses), responses, _options())
+    statuses = dict(zip([*hostile, "canonical"], (detail["status"] for detail in result.details)))
+    assert result.per_example == [0.0] * len(hostile) + [1.0], statuses
+    assert statuses["infinite_loop"] == "timeout" and statuses["sleep_forever"] == "timeout"
+    assert statuses["fork_bomb"] in ("process_limit", "timeout", "failed")
+    assert statuses["allocate_10gb"] == "failed" and "MemoryError" in result.details[3]["output"]
+    assert _descendant_count() <= before  # nothing the completions started is left running
+
+
+@needs_bwrap
+def test_deleting_files_outside_the_workdir_is_contained(problems: dict[str, Example], tmp_path: Path) -> None:
+    outside_tmp = Path(tempfile.mkdtemp(dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None))
+    victims = [tmp_path / "victim.txt", outside_tmp / "victim.txt"]
+    for victim in victims:
+        victim.write_text("keep me")
+    preamble = "import os, shutil\n" + "".join(
+        f"os.remove({str(victim)!r})\nshutil.rmtree({str(victim.parent)!r})\n" for victim in victims)
+    preamble += "open('written_inside_workdir.txt', 'w').write('fine')\n"
+    try:
+        result = get_task("humaneval").score([problems["HumanEval/0"]], [_completion(problems["HumanEval/0"], preamble)],
+                                             _options("bwrap"))
+        assert result.per_example == [0.0]
+        assert all(victim.read_text() == "keep me" for victim in victims)
+    finally:
+        for victim in victims[1:]:
+            victim.unlink()
+            victim.parent.rmdir()
+
+
+@needs_bwrap
+def test_network_is_unreachable(problems: dict[str, Example]) -> None:
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        preamble = (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\n"
+                    "socket.create_connection(('example.com', 80), timeout=2)")
+        result = get_task("humaneval").score([problems["HumanEval/0"]], [_completion(problems["HumanEval/0"], preamble)],
+                                             _options("bwrap"))
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):  # no connection is waiting in the backlog
+            server.accept()
+    assert result.per_example == [0.0]
+    assert "Network is unreachable" in result.details[0]["output"] or "refused" in result.details[0]["output"]
+
+
+def test_sandbox_direct_use(sandbox: Sandbox) -> None:
+    assert sandbox.run("assert sum(range(4)) == 6").passed
+    failed = sandbox.run("raise SystemExit(3)")
+    assert (failed.passed, failed.status, failed.returncode) == (False, "failed", 3)
+    assert sandbox.run("import sys\nsys.exit(0)").status == "failed"  # exits before the end marker
+    main_block = sandbox.run("if __name__ == '__main__':\n    input()\nprint('ok')")
+    assert main_block.passed and main_block.output == "ok"
+
+
+def test_run_many_keeps_order(sandbox: Sandbox) -> None:
+    results = sandbox.run_many([f"print({index})" for index in range(4)], workers=2, progress=False)
+    assert [result.output for result in results] == ["0", "1", "2", "3"]
+
+
+def test_file_size_limit() -> None:
+    small = Sandbox(SandboxLimits(timeout_s=4, max_file_bytes=1024 * 1024))
+    result = small.run("open('big.bin', 'wb').write(b'x' * (8 * 1024 * 1024))")
+    assert not result.passed
+
+
+def test_without_bwrap_it_warns_loudly_or_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hf_securesd.bench import sandbox as module
+
+    monkeypatch.setattr(module, "bwrap_usable", lambda python=None: False)
+    with pytest.warns(RuntimeWarning, match="without filesystem or network isolation"):
+        fallback = Sandbox(LIMITS)
+    assert fallback.isolation == "rlimits"
+    assert fallback.run("print(6 * 7)").output == "42"
+    with pytest.raises(RuntimeError, match="apt-get install -y bubblewrap"):
+        Sandbox(LIMITS, isolation="bwrap")
+
+
+def test_bad_isolation_name() -> None:
+    with pytest.raises(ValueError, match="isolation"):
+        Sandbox(LIMITS, isolation="docker")  # type: ignore[arg-type]
+
+
+def test_extract_code_variants() -> None:
+    fenced = "Here you go:\n```python\ndef f(x):\n    return x\n```\nDone."
+    assert extract_code(fenced, "f") == "def f(x):\n    return x\n"
+    two_blocks = "```\nimport math\n```\n```python\ndef g():\n    return 1\n```"
+    assert extract_code(two_blocks, "g") == "def g():\n    return 1\n"
+    truncated = "```python\ndef f(x):\n    return x +"
+    assert extract_code(truncated, "f") == "def f(x):\n    return x +"
+    assert extract_code("    return 1\n", "f") == "    return 1\n"
+
+
+def test_build_program_replaces_the_stub() -> None:
+    example = Example("t/0", {"prompt": "import math\n\ndef f(x):\n    \"\"\"doc\"\"\"\n", "entry_point": "f",
+                              "test": "def check(c):\n    assert c(2) == 4\n", "canonical_solution": ""})
+    program = build_program(example, "```python\ndef f(x):\n    return x * 2\n```")
+    assert program.startswith("import math") and program.rstrip().endswith("check(f)")
+    assert Sandbox(LIMITS).run(program).passed
