@@ -1,0 +1,40 @@
+"""The `securesd` command. Each subcommand lives in its own module, which exposes
+`configure(parser: argparse.ArgumentParser) -> None` and `run(args: argparse.Namespace) -> int`;
+modules are imported only when their subcommand runs, so `securesd --help` stays fast."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("hf_securesd.demo", "side-by-side answers: target-only, relaxed verifier, SecureSD"),
+    "models": ("hf_securesd.models.cli", "resolve, fetch and cache the default draft/target pair"),
+    "bench": ("hf_securesd.bench.cli_bench", "run the safety/utility benchmark study for a pair"),
+    "report": ("hf_securesd.bench.cli_report", "tables and plots from a results directory"),
+    "calibrate": ("hf_securesd.bench.cli_calibrate", "sweep Step(L) and recommend the smallest safe L"),
+    "judge-validate": ("hf_securesd.judges.validate", "agreement of a judge with human labels"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="securesd", description=__doc__.splitlines()[0])
+    subparsers = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, description=help_text)
+        sub.set_defaults(_module=module_name)
+        if name in sys.argv[1:2]:  # configure only the chosen subcommand (imports are lazy)
+            importlib.import_module(module_name).configure(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
+    args = build_parser().parse_args(sys.argv[1:])
+    return int(importlib.import_module(args._module).run(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

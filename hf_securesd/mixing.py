@@ -1,0 +1,104 @@
+"""SecureSD mixing (SPEC.md §2): blend lossless and relaxed verification by response position.
+
+    alpha_mix(j) = (1 - eta_j) alpha_lossless + eta_j alpha_relaxed
+    R_mix(j)     = (1 - eta_j) R_lossless     + eta_j R_relaxed
+
+The mixer never knows which relaxed verifier it is mixing. When eta is 0 (or 1) at every position
+of a round, only the lossless (or only the relaxed) rule is evaluated, so the mixing costs nothing
+where it changes nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .verifiers.base import RoundInputs, Verifier, lossless_acceptance, lossless_recovery
+
+
+def _mix(
+    eta: torch.Tensor,
+    verifier: Verifier,
+    lossless_part: Callable[[], torch.Tensor],
+    relaxed_part: Callable[[], torch.Tensor],
+) -> torch.Tensor:
+    """(1 - eta) lossless + eta relaxed, evaluating only the parts with non-zero weight.
+    eta: [B, k, 1] broadcastable against the parts."""
+    if verifier.is_lossless or bool((eta == 0).all()):
+        return lossless_part()
+    if bool((eta == 1).all()):
+        return relaxed_part()
+    return (1.0 - eta) * lossless_part() + eta * relaxed_part()
+
+
+def mixed_acceptance(
+    verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor, candidates: torch.Tensor
+) -> torch.Tensor:
+    """alpha_mix for `candidates` [B, k, C] with eta [B, k] -> [B, k, C]."""
+    return _mix(
+        eta[..., None],
+        verifier,
+        lambda: lossless_acceptance(round_inputs, candidates),
+        lambda: verifier.acceptance(round_inputs, candidates),
+    )
+
+
+def mixed_recovery(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> torch.Tensor:
+    """R_mix with eta [B, k] -> [B, k, V]."""
+    return _mix(
+        eta[..., None],
+        verifier,
+        lambda: lossless_recovery(round_inputs),
+        lambda: verifier.recovery(round_inputs),
+    )
+
+
+def bonus_distribution(round_inputs: RoundInputs) -> torch.Tensor:
+    """Distribution of the bonus token after k accepted drafts: [B, V].
+
+    SecureSD draws it from (1 - eta) q_{k+1} + eta R^_{k+1}; every verifier here has R^ = q, so
+    the mixture is q_{k+1} whatever eta is."""
+    return round_inputs.target_probs[:, -1]
+
+
+def one_step_output(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> torch.Tensor:
+    """Theorem 1: out(y) = alpha(y) p(y) + (1 - sum_v alpha(v) p(v)) R(y), at each drafted position.
+
+    eta: [B, k] -> [B, k, V]. Randomised verifiers (FLy at T > 0) are evaluated at this round's draws.
+    """
+    p = round_inputs.draft_probs
+    batch, k, vocab = p.shape
+    everything = torch.arange(vocab, device=p.device).expand(batch, k, vocab)
+    alpha = mixed_acceptance(verifier, round_inputs, eta, everything)
+    recovery = mixed_recovery(verifier, round_inputs, eta)
+    kept = alpha * p
+    return kept + (1.0 - kept.sum(dim=-1, keepdim=True)).clamp_min(0.0) * recovery
+
+
+def total_variation(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """TV distance over the last dim: [..., V] -> [...]."""
+    return 0.5 * (first - second).abs().sum(dim=-1)
+
+
+def verify_round(
+    verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Accept a prefix of each row's drafts and draw the token that ends the round.
+
+    eta: [B, k] schedule weights of the drafted positions.
+    Returns (accepted [B] long in 0..k, next_token [B]): x_i is accepted iff u_i < alpha_mix(x_i)
+    for all i up to it; at the first rejection the token comes from R_mix there, and after k
+    acceptances it is the bonus token from q_{k+1}.
+    """
+    k = round_inputs.num_draft_tokens
+    alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
+    accepted = (torch.rand(alpha.shape, device=alpha.device) < alpha).long().cumprod(dim=-1).sum(dim=-1)
+    bonus = bonus_distribution(round_inputs)
+    if k == 0 or bool((accepted == k).all()):
+        distribution = bonus
+    else:
+        recovery = mixed_recovery(verifier, round_inputs, eta)
+        at_rejection = recovery.gather(1, accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, recovery.shape[-1]))[:, 0]
+        distribution = torch.where((accepted < k)[:, None], at_rejection, bonus)
+    return accepted, torch.multinomial(distribution, 1).squeeze(-1)

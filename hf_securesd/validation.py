@@ -1,0 +1,96 @@
+"""Checks that run before any decoding, so bad input fails with a message naming the fix."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from .schedules import Schedule, resolve_schedule
+from .verifiers import Verifier, resolve_verifier
+
+DEFAULT_NUM_DRAFT_TOKENS = 5
+
+
+class SecureSDConfigError(ValueError):
+    """A speculative decoding request that cannot run as asked."""
+
+
+def resolve_request(
+    verifier: Any, secure_schedule: Any, num_assistant_tokens: Any
+) -> tuple[Verifier, Schedule | None, int]:
+    """Turn user-facing arguments into (verifier, schedule, k), validating each."""
+    if verifier is None:
+        raise SecureSDConfigError(
+            "secure_schedule was given without a verifier; pass verifier='mars' (or another name) "
+            "together with the schedule, or drop secure_schedule"
+        )
+    resolved = resolve_verifier(verifier)
+    schedule = resolve_schedule(secure_schedule)
+    k = DEFAULT_NUM_DRAFT_TOKENS if num_assistant_tokens is None else num_assistant_tokens
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise SecureSDConfigError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
+    resolved.check_draft_length(k)
+    return resolved, schedule, k
+
+
+def _vocab_size(model: PreTrainedModel) -> int:
+    head = model.get_output_embeddings()
+    if head is not None and getattr(head, "weight", None) is not None:
+        return int(head.weight.shape[0])
+    return int(model.config.get_text_config().vocab_size)
+
+
+def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None:
+    """The draft must exist, be a decoder-only causal LM and share the target's vocabulary."""
+    if draft is None:
+        raise SecureSDConfigError(
+            "verifier= needs a draft model: pass assistant_model=<draft model> to generate "
+            "(or draft=<draft model> when calling through custom_generate)"
+        )
+    for role, model in (("target", target), ("draft", draft)):
+        if model.config.is_encoder_decoder:
+            raise SecureSDConfigError(
+                f"the {role} model is an encoder-decoder; speculative decoding with a verifier supports "
+                "decoder-only causal language models"
+            )
+    target_vocab, draft_vocab = _vocab_size(target), _vocab_size(draft)
+    if target_vocab != draft_vocab:
+        raise SecureSDConfigError(
+            f"vocabulary mismatch: the target scores {target_vocab} tokens but the draft scores {draft_vocab}; "
+            "verification compares both models' probabilities token by token, so the draft must use the same "
+            "tokenizer and vocabulary as the target (e.g. a smaller model of the same family)"
+        )
+
+
+def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> None:
+    """Reject generation options that a verifier cannot honour. `options` holds the effective values."""
+    if options.get("prompt_lookup_num_tokens") is not None:
+        raise SecureSDConfigError(
+            "prompt lookup decoding drafts from the prompt and has no draft distribution, so a verifier cannot "
+            "run on it; drop prompt_lookup_num_tokens or drop verifier"
+        )
+    if options.get("assistant_tokenizer") is not None or options.get("tokenizer") is not None:
+        raise SecureSDConfigError(
+            "a draft with a different tokenizer (assistant_tokenizer/tokenizer) returns no draft logits in the "
+            "target's vocabulary, so a verifier cannot run; use a draft that shares the target's tokenizer and "
+            "drop the tokenizer arguments"
+        )
+    if (options.get("num_beams") or 1) > 1:
+        raise SecureSDConfigError("num_beams > 1 (beam search) cannot be combined with verifier=; use num_beams=1")
+    if (options.get("num_return_sequences") or 1) > 1:
+        raise SecureSDConfigError(
+            "num_return_sequences > 1 cannot be combined with verifier=; repeat the prompt in the batch instead"
+        )
+    for option in ("output_attentions", "output_hidden_states"):
+        if options.get(option):
+            raise SecureSDConfigError(
+                f"{option}=True is not supported with verifier=; the output carries scores/logits and "
+                "speculative_stats instead"
+            )
+    if input_ids is not None and input_ids.ndim == 2 and input_ids.shape[0] > 1:
+        raise SecureSDConfigError(
+            f"batch size {input_ids.shape[0]} > 1 is not supported with verifier= yet; "
+            "call generate once per prompt"
+        )

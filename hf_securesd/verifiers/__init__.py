@@ -1,0 +1,58 @@
+"""Verifiers: one configuration dataclass per rule, and a registry from name to class."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import RoundInputs, Verifier
+from .bild import BiLD
+from .fly import FLy
+from .fsd import FSD
+from .lossless import Lossless
+from .lossysd import LossySD
+from .mars import MARS
+from .speccascade import SpecCascade
+
+VERIFIERS: dict[str, type[Verifier]] = {
+    cls.name: cls for cls in (Lossless, LossySD, BiLD, SpecCascade, FSD, FLy, MARS)
+}
+RELAXED_VERIFIERS: tuple[str, ...] = tuple(name for name in VERIFIERS if name != "lossless")
+
+
+def resolve_verifier(verifier: str | Verifier | dict[str, Any]) -> Verifier:
+    """A name (default hyperparameters), a configured object, or its `to_dict()` form -> Verifier."""
+    if isinstance(verifier, Verifier):
+        return verifier
+    if isinstance(verifier, dict):
+        options = dict(verifier)
+        name = options.pop("verifier", None)
+        return _lookup(name).from_dict(options)
+    if isinstance(verifier, str):
+        return _lookup(verifier)()
+    raise TypeError(
+        f"verifier must be a name ({', '.join(VERIFIERS)}) or a configured object such as MARS(theta=0.9), "
+        f"got {type(verifier).__name__}"
+    )
+
+
+def _lookup(name: Any) -> type[Verifier]:
+    key = name.lower() if isinstance(name, str) else name
+    if key not in VERIFIERS:
+        raise ValueError(f"unknown verifier {name!r}; valid names: {', '.join(VERIFIERS)}")
+    return VERIFIERS[key]
+
+
+__all__ = [
+    "VERIFIERS",
+    "RELAXED_VERIFIERS",
+    "RoundInputs",
+    "Verifier",
+    "resolve_verifier",
+    "Lossless",
+    "LossySD",
+    "BiLD",
+    "SpecCascade",
+    "FSD",
+    "FLy",
+    "MARS",
+]

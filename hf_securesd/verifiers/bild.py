@@ -1,0 +1,54 @@
+"""BiLD (Kim et al., NeurIPS 2023): Big Little Decoder's rollback and fallback policies."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import RoundInputs, Verifier, gather, is_number, is_target_choice, lossless_acceptance, lossless_recovery, require
+
+
+@dataclass(frozen=True)
+class BiLD(Verifier):
+    """Rollback threshold `tau_rb` (nats, 0 = lossless): accept x iff x = x* or -log q~(x) < tau_rb;
+    otherwise the lossless rule (T > 0) or rejection (T = 0). Optional fallback `tau_fb` in [0, 1]:
+    where the draft's confidence max p~ < tau_fb the target decides (alpha = 0, R = q).
+
+    Example:
+
+    ```python
+    >>> out = model.generate(ids, assistant_model=draft, verifier=BiLD(tau_rb=2.0))
+    ```
+    """
+
+    tau_rb: float = 2.0
+    tau_fb: float = 0.0
+    name = "bild"
+    knob = "tau_rb"
+    lossless_value = 0.0
+    sweep_values = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0)
+
+    def __post_init__(self) -> None:
+        require(is_number(self.tau_rb) and self.tau_rb >= 0, f"BiLD tau_rb must be >= 0 nats (0 = lossless), got {self.tau_rb!r}")
+        require(
+            is_number(self.tau_fb) and 0.0 <= self.tau_fb <= 1.0,
+            f"BiLD tau_fb must be a probability in [0, 1] (0 = fallback off), got {self.tau_fb!r}",
+        )
+
+    def _falls_back(self, round_inputs: RoundInputs) -> torch.Tensor:
+        """[B, k, 1] True where the draft is not confident enough and the target decides."""
+        return round_inputs.draft_raw_probs.amax(dim=-1, keepdim=True) < self.tau_fb
+
+    def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        raw = round_inputs.target_raw_probs[:, : round_inputs.num_draft_tokens]
+        nll = -gather(raw, candidates).clamp_min(torch.finfo(raw.dtype).tiny).log()
+        accepted = is_target_choice(round_inputs, candidates) | (nll < self.tau_rb)
+        otherwise = torch.zeros_like(nll) if round_inputs.greedy else lossless_acceptance(round_inputs, candidates)
+        alpha = torch.where(accepted, torch.ones_like(nll), otherwise)
+        return alpha.masked_fill(self._falls_back(round_inputs), 0.0)
+
+    def recovery(self, round_inputs: RoundInputs) -> torch.Tensor:
+        q = round_inputs.verified_target_probs()
+        base = q if round_inputs.greedy else lossless_recovery(round_inputs)
+        return torch.where(self._falls_back(round_inputs), q, base)

@@ -1,0 +1,63 @@
+"""FSD (Holsman et al., ACL Findings 2025): accept by distribution divergence, not by token."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .base import RoundInputs, Verifier, is_number, is_target_choice, require
+
+DIVERGENCES = ("js", "kl", "tv")
+
+
+def divergence(target: torch.Tensor, draft: torch.Tensor, kind: str) -> torch.Tensor:
+    """D(q~, p~) over the last dim, in nats for "js" (<= ln 2) and "kl" (KL(p~ || q~)); [B, k, V] -> [B, k]."""
+    tiny = torch.finfo(target.dtype).tiny
+    if kind == "tv":
+        return 0.5 * (target - draft).abs().sum(dim=-1)
+    if kind == "kl":
+        return (draft * (draft.clamp_min(tiny).log() - target.clamp_min(tiny).log())).sum(dim=-1).clamp_min(0.0)
+    middle = 0.5 * (target + draft)
+    log_middle = middle.clamp_min(tiny).log()
+    kl_target = (target * (target.clamp_min(tiny).log() - log_middle)).sum(dim=-1)
+    kl_draft = (draft * (draft.clamp_min(tiny).log() - log_middle)).sum(dim=-1)
+    return (0.5 * (kl_target + kl_draft)).clamp(0.0, math.log(2.0))
+
+
+@dataclass(frozen=True)
+class FSD(Verifier):
+    """Accept every drafted token at a position iff D(q~, p~) < tau (it does not depend on the
+    token); otherwise reject and draw from q itself. `divergence` is "js" (default), "kl" or "tv".
+    At T = 0 a token equal to x* is accepted too, which changes no output (x* is what recovery
+    would emit) and keeps tau = 0 exactly lossless with the lossless acceptance rate.
+
+    Example:
+
+    ```python
+    >>> out = model.generate(ids, assistant_model=draft, verifier=FSD(tau=0.2, divergence="js"))
+    ```
+    """
+
+    tau: float = 0.2
+    divergence: str = "js"
+    name = "fsd"
+    knob = "tau"
+    lossless_value = 0.0
+    sweep_values = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
+
+    def __post_init__(self) -> None:
+        require(self.divergence in DIVERGENCES, f"FSD divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
+        require(is_number(self.tau) and self.tau >= 0, f"FSD tau must be >= 0 (0 = lossless), got {self.tau!r}")
+
+    def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        k = round_inputs.num_draft_tokens
+        close = divergence(round_inputs.target_raw_probs[:, :k], round_inputs.draft_raw_probs, self.divergence) < self.tau
+        accepted = close[..., None].expand(candidates.shape)
+        if round_inputs.greedy:
+            accepted = accepted | is_target_choice(round_inputs, candidates)
+        return accepted.to(torch.float32)
+
+    def sampled_recovery(self, round_inputs: RoundInputs) -> torch.Tensor:
+        return round_inputs.verified_target_probs()

@@ -1,0 +1,50 @@
+"""MARS (Song et al., 2026): margin-aware acceptance of the target's runner-up token."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import RoundInputs, Verifier, is_number, is_target_choice, lossless_acceptance, require
+
+
+@dataclass(frozen=True)
+class MARS(Verifier):
+    """Logit-ratio threshold `theta` in (0, 1] (1 = lossless). With v1, v2 the target's top-2 tokens
+    and z1 >= z2 their raw logits, the runner-up is "close" when z1 > 0 and z2 / z1 > theta.
+
+    * T = 0: accept x iff x = x*, or x in {v1, v2} and close.
+    * T > 0: if close, accept x in {v1, v2}; otherwise the lossless rule. Recovery: residual.
+
+    z1 > 0 is required because the ratio is not shift invariant and must not fire on negative logits.
+
+    Example:
+
+    ```python
+    >>> out = model.generate(ids, assistant_model=draft, verifier=MARS(theta=0.9))
+    ```
+    """
+
+    theta: float = 0.9
+    name = "mars"
+    knob = "theta"
+    lossless_value = 1.0
+    sweep_values = (1.0, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
+
+    def __post_init__(self) -> None:
+        require(
+            is_number(self.theta) and 0.0 < self.theta <= 1.0,
+            f"MARS theta must be in (0, 1] (1 = lossless, smaller = more lenient), got {self.theta!r}",
+        )
+
+    def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        logits = round_inputs.target_raw_logits[:, : round_inputs.num_draft_tokens]
+        top = logits.topk(2, dim=-1)
+        z1, z2 = top.values[..., :1], top.values[..., 1:]
+        close = (z1 > 0) & (z2 > self.theta * z1)
+        in_top2 = (candidates == top.indices[..., :1]) | (candidates == top.indices[..., 1:])
+        lenient = close & in_top2
+        if round_inputs.greedy:
+            return (is_target_choice(round_inputs, candidates) | lenient).to(torch.float32)
+        return torch.where(lenient, torch.ones_like(candidates, dtype=torch.float32), lossless_acceptance(round_inputs, candidates))

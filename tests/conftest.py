@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random draft/target pairs (no network, no Hub)."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import hf_securesd  # noqa: E402
+from hf_securesd.tiny import TinyPairSpec, tiny_pair  # noqa: E402
+
+torch.set_num_threads(1)  # tiny models: one thread is fastest and avoids oversubscription
+
+
+@pytest.fixture(scope="session")
+def llama_pair():
+    """(draft, wrapped target) tiny Llama models sharing a 259-token vocabulary."""
+    draft, target = tiny_pair(TinyPairSpec(architecture="llama"))
+    return draft, hf_securesd.wrap(target)
+
+
+@pytest.fixture(scope="session")
+def qwen_pair():
+    draft, target = tiny_pair(TinyPairSpec(architecture="qwen2", seed=1))
+    return draft, hf_securesd.wrap(target)
+
+
+def random_prompts(count: int, seed: int, low: int = 0, high: int = 256, min_len: int = 3, max_len: int = 12):
+    """`count` prompts [1, L] of byte tokens with lengths in [min_len, max_len]."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(count):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
+        prompts.append(torch.randint(low, high, (1, length), generator=generator))
+    return prompts

@@ -1,0 +1,65 @@
+"""Acceptance 1: lossless greedy speculative decoding reproduces target greedy decoding token for
+token, and HF's own assisted generation, on tiny Llama and Qwen2 models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts
+
+DRAFT_LENGTHS = (1, 3, 5, 8)
+PROMPTS_PER_MODEL = 13  # 13 prompts x 4 draft lengths x 2 architectures = 104 cases
+
+
+@pytest.mark.parametrize("pair_name", ["llama_pair", "qwen_pair"])
+def test_lossless_greedy_equals_target_greedy(pair_name, request):
+    draft, target = request.getfixturevalue(pair_name)
+    cases = mismatches = 0
+    total_accepted = 0
+    for prompt in random_prompts(PROMPTS_PER_MODEL, seed=hash(pair_name) % 1000):
+        reference = target.generate(prompt, max_new_tokens=24, do_sample=False)
+        hf_assisted = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=draft)
+        assert torch.equal(hf_assisted, reference), "HF assisted generation itself differs from greedy"
+        for k in DRAFT_LENGTHS:
+            out = target.generate(
+                prompt,
+                max_new_tokens=24,
+                do_sample=False,
+                assistant_model=draft,
+                verifier="lossless",
+                num_assistant_tokens=k,
+                return_dict_in_generate=True,
+            )
+            cases += 1
+            mismatches += int(not torch.equal(out.sequences, reference))
+            stats = out.speculative_stats
+            assert max(stats.drafted_per_round) <= k
+            assert stats.new_tokens == reference.shape[1] - prompt.shape[1]
+            total_accepted += stats.accepted_tokens
+    assert cases >= 52
+    assert mismatches == 0
+    assert total_accepted > 0, "the draft never agreed with the target: the test would not exercise acceptance"
+
+
+def test_draft_length_is_honoured(llama_pair):
+    draft, target = llama_pair
+    prompt = torch.tensor([[5, 6, 7, 8]])
+    for k in (1, 2, 7):
+        out = target.generate(
+            prompt, max_new_tokens=30, do_sample=False, assistant_model=draft, verifier="lossless",
+            num_assistant_tokens=k, return_dict_in_generate=True,
+        )
+        rounds = out.speculative_stats.drafted_per_round
+        # constant k; only the rounds at the end, capped by the length budget, may draft fewer
+        first_short = next((i for i, drafted in enumerate(rounds) if drafted < k), len(rounds))
+        assert rounds[0] == k and set(rounds[:first_short]) == {k}, rounds
+        assert rounds[first_short:] == sorted(rounds[first_short:], reverse=True), rounds
+
+
+def test_default_draft_length_is_five(llama_pair):
+    draft, target = llama_pair
+    out = target.generate(
+        torch.tensor([[1, 2, 3]]), max_new_tokens=30, do_sample=False, assistant_model=draft, verifier="lossless",
+        return_dict_in_generate=True,
+    )
+    assert out.speculative_stats.drafted_per_round[0] == 5
