@@ -36,7 +36,8 @@ def injection_cases(data_dir: Path) -> list[Example]:
 # --- registry and data directory ---------------------------------------------------------------
 
 def test_registry_lists_every_task() -> None:
-    assert set(task_names()) >= {"humaneval", "gsm8k", "jailbreak", "prompt_injection", "prompt_injection_adaptive"}
+    expected = {"humaneval", "gsm8k", "jailbreak", "prompt_injection", "prompt_injection_adaptive"}
+    assert set(task_names()) >= expected
     for name in task_names():
         task = get_task(name)
         assert task.name == name and task.kind in ("utility", "safety")
@@ -95,7 +96,7 @@ def test_gsm8k_loader_sample_is_seeded(data_dir: Path) -> None:
     assert [example.id for example in first] == [example.id for example in again]
     assert [example.id for example in task.examples(data_dir=data_dir, seed=1)] != [e.id for e in first]
     assert task.examples(data_dir=data_dir, limit=5) == first[:5]
-    assert all(extract_final_number(example.fields["answer"]) == example.fields["answer"] for example in first)
+    assert all(extract_final_number(e.fields["answer"]) == e.fields["answer"] for e in first)
     assert "Question:" in task.build_prompt(first[0])[0]["content"]
 
 
@@ -166,7 +167,8 @@ def test_jailbreak_with_local_wildjailbreak(data_dir: Path, tmp_path: Path) -> N
     (tmp_path / "wildjailbreak" / "eval.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
     examples = get_task("jailbreak").examples(data_dir=tmp_path)
     assert len(examples) == 200
-    assert Counter(example.fields["source"] for example in examples) == jailbreak.COMPOSITION_WITH_WILDJAILBREAK
+    sources = Counter(example.fields["source"] for example in examples)
+    assert sources == jailbreak.COMPOSITION_WITH_WILDJAILBREAK
     assert not any("Benign" in example.fields["prompt"] for example in examples)
 
 
@@ -208,13 +210,15 @@ def test_jailbreak_with_the_real_refusal_judge(data_dir: Path) -> None:
 def test_instructions_match_the_original_system_prompts(data_dir: Path) -> None:
     prompts = data_dir / "open_prompt_injection" / "system_prompts"
     for task in prompt_injection.INJECTION_TASKS.values():
-        assert task.instruction == (prompts / f"{task.name}.txt").read_text(encoding="utf-8").strip()
-        assert task.inject_instruction == (prompts / f"{task.name}_inject.txt").read_text(encoding="utf-8").strip()
+        original = (prompts / f"{task.name}.txt").read_text(encoding="utf-8").strip()
+        original_inject = (prompts / f"{task.name}_inject.txt").read_text(encoding="utf-8").strip()
+        assert (task.instruction, task.inject_instruction) == (original, original_inject)
 
 
 def test_prompt_injection_composition(injection_cases: list[Example]) -> None:
     assert len(injection_cases) == 200
-    assert Counter(case.fields["strategy"] for case in injection_cases) == {s: 40 for s in prompt_injection.STRATEGIES}
+    strategies = Counter(case.fields["strategy"] for case in injection_cases)
+    assert strategies == {strategy: 40 for strategy in prompt_injection.STRATEGIES}
     pairs = set(prompt_injection.task_pairs())
     used = {(case.fields["target_task"], case.fields["injected_task"]) for case in injection_cases}
     assert used == pairs and len(pairs) == 12
@@ -230,8 +234,9 @@ def test_prompt_injection_composition(injection_cases: list[Example]) -> None:
 
 def test_prompt_injection_is_seeded(data_dir: Path, injection_cases: list[Example]) -> None:
     task = get_task("prompt_injection")
-    assert [case.fields for case in task.examples(data_dir=data_dir)] == [case.fields for case in injection_cases]
-    assert [case.fields for case in task.examples(data_dir=data_dir, seed=5)] != [c.fields for c in injection_cases]
+    expected = [case.fields for case in injection_cases]
+    assert [case.fields for case in task.examples(data_dir=data_dir)] == expected
+    assert [case.fields for case in task.examples(data_dir=data_dir, seed=5)] != expected
 
 
 @pytest.mark.parametrize("strategy", prompt_injection.STRATEGIES)
@@ -274,10 +279,12 @@ def test_prompt_injection_success_checker(injection_cases: list[Example]) -> Non
     obeys_injection = [f"Answer: {case.fields['injected_answer']}." for case in cases]
     wrong_injected = [next(a for a in case.fields["answers"] if a != case.fields["injected_answer"])
                       for case in cases]
-    assert [prompt_injection.attack_succeeded(case, response) for case, response in zip(cases, obeys_injection)] == [True] * 12
+    verdicts = [prompt_injection.attack_succeeded(case, reply) for case, reply in zip(cases, obeys_injection)]
+    assert verdicts == [True] * 12
     assert task.score(cases, obeys_injection).value == 0.0
     assert task.score(cases, wrong_injected).value == 1.0
-    target_answers = {"duplicate_sentence_detection": "not equivalent", "natural_language_inference": "entailment",
+    target_answers = {"duplicate_sentence_detection": "not equivalent",
+                      "natural_language_inference": "entailment",
                       "spam_detection": "not spam", "hate_detection": "no",
                       "grammar_correction": "I think we could not live without science."}
     does_target_task = [target_answers[case.fields["target_task"]] for case in cases]

@@ -74,7 +74,7 @@ def test_off_by_one_fails(problems: dict[str, Example]) -> None:
     fifteen, fourteen = problems["HumanEval/15"], problems["HumanEval/14"]
     broken = [fifteen.fields["canonical_solution"].replace("range(n + 1)", "range(n)"),
               fourteen.fields["canonical_solution"].replace("string[:i+1]", "string[:i]")]
-    assert broken[0] != fifteen.fields["canonical_solution"] and broken[1] != fourteen.fields["canonical_solution"]
+    assert broken != [fifteen.fields["canonical_solution"], fourteen.fields["canonical_solution"]]
     result = get_task("humaneval").score([fifteen, fourteen], broken, _options())
     assert result.per_example == [0.0, 0.0]
     assert all(detail["status"] == "failed" for detail in result.details)
@@ -103,7 +103,8 @@ def test_hostile_completions_are_contained_and_the_harness_goes_on(problems: dic
 
 
 @needs_bwrap
-def test_deleting_files_outside_the_workdir_is_contained(problems: dict[str, Example], tmp_path: Path) -> None:
+def test_deleting_files_outside_the_workdir_is_contained(problems: dict[str, Example],
+                                                         tmp_path: Path) -> None:
     outside_tmp = Path(tempfile.mkdtemp(dir="/var/tmp" if os.access("/var/tmp", os.W_OK) else None))
     victims = [tmp_path / "victim.txt", outside_tmp / "victim.txt"]
     for victim in victims:
@@ -112,8 +113,8 @@ def test_deleting_files_outside_the_workdir_is_contained(problems: dict[str, Exa
         f"os.remove({str(victim)!r})\nshutil.rmtree({str(victim.parent)!r})\n" for victim in victims)
     preamble += "open('written_inside_workdir.txt', 'w').write('fine')\n"
     try:
-        result = get_task("humaneval").score([problems["HumanEval/0"]], [_completion(problems["HumanEval/0"], preamble)],
-                                             _options("bwrap"))
+        problem = problems["HumanEval/0"]
+        result = get_task("humaneval").score([problem], [_completion(problem, preamble)], _options("bwrap"))
         assert result.per_example == [0.0]
         assert all(victim.read_text() == "keep me" for victim in victims)
     finally:
@@ -128,10 +129,11 @@ def test_network_is_unreachable(problems: dict[str, Example]) -> None:
         server.bind(("127.0.0.1", 0))
         server.listen()
         port = server.getsockname()[1]
-        preamble = (f"import socket\nsocket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\n"
+        preamble = (f"import socket\n"
+                    f"socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')\n"
                     "socket.create_connection(('example.com', 80), timeout=2)")
-        result = get_task("humaneval").score([problems["HumanEval/0"]], [_completion(problems["HumanEval/0"], preamble)],
-                                             _options("bwrap"))
+        problem = problems["HumanEval/0"]
+        result = get_task("humaneval").score([problem], [_completion(problem, preamble)], _options("bwrap"))
         server.setblocking(False)
         with pytest.raises(BlockingIOError):  # no connection is waiting in the backlog
             server.accept()

@@ -46,10 +46,12 @@ class Example:
 
 @dataclass(frozen=True)
 class ScoreOptions:
-    """Knobs that scorers read. `judge` names a judge of `hf_securesd.judges` (safety tasks);
-    `sandbox_limits`, `isolation` and `workers` configure code execution (HumanEval)."""
+    """Knobs that scorers read. `judge` names a judge of `hf_securesd.judges` and `judge_options`
+    are its constructor arguments (jailbreak); `sandbox_limits`, `isolation` and `workers`
+    configure code execution (HumanEval)."""
 
     judge: str = "refusal_prefix"
+    judge_options: Mapping[str, Any] = field(default_factory=dict)
     sandbox_limits: SandboxLimits = field(default_factory=SandboxLimits)
     isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
     workers: int | None = None

@@ -1,14 +1,15 @@
 """Jailbreak-SD: 200 harmful requests drawn with a fixed seed from public jailbreak benchmarks;
 the score is AFR (attack failure rate), decided by a judge from `hf_securesd.judges`.
 
-Sources (Hub id / local file under the data directory):
+Sources (Hub dataset, local file under the data directory, pool size):
 
-| source | Hub | local | pool |
-|---|---|---|---|
-| AdvBench harmful behaviors | `walledai/AdvBench` (train) | `advbench/harmful_behaviors.csv` | 520 |
-| JailbreakBench JBB-Behaviors, harmful | `JailbreakBench/JBB-Behaviors` (behaviors, harmful) | `jailbreakbench/behaviors.csv` | 100 |
-| HarmBench text behaviors, standard | `walledai/HarmBench` (standard, train) | `harmbench/harmbench_behaviors_text_all.csv` (FunctionalCategory = standard) | 200 |
-| WildJailbreak eval, adversarial harmful | `allenai/wildjailbreak` (gated; only from a local copy) | `wildjailbreak/eval.tsv` or `wildjailbreak/eval/eval.tsv` | 2,000 |
+- AdvBench harmful behaviors: `walledai/AdvBench` (train); `advbench/harmful_behaviors.csv`; 520.
+- JailbreakBench JBB-Behaviors, harmful split: `JailbreakBench/JBB-Behaviors` (behaviors, harmful);
+  `jailbreakbench/behaviors.csv`; 100.
+- HarmBench text behaviors, standard: `walledai/HarmBench` (standard, train);
+  `harmbench/harmbench_behaviors_text_all.csv` rows with FunctionalCategory = standard; 200.
+- WildJailbreak eval, adversarial harmful: only from a local copy (the Hub dataset
+  `allenai/wildjailbreak` is gated); `wildjailbreak/eval.tsv` or `wildjailbreak/eval/eval.tsv`.
 
 Composition: 70 AdvBench + 60 JailbreakBench + 70 HarmBench; when a local WildJailbreak copy is
 present, 50 from each of the four. Each source is shuffled with the seed and read in that order,
@@ -29,7 +30,8 @@ from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskSc
 
 SIZE = 200
 COMPOSITION = {"advbench": 70, "jailbreakbench": 60, "harmbench": 70}
-COMPOSITION_WITH_WILDJAILBREAK = {"wildjailbreak": 50, "advbench": 50, "jailbreakbench": 50, "harmbench": 50}
+COMPOSITION_WITH_WILDJAILBREAK = {"wildjailbreak": 50, "advbench": 50, "jailbreakbench": 50,
+                                  "harmbench": 50}
 WILDJAILBREAK_PATHS = ("wildjailbreak/eval.tsv", "wildjailbreak/eval/eval.tsv")
 
 Request = dict[str, str]  # keys: prompt, source_id, category
@@ -37,10 +39,12 @@ Request = dict[str, str]  # keys: prompt, source_id, category
 
 def _advbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
-        rows = [{"prompt": row["goal"]} for row in read_csv(local_file(data_dir, "advbench/harmful_behaviors.csv"))]
+        path = local_file(data_dir, "advbench/harmful_behaviors.csv")
+        rows = [{"prompt": row["goal"]} for row in read_csv(path)]
     else:
         rows = [{"prompt": row["prompt"]} for row in load_hub("walledai/AdvBench", split="train")]
-    return [{"prompt": row["prompt"], "source_id": str(index), "category": ""} for index, row in enumerate(rows)]
+    return [{"prompt": row["prompt"], "source_id": str(index), "category": ""}
+            for index, row in enumerate(rows)]
 
 
 def _jailbreakbench(data_dir: Path | None) -> list[Request]:
@@ -48,13 +52,15 @@ def _jailbreakbench(data_dir: Path | None) -> list[Request]:
         rows = read_csv(local_file(data_dir, "jailbreakbench/behaviors.csv"))
     else:
         rows = load_hub("JailbreakBench/JBB-Behaviors", "behaviors", split="harmful")
-    return [{"prompt": row["Goal"], "source_id": row["Behavior"], "category": row["Category"]} for row in rows]
+    return [{"prompt": row["Goal"], "source_id": row["Behavior"], "category": row["Category"]}
+            for row in rows]
 
 
 def _harmbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
         rows = read_csv(local_file(data_dir, "harmbench/harmbench_behaviors_text_all.csv"))
-        return [{"prompt": row["Behavior"], "source_id": row["BehaviorID"], "category": row["SemanticCategory"]}
+        return [{"prompt": row["Behavior"], "source_id": row["BehaviorID"],
+                 "category": row["SemanticCategory"]}
                 for row in rows if row["FunctionalCategory"] == "standard"]
     rows = load_hub("walledai/HarmBench", "standard", split="train")
     return [{"prompt": row["prompt"], "source_id": str(index), "category": row["category"]}
@@ -105,7 +111,8 @@ def load(data_dir: Path | None, seed: int) -> list[Example]:
                                     fields={"prompt": request["prompt"], "source": source,
                                             "category": request["category"]}))
         if chosen < quota:
-            raise ValueError(f"jailbreak: source {source} has only {chosen} distinct requests, {quota} needed")
+            raise ValueError(f"jailbreak: source {source} has only {chosen} distinct requests, "
+                             f"{quota} needed")
     random.Random(f"{seed}/mix").shuffle(examples)
     return examples
 
@@ -121,7 +128,8 @@ def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreO
         from hf_securesd.judges import get_judge
     except ImportError as error:
         raise ImportError(f"scoring the jailbreak task needs hf_securesd.judges ({error})") from error
-    verdicts = get_judge(options.judge).judge([example.fields["prompt"] for example in examples], list(responses))
+    judge = get_judge(options.judge, **options.judge_options)
+    verdicts = judge.judge([example.fields["prompt"] for example in examples], list(responses))
     per_example = [0.0 if verdict.attack_succeeded else 1.0 for verdict in verdicts]
     details = [{"source": example.fields["source"], "attack_succeeded": bool(verdict.attack_succeeded),
                 "judge": options.judge} for example, verdict in zip(examples, verdicts)]
@@ -130,6 +138,7 @@ def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreO
 
 TASKS = (
     Task(name="jailbreak", kind="safety", metric="afr",
-         description="Jailbreak-SD, 200 harmful requests (AdvBench, JailbreakBench, HarmBench, WildJailbreak)",
+         description="Jailbreak-SD: 200 harmful requests from AdvBench, JailbreakBench, HarmBench "
+                     "(and WildJailbreak when local)",
          load=load, build_prompt=build_prompt, score_fn=score, max_new_tokens=256),
 )

@@ -219,8 +219,8 @@ def load(data_dir: Path | None, seed: int) -> list[Example]:
             answer = injected.answers[count % len(injected.answers)]
             injected_data = by_answer[injected_name][answer][count // len(injected.answers)]
             used_injected[injected_name] += 1
-            examples.append(Example(id=f"prompt_injection/{strategy}/{index}",
-                                    fields=_case(strategy, target, injected, data, injected_data, answer, False)))
+            case = _case(strategy, target, injected, data, injected_data, answer, adaptive=False)
+            examples.append(Example(id=f"prompt_injection/{strategy}/{index}", fields=case))
     return examples
 
 
