@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# GPU check of the Qwen2.5-Coder 0.5B -> 1.5B pair: lossless exactness and a small speed-up
+# measurement on CUDA (bf16 draft). Sized for well under 8 minutes on one H200.
+#
+# Needs torch with CUDA and transformers; no network, no `datasets`/`evaluate`.
+#   SECURESD_MODELS_DIR  folder holding qwen-0.5b-bf16/ and qwen-1.5b-bf16/ as written by
+#                        `securesd models fetch` (default ~/.cache/securesd-models); copy it to the
+#                        GPU machine first, since nothing is downloaded there.
+#   SECURESD_WHEELS      optional folder of wheels (e.g. the pinned transformers) installed into a
+#                        private target folder before the run, for machines whose versions differ.
+#   GPU_CHECK_OUT        optional folder for the figures as JSON (gpu_check.json) and the log.
+#   GPU_CHECK_ARGS       extra arguments for gpu_check.py, e.g. "--pair tiny" when the models are absent.
+#
+#   bash benchmarks/gpu_check.sh
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ -n "${SECURESD_WHEELS:-}" ]]; then
+    python -m pip install -q --no-index --no-deps --no-compile --target /tmp/securesd-site "$SECURESD_WHEELS"/*.whl
+    export PYTHONPATH="/tmp/securesd-site${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+out="${GPU_CHECK_OUT:-/tmp/gpu_check}"
+mkdir -p "$out"
+
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+# shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of arguments
+timeout 450 python benchmarks/gpu_check.py --device cuda --prompts 10 --max-new-tokens 64 \
+    --json "$out/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$out/gpu_check.log"
