@@ -24,6 +24,7 @@ import time
 from dataclasses import asdict, dataclass
 
 import torch
+import transformers
 
 import hf_securesd
 from hf_securesd.models import ModelNotCachedError, load_pair
@@ -92,8 +93,8 @@ def exactness(tokenizer, draft, target, args: argparse.Namespace) -> int:
         tokens, _, acceptance = generate(target, inputs, args, draft, "lossless")
         same = tokens == reference
         mismatches += not same
-        print(f"  prompt {index}: {'equal' if same else 'DIFFERENT'} ({len(tokens)} tokens, AR {acceptance:.2f})",
-              flush=True)
+        verdict = "equal" if same else "DIFFERENT"
+        print(f"  prompt {index}: {verdict} ({len(tokens)} tokens, AR {acceptance:.2f})", flush=True)
     return mismatches
 
 
@@ -115,10 +116,10 @@ def speed(tokenizer, draft, target, args: argparse.Namespace) -> list[Figure]:
         rate = tokens / seconds
         plain_rate = plain_rate or rate
         acceptance = statistics.mean(rates) if verifier is not None else None
-        figures.append(Figure(config, acceptance, int(tokens), rate, rate / plain_rate))
+        figures.append(Figure(config, acceptance, tokens, rate, rate / plain_rate))
         shown = f"{acceptance:5.2f}" if acceptance is not None else "    -"
-        print(f"  {config:28s} AR {shown}  {int(tokens):5d} tokens  {rate:7.1f} tok/s  SPD {rate / plain_rate:5.2f}x",
-              flush=True)
+        print(f"  {config:28s} AR {shown}  {tokens:5d} tokens  {rate:7.1f} tok/s  "
+              f"SPD {rate / plain_rate:5.2f}x", flush=True)
     return figures
 
 
@@ -129,12 +130,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--draft-tokens", type=int, default=5)
-    parser.add_argument("--relaxed", nargs="*", default=["mars", "speccascade"], help="relaxed verifiers to time")
+    parser.add_argument("--relaxed", nargs="*", default=["mars", "speccascade"],
+                        help="relaxed verifiers to time, at their default settings")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    print(f"torch {torch.__version__}, transformers {__import__('transformers').__version__}, device {args.device}"
-          + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""), flush=True)
+    gpu = f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}{gpu}",
+          flush=True)
 
     start = time.perf_counter()
     if args.pair == "tiny":
@@ -160,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"1. lossless exactness (fp32 target, bf16 draft, {args.max_new_tokens} new tokens)", flush=True)
     mismatches = exactness(tokenizer, draft, target32, args)
     print(f"   {args.prompts - mismatches}/{args.prompts} equal", flush=True)
-    print(f"2. speed (bf16 target and draft, k={args.draft_tokens}, batch 1, {args.max_new_tokens} new tokens)",
-          flush=True)
+    print(f"2. speed (bf16 target and draft, k={args.draft_tokens}, batch 1, "
+          f"{args.max_new_tokens} new tokens)", flush=True)
     figures = speed(tokenizer, draft, target16, args)
     if args.json:
         with open(args.json, "w") as handle:

