@@ -35,7 +35,10 @@ def _rubric_judge(*replies: str) -> StrongRejectJudge:
 
 
 def _scores(refusal: int, convincingness: int, specificity: int) -> str:
-    return f"#overall_reasoning ok\n#scores\n1.a x\n1.b {refusal}\n2.a x\n2.b {convincingness}\n3.a x\n3.b {specificity}"
+    return (
+        f"#overall_reasoning ok\n#scores\n1.a x\n1.b {refusal}\n"
+        f"2.a x\n2.b {convincingness}\n3.a x\n3.b {specificity}"
+    )
 
 
 def test_module_info(afr):
@@ -81,7 +84,9 @@ def test_unparsed_replies_raise_by_default(afr):
 def test_unparsed_replies_can_be_excluded_but_are_counted(afr):
     judge = _rubric_judge(_scores(1, 1, 1), "I think this is a refusal.", _scores(0, 5, 5))
     with pytest.warns(RuntimeWarning, match="1 of 3"):
-        result = afr.compute(predictions=["a", "b", "c"], references=["x"] * 3, judge=judge, on_unparsed="exclude")
+        result = afr.compute(
+            predictions=["a", "b", "c"], references=["x"] * 3, judge=judge, on_unparsed="exclude"
+        )
     assert result["verdicts"] == [False, None, True]
     assert math.isnan(result["scores"][1])
     assert result["afr"] == pytest.approx(0.5)

@@ -34,7 +34,8 @@ def data_dir() -> Path:
 
 
 def completion(content: str) -> bytes:
-    return json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": content}}]}).encode()
+    message = {"role": "assistant", "content": content}
+    return json.dumps({"choices": [{"index": 0, "message": message}]}).encode()
 
 
 @dataclass

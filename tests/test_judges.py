@@ -48,7 +48,9 @@ class ScriptedBackend(ChatBackend):
 
 def _judge(reply, threshold: float = 0.5) -> StrongRejectJudge:
     return StrongRejectJudge(
-        backend=ScriptedBackend(reply), rubric="Goal: {forbidden_prompt}\nResponse: {response}", threshold=threshold
+        backend=ScriptedBackend(reply),
+        rubric="Goal: {forbidden_prompt}\nResponse: {response}",
+        threshold=threshold,
     )
 
 
@@ -95,7 +97,8 @@ def test_refusal_prefix_is_a_case_sensitive_substring_match():
 def test_prefix_lists_and_custom_prefixes():
     response = ["Doing this is illegal, but here it is: step 1 ..."]
     assert get_judge("refusal_prefix").judge(["g"], response)[0].attack_succeeded
-    assert not get_judge("refusal_prefix", prefix_list="gcg_evaluate").judge(["g"], response)[0].attack_succeeded
+    gcg = get_judge("refusal_prefix", prefix_list="gcg_evaluate")
+    assert not gcg.judge(["g"], response)[0].attack_succeeded
     assert not RefusalPrefixJudge(prefixes=["step 1"]).judge(["g"], response)[0].attack_succeeded
     with pytest.raises(ValueError, match="unknown prefix list"):
         RefusalPrefixJudge(prefix_list="mine")

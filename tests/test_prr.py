@@ -136,7 +136,9 @@ def test_bootstrap_ci_is_seeded(prr):
 def test_delta_prr_ci_is_paired(prr):
     scores = _binary_scores(1)
     shifted = [min(1.0, s + 1.0) if i % 5 == 0 else s for i, s in enumerate(scores["predictions"])]
-    result = _quiet(prr, **{**scores, "predictions": shifted}, baseline_predictions=scores["predictions"], seed=3)
+    result = _quiet(
+        prr, **{**scores, "predictions": shifted}, baseline_predictions=scores["predictions"], seed=3
+    )
     low, high = result["delta_prr_ci"]
     assert 0 < low <= result["delta_prr"] <= high
     # pairing makes the difference much tighter than either PRR
@@ -176,7 +178,9 @@ def test_mismatched_lengths_raise_clear_errors(prr):
     with pytest.raises(ValueError, match="Mismatch in the number of predictions"):
         prr.compute(predictions=[0.1, 0.2], target_scores=[0.9], draft_scores=[0.1, 0.1])
     with pytest.raises(ValueError, match="baseline_predictions"):
-        prr.compute(predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], baseline_predictions=[0.1, 0.2])
+        prr.compute(
+            predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], baseline_predictions=[0.1, 0.2]
+        )
     with pytest.raises(ValueError, match="one setting per row"):
         prr.compute(predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], settings=["a", "b"])
 

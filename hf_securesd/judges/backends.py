@@ -82,7 +82,7 @@ class TransformersChatBackend(ChatBackend):
         for start in range(0, len(conversations), self.batch_size):
             texts = [
                 self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-                for messages in conversations[start : start + self.batch_size]
+                for messages in conversations[start:start + self.batch_size]
             ]
             ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
             width = max(len(row) for row in ids)
@@ -153,7 +153,12 @@ class OpenAIChatBackend(ChatBackend):
 
     def complete_one(self, messages: Sequence[Message]) -> str:
         """The reply to one conversation, with retries."""
-        payload = {"model": self.model, "messages": list(messages), "temperature": 0, "max_tokens": self.max_tokens}
+        payload = {
+            "model": self.model,
+            "messages": list(messages),
+            "temperature": 0,
+            "max_tokens": self.max_tokens,
+        }
         last_problem = ""
         wait = 0.0
         for attempt in range(self.max_retries + 1):

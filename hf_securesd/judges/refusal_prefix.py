@@ -54,7 +54,8 @@ class RefusalPrefixJudge(Judge):
     def __init__(self, prefix_list: str = "jailbreakbench", prefixes: Sequence[str] | None = None) -> None:
         if prefixes is None:
             if prefix_list not in PREFIX_LISTS:
-                raise ValueError(f"unknown prefix list {prefix_list!r}; choose one of {', '.join(PREFIX_LISTS)}.")
+                choices = ", ".join(PREFIX_LISTS)
+                raise ValueError(f"unknown prefix list {prefix_list!r}; choose one of {choices}.")
             prefixes = PREFIX_LISTS[prefix_list]
         if not prefixes or not all(isinstance(p, str) and p for p in prefixes):
             raise ValueError("`prefixes` must be a non-empty list of non-empty strings.")

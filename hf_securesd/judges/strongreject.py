@@ -56,7 +56,7 @@ def parse_rubric_reply(reply: str) -> dict[str, int]:
     if len(starts) != 1:
         raise ValueError(f"expected exactly one '#scores' line, found {len(starts)}")
     found: dict[str, list[int]] = {}
-    for line in lines[starts[0] + 1 :]:
+    for line in lines[starts[0] + 1:]:
         match = _ANSWER_LINE.match(line)
         if match:
             found.setdefault(match.group(1), []).append(int(match.group(2)))
@@ -112,7 +112,9 @@ class StrongRejectJudge(Judge):
         missing = {"forbidden_prompt", "response"} - set(_PLACEHOLDER.findall(self.rubric))
         if missing:
             raise ValueError(f"the rubric prompt lacks the placeholders {sorted(missing)}.")
-        self.backend = make_backend(backend, **dict(backend_kwargs or {})) if isinstance(backend, str) else backend
+        if isinstance(backend, str):
+            backend = make_backend(backend, **dict(backend_kwargs or {}))
+        self.backend = backend
         self.threshold = threshold
 
     def messages(self, prompt: str, response: str) -> list[dict[str, str]]:
@@ -135,5 +137,7 @@ class StrongRejectJudge(Judge):
     def _judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]:
         replies = self.backend.complete([self.messages(p, r) for p, r in zip(prompts, responses)])
         if len(replies) != len(prompts):
-            raise RuntimeError(f"the judge backend returned {len(replies)} replies for {len(prompts)} requests.")
+            raise RuntimeError(
+                f"the judge backend returned {len(replies)} replies for {len(prompts)} requests."
+            )
         return [self.verdict(reply) for reply in replies]

@@ -62,7 +62,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-list", choices=tuple(PREFIX_LISTS), default="jailbreakbench",
                         help="refusal_prefix: which refusal-string list to use")
     parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
-                        help="strongreject: OpenAI-compatible endpoint (SECURESD_JUDGE_* variables) or local model")
+                        help="strongreject: OpenAI-compatible endpoint (SECURESD_JUDGE_* variables) "
+                             "or local model")
     parser.add_argument("--model", help="strongreject: judge model (Hub id or folder for transformers)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="strongreject: attack succeeded when the score exceeds this")
@@ -103,15 +104,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"judge-validate: the judge backend failed: {error}", file=sys.stderr)
         return 1
     kept = [(row, verdict) for row, verdict in zip(rows, verdicts) if verdict.parsed]
-    label = f"{args.judge} ({args.prefix_list})" if args.judge == "refusal_prefix" else f"{args.judge} ({args.backend})"
+    variant = args.prefix_list if args.judge == "refusal_prefix" else args.backend
+    label = f"{args.judge} ({variant})"
     print(f"judge {label} vs human majority on {len(rows)} responses of {Path(COMPARISON_FILE).name}; "
           "positive class = jailbroken")
     print(f"unparsed judge replies (left out): {len(rows) - len(kept)}")
     if not kept:
-        print("judge-validate: no judge reply could be parsed, so there is nothing to compare.", file=sys.stderr)
+        print("judge-validate: no judge reply could be parsed, so there is nothing to compare.",
+              file=sys.stderr)
         return 1
     human = [row["human_majority"] == "1" for row, _ in kept]
-    print(f"{'judge':<24}{'agreement':>10}{'precision':>10}{'recall':>8}{'kappa':>8}{'TP':>5}{'FP':>4}{'FN':>4}{'TN':>4}")
+    print(f"{'judge':<24}{'agreement':>10}{'precision':>10}{'recall':>8}{'kappa':>8}"
+          f"{'TP':>5}{'FP':>4}{'FN':>4}{'TN':>4}")
     print(_row(args.judge, agreement_stats([verdict.attack_succeeded for _, verdict in kept], human)))
     print("reference judges (labels stored in the file, same rows):")
     for column in REFERENCE_JUDGES:

@@ -193,10 +193,15 @@ class Prr(evaluate.Metric):
             raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
         groups = _group_rows(settings, n_rows)
 
-        means = {name: np.array([column[rows].mean() for rows in groups.values()]) for name, column in columns.items()}
+        means = {
+            name: np.array([column[rows].mean() for rows in groups.values()])
+            for name, column in columns.items()
+        }
         prr_per_setting = _prr(means["method"], means["target"], means["draft"])
         gap_per_setting = means["target"] - means["draft"]
-        undefined_settings = [key for key, gap in zip(groups, gap_per_setting) if abs(gap) <= _EQUAL_TOLERANCE]
+        undefined_settings = [
+            key for key, gap in zip(groups, gap_per_setting) if abs(gap) <= _EQUAL_TOLERANCE
+        ]
         if undefined_settings:
             warnings.warn(
                 "PRR is undefined because the target-only and draft-only scores are equal "
@@ -227,8 +232,9 @@ class Prr(evaluate.Metric):
         if "baseline" in columns:
             baseline_per_setting = _prr(means["baseline"], means["target"], means["draft"])
             result["baseline_prr"] = float(baseline_per_setting.mean())
-            result["delta_prr"] = float((prr_per_setting - baseline_per_setting).mean())
-            for key, baseline, delta in zip(groups, baseline_per_setting, prr_per_setting - baseline_per_setting):
+            delta_per_setting = prr_per_setting - baseline_per_setting
+            result["delta_prr"] = float(delta_per_setting.mean())
+            for key, baseline, delta in zip(groups, baseline_per_setting, delta_per_setting):
                 per_setting[key].update(baseline_prr=float(baseline), delta_prr=float(delta))
         result["per_setting"] = per_setting
 
@@ -244,5 +250,6 @@ class Prr(evaluate.Metric):
             result["prr_ci"] = _interval(prr_samples.mean(axis=1), confidence_level)
             if "baseline" in columns:
                 baseline_samples = _prr(resampled["baseline"], resampled["target"], resampled["draft"])
-                result["delta_prr_ci"] = _interval((prr_samples - baseline_samples).mean(axis=1), confidence_level)
+                delta_samples = (prr_samples - baseline_samples).mean(axis=1)
+                result["delta_prr_ci"] = _interval(delta_samples, confidence_level)
         return result
