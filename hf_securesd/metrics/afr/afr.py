@@ -16,7 +16,7 @@ from hf_securesd.judges import get_judge
 
 _CITATION = """\
 @misc{securesd2026,
-  title  = {SecureSD: Safe Lossy Speculative Decoding by Position-Scheduled Lossless Verification},
+  title  = {SecureSD: Safe Lossy Speculative Decoding},
   year   = {2026},
   note   = {Reports jailbreak and prompt-injection safety as attack failure rate (AFR)}
 }

@@ -12,7 +12,7 @@ import numpy as np
 
 _CITATION = """\
 @misc{securesd2026,
-  title  = {SecureSD: Safe Lossy Speculative Decoding by Position-Scheduled Lossless Verification},
+  title  = {SecureSD: Safe Lossy Speculative Decoding},
   year   = {2026},
   note   = {Defines the performance recovery ratio (PRR) used to compare speculative decoding
             verifiers between a draft-only and a target-only model}
