@@ -9,6 +9,7 @@ transformers: the call goes to the original `generate` unchanged.
 
 from __future__ import annotations
 
+import copy
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -57,19 +58,31 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     Returns (args, kwargs) for the original generate; without a verifier they come back untouched
     (minus explicit `verifier=None` / `secure_schedule=None`)."""
     bound = _GENERATE_SIGNATURE.bind(model, *args, **kwargs)
-    arguments = {**bound.arguments, **bound.arguments.pop("kwargs", {})}
+    arguments = {**bound.arguments, **bound.arguments.get("kwargs", {})}
     generation_config = arguments.get("generation_config")
     verifier = _effective("verifier", arguments, generation_config, model)
     schedule = _effective("secure_schedule", arguments, generation_config, model)
     if verifier is None and schedule is None:
         return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
-    resolved, schedule, k = resolve_request(verifier, schedule, arguments.get("num_assistant_tokens"))
+    resolved, schedule, k = resolve_request(
+        verifier, schedule, _effective("num_assistant_tokens", arguments, generation_config, model)
+    )
     check_models(model, arguments.get("assistant_model"))
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
     options.update({name: arguments.get(name) for name in ("tokenizer", "assistant_tokenizer")})
     inputs = arguments.get("inputs", arguments.get("input_ids"))
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
-    return args, {**kwargs, "verifier": resolved, "secure_schedule": schedule, "num_assistant_tokens": k}
+    resolved_fields = {"verifier": resolved, "secure_schedule": schedule, "num_assistant_tokens": k}
+    if generation_config is None:
+        return args, {**kwargs, **resolved_fields}
+    # A config object was passed: resolve inside a copy of it (HF warns when configs and kwargs mix).
+    generation_config = copy.deepcopy(generation_config)
+    for name, value in resolved_fields.items():
+        setattr(generation_config, name, value)
+    bound.arguments["generation_config"] = generation_config
+    for name in resolved_fields:
+        bound.arguments.get("kwargs", {}).pop(name, None)
+    return bound.args[1:], bound.kwargs
 
 
 def _run_speculative(

@@ -1,0 +1,95 @@
+"""Acceptance 2: lossless speculative sampling follows the target's distribution exactly.
+
+The target's joint distribution of the first three response tokens is enumerated exactly (6^3 = 216
+sequences, each probability a product of the target's processed next-token distributions), and
+compared with 5,000 seeded samples from `generate(..., verifier="lossless", do_sample=True)`.
+
+Noise floor: the 99.9th percentile of TV(exact, empirical) over 300 simulated runs of as many samples
+drawn directly from the exact joint; the speculative samples must fall below it. The same check on
+a relaxed verifier (1,500 samples, its own floor) must fail, which shows the test can tell a biased
+sampler from the target.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+import hf_securesd
+from hf_securesd.tiny import TinyPairSpec, tiny_pair
+
+VOCAB = 6
+NEW_TOKENS = 3
+SAMPLES = 5_000
+BIASED_SAMPLES = 1_500
+PROMPT = torch.tensor([[1, 4, 2]])
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=5, top_p=1.0)
+
+
+@pytest.fixture(scope="module")
+def small_vocab_pair():
+    draft, target = tiny_pair(TinyPairSpec(vocab_size=VOCAB, hidden_size=32, initializer_range=0.6, draft_noise=0.3, seed=3))
+    for model in (draft, target):
+        model.generation_config.eos_token_id = None
+    return draft, hf_securesd.wrap(target)
+
+
+def exact_joint(target) -> dict[tuple[int, ...], float]:
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(SAMPLING["temperature"]), TopKLogitsWarper(SAMPLING["top_k"])])
+    joint = {}
+    with torch.no_grad():
+        for sequence in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
+            probability, ids = 1.0, PROMPT
+            for token in sequence:
+                logits = target(ids).logits[:, -1].float()
+                probability *= float(warpers(ids, logits).softmax(-1)[0, token])
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=-1)
+            joint[sequence] = probability
+    return joint
+
+
+def empirical_tv(exact: dict, samples: list[tuple[int, ...]]) -> float:
+    counts: dict[tuple[int, ...], int] = {}
+    for sample in samples:
+        counts[sample] = counts.get(sample, 0) + 1
+    keys = set(exact) | set(counts)
+    return 0.5 * sum(abs(exact.get(key, 0.0) - counts.get(key, 0) / len(samples)) for key in keys)
+
+
+def noise_floor(exact: dict, samples: int) -> float:
+    keys = list(exact)
+    probabilities = np.array([exact[key] for key in keys])
+    rng = np.random.default_rng(0)
+    tvs = [0.5 * np.abs(rng.multinomial(samples, probabilities) / samples - probabilities).sum() for _ in range(300)]
+    return float(np.quantile(tvs, 0.999))
+
+
+def speculative_samples(draft, target, verifier, count: int) -> list[tuple[int, ...]]:
+    torch.manual_seed(2024)
+    samples = []
+    for _ in range(count):
+        out = target.generate(
+            PROMPT, max_new_tokens=NEW_TOKENS, assistant_model=draft, verifier=verifier, num_assistant_tokens=2, **SAMPLING
+        )
+        samples.append(tuple(out[0, PROMPT.shape[1] :].tolist()))
+    return samples
+
+
+def test_lossless_sampling_matches_target_joint(small_vocab_pair):
+    draft, target = small_vocab_pair
+    exact = exact_joint(target)
+    assert abs(sum(exact.values()) - 1.0) < 1e-5
+
+    floor = noise_floor(exact, SAMPLES)
+    assert floor < 0.12  # the test has resolving power at this sample size
+
+    tv = empirical_tv(exact, speculative_samples(draft, target, "lossless", SAMPLES))
+    assert tv <= floor, f"TV {tv:.4f} above the noise floor {floor:.4f}"
+
+    biased_floor = noise_floor(exact, BIASED_SAMPLES)
+    biased = empirical_tv(exact, speculative_samples(draft, target, hf_securesd.LossySD(epsilon=0.5), BIASED_SAMPLES))
+    assert biased > biased_floor, f"a lossy verifier (TV {biased:.4f}) went undetected (floor {biased_floor:.4f})"
