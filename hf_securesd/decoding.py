@@ -96,12 +96,17 @@ def _process(
     """Apply the user's processors (including temperature/top-k/top-p when sampling) position by position.
 
     sequence: [B, L] tokens so far including drafts; raw: [B, n, V] logits for the tokens at
-    positions prefix_length .. prefix_length + n - 1 -> processed [B, n, V]."""
+    positions prefix_length .. prefix_length + n - 1 -> processed [B, n, V]. The processors are
+    called one by one (the list's own __call__ inspects every signature on every call)."""
     if len(logits_processor) == 0:
         return raw
-    processed = torch.stack(
-        [logits_processor(sequence[:, : prefix_length + i], raw[:, i].clone()) for i in range(raw.shape[1])], dim=1
-    )
+    positions = []
+    for i in range(raw.shape[1]):
+        scores, prefix = raw[:, i].clone(), sequence[:, : prefix_length + i]
+        for processor in logits_processor:
+            scores = processor(prefix, scores)
+        positions.append(scores)
+    processed = torch.stack(positions, dim=1)
     _check_processed(processed, who)
     return processed
 
