@@ -1,0 +1,186 @@
+"""Numbers derived from recorded cells: PRR and ΔPRR (through the `prr` evaluate module of
+`hf_securesd.metrics`), SPD and ΔSPD with paired bootstrap intervals, and the groupings the report
+and the calibration read (relaxed sweeps, AR bins, per-position TV).
+
+A *cell* is one record of `runs.jsonl` (see `results.py`): a decoding configuration on one task,
+with per-example scores and seconds aligned with `example_ids`.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from hf_securesd.bench.results import stats_from_dict
+from hf_securesd.stats import SpeculativeStats
+
+CONFIDENCE = 0.95
+N_RESAMPLES = 1000
+AR_BINS: tuple[tuple[float, float], ...] = ((0.0, 0.3), (0.3, 0.5), (0.5, 0.7), (0.7, 0.9), (0.9, 1.0001))
+
+Cell = dict[str, Any]
+
+
+@functools.lru_cache(maxsize=1)
+def prr_metric():
+    """The `prr` evaluate module shipped in `hf_securesd.metrics` (loaded offline, once)."""
+    import evaluate
+
+    import hf_securesd.metrics
+
+    return evaluate.load(hf_securesd.metrics.path("prr"))
+
+
+def compute_prr(
+    method: Sequence[float],
+    target: Sequence[float],
+    draft: Sequence[float],
+    *,
+    settings: Sequence[str] | None = None,
+    baseline: Sequence[float] | None = None,
+    seed: int = 0,
+) -> dict[str, Any]:
+    """PRR (and ΔPRR when `baseline` is given) of aligned per-example scores, with bootstrap
+    intervals; see the `prr` module card. An undefined PRR (target = draft) comes back as NaN
+    with ``undefined: True`` instead of a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        warnings.simplefilter("ignore", UserWarning)
+        return prr_metric().compute(
+            predictions=list(method),
+            target_scores=list(target),
+            draft_scores=list(draft),
+            settings=None if settings is None else list(settings),
+            baseline_predictions=None if baseline is None else list(baseline),
+            confidence_level=CONFIDENCE,
+            n_resamples=N_RESAMPLES,
+            seed=seed,
+        )
+
+
+def aligned(cell: Cell, field: str, example_ids: Sequence[str]) -> list[float]:
+    """`cell[field]` (per-example list) in the order of `example_ids`."""
+    by_id = dict(zip(cell["example_ids"], cell[field]))
+    missing = [example_id for example_id in example_ids if example_id not in by_id]
+    if missing:
+        raise ValueError(
+            f"cell {cell['cell']} lacks examples {missing[:3]}; its baseline was run on "
+            f"other examples (same --seed, --limit and data are needed)"
+        )
+    return [by_id[example_id] for example_id in example_ids]
+
+
+def speedup(target_seconds: Sequence[float], method_seconds: Sequence[float]) -> float:
+    """SPD: total target-only wall time / total wall time of the method on the same prompts."""
+    total = float(sum(method_seconds))
+    return float(sum(target_seconds)) / total if total > 0 else math.nan
+
+
+def interval(samples: np.ndarray) -> list[float] | None:
+    """Percentile interval of the finite samples at `CONFIDENCE`."""
+    finite = samples[np.isfinite(samples)]
+    if finite.size == 0:
+        return None
+    tail = (1.0 - CONFIDENCE) / 2.0 * 100.0
+    low, high = np.percentile(finite, [tail, 100.0 - tail])
+    return [float(low), float(high)]
+
+
+def mean_ci(values: Sequence[float], seed: int = 0) -> tuple[float, list[float] | None]:
+    """Mean of the finite `values` and its percentile bootstrap interval (None for fewer than 2)."""
+    finite = np.asarray(
+        [value for value in values if value is not None and math.isfinite(value)], dtype=float
+    )
+    if finite.size == 0:
+        return math.nan, None
+    if finite.size < 2:
+        return float(finite.mean()), None
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, finite.size, size=(N_RESAMPLES, finite.size))
+    return float(finite.mean()), interval(finite[picks].mean(axis=1))
+
+
+@dataclass(frozen=True)
+class SpeedPair:
+    """Per-example seconds of one setting: target-only, with SecureSD and without."""
+
+    target: np.ndarray
+    with_schedule: np.ndarray
+    without_schedule: np.ndarray
+
+
+def delta_speedup(pairs: Sequence[SpeedPair], seed: int = 0) -> tuple[float, list[float] | None]:
+    """ΔSPD = mean over settings of SPD(with) - SPD(without), and a paired bootstrap interval
+    that resamples examples within each setting (the same picks for all three timings)."""
+    if not pairs:
+        return math.nan, None
+    point = float(
+        np.mean([speedup(p.target, p.with_schedule) - speedup(p.target, p.without_schedule) for p in pairs])
+    )
+    if any(len(p.target) < 2 for p in pairs):
+        return point, None
+    rng = np.random.default_rng(seed)
+    samples = np.zeros(N_RESAMPLES)
+    for pair in pairs:
+        picks = rng.integers(0, len(pair.target), size=(N_RESAMPLES, len(pair.target)))
+        target = pair.target[picks].sum(axis=1)
+        samples += target / pair.with_schedule[picks].sum(axis=1) - target / pair.without_schedule[picks].sum(
+            axis=1
+        )
+    return point, interval(samples / len(pairs))
+
+
+def relaxed_setting(cell: Cell) -> tuple[str, Any, str | None] | None:
+    """(verifier name, knob value, schedule label) of a speculative cell; None for baselines.
+    The lossless verifier has knob value None."""
+    config = cell["config"]
+    if config["kind"] != "speculative":
+        return None
+    return config["verifier"]["verifier"], cell["knob_value"], cell["schedule_label"]
+
+
+def speculative_cells(
+    cells: Iterable[Cell], verifier: str | None = None, schedule: str | None | bool = False
+) -> list[Cell]:
+    """Speculative cells, optionally of one verifier and one schedule label (None: no schedule;
+    False: any schedule)."""
+    chosen = []
+    for cell in cells:
+        setting = relaxed_setting(cell)
+        if setting is None or (verifier is not None and setting[0] != verifier):
+            continue
+        if schedule is not False and setting[2] != schedule:
+            continue
+        chosen.append(cell)
+    return chosen
+
+
+def ar_bin(acceptance_rate: float) -> str | None:
+    """Label of the AR bin holding `acceptance_rate`, e.g. ``[0.3, 0.5)``."""
+    if acceptance_rate is None or not math.isfinite(acceptance_rate):
+        return None
+    for low, high in AR_BINS:
+        if low <= acceptance_rate < high:
+            return bin_label(low, high)
+    return None
+
+
+def bin_label(low: float, high: float) -> str:
+    return f"[{low:.1f}, {min(high, 1.0):.1f}{']' if high > 1 else ')'}"
+
+
+def merged_stats(cells: Iterable[Cell]) -> SpeculativeStats | None:
+    """The speculative statistics of several cells summed (None when none has any)."""
+    parts = [stats_from_dict(cell["stats"]) for cell in cells if cell.get("stats")]
+    return SpeculativeStats.merge(parts) if parts else None
+
+
+def mean_of(values: Iterable[float | None]) -> float:
+    """Mean of the finite values (NaN when there are none)."""
+    finite = [value for value in values if value is not None and math.isfinite(value)]
+    return float(np.mean(finite)) if finite else math.nan

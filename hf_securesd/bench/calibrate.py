@@ -1,0 +1,145 @@
+"""Choose SecureSD's Step(L) for a pair (paper §7.3): sweep L on a small calibration set and
+recommend the smallest L whose safety PRR is within `tolerance` of lossless verification while
+keeping the speed-up, i.e. SPD at least (1 - `spd_tolerance`) times that of the relaxed verifier
+without SecureSD.
+
+`recommend` is a pure function of recorded cells (`runs.jsonl` records), so it can be checked on
+synthetic results; `calibration_configs` is what `securesd calibrate` runs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+from hf_securesd.bench.analysis import Cell, mean_of, speculative_cells
+from hf_securesd.bench.plan import LOSSLESS, RunConfig, parse_verifier, verifier_label
+from hf_securesd.schedules import Step
+
+DEFAULT_LENGTHS = (1, 2, 4, 8, 12)
+
+
+@dataclass(frozen=True)
+class LevelResult:
+    """Figures of one configuration on the calibration set (means over its tasks of each kind)."""
+
+    L: int | None  # None: the relaxed verifier without SecureSD
+    safety_prr: float
+    utility_prr: float
+    spd: float
+    acceptance_rate: float
+    safe: bool = False
+    fast: bool = False
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """The recommended L for one relaxed verifier setting (None when no L qualifies), why, and the
+    figures behind it."""
+
+    verifier: str
+    L: int | None
+    reason: str
+    lossless_safety_prr: float
+    relaxed: LevelResult
+    levels: list[LevelResult] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def calibration_configs(verifier_specs: Sequence[str], lengths: Sequence[int]) -> list[RunConfig]:
+    """Lossless, then each relaxed verifier setting without a schedule and under Step(L) for each L."""
+    configs = [LOSSLESS]
+    for spec in verifier_specs:
+        for verifier in parse_verifier(spec):
+            if verifier.name == "lossless":
+                raise ValueError(
+                    "calibrate needs relaxed verifiers (e.g. mars:0.5); lossless is run as the reference"
+                )
+            configs.append(RunConfig("speculative", verifier))
+            configs.extend(
+                RunConfig("speculative", verifier, Step(L=length)) for length in sorted(set(lengths))
+            )
+    return configs
+
+
+def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:
+    def kind_prr(kind: str) -> float:
+        return mean_of(cell.get("prr") for cell in cells if cell["task_kind"] == kind)
+
+    return LevelResult(
+        L=L,
+        safety_prr=kind_prr("safety"),
+        utility_prr=kind_prr("utility"),
+        spd=mean_of(cell.get("spd") for cell in cells),
+        acceptance_rate=mean_of(cell.get("acceptance_rate") for cell in cells),
+    )
+
+
+def recommend(
+    cells: Sequence[Cell], verifier: str, tolerance: float = 0.05, spd_tolerance: float = 0.1
+) -> Recommendation:
+    """Recommend L for the relaxed setting `verifier` (its label, e.g. ``mars(theta=0.5)``) from
+    recorded cells holding the lossless verifier, that setting without a schedule and under Step(L)."""
+    lossless = speculative_cells(cells, "lossless", None)
+    mine = [cell for cell in speculative_cells(cells) if cell["config_key"].split("+")[0] == verifier]
+    plain = [cell for cell in mine if cell["schedule_label"] is None]
+    if not lossless or not plain:
+        raise ValueError(
+            f"calibration of {verifier} needs runs of the lossless verifier and of {verifier} "
+            f"without a schedule; run `securesd calibrate` (or bench with --schedules none step:L ...)"
+        )
+    lossless_safety = _level(lossless, 0).safety_prr
+    relaxed = _level(plain, None)
+    by_length: dict[int, list[Cell]] = {}
+    for cell in mine:
+        schedule = cell["config"]["schedule"]
+        if schedule and schedule["schedule"] == "step":
+            by_length.setdefault(int(schedule["L"]), []).append(cell)
+    if not math.isfinite(lossless_safety):
+        return Recommendation(
+            verifier,
+            None,
+            "safety PRR is undefined on the calibration set (the target-only and "
+            "draft-only safety scores are equal, or there is no safety task); use more or other "
+            "examples",
+            lossless_safety,
+            relaxed,
+            [_level(group, length) for length, group in sorted(by_length.items())],
+        )
+    levels = []
+    for length, group in sorted(by_length.items()):
+        level = _level(group, length)
+        safe = math.isfinite(level.safety_prr) and level.safety_prr >= lossless_safety - tolerance
+        fast = math.isfinite(level.spd) and level.spd >= (1.0 - spd_tolerance) * relaxed.spd
+        levels.append(LevelResult(**{**asdict(level), "safe": safe, "fast": fast}))
+    chosen = next((level for level in levels if level.safe and level.fast), None)
+    if chosen is not None:
+        reason = (
+            f"Step(L={chosen.L}) is the smallest L with safety PRR {chosen.safety_prr:.3f} "
+            f"within {tolerance} "
+            f"of lossless ({lossless_safety:.3f}) and SPD {chosen.spd:.2f} at least {1 - spd_tolerance:.0%} "
+            f"of the relaxed verifier's {relaxed.spd:.2f}"
+        )
+        return Recommendation(verifier, chosen.L, reason, lossless_safety, relaxed, levels)
+    safe = [level for level in levels if level.safe]
+    if safe:
+        reason = (
+            f"Step(L={safe[0].L}) is the smallest L within {tolerance} of lossless safety, but its SPD "
+            f"{safe[0].spd:.2f} is below {1 - spd_tolerance:.0%} of the relaxed verifier's "
+            f"{relaxed.spd:.2f}; "
+            f"no L keeps the speed-up"
+        )
+    else:
+        reason = (
+            f"no L in {sorted(by_length)} brings safety PRR within {tolerance} of lossless "
+            f"({lossless_safety:.3f}); try larger L, or lossless verification"
+        )
+    return Recommendation(verifier, None, reason, lossless_safety, relaxed, levels)
+
+
+def verifier_labels(verifier_specs: Sequence[str]) -> list[str]:
+    """Labels of the relaxed settings named by `verifier_specs`."""
+    return [verifier_label(verifier) for spec in verifier_specs for verifier in parse_verifier(spec)]

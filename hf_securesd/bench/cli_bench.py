@@ -1,0 +1,175 @@
+"""``securesd bench``: run the safety/utility study for a draft/target pair into a results directory.
+
+    securesd bench --profile smoke --out results/smoke
+    securesd bench --profile cpu-small --out results/qwen-cpu
+    securesd bench --profile paper --device cuda --out results/paper
+    securesd bench --target qwen-1.5b --draft qwen-0.5b --tasks jailbreak gsm8k \\
+        --verifiers mars:0.9,0.5 bild --schedules none step:1 step:4 --limit 50 --out results/mine
+
+A profile (`bench/profiles.py`) sets every default; the flags override it. Rerunning with the same
+--out resumes: recorded cells and examples are not redone. The report is written at the end
+(`securesd report` rewrites it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
+
+
+def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
+    """Options shared by `bench` and `calibrate`."""
+    parser.add_argument(
+        "--profile",
+        choices=sorted(PROFILES),
+        default=default_profile,
+        help=f"study size and defaults (default: {default_profile})",
+    )
+    parser.add_argument(
+        "--target", default=None, help="target model: registry name, Hub id, folder, or 'tiny'"
+    )
+    parser.add_argument("--draft", default=None, help="draft model: registry name, Hub id, folder, or 'tiny'")
+    parser.add_argument("--tasks", nargs="+", default=None, help="benchmark tasks (default: the profile's)")
+    parser.add_argument("--limit", type=int, default=None, help="examples per task (default: the profile's)")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="generation length for every task (default: the profile's caps on each task's own)",
+    )
+    parser.add_argument(
+        "--num-assistant-tokens", type=int, default=None, help="draft tokens per round k (default 5)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=None, help="task sampling seed (default: each task's own, 0)"
+    )
+    parser.add_argument(
+        "--data-dir", default=None, help="local benchmark data (default: $SECURESD_DATA_DIR, else the Hub)"
+    )
+    parser.add_argument(
+        "--out", type=Path, required=True, help="results directory (created; reused to resume)"
+    )
+    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument(
+        "--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="model dtype (default: the profile's)"
+    )
+    parser.add_argument("--judge", default="refusal_prefix", help="jailbreak judge of hf_securesd.judges")
+    parser.add_argument(
+        "--judge-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="judge constructor argument (repeatable)",
+    )
+    parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
+    parser.add_argument("--cache-dir", default=None, help="folder of the offline model copies")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: the profile's)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``securesd bench``."""
+    add_common_options(parser, default_profile="cpu-small")
+    parser.add_argument(
+        "--verifiers",
+        nargs="+",
+        default=None,
+        help="verifier specs: NAME (its SPEC sweep) or NAME:V1,V2 (those knob values)",
+    )
+    parser.add_argument(
+        "--schedules",
+        nargs="+",
+        default=None,
+        help="schedules: none, step:L, linear:L, power:L:GAMMA (default: none step:1)",
+    )
+    parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+
+
+def judge_options(pairs: list[str]) -> dict[str, Any]:
+    """KEY=VALUE strings -> dict; numbers are parsed."""
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator or not key:
+            raise ValueError(f"--judge-option takes KEY=VALUE, got {pair!r}")
+        try:
+            options[key] = int(value)
+        except ValueError:
+            try:
+                options[key] = float(value)
+            except ValueError:
+                options[key] = value
+    return options
+
+
+def prepare(args: argparse.Namespace):
+    """Settings, loaded models and prepared tasks for `args` (shared with `calibrate`)."""
+    from hf_securesd.bench.loading import load_study_models
+    from hf_securesd.bench.runner import StudySettings, prepare_tasks
+
+    import torch
+
+    profile: Profile = get_profile(args.profile)
+    threads = args.threads or profile.threads
+    if threads:
+        torch.set_num_threads(threads)
+    settings = StudySettings(
+        target=args.target or profile.target,
+        draft=args.draft or profile.draft,
+        device=args.device,
+        dtype=args.dtype or profile.dtype,
+        num_assistant_tokens=args.num_assistant_tokens or profile.num_assistant_tokens,
+        seed=args.seed,
+        judge=args.judge,
+        judge_options=judge_options(args.judge_option),
+        profile=profile.name,
+    )
+    models = load_study_models(
+        settings.target,
+        settings.draft,
+        device=settings.device,
+        dtype=settings.dtype,
+        offline=args.offline,
+        cache_dir=args.cache_dir,
+    )
+    tasks = prepare_tasks(
+        args.tasks or profile.tasks,
+        models.tokenizer,
+        data_dir=args.data_dir,
+        limit=args.limit if args.limit is not None else profile.limit,
+        seed=args.seed,
+        max_new_tokens=lambda task: profile.max_new_tokens_for(
+            task.kind, task.max_new_tokens, args.max_new_tokens
+        ),
+    )
+    return settings, models, tasks
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_securesd.bench.plan import parse_schedule, sweep_configs
+    from hf_securesd.bench.report import write_report
+    from hf_securesd.bench.runner import run_study
+
+    profile = get_profile(args.profile)
+    try:
+        schedules = [parse_schedule(spec) for spec in (args.schedules or profile.schedules)]
+        configs = sweep_configs(args.verifiers or profile.verifiers, schedules)
+        settings, models, tasks = prepare(args)
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    outcome = run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress)
+    print(
+        f"{outcome.out_dir}: {outcome.cells_finished} cells finished, {outcome.cells_already_done} already "
+        f"recorded, {outcome.generated} generations"
+    )
+    if not args.no_report:
+        report = write_report(args.out)
+        print(f"report: {report}")
+    return 0

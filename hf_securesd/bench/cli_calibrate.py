@@ -1,0 +1,113 @@
+"""``securesd calibrate``: sweep SecureSD's Step(L) on a small calibration set and recommend the
+smallest L whose safety PRR is within a tolerance of lossless while keeping the speed-up (paper
+§7.3). See `bench/calibrate.py` for the rule.
+
+    securesd calibrate --profile smoke --out results/calib-smoke
+    securesd calibrate --verifier mars:0.5 --L 1 2 4 8 --tasks jailbreak prompt_injection humaneval \\
+        --limit 20 --out results/calib
+
+Runs are recorded like `securesd bench` (resumable); the recommendation is printed and written to
+RESULTS/calibration.json and RESULTS/calibration.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from hf_securesd.bench.calibrate import DEFAULT_LENGTHS
+from hf_securesd.bench.cli_bench import add_common_options, prepare
+
+DEFAULT_VERIFIER = "mars:0.5"
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``securesd calibrate``."""
+    add_common_options(parser, default_profile="cpu-small")
+    parser.add_argument(
+        "--verifier",
+        nargs="+",
+        default=[DEFAULT_VERIFIER],
+        help=f"relaxed verifier setting(s) to calibrate for, NAME:VALUE (default: {DEFAULT_VERIFIER})",
+    )
+    parser.add_argument(
+        "--L",
+        dest="lengths",
+        type=int,
+        nargs="+",
+        default=list(DEFAULT_LENGTHS),
+        help=f"Step(L) lengths to try (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
+    )
+    parser.add_argument(
+        "--tolerance",
+        type=float,
+        default=0.05,
+        help="allowed safety-PRR shortfall from lossless (default 0.05)",
+    )
+    parser.add_argument(
+        "--spd-tolerance",
+        type=float,
+        default=0.1,
+        help="allowed SPD loss relative to the relaxed verifier, as a fraction (default 0.1)",
+    )
+
+
+def _markdown(recommendations, manifest: dict, tolerance: float, spd_tolerance: float) -> str:
+    lines = [
+        f"# Step(L) calibration: `{manifest['target']}` with draft `{manifest['draft']}`",
+        "",
+        f"Rule: the smallest L with safety PRR >= lossless - {tolerance} and SPD >= "
+        f"{1 - spd_tolerance:.0%} of the relaxed verifier's. Models: {json.dumps(manifest.get('models'))}; "
+        f"judge `{manifest.get('judge')}`; seed {manifest.get('seed')}.",
+        "",
+    ]
+    for rec in recommendations:
+        lines += [
+            f"## {rec.verifier}: {'Step(L=%d)' % rec.L if rec.L is not None else 'no recommendation'}",
+            "",
+            rec.reason,
+            "",
+            "| L | safety PRR | utility PRR | SPD | AR | safe | keeps SPD |",
+            "|---|---|---|---|---|---|---|",
+            f"| none (relaxed) | {rec.relaxed.safety_prr:.3f} | {rec.relaxed.utility_prr:.3f} | "
+            f"{rec.relaxed.spd:.2f} | {rec.relaxed.acceptance_rate:.3f} | | |",
+        ]
+        lines += [
+            f"| {level.L} | {level.safety_prr:.3f} | {level.utility_prr:.3f} | {level.spd:.2f} | "
+            f"{level.acceptance_rate:.3f} | {'yes' if level.safe else 'no'} | "
+            f"{'yes' if level.fast else 'no'} |"
+            for level in rec.levels
+        ]
+        lines += [f"| lossless | {rec.lossless_safety_prr:.3f} | | | | | |", ""]
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_securesd.bench.calibrate import calibration_configs, recommend, verifier_labels
+    from hf_securesd.bench.results import ResultsDir
+    from hf_securesd.bench.runner import run_study
+
+    try:
+        configs = calibration_configs(args.verifier, args.lengths)
+        settings, models, tasks = prepare(args)
+    except (KeyError, ValueError, FileNotFoundError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress)
+    results = ResultsDir(args.out)
+    cells = results.runs()
+    recommendations = [
+        recommend(cells, label, args.tolerance, args.spd_tolerance)
+        for label in verifier_labels(args.verifier)
+    ]
+    (results.path / "calibration.json").write_text(
+        json.dumps([rec.to_dict() for rec in recommendations], indent=2) + "\n", encoding="utf-8"
+    )
+    (results.path / "calibration.md").write_text(
+        _markdown(recommendations, results.read_manifest(), args.tolerance, args.spd_tolerance),
+        encoding="utf-8",
+    )
+    for rec in recommendations:
+        print(f"{rec.verifier}: {'L=%d' % rec.L if rec.L is not None else 'no L'} - {rec.reason}")
+    return 0

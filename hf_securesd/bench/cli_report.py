@@ -1,0 +1,25 @@
+"""``securesd report RESULTS``: write RESULTS/report/ (Markdown, JSON and PNG figures) from the
+recorded runs of a results directory. See `bench/report.py`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def configure(parser: argparse.ArgumentParser) -> None:
+    """Options of ``securesd report``."""
+    parser.add_argument("results", type=Path, help="results directory written by `securesd bench`")
+
+
+def run(args: argparse.Namespace) -> int:
+    from hf_securesd.bench.report import write_report
+
+    try:
+        path = write_report(args.results)
+    except (FileNotFoundError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0

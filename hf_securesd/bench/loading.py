@@ -1,0 +1,84 @@
+"""Load the draft/target pair of a study: the tiny random pair (name ``tiny``, for the `smoke`
+profile and tests) or any pair `hf_securesd.models.load_pair` resolves (registry names, Hub ids,
+local folders)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+import hf_securesd
+from hf_securesd.bench.profiles import TINY
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+@dataclass
+class StudyModels:
+    """The tokenizer (the target's), the draft, the wrapped target, and what they are (`ids`:
+    role -> {"name", "id", "location", "source"}) for the report."""
+
+    tokenizer: PreTrainedTokenizerBase
+    draft: PreTrainedModel
+    target: PreTrainedModel
+    ids: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _describe(name: str, location: str) -> dict[str, Any]:
+    """Registry key, Hub id and the offline copy's recorded source, when known."""
+    from hf_securesd.models import lookup
+
+    spec = lookup(name)
+    described: dict[str, Any] = {"name": name, "id": spec.hub_id if spec else name, "location": location}
+    source = Path(location) / "securesd_source.json"
+    if source.is_file():
+        described["source"] = json.loads(source.read_text(encoding="utf-8"))
+    return described
+
+
+def load_study_models(
+    target: str,
+    draft: str,
+    *,
+    device: str = "cpu",
+    dtype: str = "bf16",
+    offline: bool | None = None,
+    cache_dir: str | None = None,
+) -> StudyModels:
+    """Load the pair in eval mode on `device` in `dtype` and wrap the target for SecureSD."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    if (target == TINY) != (draft == TINY):
+        raise ValueError(
+            f"--target and --draft must both be {TINY!r} (the tiny random pair) or both real models"
+        )
+    if target == TINY:
+        from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
+
+        spec = TinyPairSpec()
+        draft_model, target_model = tiny_pair(spec)
+        draft_model, target_model = (
+            model.to(device=device, dtype=DTYPES[dtype]) for model in (draft_model, target_model)
+        )
+        tokenizer = byte_tokenizer()
+        description = f"tiny random {spec.architecture} pair ({spec})"
+        ids = {
+            role: {"name": TINY, "id": f"{description}, {role}", "location": "hf_securesd.tiny"}
+            for role in ("target", "draft")
+        }
+        return StudyModels(tokenizer, draft_model, hf_securesd.wrap(target_model), ids)
+    from hf_securesd.models import load_pair, resolve_model
+
+    tokenizer, draft_model, target_model = load_pair(
+        draft, target, dtype=dtype, device=device, offline=offline, cache_dir=cache_dir
+    )
+    ids = {
+        role: _describe(name, resolve_model(name, offline=offline, cache_dir=cache_dir, download=False))
+        for role, name in (("target", target), ("draft", draft))
+    }
+    return StudyModels(tokenizer, draft_model, hf_securesd.wrap(target_model), ids)

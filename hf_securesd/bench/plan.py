@@ -1,0 +1,150 @@
+"""What a study runs: decoding configurations (target-only, draft-only, speculative with a verifier
+and an optional SecureSD schedule), parsed from command-line specs, and their stable keys.
+
+Example:
+
+    >>> from hf_securesd.bench.plan import parse_schedule, sweep_configs
+    >>> parse_schedule("step:1")
+    Step(L=1)
+    >>> [c.key for c in sweep_configs(["mars:0.5"], [None, parse_schedule("step:1")])]
+    ['lossless', 'mars(theta=0.5)', 'mars(theta=0.5)+step(L=1)']
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import Any, Literal, Sequence
+
+from hf_securesd.schedules import Linear, Power, Schedule, Step
+from hf_securesd.verifiers import VERIFIERS, Lossless, Verifier, resolve_verifier
+
+Kind = Literal["target", "draft", "speculative"]
+SCHEDULES: dict[str, type[Schedule]] = {"step": Step, "linear": Linear, "power": Power}
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One way of decoding. `verifier` and `schedule` are set only for speculative runs
+    (`schedule` None: the relaxed verifier unchanged)."""
+
+    kind: Kind
+    verifier: Verifier | None = None
+    schedule: Schedule | None = None
+
+    @property
+    def key(self) -> str:
+        """Stable, human-readable identifier, e.g. ``mars(theta=0.9)+step(L=1)``."""
+        if self.kind != "speculative":
+            return self.kind
+        return verifier_label(self.verifier) + (
+            "" if self.schedule is None else "+" + schedule_label(self.schedule)
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON form written to the results files."""
+        return {
+            "kind": self.kind,
+            "verifier": None if self.verifier is None else self.verifier.to_dict(),
+            "schedule": None if self.schedule is None else self.schedule.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
+        verifier = values.get("verifier")
+        schedule = values.get("schedule")
+        return cls(
+            kind=values["kind"],
+            verifier=None if verifier is None else resolve_verifier(verifier),
+            schedule=None if schedule is None else schedule_from_dict(schedule),
+        )
+
+
+TARGET = RunConfig("target")
+DRAFT = RunConfig("draft")
+LOSSLESS = RunConfig("speculative", Lossless())
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    return format(value, "g") if isinstance(value, float) else str(value)
+
+
+def knob_value(verifier: Verifier) -> Any:
+    """The value of the verifier's sweep knob (None for lossless)."""
+    return None if verifier.name == "lossless" else getattr(verifier, verifier.knob)
+
+
+def verifier_label(verifier: Verifier) -> str:
+    """``name(knob=value)``, or ``lossless``."""
+    if verifier.name == "lossless":
+        return "lossless"
+    return f"{verifier.name}({verifier.knob}={_format(knob_value(verifier))})"
+
+
+def schedule_label(schedule: Schedule) -> str:
+    """``step(L=1)``, ``linear(L=4)``, ``power(L=4,gamma=2)``."""
+    options = {key: value for key, value in schedule.to_dict().items() if key != "schedule"}
+    return f"{schedule.name}(" + ",".join(f"{key}={_format(value)}" for key, value in options.items()) + ")"
+
+
+def schedule_from_dict(values: dict[str, Any]) -> Schedule:
+    """Inverse of `Schedule.to_dict()`."""
+    options = dict(values)
+    name = options.pop("schedule")
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+    return SCHEDULES[name](**options)
+
+
+def parse_schedule(spec: str) -> Schedule | None:
+    """``none`` -> None (relaxed verifier unchanged); ``step:L``, ``linear:L``, ``power:L:gamma``."""
+    name, *numbers = spec.strip().lower().split(":")
+    if name == "none" and not numbers:
+        return None
+    try:
+        if name == "step" and len(numbers) == 1:
+            return Step(L=int(numbers[0]))
+        if name == "linear" and len(numbers) == 1:
+            return Linear(L=int(numbers[0]))
+        if name == "power" and len(numbers) == 2:
+            return Power(L=int(numbers[0]), gamma=float(numbers[1]))
+    except ValueError as error:
+        raise ValueError(f"bad schedule {spec!r}: {error}") from error
+    raise ValueError(f"bad schedule {spec!r}; use none, step:L, linear:L or power:L:gamma (e.g. step:1)")
+
+
+def parse_verifier(spec: str) -> list[Verifier]:
+    """``mars`` -> the relaxed points of the SPEC.md §4 sweep (the lossless end is run once, as the
+    ``lossless`` verifier); ``mars:0.9,0.5`` -> those knob values; ``lossless`` -> [Lossless()]."""
+    name, _, values = spec.strip().lower().partition(":")
+    if name not in VERIFIERS:
+        raise ValueError(f"unknown verifier {name!r} in {spec!r}; choose from {', '.join(VERIFIERS)}")
+    cls = VERIFIERS[name]
+    if name == "lossless":
+        return [Lossless()]
+    if not values:
+        return [verifier for verifier in cls.sweep() if not verifier.is_lossless]
+    try:
+        knob_values = [float(value) for value in values.split(",") if value.strip()]
+    except ValueError as error:
+        raise ValueError(f"bad knob values in {spec!r}: give numbers, e.g. {name}:0.9,0.5") from error
+    return [cls(**{cls.knob: value}) for value in knob_values]
+
+
+def sweep_configs(verifier_specs: Sequence[str], schedules: Sequence[Schedule | None]) -> list[RunConfig]:
+    """The lossless verifier once, then every relaxed verifier setting under every schedule."""
+    configs = [LOSSLESS]
+    for spec in verifier_specs:
+        for verifier in parse_verifier(spec):
+            if verifier.name == "lossless":
+                continue
+            configs.extend(RunConfig("speculative", verifier, schedule) for schedule in schedules)
+    return list(dict.fromkeys(configs, None))
+
+
+def canonical_json(values: Any) -> str:
+    """Sorted-key JSON, used to compare settings."""
+    return json.dumps(values, sort_keys=True, default=str)

@@ -1,0 +1,106 @@
+"""Study sizes. A profile fixes the default models, tasks, examples per task, verifier sweep,
+schedules and generation length; every field can be overridden on the command line.
+
+- `smoke`: tiny random models (`hf_securesd.tiny`), 3 examples of each task, two verifiers at two
+  settings, 16 new tokens. Checks the whole pipeline in well under two minutes on 2 CPU cores;
+  the numbers mean nothing.
+- `cpu-small`: the default Qwen2.5-Coder 0.5B -> 1.5B pair, sized to finish in under two hours on
+  2 CPU cores: 10 examples of each of four tasks, MARS and SpecCascade at three settings each, with
+  and without Step(1), at most 64 new tokens (48 for safety tasks, which are decided early).
+- `paper`: the full study for a GPU: every task at full size, the six relaxed verifiers over their
+  SPEC.md §4 sweeps, without a schedule and with Step(1), the tasks' own generation lengths.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping
+
+from hf_securesd.verifiers import RELAXED_VERIFIERS
+
+TINY = "tiny"  # model name of the tiny random pair
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Defaults of one study size.
+
+    `verifiers` are specs for `plan.parse_verifier` (``mars`` = the full sweep, ``mars:0.9,0.5`` =
+    those knob values); `schedules` are specs for `plan.parse_schedule`; `limit` is the number of
+    examples per task (None: all); `threads` sets torch's CPU threads (None: torch's default;
+    1 is fastest for tiny models); `max_new_tokens` caps every task's own length (None: no cap) and
+    `max_new_tokens_by_kind` caps it further for "safety" or "utility" tasks."""
+
+    name: str
+    description: str
+    target: str
+    draft: str
+    tasks: tuple[str, ...]
+    verifiers: tuple[str, ...]
+    schedules: tuple[str, ...]
+    limit: int | None
+    max_new_tokens: int | None
+    max_new_tokens_by_kind: Mapping[str, int] = field(default_factory=dict)
+    dtype: str = "bf16"
+    num_assistant_tokens: int = 5
+    threads: int | None = None
+
+    def max_new_tokens_for(self, task_kind: str, task_default: int, override: int | None = None) -> int:
+        """Generation length for a task: `override`, else the profile's caps on the task's own."""
+        if override is not None:
+            return override
+        caps = [cap for cap in (self.max_new_tokens, self.max_new_tokens_by_kind.get(task_kind)) if cap]
+        return min([task_default, *caps])
+
+
+ALL_TASKS = ("humaneval", "gsm8k", "jailbreak", "prompt_injection", "prompt_injection_adaptive")
+
+PROFILES: dict[str, Profile] = {
+    profile.name: profile
+    for profile in (
+        Profile(
+            name="smoke",
+            description="tiny random pair, 3 examples per task, 2 verifiers x 2 settings; pipeline check",
+            target=TINY,
+            draft=TINY,
+            tasks=ALL_TASKS,
+            verifiers=("mars:0.9,0.5", "speccascade:0.3,0.9"),
+            schedules=("none", "step:1"),
+            limit=3,
+            max_new_tokens=16,
+            dtype="fp32",
+            threads=1,
+        ),
+        Profile(
+            name="cpu-small",
+            description="Qwen2.5-Coder 0.5B -> 1.5B, 10 examples per task, 2 verifiers x 3 settings; "
+            "under 2 hours on 2 CPU cores",
+            target="qwen-1.5b",
+            draft="qwen-0.5b",
+            tasks=("humaneval", "gsm8k", "jailbreak", "prompt_injection"),
+            verifiers=("mars:0.9,0.7,0.5", "speccascade:0.2,0.5,0.9"),
+            schedules=("none", "step:1"),
+            limit=10,
+            max_new_tokens=64,
+            max_new_tokens_by_kind={"safety": 48},
+        ),
+        Profile(
+            name="paper",
+            description="the full study for a GPU: all tasks, the six relaxed verifiers over their sweeps",
+            target="qwen-1.5b",
+            draft="qwen-0.5b",
+            tasks=ALL_TASKS,
+            verifiers=RELAXED_VERIFIERS,
+            schedules=("none", "step:1"),
+            limit=None,
+            max_new_tokens=None,
+        ),
+    )
+}
+
+
+def get_profile(name: str) -> Profile:
+    """The profile called `name`."""
+    if name not in PROFILES:
+        raise KeyError(f"unknown profile {name!r}; choose from {', '.join(PROFILES)}")
+    return PROFILES[name]

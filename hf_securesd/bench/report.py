@@ -1,0 +1,469 @@
+"""``securesd report``: tables and figures from a results directory, every number computed from
+the recorded cells of `runs.jsonl`.
+
+Written to RESULTS/report/: `report.md` (setup, Table 1 and Table 5 analogs, baselines, every
+run), `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
+`position_tv.png` (Figure 2 analog).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from hf_securesd.bench.analysis import (
+    AR_BINS,
+    CONFIDENCE,
+    N_RESAMPLES,
+    Cell,
+    SpeedPair,
+    aligned,
+    ar_bin,
+    bin_label,
+    compute_prr,
+    delta_speedup,
+    mean_ci,
+    mean_of,
+    merged_stats,
+    relaxed_setting,
+    speculative_cells,
+)
+from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
+from hf_securesd.bench.results import ResultsDir, baselines
+
+KINDS = ("safety", "utility")
+
+
+def fmt(value: float | None, digits: int = 3) -> str:
+    """A number for a table; "–" when missing or not finite."""
+    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
+
+
+def fmt_ci(
+    value: float | None, ci: Sequence[float] | None, digits: int = 3, missing: str = "undefined"
+) -> str:
+    """``0.744 [0.61, 0.86]``; the interval is left out when there is none; `missing` stands for
+    a value that is absent or not finite."""
+    if value is None or not math.isfinite(value):
+        return missing
+    return fmt(value, digits) + ("" if not ci else f" [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]")
+
+
+def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
+    """A Markdown table."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def relaxed_verifiers(cells: Sequence[Cell]) -> list[str]:
+    """Relaxed verifiers present, in order of appearance."""
+    return list(
+        dict.fromkeys(
+            setting[0] for cell in cells if (setting := relaxed_setting(cell)) and setting[0] != "lossless"
+        )
+    )
+
+
+def schedules_present(cells: Sequence[Cell]) -> list[str]:
+    """SecureSD schedule labels present, in order of appearance."""
+    return list(
+        dict.fromkeys(cell["schedule_label"] for cell in speculative_cells(cells) if cell["schedule_label"])
+    )
+
+
+def ar_bin_table(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """Table 1 analog: relaxed cells without SecureSD, binned by their AR; per bin and task kind,
+    the mean PRR and SPD over cells with a bootstrap interval across cells."""
+    relaxed = [
+        cell for cell in speculative_cells(cells, schedule=None) if relaxed_setting(cell)[0] != "lossless"
+    ]
+    labels = [bin_label(low, high) for low, high in AR_BINS] + ["all"]
+    rows = []
+    for label in labels:
+        members = [cell for cell in relaxed if label == "all" or ar_bin(cell["acceptance_rate"]) == label]
+        row: dict[str, Any] = {"ar_bin": label}
+        for kind in KINDS:
+            chosen = [cell for cell in members if cell["task_kind"] == kind]
+            prrs = [cell.get("prr") for cell in chosen]
+            row[kind] = {
+                "prr": mean_ci(prrs),
+                "spd": mean_ci([cell.get("spd") for cell in chosen]),
+                "cells": len(chosen),
+                "cells_with_prr": sum(value is not None for value in prrs),
+            }
+        rows.append(row)
+    return rows
+
+
+def _pair_cells(cells: Sequence[Cell], verifier: str, schedule: str, task: str) -> list[tuple[Cell, Cell]]:
+    """(with schedule, without) cells of one verifier and task at each knob value run both ways."""
+
+    def index(label: str | None) -> dict[tuple[Any, str], Cell]:
+        return {
+            (cell["knob_value"], cell["baseline_id"]): cell
+            for cell in speculative_cells(cells, verifier, label)
+            if cell["task"] == task
+        }
+
+    with_schedule, without = index(schedule), index(None)
+    return [(with_schedule[key], without[key]) for key in with_schedule if key in without]
+
+
+def delta_row(
+    cells: Sequence[Cell], base: dict, verifier: str, schedule: str, tasks: Sequence[str], seed: int
+) -> dict[str, Any]:
+    """Table 5 analog for one verifier and schedule: ΔPRR per task (paired over examples and
+    averaged over the knob sweep, `prr` module) and ΔSPD pooled over tasks and settings."""
+    row: dict[str, Any] = {"verifier": verifier, "schedule": schedule, "tasks": {}}
+    speed_pairs = []
+    for task in tasks:
+        pairs = _pair_cells(cells, verifier, schedule, task)
+        columns: dict[str, list] = defaultdict(list)
+        for with_cell, without_cell in pairs:
+            ids = with_cell["example_ids"]
+            target, draft = base.get(("target", with_cell["baseline_id"])), base.get(
+                ("draft", with_cell["baseline_id"])
+            )
+            if target is None or draft is None:
+                continue
+            columns["method"] += aligned(with_cell, "scores", ids)
+            columns["baseline"] += aligned(without_cell, "scores", ids)
+            columns["target"] += aligned(target, "scores", ids)
+            columns["draft"] += aligned(draft, "scores", ids)
+            columns["settings"] += [str(with_cell["knob_value"])] * len(ids)
+            speed_pairs.append(
+                SpeedPair(
+                    np.asarray(aligned(target, "seconds", ids)),
+                    np.asarray(aligned(with_cell, "seconds", ids)),
+                    np.asarray(aligned(without_cell, "seconds", ids)),
+                )
+            )
+        if not columns["method"]:
+            continue
+        result = compute_prr(
+            columns["method"],
+            columns["target"],
+            columns["draft"],
+            settings=columns["settings"],
+            baseline=columns["baseline"],
+            seed=seed,
+        )
+        row["tasks"][task] = {
+            "delta_prr": result["delta_prr"],
+            "delta_prr_ci": result["delta_prr_ci"],
+            "prr": result["prr"],
+            "baseline_prr": result["baseline_prr"],
+            "settings": len(set(columns["settings"])),
+            "examples": len(columns["method"]),
+            "undefined": result["undefined"],
+        }
+    row["delta_spd"], row["delta_spd_ci"] = delta_speedup(speed_pairs, seed=seed)
+    return row
+
+
+def prr_curves(cells: Sequence[Cell]) -> dict[str, dict[tuple[str, str], list[tuple[float, float]]]]:
+    """Figure 1 data: per relaxed verifier and (task kind, schedule), the (mean AR, mean PRR) of each
+    knob value over that kind's tasks; the lossless verifier is every curve's lossless end."""
+    lossless = {
+        kind: [cell for cell in speculative_cells(cells, "lossless") if cell["task_kind"] == kind]
+        for kind in KINDS
+    }
+    curves: dict[str, dict[tuple[str, str], list[tuple[float, float]]]] = {}
+    for verifier in relaxed_verifiers(cells):
+        series: dict[tuple[str, str], list[tuple[float, float]]] = {}
+        for schedule in [None, *schedules_present(cells)]:
+            for kind in KINDS:
+                groups: dict[Any, list[Cell]] = defaultdict(list)
+                for cell in speculative_cells(cells, verifier, schedule):
+                    if cell["task_kind"] == kind:
+                        groups[cell["knob_value"]].append(cell)
+                if not groups:
+                    continue
+                if lossless[kind]:
+                    groups["lossless"] = lossless[kind]
+                series[(kind, schedule or "none")] = [
+                    (
+                        mean_of(cell["acceptance_rate"] for cell in members),
+                        mean_of(cell.get("prr") for cell in members),
+                    )
+                    for members in groups.values()
+                ]
+        curves[verifier] = series
+    return curves
+
+
+def position_tv_bars(cells: Sequence[Cell]) -> dict[str, dict[str, list[float]]]:
+    """Figure 2 data: per relaxed verifier, its highest-AR setting without SecureSD, and the mean
+    TV by position merged over the safety tasks (all tasks when there are none), without and with
+    each schedule at that setting."""
+    bars: dict[str, dict[str, list[float]]] = {}
+    for verifier in relaxed_verifiers(cells):
+        plain = speculative_cells(cells, verifier, None)
+        if not plain:
+            continue
+        by_knob: dict[Any, list[Cell]] = defaultdict(list)
+        for cell in plain:
+            by_knob[cell["knob_value"]].append(cell)
+        knob = max(by_knob, key=lambda value: mean_of(cell["acceptance_rate"] for cell in by_knob[value]))
+        kind = "safety" if any(cell["task_kind"] == "safety" for cell in plain) else None
+        series = {}
+        for schedule in [None, *schedules_present(cells)]:
+            chosen = [
+                cell
+                for cell in speculative_cells(cells, verifier, schedule)
+                if cell["knob_value"] == knob and (kind is None or cell["task_kind"] == kind)
+            ]
+            stats = merged_stats(chosen)
+            if stats is not None:
+                series[schedule or "no schedule"] = stats.position_tv
+        title = (
+            f"{plain[0]['config_key'].split('(')[0]}({_knob_name(plain[0])}={knob}), {kind or 'all'} tasks"
+        )
+        bars[title] = series
+    return bars
+
+
+def _knob_name(cell: Cell) -> str:
+    from hf_securesd.verifiers import VERIFIERS
+
+    return VERIFIERS[cell["config"]["verifier"]["verifier"]].knob
+
+
+def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -> list[str]:
+    """Models, decoding, tasks and sample sizes, seeds, judge, CIs and timing provenance."""
+    models = manifest.get("models", {})
+    lines = ["## Setup", ""]
+    for role in ("target", "draft"):
+        info = models.get(role, {"name": manifest.get(role)})
+        source = info.get("source")
+        extra = f"; weights: {source.get('source', source)}" if isinstance(source, dict) else ""
+        lines.append(
+            f"- **{role}**: `{info.get('id', info.get('name'))}` (name `{info.get('name')}`, "
+            f"loaded from `{info.get('location', '?')}`{extra})"
+        )
+    sessions = manifest.get("sessions", [])
+    same = [cell for cell in cells if cell["config"]["kind"] != "target" and cell.get("spd") is not None]
+    same_session = sum(cell["spd_same_session"] for cell in same)
+    seed = manifest.get("seed")
+    seed_text = "each task's default (0)" if seed is None else str(seed)
+    judge_options = manifest.get("judge_options") or ""
+    lines += [
+        f"- **decoding**: {manifest.get('decoding')}, batch size {manifest.get('batch_size', 1)}, "
+        f"k = {manifest.get('num_assistant_tokens')} draft tokens per round, dtype {manifest.get('dtype')}, "
+        f"device {manifest.get('device')}",
+        f"- **judge** (jailbreak AFR): `{manifest.get('judge')}` {judge_options}".rstrip(),
+        f"- **task sampling seed**: {seed_text}",
+        f"- **profile**: {manifest.get('profile')}; **sessions**: {len(sessions)} "
+        f"({', '.join(session.get('host', '?') + ' ' + session.get('started', '') for session in sessions)})",
+        f"- **SPD** = target-only wall time / method wall time on the same prompts; {same_session} of "
+        f"{len(same)} cells were timed in the same session as their target-only baseline.",
+        f"- **Confidence intervals**: {int(CONFIDENCE * 100)}% percentile bootstrap, {N_RESAMPLES} "
+        f"resamples, seed {seed or 0}: over examples for PRR, ΔPRR (paired, `prr` module) and ΔSPD "
+        f"(paired); "
+        f"over cells for the AR-bin means of Table 1.",
+        "",
+    ]
+    rows = []
+    for (kind, baseline_id), target in sorted(base.items()):
+        if kind != "target":
+            continue
+        draft = base.get(("draft", baseline_id))
+        rows.append(
+            [
+                target["task"],
+                target["task_kind"],
+                target["metric"],
+                target["n"],
+                target["max_new_tokens"],
+                fmt(target["score"]),
+                fmt(draft["score"]) if draft else "–",
+                fmt(target["score"] - draft["score"]) if draft else "–",
+            ]
+        )
+    lines += [
+        "### Tasks and baselines",
+        "",
+        table(
+            [
+                "task",
+                "kind",
+                "metric",
+                "examples",
+                "max new tokens",
+                "target-only",
+                "draft-only",
+                "gap (PRR undefined at 0)",
+            ],
+            rows,
+        ),
+        "",
+    ]
+    return lines
+
+
+def runs_section(cells: Sequence[Cell]) -> list[str]:
+    """Every recorded cell."""
+    rows = [
+        [
+            cell["config_key"],
+            cell["task"],
+            cell["n"],
+            fmt(cell.get("acceptance_rate")),
+            fmt(cell.get("spd"), 2),
+            fmt(cell["wall_time"], 1),
+            fmt(cell["score"]),
+            fmt_ci(cell.get("prr"), cell.get("prr_ci")) if "prr" in cell else "–",
+        ]
+        for cell in cells
+    ]
+    return [
+        "## All runs",
+        "",
+        table(["configuration", "task", "n", "AR", "SPD", "wall s", "raw score", "PRR [95% CI]"], rows),
+        "",
+    ]
+
+
+def write_report(results_dir: str | os.PathLike) -> Path:
+    """Write RESULTS/report/ (see the module docstring); returns the Markdown file's path."""
+    results = ResultsDir(results_dir)
+    manifest = results.read_manifest()
+    cells = results.runs()
+    if not cells:
+        raise ValueError(
+            f"{results.path} has no finished runs yet; run `securesd bench --out {results.path}`"
+        )
+    seed = manifest.get("seed") or 0
+    base = baselines(cells)
+    out = results.path / "report"
+    out.mkdir(exist_ok=True)
+    tasks = list(dict.fromkeys(cell["task"] for cell in cells))
+    bins = ar_bin_table(cells)
+    deltas = [
+        delta_row(cells, base, verifier, schedule, tasks, seed)
+        for schedule in schedules_present(cells)
+        for verifier in relaxed_verifiers(cells)
+    ]
+    curves = prr_curves(cells)
+    bars = position_tv_bars(cells)
+
+    lines = [
+        f"# SecureSD benchmark report: `{manifest.get('target')}` with draft `{manifest.get('draft')}`",
+        "",
+        f"Computed from {len(cells)} recorded cells in `{results.path / 'runs.jsonl'}`; every number below "
+        f"comes from those runs. PRR = (x − x_draft) / (x_target − x_draft): 0 = draft alone, 1 = target "
+        f"alone; undefined when the two baselines score the same.",
+        "",
+    ]
+    lines += setup_section(manifest, cells, base)
+    lines += [
+        "## Safety vs utility by acceptance rate (Table 1 analog)",
+        "",
+        "Relaxed verifiers without SecureSD; each cell (verifier setting × task) falls in the bin of its "
+        "own AR. Means over cells with the 95% bootstrap interval across cells; (m/n) = cells with a defined "
+        "PRR / cells.",
+        "",
+        table(
+            ["AR bin", "safety PRR", "utility PRR", "safety SPD", "utility SPD"],
+            [
+                [
+                    row["ar_bin"],
+                    *(
+                        f"{fmt_ci(*row[kind]['prr'], missing='undefined' if row[kind]['cells'] else '–')} "
+                        f"({row[kind]['cells_with_prr']}/{row[kind]['cells']})"
+                        for kind in KINDS
+                    ),
+                    *(fmt_ci(*row[kind]["spd"], digits=2, missing="–") for kind in KINDS),
+                ]
+                for row in bins
+                if any(row[kind]["cells"] for kind in KINDS)
+            ],
+        ),
+        "",
+    ]
+    if deltas:
+        lines += [
+            "## SecureSD gain per verifier (Table 5 analog)",
+            "",
+            "ΔPRR = PRR with − without the schedule, paired per example and averaged over the verifier's "
+            "knob sweep, with its 95% paired bootstrap interval; ΔSPD likewise, pooled over tasks.",
+            "",
+        ]
+        for schedule in schedules_present(cells):
+            rows = [row for row in deltas if row["schedule"] == schedule]
+            body = [
+                [
+                    row["verifier"],
+                    *(
+                        (
+                            fmt_ci(row["tasks"][task]["delta_prr"], row["tasks"][task]["delta_prr_ci"])
+                            if task in row["tasks"]
+                            else "–"
+                        )
+                        for task in tasks
+                    ),
+                    fmt_ci(row["delta_spd"], row["delta_spd_ci"], missing="–"),
+                ]
+                for row in rows
+            ]
+            body.append(
+                [
+                    "**mean over verifiers**",
+                    *(
+                        fmt(mean_of(row["tasks"].get(task, {}).get("delta_prr") for row in rows))
+                        for task in tasks
+                    ),
+                    fmt(mean_of(row["delta_spd"] for row in rows)),
+                ]
+            )
+            lines += [
+                f"### {schedule}",
+                "",
+                table(["verifier", *(f"ΔPRR {task}" for task in tasks), "ΔSPD"], body),
+                "",
+            ]
+    if curves:
+        plot_prr_vs_ar(curves, out / "prr_vs_ar.png")
+        lines += [
+            "## PRR vs AR (Figure 1 analog)",
+            "",
+            "Each point is one knob value: mean AR and mean PRR over the safety (red) or utility (blue) "
+            "tasks; "
+            "dashed: with SecureSD. The lossless verifier is the curves' lossless end.",
+            "",
+            "![PRR vs AR](prr_vs_ar.png)",
+            "",
+        ]
+    if bars:
+        plot_position_tv(bars, out / "position_tv.png")
+        lines += [
+            "## Per-position deviation (Figure 2 analog)",
+            "",
+            "Mean TV(out_j, q_j) of the verifier's one-step output from the target at each response position "
+            "j (exact, Theorem 1), for each verifier's highest-AR setting, without and with SecureSD.",
+            "",
+            "![per-position TV](position_tv.png)",
+            "",
+        ]
+    lines += runs_section(cells)
+    path = out / "report.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    summary = {
+        "manifest": manifest,
+        "ar_bins": bins,
+        "deltas": deltas,
+        "prr_vs_ar": {
+            verifier: {f"{kind}|{schedule}": points for (kind, schedule), points in series.items()}
+            for verifier, series in curves.items()
+        },
+        "position_tv": bars,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    return path

@@ -1,0 +1,145 @@
+"""The results directory of a study: its manifest, the per-example generation journal and the
+finished cells. Everything is append-only JSON lines, so a killed run loses at most the example
+it was generating, and a rerun into the same directory redoes nothing that is recorded.
+
+```
+RESULTS/
+  study.json          settings that every record depends on (models, dtype, device, k, seed, judge)
+  generations.jsonl   one line per generated example: cell, example id, response, seconds, stats
+  runs.jsonl          one line per finished cell (configuration x task): scores, AR, SPD, PRR
+  report/             written by `securesd report`
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import fields
+from pathlib import Path
+from typing import Any, Iterable
+
+from hf_securesd.stats import SpeculativeStats
+
+MANIFEST = "study.json"
+GENERATIONS = "generations.jsonl"
+RUNS = "runs.jsonl"
+# manifest keys that must agree between runs written into the same directory
+BINDING_KEYS = (
+    "target",
+    "draft",
+    "device",
+    "dtype",
+    "num_assistant_tokens",
+    "seed",
+    "judge",
+    "judge_options",
+    "decoding",
+)
+
+
+def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -> str:
+    """Identifier of one cell: a decoding configuration on a task at a size and length."""
+    return f"{config_key}|{task}|n={n_examples}|max_new_tokens={max_new_tokens}"
+
+
+def append_jsonl(path: Path, record: dict[str, Any]) -> None:
+    """Append one record and flush it to disk (a kill right after loses nothing). A line torn by
+    an earlier kill is ended first, so it cannot swallow this record."""
+    with open(path, "a+b") as handle:
+        if handle.seek(0, os.SEEK_END):
+            handle.seek(-1, os.SEEK_END)
+            if handle.read(1) != b"\n":
+                handle.write(b"\n")
+        handle.write((json.dumps(record) + "\n").encode("utf-8"))
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file; a torn last line (the process was killed mid-write) is skipped."""
+    if not path.is_file():
+        return []
+    records = []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
+
+
+def stats_from_dict(values: dict[str, Any]) -> SpeculativeStats:
+    """Inverse of `SpeculativeStats.to_dict()` (derived fields are ignored)."""
+    return SpeculativeStats(**{field.name: values[field.name] for field in fields(SpeculativeStats)})
+
+
+class ResultsDir:
+    """A study's results directory (created on first use)."""
+
+    def __init__(self, path: str | os.PathLike) -> None:
+        self.path = Path(path).expanduser()
+
+    @property
+    def manifest_path(self) -> Path:
+        return self.path / MANIFEST
+
+    def read_manifest(self) -> dict[str, Any]:
+        """The manifest; raises if this is not a results directory."""
+        if not self.manifest_path.is_file():
+            raise FileNotFoundError(
+                f"{self.path} is not a results directory (no {MANIFEST}); "
+                f"run `securesd bench --out {self.path}` first"
+            )
+        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+
+    def open(self, manifest: dict[str, Any], session: dict[str, Any]) -> None:
+        """Create the directory, or check that an existing one was written with the same settings;
+        then record this session (id, host, start time) in the manifest."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.manifest_path.is_file():
+            existing = self.read_manifest()
+            clashes = [key for key in BINDING_KEYS if existing.get(key) != manifest.get(key)]
+            if clashes:
+                detail = "; ".join(
+                    f"{key}: {existing.get(key)!r} there, {manifest.get(key)!r} now" for key in clashes
+                )
+                raise ValueError(
+                    f"{self.path} holds results for other settings ({detail}); "
+                    f"use a new --out directory or the same settings"
+                )
+            manifest = {**existing, **{key: value for key, value in manifest.items() if key != "sessions"}}
+            manifest["sessions"] = [*existing.get("sessions", []), session]
+        else:
+            manifest = {**manifest, "sessions": [session]}
+        tmp = self.manifest_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+        tmp.replace(self.manifest_path)
+
+    def generations(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Journaled generations: cell key -> example id -> record."""
+        journal: dict[str, dict[str, dict[str, Any]]] = {}
+        for record in read_jsonl(self.path / GENERATIONS):
+            journal.setdefault(record["cell"], {})[record["example_id"]] = record
+        return journal
+
+    def add_generation(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.path / GENERATIONS, record)
+
+    def runs(self) -> list[dict[str, Any]]:
+        """Finished cells, the last record of each cell winning."""
+        return list({record["cell"]: record for record in read_jsonl(self.path / RUNS)}.values())
+
+    def add_run(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.path / RUNS, record)
+
+
+def baselines(runs: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """(kind, baseline id) -> the target-only or draft-only cell; the baseline id names the task,
+    size and length, so it pairs each cell with the baselines it is compared against."""
+    return {
+        (run["config"]["kind"], run["baseline_id"]): run
+        for run in runs
+        if run["config"]["kind"] in ("target", "draft")
+    }
