@@ -1,16 +1,19 @@
-"""The speculative decoding loop: draft forward with its own KV cache, one target forward per round,
-SecureSD verification, cache crop on rejection.
+"""The speculative decoding loop: draft forwards with the draft's own KV cache, one target forward per
+round, SecureSD verification, per-row bookkeeping for batches with ragged acceptance.
 
-One round (SPEC.md §2), for a sequence whose response has t tokens so far:
+One round (SPEC.md §2), for a row whose response has t tokens so far:
 
-1. the draft proposes x_1..x_k autoregressively, keeping its logits (k one-token draft forwards);
-2. one target forward over [last committed token, x_1..x_k] gives the logits for q_1..q_{k+1};
+1. the draft proposes x_1..x_k autoregressively, keeping its logits (k draft forwards);
+2. one target forward over [pending token, x_1..x_k] gives q_1..q_{k+1} (the pending token is the
+   one drawn at the end of the previous round, not yet in either cache);
 3. x_i is accepted with probability alpha_mix(t+i-1); at the first rejection a token is drawn from
-   R_mix and the round ends; if all k are accepted a bonus token is drawn from q_{k+1};
-4. both caches are cropped to the committed tokens.
+   R_mix and the round ends; if all k are accepted a bonus token is drawn from q_{k+1}.
 
-Tensors keep a leading batch dimension B and acceptance is counted per row; `generate` currently
-passes B = 1.
+Batches: every row drafts k tokens and feeds k+1 slots to the target each round, but rows accept
+different numbers. Each model's cache keeps a slot mask [B, S]: the slots of rejected drafts become
+holes (masked out of attention, skipped by the position ids), so rows advance independently without
+re-running anything; slots that are holes in every row (always the case for a single row) are
+cropped away. Rows that finish (EOS, length, stopping criteria) leave the batch.
 """
 
 from __future__ import annotations
@@ -32,82 +35,89 @@ class NonFiniteLogitsError(FloatingPointError):
     """A model produced NaN or infinite logits; decoding stops instead of emitting a wrong token."""
 
 
-@dataclass
 class _ModelRunner:
-    """Runs one model forward over new tokens against its own KV cache.
+    """One model, its KV cache and the validity mask of the cache slots ([B, S] bool)."""
 
-    `seen` counts the tokens the cache holds; `attention_mask` ([B, total_len] or None for no padding)
-    is shared by both models and grows as tokens are committed.
-    """
-
-    model: PreTrainedModel
-    cache: DynamicCache
-    seen: int = 0
-
-    def __post_init__(self) -> None:
-        parameters = inspect.signature(self.model.forward).parameters
+    def __init__(self, model: PreTrainedModel, cache: DynamicCache | None) -> None:
+        self.model = model
+        self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        self.slot_mask: torch.Tensor | None = None
+        parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
 
-    def forward(self, tokens: torch.Tensor, attention_mask: torch.Tensor | None, keep: int) -> torch.Tensor:
-        """tokens [B, m] continuing the cached prefix -> float32 logits of the last `keep` positions [B, keep, V]."""
-        start, end = self.seen, self.seen + tokens.shape[1]
+    @property
+    def num_slots(self) -> int:
+        return 0 if self.slot_mask is None else self.slot_mask.shape[1]
+
+    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor, keep: int, who: str) -> torch.Tensor:
+        """Feed new slots. tokens, token_mask: [B, m] (mask False = a hole) -> float32 logits [B, keep, V]."""
         device = self.model.device
-        if attention_mask is None:
-            positions = torch.arange(start, end, device=device).expand(tokens.shape[0], -1)
-            mask = None
-        else:
-            mask = attention_mask[:, :end].to(device)
-            positions = (mask.long().cumsum(-1) - 1).clamp_min(0)[:, start:end]
-        kwargs = {self._cache_argument: self.cache, "use_cache": True, "position_ids": positions, "attention_mask": mask}
+        token_mask = token_mask.to(device)
+        previous = self.slot_mask if self.slot_mask is not None else token_mask[:, :0]
+        positions = (previous.sum(-1, keepdim=True) + token_mask.long().cumsum(-1) - 1).clamp_min(0)
+        full_mask = torch.cat([previous, token_mask], dim=-1)
+        kwargs = {
+            self._cache_argument: self.cache,
+            "use_cache": True,
+            "position_ids": positions,
+            "attention_mask": None if bool(full_mask.all()) else full_mask.long(),
+        }
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
-        logits = self.model(input_ids=tokens.to(device), **kwargs).logits[:, -keep:]
-        self.seen = end
-        return logits.to(torch.float32)
+        logits = self.model(input_ids=tokens.to(device), **kwargs).logits[:, -keep:].to(torch.float32)
+        self.slot_mask = full_mask
+        if not torch.isfinite(logits).all():
+            raise NonFiniteLogitsError(
+                f"the {who} model produced NaN or infinite logits; decoding stopped rather than emit a wrong "
+                f"token. Check the {who}'s dtype (fp16 overflow is the usual cause: load it in bfloat16 or "
+                "float32) and its weights."
+            )
+        return logits
 
-    def crop_to(self, length: int) -> None:
-        """Forget cached tokens beyond `length`."""
-        if self.seen > length:
-            self.cache.crop(length - self.seen)
-            self.seen = length
+    def keep_slots(self, start: int, kept: torch.Tensor) -> None:
+        """Of the slots from `start` on, row b keeps its first kept[b]; the rest become holes.
+        Slots that are holes in every row at the end are cropped from the cache."""
+        offsets = torch.arange(self.num_slots - start, device=self.slot_mask.device)
+        self.slot_mask[:, start:] &= offsets[None] < kept.to(self.slot_mask.device)[:, None]
+        used = self.slot_mask.any(dim=0).nonzero()
+        length = int(used[-1]) + 1 if used.numel() else 0
+        if length < self.num_slots:
+            self.cache.crop(length - self.num_slots)
+            self.slot_mask = self.slot_mask[:, :length]
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.batch_select_indices(rows.to(self.model.device))
+        self.slot_mask = self.slot_mask[rows.to(self.slot_mask.device)]
+
+    @property
+    def has_holes(self) -> bool:
+        return self.slot_mask is not None and not bool(self.slot_mask.all())
 
 
-def _check_finite(logits: torch.Tensor, who: str, step: str) -> None:
-    if not torch.isfinite(logits).all():
-        raise NonFiniteLogitsError(
-            f"the {who} model produced NaN or infinite logits ({step}); decoding stopped rather than emit a wrong "
-            f"token. Check the {who}'s dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) "
-            "and its weights."
-        )
+def _process(logits_processor: LogitsProcessorList, rows: list[torch.Tensor], drafts: torch.Tensor, raw: torch.Tensor, who: str) -> torch.Tensor:
+    """Apply the user's processors (temperature/top-k/top-p included when sampling) at each position.
 
-
-def _check_processed(scores: torch.Tensor, who: str) -> None:
-    if torch.isnan(scores).any() or (scores == float("-inf")).all(dim=-1).any():
+    rows: B committed sequences [L_b]; drafts: [B, d] drafted tokens already appended to each row;
+    raw: [B, n, V] logits for the tokens that follow row + drafts[:, :i] for i = 0..n-1 -> [B, n, V].
+    Each row sees exactly its own prefix. The processors are called one by one (the list's own
+    __call__ inspects every signature on every call)."""
+    if len(logits_processor) == 0:
+        return raw
+    processed = raw.clone()
+    for b, row in enumerate(rows):
+        sequence = torch.cat([row, drafts[b].to(row.device)])
+        for i in range(raw.shape[1]):
+            scores = raw[b : b + 1, i].clone()
+            prefix = sequence[None, : row.shape[0] + i]
+            for processor in logits_processor:
+                scores = processor(prefix, scores)
+            processed[b, i] = scores[0]
+    if torch.isnan(processed).any() or (processed == float("-inf")).all(dim=-1).any():
         raise NonFiniteLogitsError(
             f"the logits processors left the {who} with NaN scores or no allowed token; check the processors "
             "passed to generate (e.g. conflicting bad_words_ids / top_k / top_p settings)"
         )
-
-
-def _process(
-    logits_processor: LogitsProcessorList, sequence: torch.Tensor, raw: torch.Tensor, prefix_length: int, who: str
-) -> torch.Tensor:
-    """Apply the user's processors (including temperature/top-k/top-p when sampling) position by position.
-
-    sequence: [B, L] tokens so far including drafts; raw: [B, n, V] logits for the tokens at
-    positions prefix_length .. prefix_length + n - 1 -> processed [B, n, V]. The processors are
-    called one by one (the list's own __call__ inspects every signature on every call)."""
-    if len(logits_processor) == 0:
-        return raw
-    positions = []
-    for i in range(raw.shape[1]):
-        scores, prefix = raw[:, i].clone(), sequence[:, : prefix_length + i]
-        for processor in logits_processor:
-            scores = processor(prefix, scores)
-        positions.append(scores)
-    processed = torch.stack(positions, dim=1)
-    _check_processed(processed, who)
     return processed
 
 
@@ -115,13 +125,30 @@ def _only_length_and_eos(stopping_criteria: StoppingCriteriaList) -> bool:
     return all(isinstance(criterion, (MaxLengthCriteria, EosTokenCriteria)) for criterion in stopping_criteria)
 
 
+def _commit_length(
+    row: torch.Tensor, new_tokens: torch.Tensor, budget: int, eos: torch.Tensor | None, stopping_criteria, check_each_token: bool
+) -> tuple[int, bool]:
+    """How many of `new_tokens` [n] row [L] keeps, and whether the row is finished after them."""
+    count = min(new_tokens.shape[0], budget)
+    finished = count == budget
+    if eos is not None:
+        hits = torch.isin(new_tokens[:count], eos).nonzero()
+        if hits.numel():
+            count, finished = int(hits[0]) + 1, True
+    if check_each_token:
+        for n in range(1, count + 1):
+            if bool(stopping_criteria(torch.cat([row, new_tokens[:n]])[None], None).all()):
+                return n, True
+    return count, finished
+
+
 @dataclass
 class DecodeResult:
     sequences: torch.Tensor
-    stats: SpeculativeStats
+    row_stats: list[SpeculativeStats]
     scores: tuple[torch.Tensor, ...] | None
     raw_logits: tuple[torch.Tensor, ...] | None
-    cache: DynamicCache
+    cache: DynamicCache | None
 
 
 def speculative_decode(
@@ -135,6 +162,7 @@ def speculative_decode(
     do_sample: bool,
     max_length: int,
     eos_token_id: torch.Tensor | None,
+    pad_token_id: int | None,
     logits_processor: LogitsProcessorList,
     stopping_criteria: StoppingCriteriaList,
     attention_mask: torch.Tensor | None = None,
@@ -144,146 +172,139 @@ def speculative_decode(
     output_scores: bool = False,
     output_logits: bool = False,
 ) -> DecodeResult:
-    """Generate until EOS, `max_length` or a stopping criterion, with SecureSD verification.
+    """Generate until every row hits EOS, `max_length` or a stopping criterion.
 
     Args:
-        input_ids: [1, prompt_len] prompt tokens (on the target's device).
-        attention_mask: [1, prompt_len] or None when the prompt has no padding.
-        eos_token_id: [n_eos] tensor of end-of-sequence ids, or None.
+        input_ids: [B, P] prompts, left-padded when B > 1.
+        attention_mask: [B, P] (0 on padding) or None when nothing is padded.
+        eos_token_id: [n_eos] end-of-sequence ids, or None.
+        pad_token_id: fills rows that finished early in the returned [B, P + new] tensor.
         collect_deviation: also compute the exact per-position TV deviation (Theorem 1), which
             evaluates the acceptance rule over the whole vocabulary each round.
+        output_scores / output_logits: single row only: processed / raw target logits per token.
     """
     verifier.check_draft_length(num_draft_tokens)
-    target_runner = _ModelRunner(target, target_cache if target_cache is not None else DynamicCache(config=target.config))
-    draft_runner = _ModelRunner(draft, DynamicCache(config=draft.config))
-    sequence = input_ids
-    prompt_length = input_ids.shape[1]
-    stats = SpeculativeStats()
+    device = input_ids.device
+    batch, prompt_length = input_ids.shape
+    prompt_mask = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).bool()
+    target_runner = _ModelRunner(target, target_cache)
+    draft_runner = _ModelRunner(draft, None)
+    rows = [input_ids[b] for b in range(batch)]  # committed tokens per row (prompt included)
+    active = torch.arange(batch, device=device)  # original row index of each row still decoding
+    stats = [SpeculativeStats() for _ in range(batch)]
     scores: tuple[torch.Tensor, ...] | None = () if output_scores else None
     raw_logits: tuple[torch.Tensor, ...] | None = () if output_logits else None
     check_each_token = not _only_length_and_eos(stopping_criteria)
-    eos = eos_token_id.to(sequence.device) if eos_token_id is not None else None
+    eos = eos_token_id.to(device) if eos_token_id is not None else None
+    pending: torch.Tensor | None = None  # [B_active] last committed token (rows[b][-1]), in neither cache yet
+    last_draft: torch.Tensor | None = None  # [B_active] x_k of rows that accepted all k (else -1)
 
-    while sequence.shape[1] < max_length:
-        length = sequence.shape[1]
-        response_position = length - prompt_length
-        k = max(0, min(num_draft_tokens, max_length - length - 1))
+    while active.numel():
+        lengths = [rows[int(b)].shape[0] for b in active]
+        k = max(0, min(num_draft_tokens, max_length - min(lengths) - 1))
 
-        # 1. Draft k tokens.
-        draft_tokens, draft_raw, draft_processed = [], [], []
-        draft_input = sequence[:, draft_runner.seen :]
-        drafted = sequence
-        for _ in range(k):
-            raw = draft_runner.forward(draft_input, _extend(attention_mask, drafted.shape[1]), keep=1)
-            _check_finite(raw, "draft", "while drafting")
-            processed = _process(logits_processor, drafted, raw, drafted.shape[1], "draft")[:, 0]
+        # 1. Draft k tokens (first step feeds what the draft has not seen yet).
+        if pending is None:
+            draft_input, draft_mask = input_ids[active], prompt_mask[active]
+        elif bool((last_draft >= 0).any()):
+            draft_input = torch.stack([last_draft.clamp_min(0), pending], dim=1)
+            draft_mask = torch.stack([last_draft >= 0, torch.ones_like(pending, dtype=torch.bool)], dim=1)
+        else:
+            draft_input, draft_mask = pending[:, None], torch.ones_like(pending[:, None], dtype=torch.bool)
+        committed = [rows[int(b)] for b in active]
+        first_draft_slot = draft_runner.num_slots + draft_input.shape[1]
+        drafted, draft_raw, draft_processed = [], [], []
+        for step in range(k):
+            raw = draft_runner.forward(draft_input, draft_mask, keep=1, who="draft")
+            so_far = torch.stack(drafted, dim=1) if drafted else raw.new_zeros(len(committed), 0, dtype=torch.long)
+            processed = _process(logits_processor, committed, so_far, raw, "draft")[:, 0]
             token = torch.multinomial(processed.softmax(-1), 1)[:, 0] if do_sample else processed.argmax(-1)
-            draft_tokens.append(token)
-            draft_raw.append(raw[:, 0])
-            draft_processed.append(processed)
-            drafted = torch.cat([drafted, token[:, None].to(drafted.device)], dim=-1)
-            draft_input = token[:, None]
+            drafted.append(token.to(device))
+            draft_raw.append(raw[:, 0].to(device))
+            draft_processed.append(processed.to(device))
+            draft_input, draft_mask = token[:, None], torch.ones_like(token[:, None], dtype=torch.bool)
+        drafts = torch.stack(drafted, dim=1) if k else input_ids.new_zeros(active.numel(), 0)
 
-        # 2. Score all drafts with one target forward.
-        candidates = drafted.to(sequence.device)
-        target_raw = target_runner.forward(
-            candidates[:, target_runner.seen :], _extend(attention_mask, candidates.shape[1]), keep=k + 1
-        )
-        _check_finite(target_raw, "target", "while verifying")
-        target_processed = _process(logits_processor, candidates, target_raw, length, "target")
+        # 2. Score every draft with one target forward.
+        if pending is None:
+            target_input = torch.cat([input_ids[active], drafts], dim=1)
+            target_mask = torch.cat([prompt_mask[active], torch.ones_like(drafts, dtype=torch.bool)], dim=1)
+            first_kept_slot = target_runner.num_slots + prompt_length
+        else:
+            target_input = torch.cat([pending[:, None], drafts], dim=1)
+            target_mask = torch.ones_like(target_input, dtype=torch.bool)
+            first_kept_slot = target_runner.num_slots
+        target_raw = target_runner.forward(target_input, target_mask, keep=k + 1, who="target").to(device)
+        target_processed = _process(logits_processor, committed, drafts, target_raw, "target")
 
         # 3. Verify.
         vocab = target_raw.shape[-1]
         round_inputs = RoundInputs(
-            draft_tokens=torch.stack(draft_tokens, dim=1).to(sequence.device) if k else candidates[:, length:],
+            draft_tokens=drafts,
             target_logits=target_processed,
-            draft_logits=_stack_or_empty(draft_processed, sequence, vocab),
+            draft_logits=torch.stack(draft_processed, dim=1) if k else target_raw.new_zeros(drafts.shape[0], 0, vocab),
             target_raw_logits=target_raw,
-            draft_raw_logits=_stack_or_empty(draft_raw, sequence, vocab),
+            draft_raw_logits=torch.stack(draft_raw, dim=1) if k else target_raw.new_zeros(drafts.shape[0], 0, vocab),
             greedy=not do_sample,
+            draft_lengths=torch.tensor([min(k, max_length - row.shape[0] - 1) for row in committed], device=device),
         )
-        new_tokens, accepted = _verify(verifier, schedule, round_inputs, response_position, stats, collect_deviation)
+        response_positions = torch.tensor([row.shape[0] - prompt_length for row in committed], device=device)
+        positions = response_positions[:, None] + torch.arange(k, device=device)
+        eta = schedule.eta(positions) if schedule is not None else torch.ones(positions.shape, device=device)
+        accepted, next_token = verify_round(verifier, round_inputs, eta)
+        deviation = None
+        if collect_deviation and k:
+            deviation = total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
 
-        # 4. Commit, stop, crop.
-        new_tokens = _truncate(new_tokens, max_length - length, eos)
-        stop_at = _first_stop(stopping_criteria, sequence, new_tokens) if check_each_token else None
-        if stop_at is not None:
-            new_tokens = new_tokens[:, :stop_at]
-        committed = new_tokens.shape[1]
-        if output_scores:
-            scores += tuple(target_processed[:, i] for i in range(committed))
-        if output_logits:
-            raw_logits += tuple(target_raw[:, i] for i in range(committed))
-        sequence = torch.cat([sequence, new_tokens], dim=-1)
-        attention_mask = _extend(attention_mask, sequence.shape[1])
-        stats.new_tokens += committed
-        if streamer is not None:
-            streamer.put(new_tokens.cpu())
-        target_runner.crop_to(length + accepted)
-        draft_runner.crop_to(length + min(accepted, max(k - 1, 0)))
-        finished = stop_at is not None or (eos is not None and bool(torch.isin(new_tokens[:, -1], eos).all()))
-        if finished or (not check_each_token and bool(stopping_criteria(sequence, None).all())):
-            break
+        # 4. Commit per row, then drop finished rows and forget rejected slots.
+        still_running = []
+        for index, b in enumerate(active.tolist()):
+            n, row_k = int(accepted[index]), int(round_inputs.draft_lengths[index])
+            row_deviation = None if deviation is None else deviation[index, : min(n + 1, row_k)].tolist()
+            stats[b].record_round(int(response_positions[index]), row_k, n, row_deviation)
+            new_tokens = torch.cat([drafts[index, :n], next_token[index : index + 1]])
+            count, finished = _commit_length(
+                committed[index], new_tokens, max_length - committed[index].shape[0], eos, stopping_criteria, check_each_token
+            )
+            rows[b] = torch.cat([rows[b], new_tokens[:count]])
+            stats[b].new_tokens += count
+            if output_scores:
+                scores += tuple(target_processed[:, i] for i in range(count))
+            if output_logits:
+                raw_logits += tuple(target_raw[:, i] for i in range(count))
+            if streamer is not None:
+                streamer.put(new_tokens[:count].cpu())
+            if not finished:
+                still_running.append(index)
+        target_runner.keep_slots(first_kept_slot, accepted + (0 if pending is None else 1))
+        if k:
+            draft_runner.keep_slots(first_draft_slot, accepted.clamp(max=k - 1))
+        last_draft = torch.where(accepted == k, drafts[:, -1], -1) if k else torch.full_like(accepted, -1)
+        pending = next_token
+        if len(still_running) < active.numel():
+            keep = torch.tensor(still_running, dtype=torch.long, device=device)
+            active, pending, last_draft = active[keep], pending[keep], last_draft[keep]
+            if keep.numel():
+                target_runner.select_rows(keep)
+                draft_runner.select_rows(keep)
 
     if streamer is not None:
         streamer.end()
-    return DecodeResult(sequence, stats, scores, raw_logits, target_runner.cache)
-
-
-def _extend(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
-    """Pad a [B, L] mask with ones up to `length` columns (None stays None: no padding anywhere)."""
-    if attention_mask is None or attention_mask.shape[1] >= length:
-        return attention_mask
-    ones = attention_mask.new_ones(attention_mask.shape[0], length - attention_mask.shape[1])
-    return torch.cat([attention_mask, ones], dim=-1)
-
-
-def _stack_or_empty(rows: list[torch.Tensor], like: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Stack k tensors [B, V] into [B, k, V] on `like`'s device (k = 0 gives [B, 0, V])."""
-    if rows:
-        return torch.stack(rows, dim=1).to(like.device)
-    return torch.zeros(like.shape[0], 0, vocab, device=like.device)
-
-
-def _verify(
-    verifier: Verifier,
-    schedule: Schedule | None,
-    round_inputs: RoundInputs,
-    response_position: int,
-    stats: SpeculativeStats,
-    collect_deviation: bool,
-) -> tuple[torch.Tensor, int]:
-    """Verify one round of a single row. Returns (new tokens [1, n], accepted draft count)."""
-    k = round_inputs.num_draft_tokens
-    positions = torch.arange(response_position, response_position + k, device=round_inputs.draft_tokens.device)
-    eta = (schedule.eta(positions) if schedule is not None else torch.ones(k, device=positions.device)).expand(
-        round_inputs.draft_tokens.shape[0], k
+    return DecodeResult(
+        _right_pad(rows, pad_token_id),
+        stats,
+        scores,
+        raw_logits,
+        None if target_runner.has_holes or batch > 1 else target_runner.cache,
     )
-    accepted_per_row, next_token = verify_round(verifier, round_inputs, eta)
-    accepted = int(accepted_per_row[0])
-    deviation = None
-    if collect_deviation and k:
-        verified = min(accepted + 1, k)
-        out = one_step_output(verifier, round_inputs, eta)[:, :verified]
-        deviation = total_variation(out, round_inputs.verified_target_probs()[:, :verified])[0].tolist()
-    stats.record_round(response_position, k, accepted, deviation)
-    new_tokens = torch.cat([round_inputs.draft_tokens[:, :accepted], next_token[:, None]], dim=-1)
-    return new_tokens, accepted
 
 
-def _truncate(new_tokens: torch.Tensor, budget: int, eos: torch.Tensor | None) -> torch.Tensor:
-    """Cut [1, n] new tokens at the length budget and just after the first EOS."""
-    new_tokens = new_tokens[:, :budget]
-    if eos is not None:
-        hits = torch.isin(new_tokens[0], eos).nonzero()
-        if hits.numel():
-            new_tokens = new_tokens[:, : int(hits[0]) + 1]
-    return new_tokens
-
-
-def _first_stop(stopping_criteria: StoppingCriteriaList, sequence: torch.Tensor, new_tokens: torch.Tensor) -> int | None:
-    """Smallest n such that the criteria fire on sequence + new_tokens[:, :n], or None."""
-    for n in range(1, new_tokens.shape[1] + 1):
-        if bool(stopping_criteria(torch.cat([sequence, new_tokens[:, :n]], dim=-1), None).all()):
-            return n
-    return None
+def _right_pad(rows: list[torch.Tensor], pad_token_id: int | None) -> torch.Tensor:
+    """Stack rows [L_b] into [B, max L_b], filling with the pad token (as HF does for finished rows)."""
+    width = max(row.shape[0] for row in rows)
+    if pad_token_id is None and any(row.shape[0] < width for row in rows):
+        raise ValueError("rows finished at different lengths and no pad_token_id is set; pass pad_token_id= to generate")
+    out = rows[0].new_full((len(rows), width), pad_token_id if pad_token_id is not None else 0)
+    for b, row in enumerate(rows):
+        out[b, : row.shape[0]] = row
+    return out

@@ -28,6 +28,8 @@ _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 _CONFIG_FIELDS = ("verifier", "secure_schedule")
 _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
+    "output_scores",
+    "output_logits",
     "num_beams",
     "num_return_sequences",
     "output_attentions",
@@ -37,9 +39,11 @@ _CHECKED_OPTIONS = (
 
 @dataclass
 class SecureSDGenerateOutput(GenerateDecoderOnlyOutput):
-    """`GenerateDecoderOnlyOutput` plus `speculative_stats` (a `SpeculativeStats`)."""
+    """`GenerateDecoderOnlyOutput` plus speculative statistics: `speculative_stats` (all rows merged)
+    and `speculative_stats_per_row` (one `SpeculativeStats` per batch row)."""
 
     speculative_stats: SpeculativeStats | None = None
+    speculative_stats_per_row: list[SpeculativeStats] | None = None
 
 
 def _effective(name: str, arguments: dict[str, Any], generation_config: GenerationConfig | None, model) -> Any:
@@ -69,7 +73,7 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     )
     check_models(model, arguments.get("assistant_model"))
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
-    options.update({name: arguments.get(name) for name in ("tokenizer", "assistant_tokenizer")})
+    options.update({name: arguments.get(name) for name in ("tokenizer", "assistant_tokenizer", "streamer")})
     inputs = arguments.get("inputs", arguments.get("input_ids"))
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
     resolved_fields = {"verifier": resolved, "secure_schedule": schedule, "num_assistant_tokens": k}
@@ -83,6 +87,12 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     for name in resolved_fields:
         bound.arguments.get("kwargs", {}).pop(name, None)
     return bound.args[1:], bound.kwargs
+
+
+def _as_int(token: torch.Tensor | int | None) -> int | None:
+    if token is None:
+        return None
+    return int(token.reshape(-1)[0]) if isinstance(token, torch.Tensor) else int(token)
 
 
 def _run_speculative(
@@ -117,6 +127,7 @@ def _run_speculative(
         do_sample=bool(generation_config.do_sample),
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
+        pad_token_id=_as_int(getattr(generation_config, "_pad_token_tensor", None)),
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         attention_mask=model_kwargs.get("attention_mask"),
@@ -133,7 +144,8 @@ def _run_speculative(
         scores=result.scores,
         logits=result.raw_logits,
         cache=result.cache,
-        speculative_stats=result.stats,
+        speculative_stats=SpeculativeStats.merge(result.row_stats),
+        speculative_stats_per_row=result.row_stats,
     )
 
 
@@ -251,7 +263,8 @@ def securesd_generate(
     """
     resolved, schedule, k = resolve_request(verifier, secure_schedule, num_assistant_tokens)
     check_models(model, draft)
-    check_options({name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}, input_ids)
+    options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
+    check_options({**options, "streamer": streamer}, input_ids)
     generation_config.verifier = resolved
     generation_config.secure_schedule = schedule
     generation_config.num_assistant_tokens = k

@@ -55,11 +55,13 @@ def mixed_recovery(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Ten
 
 
 def bonus_distribution(round_inputs: RoundInputs) -> torch.Tensor:
-    """Distribution of the bonus token after k accepted drafts: [B, V].
+    """Distribution of the bonus token after a row's drafts were all accepted: [B, V].
 
     SecureSD draws it from (1 - eta) q_{k+1} + eta R^_{k+1}; every verifier here has R^ = q, so
-    the mixture is q_{k+1} whatever eta is."""
-    return round_inputs.target_probs[:, -1]
+    the mixture is q at the position after the row's last kept draft, whatever eta is."""
+    q = round_inputs.target_probs
+    index = round_inputs.row_draft_lengths()[:, None, None].expand(-1, 1, q.shape[-1])
+    return q.gather(1, index)[:, 0]
 
 
 def one_step_output(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> torch.Tensor:
@@ -88,17 +90,19 @@ def verify_round(
 
     eta: [B, k] schedule weights of the drafted positions.
     Returns (accepted [B] long in 0..k, next_token [B]): x_i is accepted iff u_i < alpha_mix(x_i)
-    for all i up to it; at the first rejection the token comes from R_mix there, and after k
-    acceptances it is the bonus token from q_{k+1}.
+    for all i up to it; at the first rejection the token comes from R_mix there, and once a row's
+    drafts (k, or its `draft_lengths` entry) are all accepted it is the bonus token from q.
     """
     k = round_inputs.num_draft_tokens
+    lengths = round_inputs.row_draft_lengths()
     alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
     accepted = (torch.rand(alpha.shape, device=alpha.device) < alpha).long().cumprod(dim=-1).sum(dim=-1)
+    accepted = torch.minimum(accepted, lengths)
     bonus = bonus_distribution(round_inputs)
-    if k == 0 or bool((accepted == k).all()):
+    if k == 0 or bool((accepted == lengths).all()):
         distribution = bonus
     else:
         recovery = mixed_recovery(verifier, round_inputs, eta)
         at_rejection = recovery.gather(1, accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, recovery.shape[-1]))[:, 0]
-        distribution = torch.where((accepted < k)[:, None], at_rejection, bonus)
+        distribution = torch.where((accepted < lengths)[:, None], at_rejection, bonus)
     return accepted, torch.multinomial(distribution, 1).squeeze(-1)

@@ -89,8 +89,11 @@ def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> No
                 f"{option}=True is not supported with verifier=; the output carries scores/logits and "
                 "speculative_stats instead"
             )
-    if input_ids is not None and input_ids.ndim == 2 and input_ids.shape[0] > 1:
-        raise SecureSDConfigError(
-            f"batch size {input_ids.shape[0]} > 1 is not supported with verifier= yet; "
-            "call generate once per prompt"
-        )
+    batch = input_ids.shape[0] if input_ids is not None and input_ids.ndim == 2 else 1
+    if batch > 1:
+        for option in ("streamer", "output_scores", "output_logits"):
+            if options.get(option):
+                raise SecureSDConfigError(
+                    f"{option} supports a single sequence with verifier= (rows of a batch advance by different "
+                    f"numbers of tokens per round); generate one prompt at a time to use {option}"
+                )

@@ -133,6 +133,15 @@ def test_unsupported_generation_options(llama_pair, forward_calls, option, value
     expect_error(target, forward_calls, message, assistant_model=draft, verifier="mars", **{option: value})
 
 
+@pytest.mark.parametrize("option", ["output_scores", "output_logits"])
+def test_per_token_outputs_need_a_single_row(llama_pair, forward_calls, option):
+    draft, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match=f"{option} supports a single sequence"):
+        target.generate(torch.tensor([[1, 2, 3], [4, 5, 6]]), max_new_tokens=4, assistant_model=draft, verifier="mars",
+                        return_dict_in_generate=True, **{option: True})
+    assert forward_calls["n"] == 0
+
+
 @pytest.mark.parametrize("who", ["draft", "target"])
 def test_nan_logits_raise_at_run_time(llama_pair, who):
     draft, target = llama_pair

@@ -2,12 +2,13 @@
 
 The target's joint distribution of the first three response tokens is enumerated exactly (6^3 = 216
 sequences, each probability a product of the target's processed next-token distributions), and
-compared with 5,000 seeded samples from `generate(..., verifier="lossless", do_sample=True)`.
+compared with seeded samples from `generate(..., verifier="lossless", do_sample=True)`:
+6,000 drawn as batches of 200 copies of the prompt (rows advance independently, so this also
+checks batched sampling per row) and 1,500 drawn one at a time.
 
 Noise floor: the 99.9th percentile of TV(exact, empirical) over 300 simulated runs of as many samples
 drawn directly from the exact joint; the speculative samples must fall below it. The same check on
-a relaxed verifier (1,500 samples, its own floor) must fail, which shows the test can tell a biased
-sampler from the target.
+a relaxed verifier must fail, which shows the test can tell a biased sampler from the target.
 """
 
 from __future__ import annotations
@@ -24,8 +25,9 @@ from hf_securesd.tiny import TinyPairSpec, tiny_pair
 
 VOCAB = 6
 NEW_TOKENS = 3
-SAMPLES = 5_000
-BIASED_SAMPLES = 1_500
+BATCHED_SAMPLES = 6_000
+BATCH = 200
+SINGLE_SAMPLES = 1_500
 PROMPT = torch.tensor([[1, 4, 2]])
 SAMPLING = dict(do_sample=True, temperature=0.8, top_k=5, top_p=1.0)
 
@@ -68,28 +70,36 @@ def noise_floor(exact: dict, samples: int) -> float:
     return float(np.quantile(tvs, 0.999))
 
 
-def speculative_samples(draft, target, verifier, count: int) -> list[tuple[int, ...]]:
+def speculative_samples(draft, target, verifier, count: int, batch: int) -> list[tuple[int, ...]]:
     torch.manual_seed(2024)
     samples = []
-    for _ in range(count):
+    for _ in range(count // batch):
         out = target.generate(
-            PROMPT, max_new_tokens=NEW_TOKENS, assistant_model=draft, verifier=verifier, num_assistant_tokens=2, **SAMPLING
+            PROMPT.expand(batch, -1), max_new_tokens=NEW_TOKENS, assistant_model=draft, verifier=verifier,
+            num_assistant_tokens=2, **SAMPLING,
         )
-        samples.append(tuple(out[0, PROMPT.shape[1] :].tolist()))
+        samples += [tuple(row[PROMPT.shape[1] :].tolist()) for row in out]
     return samples
 
 
-def test_lossless_sampling_matches_target_joint(small_vocab_pair):
+@pytest.fixture(scope="module")
+def exact(small_vocab_pair):
+    joint = exact_joint(small_vocab_pair[1])
+    assert abs(sum(joint.values()) - 1.0) < 1e-5
+    return joint
+
+
+@pytest.mark.parametrize("count, batch", [(BATCHED_SAMPLES, BATCH), (SINGLE_SAMPLES, 1)], ids=["batched", "single"])
+def test_lossless_sampling_matches_target_joint(small_vocab_pair, exact, count, batch):
     draft, target = small_vocab_pair
-    exact = exact_joint(target)
-    assert abs(sum(exact.values()) - 1.0) < 1e-5
-
-    floor = noise_floor(exact, SAMPLES)
-    assert floor < 0.12  # the test has resolving power at this sample size
-
-    tv = empirical_tv(exact, speculative_samples(draft, target, "lossless", SAMPLES))
+    floor = noise_floor(exact, count)
+    assert floor < 0.2  # the test has resolving power at this sample size
+    tv = empirical_tv(exact, speculative_samples(draft, target, "lossless", count, batch))
     assert tv <= floor, f"TV {tv:.4f} above the noise floor {floor:.4f}"
 
-    biased_floor = noise_floor(exact, BIASED_SAMPLES)
-    biased = empirical_tv(exact, speculative_samples(draft, target, hf_securesd.LossySD(epsilon=0.5), BIASED_SAMPLES))
-    assert biased > biased_floor, f"a lossy verifier (TV {biased:.4f}) went undetected (floor {biased_floor:.4f})"
+
+def test_the_same_check_detects_a_lossy_verifier(small_vocab_pair, exact):
+    draft, target = small_vocab_pair
+    floor = noise_floor(exact, BATCHED_SAMPLES)
+    tv = empirical_tv(exact, speculative_samples(draft, target, hf_securesd.LossySD(epsilon=0.5), BATCHED_SAMPLES, BATCH))
+    assert tv > floor, f"a lossy verifier (TV {tv:.4f}) went undetected (floor {floor:.4f})"

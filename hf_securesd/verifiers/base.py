@@ -34,6 +34,8 @@ class RoundInputs:
         target_raw_logits: [B, k+1, V] target logits straight from the model (what relaxed rules read).
         draft_raw_logits: [B, k, V] draft logits straight from the model.
         greedy: True at temperature 0 (`do_sample=False`): q and p are one-hot on their argmax.
+        draft_lengths: [B] how many of the k drafts each row may keep (a row near its length budget
+            keeps fewer; the rest are not verified); None means k for every row.
     """
 
     draft_tokens: torch.Tensor
@@ -42,6 +44,7 @@ class RoundInputs:
     target_raw_logits: torch.Tensor
     draft_raw_logits: torch.Tensor
     greedy: bool
+    draft_lengths: torch.Tensor | None = None
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -72,6 +75,12 @@ class RoundInputs:
     def target_argmax(self) -> torch.Tensor:
         """x*: [B, k+1] argmax of the processed target logits (the target's greedy choice)."""
         return self.target_logits.argmax(dim=-1)
+
+    def row_draft_lengths(self) -> torch.Tensor:
+        """[B] long: drafts each row may keep."""
+        if self.draft_lengths is None:
+            return torch.full(self.draft_tokens.shape[:1], self.num_draft_tokens, device=self.draft_tokens.device)
+        return self.draft_lengths
 
     def verified_target_probs(self) -> torch.Tensor:
         """q at the k drafted positions: [B, k, V]."""

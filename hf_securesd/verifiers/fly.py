@@ -74,9 +74,10 @@ class FLy(Verifier):
         matches = (drafted == samples[0]) | (drafted == samples[1])
         uncertain = top3_entropy(round_inputs.target_raw_probs[:, :k]) >= self.tau
         lenient = torch.zeros_like(matches)
-        for i in range(k - self.window):  # 0-based i, i.e. 1-based i + 1 <= k - W
+        limit = round_inputs.row_draft_lengths() - self.window  # 1-based i <= k - W, per row
+        for i in range(k - self.window):  # 0-based i
             lookahead = matches[:, i + 1 : i + self.window].all(dim=-1)
-            lenient[:, i] = uncertain[:, i] & lookahead
+            lenient[:, i] = uncertain[:, i] & lookahead & (i + 1 <= limit)
         return lenient
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
