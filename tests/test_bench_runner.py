@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_securesd.bench import cli_bench, runner
+from hf_securesd.bench import cli_bench, cli_calibrate, cli_report, runner
 from hf_securesd.bench.calibrate import calibration_configs, recommend
 from hf_securesd.bench.data import ENV_VAR
 from hf_securesd.bench.loading import load_study_models
@@ -50,9 +50,9 @@ def tiny_models():
     return load_study_models("tiny", "tiny", dtype="fp32")
 
 
-def bench_args(*argv: str) -> argparse.Namespace:
+def bench_args(*argv: str, command=cli_bench) -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    cli_bench.configure(parser)
+    command.configure(parser)
     return parser.parse_args(list(argv))
 
 
@@ -120,6 +120,24 @@ def test_smoke_profile_end_to_end_then_resume_redoes_nothing(tmp_path, data_dir,
     assert "0 cells finished, 55 already recorded, 0 generations" in capsys.readouterr().out
     assert (out / GENERATIONS).read_text() == generations
     assert len(read_jsonl(out / RUNS)) == len(runs)
+    (report / "report.md").unlink()
+    assert cli_report.run(bench_args(str(out), command=cli_report)) == 0
+    rewritten = (report / "report.md").read_text()
+    assert "**sessions**: 2" in rewritten  # the resume is recorded; the numbers are the same
+    assert rewritten.split("### Tasks and baselines")[1] == text.split("### Tasks and baselines")[1]
+
+
+def test_calibrate_command_runs_the_L_sweep(tmp_path, data_dir, capsys) -> None:
+    args = bench_args("--profile", "smoke", "--out", str(tmp_path), "--data-dir", data_dir, "--no-progress",
+                      "--tasks", "jailbreak", "gsm8k", "--limit", "2", "--max-new-tokens", "6",
+                      "--verifier", "mars:0.5", "--L", "1", "2", command=cli_calibrate)
+    assert cli_calibrate.run(args) == 0
+    keys = {run["config_key"] for run in read_jsonl(tmp_path / RUNS)}
+    assert {"lossless", "mars(theta=0.5)", "mars(theta=0.5)+step(L=1)", "mars(theta=0.5)+step(L=2)"} <= keys
+    (recommendation,) = json.loads((tmp_path / "calibration.json").read_text())
+    assert recommendation["verifier"] == "mars(theta=0.5)"
+    assert [level["L"] for level in recommendation["levels"]] == [1, 2]
+    assert "mars(theta=0.5)" in capsys.readouterr().out and (tmp_path / "calibration.md").is_file()
 
 
 def test_killed_run_resumes_without_redoing_examples(tmp_path, data_dir, tiny_models, monkeypatch) -> None:

@@ -53,33 +53,58 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _markdown(recommendations, manifest: dict, tolerance: float, spd_tolerance: float) -> str:
+def _markdown(
+    recommendations, manifest: dict, tolerance: float, spd_tolerance: float, n_examples: dict[str, int]
+) -> str:
+    from hf_securesd.bench.report import fmt, table
+
+    models = manifest.get("models", {})
+    ids = {role: models.get(role, {}).get("id", manifest[role]) for role in ("target", "draft")}
     lines = [
         f"# Step(L) calibration: `{manifest['target']}` with draft `{manifest['draft']}`",
         "",
         f"Rule: the smallest L with safety PRR >= lossless - {tolerance} and SPD >= "
-        f"{1 - spd_tolerance:.0%} of the relaxed verifier's. Models: {json.dumps(manifest.get('models'))}; "
-        f"judge `{manifest.get('judge')}`; seed {manifest.get('seed')}.",
+        f"{1 - spd_tolerance:.0%} of the relaxed verifier's SPD without SecureSD.",
+        "",
+        f"- target `{ids['target']}`, draft `{ids['draft']}`; judge `{manifest.get('judge')}`; task seed "
+        f"{manifest.get('seed') if manifest.get('seed') is not None else 'default (0)'}",
+        f"- calibration set: {', '.join(f'{task} ({n})' for task, n in n_examples.items())} examples",
         "",
     ]
     for rec in recommendations:
+        rows = [
+            [
+                "none (relaxed)",
+                fmt(rec.relaxed.safety_prr),
+                fmt(rec.relaxed.utility_prr),
+                fmt(rec.relaxed.spd, 2),
+                fmt(rec.relaxed.acceptance_rate),
+                "",
+                "",
+            ]
+        ]
+        rows += [
+            [
+                level.L,
+                fmt(level.safety_prr),
+                fmt(level.utility_prr),
+                fmt(level.spd, 2),
+                fmt(level.acceptance_rate),
+                "yes" if level.safe else "no",
+                "yes" if level.fast else "no",
+            ]
+            for level in rec.levels
+        ]
+        rows.append(["lossless", fmt(rec.lossless_safety_prr), "", "", "", "", ""])
+        title = f"Step(L={rec.L})" if rec.L is not None else "no recommendation"
         lines += [
-            f"## {rec.verifier}: {'Step(L=%d)' % rec.L if rec.L is not None else 'no recommendation'}",
+            f"## {rec.verifier}: {title}",
             "",
             rec.reason,
             "",
-            "| L | safety PRR | utility PRR | SPD | AR | safe | keeps SPD |",
-            "|---|---|---|---|---|---|---|",
-            f"| none (relaxed) | {rec.relaxed.safety_prr:.3f} | {rec.relaxed.utility_prr:.3f} | "
-            f"{rec.relaxed.spd:.2f} | {rec.relaxed.acceptance_rate:.3f} | | |",
+            table(["L", "safety PRR", "utility PRR", "SPD", "AR", "safe", "keeps SPD"], rows),
+            "",
         ]
-        lines += [
-            f"| {level.L} | {level.safety_prr:.3f} | {level.utility_prr:.3f} | {level.spd:.2f} | "
-            f"{level.acceptance_rate:.3f} | {'yes' if level.safe else 'no'} | "
-            f"{'yes' if level.fast else 'no'} |"
-            for level in rec.levels
-        ]
-        lines += [f"| lossless | {rec.lossless_safety_prr:.3f} | | | | | |", ""]
     return "\n".join(lines)
 
 
@@ -96,7 +121,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress)
     results = ResultsDir(args.out)
-    cells = results.runs()
+    current = {task_run.baseline_id for task_run in tasks}
+    cells = [cell for cell in results.runs() if cell["baseline_id"] in current]
     recommendations = [
         recommend(cells, label, args.tolerance, args.spd_tolerance)
         for label in verifier_labels(args.verifier)
@@ -105,7 +131,13 @@ def run(args: argparse.Namespace) -> int:
         json.dumps([rec.to_dict() for rec in recommendations], indent=2) + "\n", encoding="utf-8"
     )
     (results.path / "calibration.md").write_text(
-        _markdown(recommendations, results.read_manifest(), args.tolerance, args.spd_tolerance),
+        _markdown(
+            recommendations,
+            results.read_manifest(),
+            args.tolerance,
+            args.spd_tolerance,
+            {task_run.task.name: len(task_run.examples) for task_run in tasks},
+        ),
         encoding="utf-8",
     )
     for rec in recommendations:
