@@ -1,5 +1,7 @@
 """The benchmark harness: a registry of tasks (loader, prompt builder, scorer), local or Hub data
-loading, and a sandbox for executing generated code. See docs/benchmarks.md."""
+loading, a sandbox for executing generated code, and the study runner (`runner`), report
+(`report`, `plots`) and Step(L) calibration (`calibrate`) behind `securesd bench`, `securesd
+report` and `securesd calibrate`. See docs/benchmarks.md."""
 
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, TaskScore, get_task, task_names
 

@@ -10,6 +10,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 KIND_COLORS = {"safety": "tab:red", "utility": "tab:blue"}
 
@@ -80,6 +81,7 @@ def plot_position_tv(
             values = [value if math.isfinite(value) else 0.0 for value in list(values)[:positions]]
             axis.bar([j + index * width for j in range(len(values))], values, width=width, label=label)
         axis.set_title(title, fontsize=9)
+        axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("response position j")
         axis.set_ylabel("mean TV(out_j, q_j)")
         axis.set_ylim(0, 1)
