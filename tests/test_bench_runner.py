@@ -128,9 +128,28 @@ def test_smoke_profile_end_to_end_then_resume_redoes_nothing(tmp_path, data_dir,
 
 
 def test_calibrate_command_runs_the_L_sweep(tmp_path, data_dir, capsys) -> None:
-    args = bench_args("--profile", "smoke", "--out", str(tmp_path), "--data-dir", data_dir, "--no-progress",
-                      "--tasks", "jailbreak", "gsm8k", "--limit", "2", "--max-new-tokens", "6",
-                      "--verifier", "mars:0.5", "--L", "1", "2", command=cli_calibrate)
+    args = bench_args(
+        "--profile",
+        "smoke",
+        "--out",
+        str(tmp_path),
+        "--data-dir",
+        data_dir,
+        "--no-progress",
+        "--tasks",
+        "jailbreak",
+        "gsm8k",
+        "--limit",
+        "2",
+        "--max-new-tokens",
+        "6",
+        "--verifier",
+        "mars:0.5",
+        "--L",
+        "1",
+        "2",
+        command=cli_calibrate,
+    )
     assert cli_calibrate.run(args) == 0
     keys = {run["config_key"] for run in read_jsonl(tmp_path / RUNS)}
     assert {"lossless", "mars(theta=0.5)", "mars(theta=0.5)+step(L=1)", "mars(theta=0.5)+step(L=2)"} <= keys
@@ -175,6 +194,15 @@ def test_killed_run_resumes_without_redoing_examples(tmp_path, data_dir, tiny_mo
 
     with pytest.raises(ValueError, match="new --out"):
         run_study(
+            StudySettings("tiny", "tiny", dtype="fp32", batch_size=2),
+            tiny_models,
+            tasks,
+            configs,
+            tmp_path,
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="new --out"):
+        run_study(
             StudySettings("tiny", "tiny", dtype="fp32", seed=3),
             tiny_models,
             tasks,
@@ -182,6 +210,21 @@ def test_killed_run_resumes_without_redoing_examples(tmp_path, data_dir, tiny_mo
             tmp_path,
             progress=False,
         )
+
+
+def test_batched_generation_fills_every_cell(tmp_path, data_dir, tiny_models) -> None:
+    settings = StudySettings("tiny", "tiny", dtype="fp32", batch_size=2)
+    tasks = prepare_tasks(
+        ["jailbreak", "gsm8k"], tiny_models.tokenizer, data_dir=data_dir, limit=3, max_new_tokens=6
+    )
+    configs = sweep_configs(["mars:0.5"], [Step(L=1)])
+    outcome = run_study(settings, tiny_models, tasks, configs, tmp_path, progress=False)
+    assert (outcome.generated, outcome.cells_finished) == (4 * 2 * 3, 4 * 2)
+    speculative = [run for run in read_jsonl(tmp_path / RUNS) if run["config"]["kind"] == "speculative"]
+    for run in speculative:
+        stats = run["stats"]
+        assert sum(stats["drafted_per_round"]) > 0 and len(stats["position_tv_sum"]) <= 6
+        assert all(0 < tokens <= 6 for tokens in run["new_tokens"])
 
 
 def _stats(accepted: int, tv: list[float]) -> dict:

@@ -67,6 +67,7 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     )
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
     parser.add_argument("--cache-dir", default=None, help="folder of the offline model copies")
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (default 1)")
     parser.add_argument(
         "--threads", type=int, default=None, help="torch CPU threads (default: the profile's)"
     )
@@ -125,6 +126,7 @@ def prepare(args: argparse.Namespace):
         device=args.device,
         dtype=args.dtype or profile.dtype,
         num_assistant_tokens=args.num_assistant_tokens or profile.num_assistant_tokens,
+        batch_size=args.batch_size,
         seed=args.seed,
         judge=args.judge,
         judge_options=judge_options(args.judge_option),

@@ -41,6 +41,13 @@ def _describe(name: str, location: str) -> dict[str, Any]:
     return described
 
 
+def _left_padding(tokenizer: PreTrainedTokenizerBase) -> PreTrainedTokenizerBase:
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
 def load_study_models(
     target: str,
     draft: str,
@@ -50,7 +57,8 @@ def load_study_models(
     offline: bool | None = None,
     cache_dir: str | None = None,
 ) -> StudyModels:
-    """Load the pair in eval mode on `device` in `dtype` and wrap the target for SecureSD."""
+    """Load the pair in eval mode on `device` in `dtype` and wrap the target for SecureSD. The
+    tokenizer pads on the left (batched generation), with eos as pad when it has no pad token."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     if (target == TINY) != (draft == TINY):
@@ -71,7 +79,7 @@ def load_study_models(
             role: {"name": TINY, "id": f"{description}, {role}", "location": "hf_securesd.tiny"}
             for role in ("target", "draft")
         }
-        return StudyModels(tokenizer, draft_model, hf_securesd.wrap(target_model), ids)
+        return StudyModels(_left_padding(tokenizer), draft_model, hf_securesd.wrap(target_model), ids)
     from hf_securesd.models import load_pair, resolve_model
 
     tokenizer, draft_model, target_model = load_pair(
@@ -81,4 +89,4 @@ def load_study_models(
         role: _describe(name, resolve_model(name, offline=offline, cache_dir=cache_dir, download=False))
         for role, name in (("target", target), ("draft", draft))
     }
-    return StudyModels(tokenizer, draft_model, hf_securesd.wrap(target_model), ids)
+    return StudyModels(_left_padding(tokenizer), draft_model, hf_securesd.wrap(target_model), ids)

@@ -31,6 +31,7 @@ BINDING_KEYS = (
     "device",
     "dtype",
     "num_assistant_tokens",
+    "batch_size",
     "seed",
     "judge",
     "judge_options",

@@ -1,5 +1,5 @@
 """Run a study: target-only and draft-only baselines, then every speculative configuration, on
-every task; one generate call per prompt (batch size 1), greedy decoding.
+every task; one generate call per batch of `batch_size` prompts (default 1), greedy decoding.
 
 Each example's generation is journaled as soon as it ends, and each finished cell (configuration
 x task) is scored and written with its AR, wall time, SPD against the target-only cell on the same
@@ -56,6 +56,7 @@ class StudySettings:
     device: str = "cpu"
     dtype: str = "bf16"
     num_assistant_tokens: int = 5
+    batch_size: int = 1
     seed: int | None = None
     judge: str = "refusal_prefix"
     judge_options: Mapping[str, Any] = field(default_factory=dict)
@@ -72,7 +73,7 @@ class StudySettings:
             "judge": self.judge,
             "judge_options": dict(self.judge_options),
             "decoding": "greedy",
-            "batch_size": 1,
+            "batch_size": self.batch_size,
             "profile": self.profile,
             "models": models.ids,
         }
@@ -152,15 +153,40 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def generate(
-    models: StudyModels, config: RunConfig, prompt: str, max_new_tokens: int, num_assistant_tokens: int
-) -> tuple[str, int, float, SpeculativeStats | None]:
-    """Greedy answer to one prompt: (response text, new tokens, wall seconds, speculative stats).
+@dataclass(frozen=True)
+class Generation:
+    """One answer: the response text, its new tokens, the wall seconds charged to it (the batch's
+    time split evenly over its rows) and, for speculative runs, its statistics."""
 
-    The prompt is encoded without extra special tokens (the chat template has them): input_ids
-    [1, P]; the timed call is `generate` alone."""
+    response: str
+    new_tokens: int
+    seconds: float
+    stats: SpeculativeStats | None
+
+
+def _trim(tokens: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
+    """Drop the padding after a finished row: tokens [N] -> [n <= N]."""
+    if pad_token_id is None:
+        return tokens
+    kept = (tokens != pad_token_id).nonzero()
+    return tokens[: int(kept[-1]) + 1] if kept.numel() else tokens[:0]
+
+
+def generate(
+    models: StudyModels,
+    config: RunConfig,
+    prompts: Sequence[str],
+    max_new_tokens: int,
+    num_assistant_tokens: int,
+) -> list[Generation]:
+    """Greedy answers to a batch of prompts, one `generate` call (timed alone).
+
+    Prompts are encoded without extra special tokens (the chat template has them) and left-padded:
+    input_ids and attention_mask [B, P]."""
     model = models.draft if config.kind == "draft" else models.target
-    inputs = models.tokenizer(prompt, return_tensors="pt", add_special_tokens=False).to(model.device)
+    inputs = models.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False).to(
+        model.device
+    )
     options: dict[str, Any] = dict(
         do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True
     )
@@ -176,22 +202,30 @@ def generate(
     with torch.inference_mode():
         out = model.generate(**inputs, **options)
     _synchronize(model.device)
-    seconds = time.perf_counter() - start
+    seconds = (time.perf_counter() - start) / len(prompts)
     prompt_length = inputs["input_ids"].shape[1]
-    new_tokens = out.sequences[0, prompt_length:]
-    stats = getattr(out, "speculative_stats", None) if config.kind == "speculative" else None
-    return (
-        models.tokenizer.decode(new_tokens, skip_special_tokens=True),
-        int(new_tokens.numel()),
-        seconds,
-        stats,
-    )
+    row_stats = getattr(out, "speculative_stats_per_row", None) if config.kind == "speculative" else None
+    if config.kind == "speculative" and row_stats is None:
+        row_stats = [out.speculative_stats]
+    generations = []
+    for row in range(len(prompts)):
+        new_tokens = _trim(out.sequences[row, prompt_length:], models.tokenizer.pad_token_id)
+        stats = None if row_stats is None else row_stats[row]
+        generations.append(
+            Generation(
+                models.tokenizer.decode(new_tokens, skip_special_tokens=True),
+                stats.new_tokens if stats is not None else int(new_tokens.numel()),
+                seconds,
+                stats,
+            )
+        )
+    return generations
 
 
 def warm_up(models: StudyModels, prompt: str, num_assistant_tokens: int) -> None:
     """One short untimed generation per decoding kind, so first-call costs stay out of the timings."""
     for config in (TARGET, DRAFT, LOSSLESS):
-        generate(models, config, prompt, 2, num_assistant_tokens)
+        generate(models, config, [prompt], 2, num_assistant_tokens)
 
 
 def _finite(value: float | None) -> float | None:
@@ -274,6 +308,9 @@ def run_study(
 ) -> StudyOutcome:
     """Run (or resume) the study into `out_dir`: the baselines of every task first, then each
     configuration of `configs` on every task. Returns what this call generated and finished."""
+    batch_size = settings.batch_size
+    if batch_size < 1:
+        raise ValueError(f"batch size must be at least 1, got {batch_size}")
     results = ResultsDir(out_dir)
     session = {
         "id": uuid.uuid4().hex[:12],
@@ -307,28 +344,37 @@ def run_study(
             key = task_run.cell(config)
             done = journal.setdefault(key, {})
             bar.set_postfix_str(f"{config.key} on {task_run.task.name}")
-            for example, prompt in zip(task_run.examples, task_run.prompts):
-                if example.id in done:
-                    continue
+            pending = [
+                (example, prompt)
+                for example, prompt in zip(task_run.examples, task_run.prompts)
+                if example.id not in done
+            ]
+            for first in range(0, len(pending), batch_size):
+                batch = pending[first:first + batch_size]
                 if not warmed:
                     warm_up(models, min(task_run.prompts, key=len), settings.num_assistant_tokens)
                     warmed = True
-                response, new_tokens, seconds, stats = generate(
-                    models, config, prompt, task_run.max_new_tokens, settings.num_assistant_tokens
+                answers = generate(
+                    models,
+                    config,
+                    [prompt for _, prompt in batch],
+                    task_run.max_new_tokens,
+                    settings.num_assistant_tokens,
                 )
-                record = {
-                    "cell": key,
-                    "example_id": example.id,
-                    "response": response,
-                    "new_tokens": new_tokens,
-                    "seconds": seconds,
-                    "stats": None if stats is None else stats.to_dict(),
-                    "session": session["id"],
-                }
-                results.add_generation(record)
-                done[example.id] = record
-                outcome.generated += 1
-                bar.update(1)
+                for (example, _), answer in zip(batch, answers):
+                    record = {
+                        "cell": key,
+                        "example_id": example.id,
+                        "response": answer.response,
+                        "new_tokens": answer.new_tokens,
+                        "seconds": answer.seconds,
+                        "stats": None if answer.stats is None else answer.stats.to_dict(),
+                        "session": session["id"],
+                    }
+                    results.add_generation(record)
+                    done[example.id] = record
+                outcome.generated += len(batch)
+                bar.update(len(batch))
             run = finish_cell(config, task_run, done, finished, settings)
             results.add_run(run)
             finished[key] = run
