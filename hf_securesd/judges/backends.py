@@ -107,9 +107,9 @@ class OpenAIChatBackend(ChatBackend):
     (default https://api.openai.com/v1), `SECURESD_JUDGE_MODEL` (default gpt-4o-mini, the judge
     of the SecureSD paper) and `SECURESD_JUDGE_API_KEY` (optional for local servers).
 
-    Timeouts, connection errors, HTTP 408/409/429/5xx and malformed replies are retried
-    `max_retries` times with exponential backoff (`backoff`, 2·`backoff`, ... seconds, or the
-    server's Retry-After); then, like any other HTTP error, they raise `JudgeBackendError`.
+    Timeouts, connection errors, HTTP 408/409/429/500/502/503/504 and malformed replies are
+    retried `max_retries` times with exponential backoff (`backoff`, 2·`backoff`, ... seconds, or
+    the server's Retry-After); then, like any other HTTP error, they raise `JudgeBackendError`.
     """
 
     def __init__(
