@@ -108,14 +108,14 @@ def load(args):
     return tokenizer, draft, target
 
 
-def run(method: str, target, draft, inputs, max_new_tokens: int, clock: ForwardClock, **extra):
+def run(method: str, target, draft, inputs, max_new_tokens: int, clock: ForwardClock, target_clock: ForwardClock, **extra):
     kwargs = dict(max_new_tokens=max_new_tokens, do_sample=False, **inputs)
     if method == "hf_assisted":
         kwargs["assistant_model"] = draft
     elif method != "plain":
         kwargs.update(assistant_model=draft, verifier=method, num_assistant_tokens=5, return_dict_in_generate=True)
     kwargs.update(extra)
-    forward_before, calls_before = clock.seconds, clock.calls
+    forward_before, rounds_before = clock.seconds, target_clock.calls
     _sync()
     start = time.perf_counter()
     out = target.generate(**kwargs)
@@ -123,7 +123,7 @@ def run(method: str, target, draft, inputs, max_new_tokens: int, clock: ForwardC
     wall = time.perf_counter() - start
     sequences = out.sequences if hasattr(out, "sequences") else out
     stats = getattr(out, "speculative_stats", None)
-    return sequences, wall, clock.seconds - forward_before, clock.calls - calls_before, stats
+    return sequences, wall, clock.seconds - forward_before, target_clock.calls - rounds_before, stats
 
 
 def main() -> int:
@@ -145,8 +145,9 @@ def main() -> int:
     draft.generation_config.num_assistant_tokens = 5
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     draft.generation_config.assistant_confidence_threshold = 0.0  # HF would otherwise stop drafting early
-    clock = ForwardClock()
+    clock, target_clock = ForwardClock(), ForwardClock()
     clock.attach(draft, target)
+    target_clock.attach(target)  # one target forward per round (per token for plain decoding)
     methods = ("plain", "hf_assisted", "lossless")
     totals = {m: {"wall": 0.0, "forward": 0.0, "rounds": 0, "tokens": 0} for m in methods}
     verification = {"none": [], "step1": []}
@@ -158,19 +159,19 @@ def main() -> int:
         inputs = {key: value.to(args.device) for key, value in inputs.items()}
         outputs = {}
         for method in methods:
-            runs = [run(method, target, draft, inputs, args.max_new_tokens, clock) for _ in range(args.repeats)]
-            sequences, wall, forward, calls, stats = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
+            runs = [run(method, target, draft, inputs, args.max_new_tokens, clock, target_clock) for _ in range(args.repeats)]
+            sequences, wall, forward, rounds, stats = sorted(runs, key=lambda r: r[1])[len(runs) // 2]
             outputs[method] = sequences
             totals[method]["wall"] += wall
             totals[method]["forward"] += forward
             totals[method]["tokens"] += sequences.shape[1] - inputs["input_ids"].shape[1]
-            totals[method]["rounds"] += stats.rounds if stats is not None else (calls // 2 if method == "hf_assisted" else calls)
+            totals[method]["rounds"] += rounds
         if not (torch.equal(outputs["plain"], outputs["hf_assisted"]) and torch.equal(outputs["plain"], outputs["lossless"])):
             print(f"OUTPUT MISMATCH on prompt {prompt!r}", file=sys.stderr)
             return 1
         for name, schedule in (("none", None), ("step1", hf_securesd.Step(L=1))):
             with timed_verification(verification[name]):
-                _, wall, *_ = run("mars", target, draft, inputs, args.max_new_tokens, clock, secure_schedule=schedule)
+                _, wall, *_ = run("mars", target, draft, inputs, args.max_new_tokens, clock, target_clock, secure_schedule=schedule)
             relaxed_wall[name] += wall
 
     print(f"pair={args.pair} device={args.device} target={args.target_dtype} draft={args.draft_dtype} "

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
-from .mixing import one_step_output, total_variation, verify_round
+from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Schedule
 from .stats import SpeculativeStats
 from .verifiers.base import RoundInputs, Verifier
@@ -251,10 +251,14 @@ def speculative_decode(
         response_positions = torch.tensor([row.shape[0] - prompt_length for row in committed], device=device)
         positions = response_positions[:, None] + torch.arange(k, device=device)
         eta = schedule.eta(positions) if schedule is not None else torch.ones(positions.shape, device=device)
-        accepted, next_token = verify_round(verifier, round_inputs, eta)
+        accepted, next_token, alpha = verify_round(verifier, round_inputs, eta)
         deviation = None
         if collect_deviation and k:
-            deviation = total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
+            deviation = (
+                greedy_deviation(round_inputs, alpha)
+                if not do_sample
+                else total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
+            )
 
         # 4. Commit per row, then drop finished rows and forget rejected slots.
         still_running = []

@@ -85,19 +85,23 @@ def total_variation(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 def verify_round(
     verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's drafts and draw the token that ends the round.
 
     eta: [B, k] schedule weights of the drafted positions.
-    Returns (accepted [B] long in 0..k, next_token [B]): x_i is accepted iff u_i < alpha_mix(x_i)
-    for all i up to it; at the first rejection the token comes from R_mix there, and once a row's
-    drafts (k, or its `draft_lengths` entry) are all accepted it is the bonus token from q.
+    Returns (accepted [B] long in 0..k, next_token [B], alpha [B, k]): x_i is accepted iff
+    u_i < alpha_mix(x_i) for all i up to it; at the first rejection the token comes from R_mix
+    there, and once a row's drafts (k, or its `draft_lengths` entry) are all accepted it is the
+    bonus token from q. At T = 0 every recovery distribution and the bonus are one-hot on the
+    target's argmax x*, so the token is read off x* without vocabulary-sized work.
     """
     k = round_inputs.num_draft_tokens
     lengths = round_inputs.row_draft_lengths()
     alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
     accepted = (torch.rand(alpha.shape, device=alpha.device) < alpha).long().cumprod(dim=-1).sum(dim=-1)
     accepted = torch.minimum(accepted, lengths)
+    if round_inputs.greedy:
+        return accepted, round_inputs.target_argmax.gather(1, accepted[:, None])[:, 0], alpha
     bonus = bonus_distribution(round_inputs)
     if k == 0 or bool((accepted == lengths).all()):
         distribution = bonus
@@ -105,4 +109,11 @@ def verify_round(
         recovery = mixed_recovery(verifier, round_inputs, eta)
         at_rejection = recovery.gather(1, accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, recovery.shape[-1]))[:, 0]
         distribution = torch.where((accepted < lengths)[:, None], at_rejection, bonus)
-    return accepted, torch.multinomial(distribution, 1).squeeze(-1)
+    return accepted, torch.multinomial(distribution, 1).squeeze(-1), alpha
+
+
+def greedy_deviation(round_inputs: RoundInputs, alpha: torch.Tensor) -> torch.Tensor:
+    """TV(out_i, q_i) at T = 0: out = alpha(x) delta_x + (1 - alpha(x)) delta_x*, so the deviation is
+    alpha_mix(x_i) where x_i != x*_i and 0 elsewhere. alpha: [B, k] -> [B, k]."""
+    k = round_inputs.num_draft_tokens
+    return alpha * (round_inputs.draft_tokens != round_inputs.target_argmax[:, :k]).to(alpha.dtype)

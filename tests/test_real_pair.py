@@ -112,3 +112,20 @@ def test_step_schedule_keeps_the_secure_prefix(pair, greedy, verifier: str, prom
     assert tokens[:SECURE_PREFIX] == reference[:SECURE_PREFIX], (
         f"{verifier} with Step(L={SECURE_PREFIX}) changed the first {SECURE_PREFIX} tokens: "
         f"{tokens[:SECURE_PREFIX]} != {reference[:SECURE_PREFIX]}")
+
+
+@pytest.mark.parametrize("verifier", ("lossless", "mars"))
+def test_batched_equals_one_at_a_time(pair, verifier: str) -> None:
+    """Four mixed-length chat prompts in one left-padded batch give each prompt's own output."""
+    tokenizer, draft, target = pair
+    prompts = PROMPTS[:4]
+    texts = [tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+             for p in prompts]
+    tokenizer.padding_side = "left"
+    batch = tokenizer(texts, return_tensors="pt", padding=True)
+    out = target.generate(**batch, assistant_model=draft, verifier=verifier, num_assistant_tokens=DRAFT_TOKENS,
+                          max_new_tokens=MAX_NEW_TOKENS, do_sample=False)
+    width = batch["input_ids"].shape[1]
+    for row, prompt in enumerate(prompts):
+        alone, _ = speculative(pair, prompt, verifier, None, MAX_NEW_TOKENS)
+        assert out[row, width : width + len(alone)].tolist() == alone

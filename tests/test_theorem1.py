@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from hf_securesd import FSD, MARS, BiLD, FLy, Linear, Lossless, LossySD, Power, SpecCascade, Step
-from hf_securesd.mixing import one_step_output, verify_round
+from hf_securesd.mixing import greedy_deviation, one_step_output, verify_round
 from hf_securesd.verifiers.base import RoundInputs
 
 N = 20_000
@@ -157,7 +157,7 @@ def test_one_step_output_matches_theorem1(verifier_name, schedule_name, greedy):
 
     inputs = round_inputs(greedy, N)
     eta = torch.full((N, 1), eta_value)
-    accepted, next_token = verify_round(verifier, inputs, eta)
+    accepted, next_token, _ = verify_round(verifier, inputs, eta)
     emitted = torch.where(accepted == 1, inputs.draft_tokens[:, 0], next_token)
     empirical = torch.bincount(emitted, minlength=6).double().numpy() / N
 
@@ -165,8 +165,13 @@ def test_one_step_output_matches_theorem1(verifier_name, schedule_name, greedy):
     assert np.all(np.abs(empirical - expected) <= tolerance), (empirical.round(4), expected.round(4))
 
     if verifier_name != "fly" or greedy:  # FLy at T > 0 is evaluated at one round's own draws
-        analytic = one_step_output(verifier, round_inputs(greedy, 1), torch.full((1, 1), eta_value))[0, 0].numpy()
+        single = round_inputs(greedy, 1)
+        analytic = one_step_output(verifier, single, torch.full((1, 1), eta_value))[0, 0].numpy()
         np.testing.assert_allclose(analytic, expected, atol=1e-5)
+        if greedy:  # the closed form the decoding loop uses at T = 0
+            _, _, alpha = verify_round(verifier, single, torch.full((1, 1), eta_value))
+            q = single.verified_target_probs()[0, 0].numpy()
+            assert abs(float(greedy_deviation(single, alpha)[0, 0]) - 0.5 * np.abs(expected - q).sum()) < 1e-6
 
 
 @pytest.mark.parametrize("greedy", [True, False])

@@ -105,7 +105,11 @@ def gather(values: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
 
 
 def lossless_acceptance(round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
-    """alpha(c) = min(1, q(c) / p(c)) -> [B, k, C]; where p(c) = 0, 1 if q(c) > 0 else 0 (never NaN)."""
+    """alpha(c) = min(1, q(c) / p(c)) -> [B, k, C]; where p(c) = 0, 1 if q(c) > 0 else 0 (never NaN).
+
+    Greedy (q, p one-hot): alpha(c) = 1[c = x*] whatever the draft, computed without one-hot tensors."""
+    if round_inputs.greedy:
+        return is_target_choice(round_inputs, candidates).to(torch.float32)
     q = gather(round_inputs.verified_target_probs(), candidates)
     p = gather(round_inputs.draft_probs, candidates)
     ratio = q / p.clamp_min(torch.finfo(p.dtype).tiny)
