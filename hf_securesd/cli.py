@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("hf_securesd.bench.cli_bench", "run the safety/utility benchmark study for a pair"),
     "report": ("hf_securesd.bench.cli_report", "tables and plots from a results directory"),
     "calibrate": ("hf_securesd.bench.cli_calibrate", "sweep Step(L) and recommend the smallest safe L"),
+    "agentdojo": ("hf_securesd.bench.agentdojo", "AgentDojo utility under attack (extra: hf-securesd[agentdojo])"),
     "judge-validate": ("hf_securesd.judges.validate", "agreement of a judge with human labels"),
 }
 
