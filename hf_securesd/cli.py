@@ -26,7 +26,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub = subparsers.add_parser(name, help=help_text, description=help_text)
         sub.set_defaults(_module=module_name)
         if name in sys.argv[1:2]:  # configure only the chosen subcommand (imports are lazy)
-            importlib.import_module(module_name).configure(sub)
+            try:
+                importlib.import_module(module_name).configure(sub)
+            except ImportError as error:  # an optional extra that is not installed
+                parser.exit(2, f"securesd {name}: {error}\n")
     return parser
 
 
