@@ -36,37 +36,39 @@ class NonFiniteLogitsError(FloatingPointError):
 
 
 class _ModelRunner:
-    """One model, its KV cache and the validity mask of the cache slots ([B, S] bool)."""
+    """One model, its KV cache and, once a slot is a hole, the validity mask of the slots ([B, S] bool).
+
+    While every slot is valid (always for a single row) no mask is kept: positions are a plain range
+    and attention gets no mask, exactly as in plain decoding."""
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache | None) -> None:
         self.model = model
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
+        self.num_slots = 0
         self.slot_mask: torch.Tensor | None = None
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
 
-    @property
-    def num_slots(self) -> int:
-        return 0 if self.slot_mask is None else self.slot_mask.shape[1]
-
-    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor, keep: int, who: str) -> torch.Tensor:
-        """Feed new slots. tokens, token_mask: [B, m] (mask False = a hole) -> float32 logits [B, keep, V]."""
+    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor | None, keep: int, who: str) -> torch.Tensor:
+        """Feed new slots. tokens: [B, m]; token_mask: [B, m] (False = a hole) or None (all valid)
+        -> float32 logits of the last `keep` slots [B, keep, V]."""
         device = self.model.device
-        token_mask = token_mask.to(device)
-        previous = self.slot_mask if self.slot_mask is not None else token_mask[:, :0]
-        positions = (previous.sum(-1, keepdim=True) + token_mask.long().cumsum(-1) - 1).clamp_min(0)
-        full_mask = torch.cat([previous, token_mask], dim=-1)
-        kwargs = {
-            self._cache_argument: self.cache,
-            "use_cache": True,
-            "position_ids": positions,
-            "attention_mask": None if bool(full_mask.all()) else full_mask.long(),
-        }
+        batch, width = tokens.shape
+        if self.slot_mask is None and token_mask is None:
+            positions = torch.arange(self.num_slots, self.num_slots + width, device=device).expand(batch, -1)
+            attention_mask = None
+        else:
+            previous = self.slot_mask if self.slot_mask is not None else torch.ones(batch, self.num_slots, dtype=torch.bool, device=device)
+            new = token_mask.to(device) if token_mask is not None else torch.ones(batch, width, dtype=torch.bool, device=device)
+            positions = (previous.sum(-1, keepdim=True) + new.long().cumsum(-1) - 1).clamp_min(0)
+            self.slot_mask = torch.cat([previous, new], dim=-1)
+            attention_mask = self.slot_mask.long()
+        kwargs = {self._cache_argument: self.cache, "use_cache": True, "position_ids": positions, "attention_mask": attention_mask}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
         logits = self.model(input_ids=tokens.to(device), **kwargs).logits[:, -keep:].to(torch.float32)
-        self.slot_mask = full_mask
+        self.num_slots += width
         if not torch.isfinite(logits).all():
             raise NonFiniteLogitsError(
                 f"the {who} model produced NaN or infinite logits; decoding stopped rather than emit a wrong "
@@ -78,21 +80,36 @@ class _ModelRunner:
     def keep_slots(self, start: int, kept: torch.Tensor) -> None:
         """Of the slots from `start` on, row b keeps its first kept[b]; the rest become holes.
         Slots that are holes in every row at the end are cropped from the cache."""
+        kept = kept.to(self.model.device)
+        if self.slot_mask is None and bool((kept == kept[0]).all()):
+            self._crop_to(start + int(kept[0]))
+            return
+        if self.slot_mask is None:
+            self.slot_mask = torch.ones(kept.shape[0], self.num_slots, dtype=torch.bool, device=kept.device)
         offsets = torch.arange(self.num_slots - start, device=self.slot_mask.device)
-        self.slot_mask[:, start:] &= offsets[None] < kept.to(self.slot_mask.device)[:, None]
+        self.slot_mask[:, start:] &= offsets[None] < kept[:, None]
         used = self.slot_mask.any(dim=0).nonzero()
-        length = int(used[-1]) + 1 if used.numel() else 0
+        self._crop_to(int(used[-1]) + 1 if used.numel() else 0)
+        if bool(self.slot_mask.all()):
+            self.slot_mask = None
+
+    def _crop_to(self, length: int) -> None:
         if length < self.num_slots:
             self.cache.crop(length - self.num_slots)
-            self.slot_mask = self.slot_mask[:, :length]
+            if self.slot_mask is not None:
+                self.slot_mask = self.slot_mask[:, :length]
+            self.num_slots = length
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows.to(self.model.device))
-        self.slot_mask = self.slot_mask[rows.to(self.slot_mask.device)]
+        if self.slot_mask is not None:
+            self.slot_mask = self.slot_mask[rows.to(self.slot_mask.device)]
+            if bool(self.slot_mask.all()):
+                self.slot_mask = None
 
     @property
     def has_holes(self) -> bool:
-        return self.slot_mask is not None and not bool(self.slot_mask.all())
+        return self.slot_mask is not None
 
 
 def _process(logits_processor: LogitsProcessorList, rows: list[torch.Tensor], drafts: torch.Tensor, raw: torch.Tensor, who: str) -> torch.Tensor:
@@ -186,7 +203,7 @@ def speculative_decode(
     verifier.check_draft_length(num_draft_tokens)
     device = input_ids.device
     batch, prompt_length = input_ids.shape
-    prompt_mask = (attention_mask if attention_mask is not None else torch.ones_like(input_ids)).bool()
+    prompt_holes = attention_mask.bool() if attention_mask is not None and not bool(attention_mask.all()) else None
     target_runner = _ModelRunner(target, target_cache)
     draft_runner = _ModelRunner(draft, None)
     rows = [input_ids[b] for b in range(batch)]  # committed tokens per row (prompt included)
@@ -205,12 +222,13 @@ def speculative_decode(
 
         # 1. Draft k tokens (first step feeds what the draft has not seen yet).
         if pending is None:
-            draft_input, draft_mask = input_ids[active], prompt_mask[active]
+            draft_input, draft_mask = input_ids[active], prompt_holes[active] if prompt_holes is not None else None
         elif bool((last_draft >= 0).any()):
             draft_input = torch.stack([last_draft.clamp_min(0), pending], dim=1)
             draft_mask = torch.stack([last_draft >= 0, torch.ones_like(pending, dtype=torch.bool)], dim=1)
+            draft_mask = None if bool(draft_mask.all()) else draft_mask
         else:
-            draft_input, draft_mask = pending[:, None], torch.ones_like(pending[:, None], dtype=torch.bool)
+            draft_input, draft_mask = pending[:, None], None
         committed = [rows[int(b)] for b in active]
         first_draft_slot = draft_runner.num_slots + draft_input.shape[1]
         drafted, draft_raw, draft_processed = [], [], []
@@ -222,17 +240,19 @@ def speculative_decode(
             drafted.append(token.to(device))
             draft_raw.append(raw[:, 0].to(device))
             draft_processed.append(processed.to(device))
-            draft_input, draft_mask = token[:, None], torch.ones_like(token[:, None], dtype=torch.bool)
+            draft_input, draft_mask = token[:, None], None
         drafts = torch.stack(drafted, dim=1) if k else input_ids.new_zeros(active.numel(), 0)
 
         # 2. Score every draft with one target forward.
         if pending is None:
             target_input = torch.cat([input_ids[active], drafts], dim=1)
-            target_mask = torch.cat([prompt_mask[active], torch.ones_like(drafts, dtype=torch.bool)], dim=1)
+            target_mask = None
+            if prompt_holes is not None:
+                target_mask = torch.cat([prompt_holes[active], torch.ones_like(drafts, dtype=torch.bool)], dim=1)
             first_kept_slot = target_runner.num_slots + prompt_length
         else:
             target_input = torch.cat([pending[:, None], drafts], dim=1)
-            target_mask = torch.ones_like(target_input, dtype=torch.bool)
+            target_mask = None
             first_kept_slot = target_runner.num_slots
         target_raw = target_runner.forward(target_input, target_mask, keep=k + 1, who="target").to(device)
         target_processed = _process(logits_processor, committed, drafts, target_raw, "target")
