@@ -28,21 +28,17 @@ PROMPTS = (
     "What does the `yield` keyword do in Python?",
     "Summarise the rules of chess in two sentences.",
 )
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16")
 
 
 def load(args):
     if args.pair == "tiny":
         draft, target = tiny_pair()
         return byte_tokenizer(), draft, target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from hf_securesd.models import load_pair
 
-    from hf_securesd.models import resolve_model
-
-    target_path, draft_path = resolve_model("qwen-1.5b", offline=True), resolve_model("qwen-0.5b", offline=True)
-    tokenizer = AutoTokenizer.from_pretrained(target_path, padding_side="left")
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=DTYPES[args.dtype]).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=DTYPES[args.dtype]).eval()
+    tokenizer, draft, target = load_pair(dtype=args.dtype, offline=True)
+    tokenizer.padding_side = "left"
     return tokenizer, draft, target
 
 
@@ -61,7 +57,7 @@ def generated_tokens(sequences: torch.Tensor, width: int, eos: int | None, pad: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=("tiny", "qwen"), default="tiny")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
     parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 4, 8, 16])
     parser.add_argument("--prompts", type=int, default=16)
     parser.add_argument("--max-new-tokens", type=int, default=32)

@@ -20,7 +20,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = ("fp32", "bf16")
 
 
 def forward_seconds(model, context: int, new_tokens: int, repeats: int) -> float:
@@ -46,18 +46,15 @@ def expected_speedup(acceptance: float, k: int, draft_cost: float, verify_cost: 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=("qwen",), default="qwen")
-    parser.add_argument("--dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--dtype", choices=DTYPES, default="bf16")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--context", type=int, default=120)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--ar", type=float, nargs="+", default=[0.5, 0.6, 0.7, 0.8, 0.9])
     args = parser.parse_args()
-    from transformers import AutoModelForCausalLM
+    from hf_securesd.models import load_pair
 
-    from hf_securesd.models import resolve_model
-
-    target = AutoModelForCausalLM.from_pretrained(resolve_model("qwen-1.5b", offline=True), dtype=DTYPES[args.dtype]).eval()
-    draft = AutoModelForCausalLM.from_pretrained(resolve_model("qwen-0.5b", offline=True), dtype=DTYPES[args.dtype]).eval()
+    _, draft, target = load_pair(dtype=args.dtype, offline=True)
     draft_token = forward_seconds(draft, args.context, 1, args.repeats)
     target_token = forward_seconds(target, args.context, 1, args.repeats)
     verify = forward_seconds(target, args.context, args.k + 1, args.repeats)

@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 import torch
 
 import hf_securesd
-from hf_securesd import mixing
 from hf_securesd.tiny import byte_tokenizer, tiny_pair
 
 PROMPTS = (
@@ -37,7 +36,7 @@ PROMPTS = (
     "Write a bash one-liner that counts lines in all .py files.",
     "List three uses of binary search.",
 )
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPES = ("fp32", "bf16", "fp16")
 
 
 @dataclass
@@ -96,16 +95,9 @@ def load(args):
         tokenizer = byte_tokenizer()
         draft, target = tiny_pair()
         return tokenizer, draft, target
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from hf_securesd.models import load_pair
 
-    from hf_securesd.models import resolve_model
-
-    target_path = resolve_model("qwen-1.5b", offline=True)
-    draft_path = resolve_model("qwen-0.5b", offline=True)
-    tokenizer = AutoTokenizer.from_pretrained(target_path)
-    target = AutoModelForCausalLM.from_pretrained(target_path, dtype=DTYPES[args.target_dtype]).to(args.device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=DTYPES[args.draft_dtype]).to(args.device).eval()
-    return tokenizer, draft, target
+    return load_pair(dtype=args.draft_dtype, target_dtype=args.target_dtype, device=args.device, offline=True)
 
 
 def run(method: str, target, draft, inputs, max_new_tokens: int, clock: ForwardClock, target_clock: ForwardClock, **extra):
@@ -130,8 +122,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=("tiny", "qwen"), default="tiny")
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--target-dtype", choices=tuple(DTYPES), default="fp32")
-    parser.add_argument("--draft-dtype", choices=tuple(DTYPES), default="bf16")
+    parser.add_argument("--target-dtype", choices=DTYPES, default="fp32")
+    parser.add_argument("--draft-dtype", choices=DTYPES, default="bf16")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--prompts", type=int, default=len(PROMPTS))
     parser.add_argument("--repeats", type=int, default=3, help="runs per prompt and method (median taken)")
