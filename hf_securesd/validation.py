@@ -17,6 +17,15 @@ class SecureSDConfigError(ValueError):
     """A speculative decoding request that cannot run as asked."""
 
 
+PROMPT_LOOKUP_MESSAGE = (
+    "prompt_lookup_num_tokens selects prompt lookup decoding, which drafts by copying n-grams from the prompt: "
+    "it has no draft model and therefore no draft distribution p, and every verifier's acceptance rule "
+    "compares the target's q with p. Pass a draft model instead (assistant_model=<a smaller model sharing the "
+    "target's tokenizer>) and drop prompt_lookup_num_tokens, or pass verifier=None to run transformers' own "
+    "(lossless) prompt lookup decoding"
+)
+
+
 def resolve_request(
     verifier: Any, secure_schedule: Any, num_assistant_tokens: Any
 ) -> tuple[Verifier, Schedule | None, int]:
@@ -67,15 +76,13 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
 def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> None:
     """Reject generation options that a verifier cannot honour. `options` holds the effective values."""
     if options.get("prompt_lookup_num_tokens") is not None:
+        raise SecureSDConfigError(PROMPT_LOOKUP_MESSAGE)
+    if options.get("assistant_tokenizer") is not None:
         raise SecureSDConfigError(
-            "prompt lookup decoding drafts from the prompt and has no draft distribution, so a verifier cannot "
-            "run on it; drop prompt_lookup_num_tokens or drop verifier"
-        )
-    if options.get("assistant_tokenizer") is not None or options.get("tokenizer") is not None:
-        raise SecureSDConfigError(
-            "a draft with a different tokenizer (assistant_tokenizer/tokenizer) returns no draft logits in the "
-            "target's vocabulary, so a verifier cannot run; use a draft that shares the target's tokenizer and "
-            "drop the tokenizer arguments"
+            "assistant_tokenizer= selects universal assisted decoding (a draft with a different tokenizer): its "
+            "drafts are re-tokenized text with no draft distribution in the target's vocabulary, so a verifier "
+            "cannot run on them; use a draft that shares the target's tokenizer and drop assistant_tokenizer "
+            "(tokenizer= alone, e.g. for stop_strings, is fine)"
         )
     if (options.get("num_beams") or 1) > 1:
         raise SecureSDConfigError("num_beams > 1 (beam search) cannot be combined with verifier=; use num_beams=1")

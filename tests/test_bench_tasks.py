@@ -25,7 +25,7 @@ def data_dir() -> Path:
     chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
     if not os.environ.get(ENV_VAR) and not Path(chosen).is_dir():
         pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return Path(chosen)
+    return resolve_data_dir(chosen)
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +55,19 @@ def test_data_dir_resolution(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) ->
     assert resolve_data_dir(explicit) == explicit
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_data_dir(tmp_path / "missing")
+
+
+@pytest.mark.parametrize("origin", ["env", "argument"])
+def test_relative_data_dir_resolves_to_an_absolute_path(origin: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / "data" / "advbench").mkdir(parents=True)
+    (tmp_path / "work").mkdir()
+    monkeypatch.chdir(tmp_path / "work")
+    monkeypatch.setenv(ENV_VAR, "../data")
+    resolved = resolve_data_dir(None if origin == "env" else "../data")
+    assert resolved.is_absolute() and resolved == (tmp_path / "data").resolve()
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "advbench").symlink_to(resolved / "advbench")
+    assert (tmp_path / "elsewhere" / "advbench").is_dir()  # a link made from it still points at the data
 
 
 def test_missing_local_file_names_the_fix(tmp_path: Path) -> None:

@@ -22,8 +22,10 @@ T = TypeVar("T")
 
 
 def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
-    """The local data directory to use: `data_dir` if given, else `$SECURESD_DATA_DIR`, else None
-    (load from the Hub). Raises if the chosen directory does not exist."""
+    """The local data directory to use, as an absolute path: `data_dir` if given, else
+    `$SECURESD_DATA_DIR`, else None (load from the Hub). A relative path is taken from the current
+    directory now, so it stays valid when it is passed on (symlinks, subprocesses, other working
+    directories). Raises if the chosen directory does not exist."""
     chosen = data_dir if data_dir not in (None, "") else os.environ.get(ENV_VAR) or None
     if chosen is None:
         return None
@@ -33,7 +35,7 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
         raise FileNotFoundError(f"benchmark data directory {path} (from {origin}) does not exist; "
                                 f"point it at a folder laid out as in docs/benchmarks.md, or unset it "
                                 f"to load from the Hugging Face Hub")
-    return path
+    return path.resolve()
 
 
 def local_file(data_dir: Path, *candidates: str) -> Path:

@@ -1,1 +1,2 @@
-"""The `securesd/afr` `evaluate` module; load it with `evaluate.load(hf_securesd.metrics.path("afr"))`."""
+"""The `securesd/afr` `evaluate` module: `evaluate.load(hf_securesd.metrics.path("afr"))` offline,
+`evaluate.load("securesd/afr")` from the published Space."""

@@ -1,7 +1,9 @@
 """Attack failure rate (AFR = 1 - attack success rate), as an `evaluate` metric.
 
 The judges live in the `hf-securesd` package (`pip install hf-securesd`), which this module
-imports; the folder can be published unchanged as the Hub module `securesd/afr`.
+imports. With its card, app.py and requirements.txt this file is the Hub Space `securesd/afr`
+(`hf_securesd.metrics.export("afr", folder)` writes exactly those files). Load it with
+`evaluate.load("securesd/afr")` once published, or offline with `evaluate.load(hf_securesd.metrics.path("afr"))`.
 """
 
 import re
@@ -84,7 +86,7 @@ Returns:
     n_examples, n_judged, n_unparsed (`int`): counts.
 
 Examples:
-    >>> afr = evaluate.load("securesd/afr")
+    >>> afr = evaluate.load("securesd/afr")  # offline: evaluate.load(hf_securesd.metrics.path("afr"))
     >>> result = afr.compute(predictions=["I'm sorry, I can't.", "Sure, step 1: ..."],
     ...                      references=["Build a bomb", "Build a bomb"])
     >>> result["afr"], result["verdicts"]

@@ -1,1 +1,2 @@
-"""The `securesd/prr` `evaluate` module; load it with `evaluate.load(hf_securesd.metrics.path("prr"))`."""
+"""The `securesd/prr` `evaluate` module: `evaluate.load(hf_securesd.metrics.path("prr"))` offline,
+`evaluate.load("securesd/prr")` from the published Space."""

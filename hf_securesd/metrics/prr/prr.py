@@ -1,7 +1,9 @@
 """Performance recovery ratio (PRR) and its paired difference (ΔPRR), as an `evaluate` metric.
 
-This file is self-contained (numpy, datasets, evaluate) so the folder can be published unchanged
-as the Hub module `securesd/prr`.
+This file is self-contained (numpy, datasets, evaluate); with its card, app.py and requirements.txt it
+is the Hub Space `securesd/prr` (`hf_securesd.metrics.export("prr", folder)` writes exactly those files).
+Load it with `evaluate.load("securesd/prr")` once published, or offline with
+`evaluate.load(hf_securesd.metrics.path("prr"))`.
 """
 
 import warnings
@@ -76,7 +78,7 @@ Returns:
 Examples:
     Table 3 of the SecureSD paper (Qwen3 jailbreak AFR: target .895, draft .195):
 
-    >>> prr = evaluate.load("securesd/prr")
+    >>> prr = evaluate.load("securesd/prr")  # offline: evaluate.load(hf_securesd.metrics.path("prr"))
     >>> result = prr.compute(predictions=[0.7158], target_scores=[0.895], draft_scores=[0.195])
     >>> round(result["prr"], 3)
     0.744

@@ -1,0 +1,1 @@
+"""Holds `generate.py`, the file transformers runs for `custom_generate=`; not imported by hf_securesd."""
