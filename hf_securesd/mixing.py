@@ -67,12 +67,18 @@ def bonus_distribution(round_inputs: RoundInputs) -> torch.Tensor:
 def one_step_output(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> torch.Tensor:
     """Theorem 1: out(y) = alpha(y) p(y) + (1 - sum_v alpha(v) p(v)) R(y), at each drafted position.
 
-    eta: [B, k] -> [B, k, V]. Randomised verifiers (FLy at T > 0) are evaluated at this round's draws.
+    eta: [B, k] -> [B, k, V]. A verifier's own random draws (FLy's samples of q at T > 0) are averaged
+    out (`Verifier.expected_acceptance`), so this is the output distribution given the drafted block.
     """
     p = round_inputs.draft_probs
     batch, k, vocab = p.shape
     everything = torch.arange(vocab, device=p.device).expand(batch, k, vocab)
-    alpha = mixed_acceptance(verifier, round_inputs, eta, everything)
+    alpha = _mix(
+        eta[..., None],
+        verifier,
+        lambda: lossless_acceptance(round_inputs, everything),
+        lambda: verifier.expected_acceptance(round_inputs, everything),
+    )
     recovery = mixed_recovery(verifier, round_inputs, eta)
     kept = alpha * p
     return kept + (1.0 - kept.sum(dim=-1, keepdim=True)).clamp_min(0.0) * recovery

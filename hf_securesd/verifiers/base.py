@@ -152,6 +152,11 @@ class Verifier(ABC):
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         """alpha for `candidates` [B, k, C] -> float [B, k, C] in [0, 1]."""
 
+    def expected_acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        """alpha averaged over the verifier's own random draws, [B, k, C] (Theorem 1 reads this).
+        Deterministic rules: `acceptance` itself."""
+        return self.acceptance(round_inputs, candidates)
+
     def sampled_recovery(self, round_inputs: RoundInputs) -> torch.Tensor:
         """Recovery distribution at temperature > 0: [B, k, V]. Default: the lossless residual."""
         return lossless_recovery(round_inputs)

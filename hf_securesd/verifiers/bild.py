@@ -11,9 +11,14 @@ from .base import RoundInputs, Verifier, gather, is_number, is_target_choice, lo
 
 @dataclass(frozen=True)
 class BiLD(Verifier):
-    """Rollback threshold `tau_rb` (nats, 0 = lossless): accept x iff x = x* or -log q~(x) < tau_rb;
-    otherwise the lossless rule (T > 0) or rejection (T = 0). Optional fallback `tau_fb` in [0, 1]:
-    where the draft's confidence max p~ < tau_fb the target decides (alpha = 0, R = q).
+    """Rollback threshold `tau_rb` (nats, 0 = lossless): accept x iff -log q~(x) < tau_rb, otherwise
+    the lossless rule (T = 0: accept iff x = x*; T > 0: alpha = min(1, q/p), residual recovery).
+    Optional fallback `tau_fb` in [0, 1]: where the draft's confidence max p~ < tau_fb the target
+    decides (alpha = 0, R = q).
+
+    At T > 0 the target's argmax is not accepted unconditionally (it is at T = 0, where that is the
+    lossless rule): accepting it with probability 1 would make every tau_rb > 0, however small,
+    lossy, so the knob's lossless end would not be its limit.
 
     Example:
 
@@ -36,6 +41,12 @@ class BiLD(Verifier):
             f"BiLD tau_fb must be a probability in [0, 1] (0 = fallback off), got {self.tau_fb!r}",
         )
 
+    @property
+    def is_lossless(self) -> bool:
+        """Only with the fallback off: a fallback changes which drafts are accepted (not the output
+        distribution at T = 0, but the acceptance rate and everything built on it)."""
+        return self.tau_rb == 0 and self.tau_fb == 0
+
     def _falls_back(self, round_inputs: RoundInputs) -> torch.Tensor:
         """[B, k, 1] True where the draft is not confident enough and the target decides."""
         return round_inputs.draft_raw_probs.amax(dim=-1, keepdim=True) < self.tau_fb
@@ -43,9 +54,10 @@ class BiLD(Verifier):
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         raw = round_inputs.target_raw_probs[:, : round_inputs.num_draft_tokens]
         nll = -gather(raw, candidates).clamp_min(torch.finfo(raw.dtype).tiny).log()
-        accepted = is_target_choice(round_inputs, candidates) | (nll < self.tau_rb)
-        otherwise = torch.zeros_like(nll) if round_inputs.greedy else lossless_acceptance(round_inputs, candidates)
-        alpha = torch.where(accepted, torch.ones_like(nll), otherwise)
+        if round_inputs.greedy:
+            alpha = (is_target_choice(round_inputs, candidates) | (nll < self.tau_rb)).to(nll.dtype)
+        else:
+            alpha = torch.where(nll < self.tau_rb, torch.ones_like(nll), lossless_acceptance(round_inputs, candidates))
         return alpha.masked_fill(self._falls_back(round_inputs), 0.0)
 
     def recovery(self, round_inputs: RoundInputs) -> torch.Tensor:

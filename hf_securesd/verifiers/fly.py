@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, require
+from .base import RoundInputs, Verifier, gather, lossless_acceptance, require
 
 
 def top3_entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -18,11 +18,17 @@ def top3_entropy(probs: torch.Tensor) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class FLy(Verifier):
-    """Entropy threshold `tau` (inf = lossless at T = 0) and lookahead window `window` (W, 1 <= W <= k-1).
+    """Entropy threshold `tau` (inf = lossless) and lookahead window `window` (W, 1 <= W <= k-1).
 
-    A drafted token "matches" when it equals either of two independent samples from q (at T = 0:
-    x*). A mismatch at 1-based position i is accepted iff H_3(q~_i) >= tau, the next W-1 drafted
-    tokens all match, and i <= k - W. On rejection the token is the first of the two samples.
+    A mismatch at 1-based position i is forgiven (accepted) iff H_3(q~_i) >= tau, the next W-1
+    drafted tokens all "match" the target, and i <= k - W. A drafted token matches when it equals
+    either of two independent samples from q (at T = 0: x*). Where nothing is forgiven the lossless
+    rule decides (T = 0: accept iff x = x*, recover x*; T > 0: alpha = min(1, q/p), residual recovery).
+
+    The lossless end is the limit of the knob: as tau grows the gate fires less often, and once it
+    never fires FLy is exactly lossless, at T = 0 and T > 0 alike. (Judging a position that is not
+    forgiven by the two-sample match itself, as a literal reading of the method does at T > 0, is
+    lossy even when the gate never fires: first-token TV 0.05 at tau = 1e9 in our tests.)
 
     Example:
 
@@ -50,9 +56,14 @@ class FLy(Verifier):
 
     def check_draft_length(self, num_draft_tokens: int) -> None:
         require(
+            num_draft_tokens >= 2,
+            f"FLy needs at least 2 drafted tokens per round (its window W >= 1 must satisfy W <= k-1), but k "
+            f"(num_assistant_tokens) = {num_draft_tokens}; draft more tokens, e.g. num_assistant_tokens=5",
+        )
+        require(
             self.window <= num_draft_tokens - 1,
             f"FLy window W={self.window} needs W <= k-1 but k (num_assistant_tokens) = {num_draft_tokens}; "
-            f"use FLy(window={max(1, num_draft_tokens - 1)}) or draft more tokens",
+            f"use FLy(window={num_draft_tokens - 1}) or draft more tokens",
         )
 
     def _samples(self, round_inputs: RoundInputs) -> torch.Tensor:
@@ -66,25 +77,35 @@ class FLy(Verifier):
 
         return round_inputs.memo("fly_samples", draw)
 
-    def _lenient(self, round_inputs: RoundInputs) -> torch.Tensor:
-        """bool [B, k]: positions where a mismatch is forgiven."""
+    def _forgiven(self, round_inputs: RoundInputs, matches: torch.Tensor) -> torch.Tensor:
+        """Probability that a mismatch is forgiven, given how likely each drafted token is to match.
+
+        matches: [B, k] float in [0, 1] (0/1 for this round's own draws) -> [B, k] float."""
         k = round_inputs.num_draft_tokens
-        samples = self._samples(round_inputs)
-        drafted = round_inputs.draft_tokens
-        matches = (drafted == samples[0]) | (drafted == samples[1])
-        uncertain = top3_entropy(round_inputs.target_raw_probs[:, :k]) >= self.tau
-        lenient = torch.zeros_like(matches)
+        uncertain = (top3_entropy(round_inputs.target_raw_probs[:, :k]) >= self.tau).to(matches.dtype)
         limit = round_inputs.row_draft_lengths() - self.window  # 1-based i <= k - W, per row
+        forgiven = torch.zeros_like(matches)
         for i in range(k - self.window):  # 0-based i
-            lookahead = matches[:, i + 1 : i + self.window].all(dim=-1)
-            lenient[:, i] = uncertain[:, i] & lookahead & (i + 1 <= limit)
-        return lenient
+            lookahead = matches[:, i + 1 : i + self.window].prod(dim=-1)
+            forgiven[:, i] = uncertain[:, i] * lookahead * (i + 1 <= limit).to(matches.dtype)
+        return forgiven
+
+    def _with_forgiveness(self, round_inputs: RoundInputs, candidates: torch.Tensor, forgiven: torch.Tensor) -> torch.Tensor:
+        """alpha = 1 where forgiven, else the lossless rule: [B, k, C]."""
+        lossless = lossless_acceptance(round_inputs, candidates)
+        return forgiven[..., None] + (1.0 - forgiven[..., None]) * lossless
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
-        samples = self._samples(round_inputs)[..., None]
-        match = (candidates == samples[0]) | (candidates == samples[1])
-        return (match | self._lenient(round_inputs)[..., None]).to(torch.float32)
+        samples = self._samples(round_inputs)
+        drafted = round_inputs.draft_tokens
+        matches = ((drafted == samples[0]) | (drafted == samples[1])).to(torch.float32)
+        return self._with_forgiveness(round_inputs, candidates, self._forgiven(round_inputs, matches))
 
-    def sampled_recovery(self, round_inputs: RoundInputs) -> torch.Tensor:
-        first = self._samples(round_inputs)[0]
-        return torch.nn.functional.one_hot(first, round_inputs.target_logits.shape[-1]).to(torch.float32)
+    def expected_acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        """alpha averaged over FLy's own two samples: a drafted token x matches with probability
+        1 - (1 - q(x))^2 (at T = 0 the samples are x*, so this equals `acceptance`)."""
+        if round_inputs.greedy:
+            return self.acceptance(round_inputs, candidates)
+        q_drafted = gather(round_inputs.verified_target_probs(), round_inputs.draft_tokens[..., None])[..., 0]
+        matches = 1.0 - (1.0 - q_drafted) ** 2
+        return self._with_forgiveness(round_inputs, candidates, self._forgiven(round_inputs, matches))
