@@ -5,21 +5,23 @@ real solutions pass. Runs against the local benchmark data ($SECURESD_DATA_DIR, 
 from __future__ import annotations
 
 import os
+import sys
 import socket
+import subprocess
 import tempfile
 import textwrap
 from pathlib import Path
 
 import pytest
 
-from hf_securesd.bench.sandbox import Sandbox, SandboxLimits, bwrap_usable, descendants
+from hf_securesd.bench.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError, descendants
+from hf_securesd.bench.sandbox_bwrap import bwrap_problem
 from hf_securesd.bench.tasks import Example, ScoreOptions, get_task
-from hf_securesd.bench.tasks.humaneval import build_program, extract_code
+from hf_securesd.bench.tasks.humaneval import build_solution, extract_code
 
 FALLBACK_DATA_DIR = "/work/shared/data"
 LIMITS = SandboxLimits(timeout_s=4, cpu_s=4, memory_bytes=1024**3, max_processes=16)
-needs_bwrap = pytest.mark.skipif(not bwrap_usable(), reason="bubblewrap is not usable here "
-                                 "(apt-get install -y bubblewrap): filesystem/network isolation untestable")
+needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,7 @@ def test_sandbox_direct_use(sandbox: Sandbox) -> None:
     assert sandbox.run("assert sum(range(4)) == 6").passed
     failed = sandbox.run("raise SystemExit(3)")
     assert (failed.passed, failed.status, failed.returncode) == (False, "failed", 3)
-    assert sandbox.run("import sys\nsys.exit(0)").status == "failed"  # exits before the end marker
+    assert sandbox.run("import sys\nsys.exit(0)").status == "failed"  # exits before its end
     main_block = sandbox.run("if __name__ == '__main__':\n    input()\nprint('ok')")
     assert main_block.passed and main_block.output == "ok"
 
@@ -161,21 +163,25 @@ def test_file_size_limit() -> None:
     assert not result.passed
 
 
-def test_without_bwrap_it_warns_loudly_or_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_bwrap_it_refuses_unless_unsafe_is_asked_for(monkeypatch: pytest.MonkeyPatch) -> None:
     from hf_securesd.bench import sandbox as module
 
-    monkeypatch.setattr(module, "bwrap_usable", lambda python=None: False)
-    with pytest.warns(RuntimeWarning, match="without filesystem or network isolation"):
-        fallback = Sandbox(LIMITS)
-    assert fallback.isolation == "rlimits"
-    assert fallback.run("print(6 * 7)").output == "42"
-    with pytest.raises(RuntimeError, match="apt-get install -y bubblewrap"):
-        Sandbox(LIMITS, isolation="bwrap")
+    monkeypatch.setattr(module, "bwrap_problem", lambda python=None: "bubblewrap (`bwrap`) is not installed: "
+                        "install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`)")
+    for isolation in ("auto", "bwrap"):
+        with pytest.raises(SandboxUnavailableError, match="apt-get install -y bubblewrap.*unsafe-none"):
+            Sandbox(LIMITS, isolation=isolation)
+    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+        unsafe = Sandbox(LIMITS, isolation="unsafe-none")
+    assert unsafe.isolation == "unsafe-none"
+    assert unsafe.run("print(6 * 7)").output == "42"
 
 
 def test_bad_isolation_name() -> None:
     with pytest.raises(ValueError, match="isolation"):
         Sandbox(LIMITS, isolation="docker")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unsafe-none"):
+        Sandbox(LIMITS, isolation="rlimits")  # type: ignore[arg-type]
 
 
 def test_extract_code_variants() -> None:
@@ -188,9 +194,37 @@ def test_extract_code_variants() -> None:
     assert extract_code("    return 1\n", "f") == "    return 1\n"
 
 
-def test_build_program_replaces_the_stub() -> None:
+def test_build_solution_replaces_the_stub() -> None:
     example = Example("t/0", {"prompt": "import math\n\ndef f(x):\n    \"\"\"doc\"\"\"\n", "entry_point": "f",
                               "test": "def check(c):\n    assert c(2) == 4\n", "canonical_solution": ""})
-    program = build_program(example, "```python\ndef f(x):\n    return x * 2\n```")
-    assert program.startswith("import math") and program.rstrip().endswith("check(f)")
-    assert Sandbox(LIMITS).run(program).passed
+    solution = build_solution(example, "```python\ndef f(x):\n    return x * 2\n```")
+    assert solution.startswith("import math") and solution.rstrip().endswith("return x * 2")
+    assert Sandbox(LIMITS).check(solution, example.fields["test"], "f", example.fields["prompt"]).passed
+
+
+@needs_bwrap
+def test_interpreter_in_a_virtual_environment_under_tmp_is_isolated(tmp_path: Path) -> None:
+    assert str(tmp_path).startswith(tempfile.gettempdir())
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    assert bwrap_problem(python) is None
+    sandbox = Sandbox(LIMITS, isolation="bwrap", python=python)
+    result = sandbox.run("import os, sys\nprint(sys.executable, len([p for p in os.listdir('/proc') if p.isdigit()]))")
+    assert result.passed, result.output
+    executable, visible = result.output.split()
+    assert executable == python and int(visible) <= 3  # its own PID namespace
+
+
+def test_a_failing_sandbox_names_the_real_cause(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hf_securesd.bench import sandbox_bwrap
+
+    if sandbox_bwrap.bwrap_binary() is not None:
+        # bwrap works but the interpreter's folders are not mounted: the message must say so
+        monkeypatch.setattr(sandbox_bwrap, "interpreter_paths", lambda python: ())
+        message = sandbox_bwrap.bwrap_problem.__wrapped__("/opt/nowhere/python3")
+        assert message is not None and "interpreter /opt/nowhere/python3 failed inside the sandbox" in message
+        assert "namespaces" not in message
+    monkeypatch.setattr(sandbox_bwrap, "bwrap_binary", lambda: None)
+    message = sandbox_bwrap.bwrap_problem.__wrapped__(sys.executable)
+    assert "not installed" in message and "apt-get install -y bubblewrap" in message

@@ -5,6 +5,7 @@ it was generating, and a rerun into the same directory redoes nothing that is re
 ```
 RESULTS/
   study.json          settings that every record depends on (models, dtype, device, k, seed, judge)
+  .lock               held (fcntl.flock) by the one run writing here; holds its pid
   generations.jsonl   one line per generated example: cell, example id, response, seconds, stats
   runs.jsonl          one line per finished cell (configuration x task): scores, AR, SPD, PRR
   report/             written by `securesd report`
@@ -13,8 +14,10 @@ RESULTS/
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any, Iterable
@@ -24,6 +27,7 @@ from hf_securesd.stats import SpeculativeStats
 MANIFEST = "study.json"
 GENERATIONS = "generations.jsonl"
 RUNS = "runs.jsonl"
+LOCK = ".lock"
 # manifest keys that must agree between runs written into the same directory
 BINDING_KEYS = (
     "target",
@@ -76,11 +80,67 @@ def stats_from_dict(values: dict[str, Any]) -> SpeculativeStats:
     return SpeculativeStats(**{field.name: values[field.name] for field in fields(SpeculativeStats)})
 
 
+class ResultsDirInUseError(RuntimeError):
+    """Another run holds the results directory."""
+
+
+def write_json_atomic(path: Path, value: Any) -> None:
+    """Write `value` as JSON through a temporary file of this writer's own, then rename it into
+    place: readers see the old or the new file, never a mix, whoever else writes."""
+    handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
+                                         delete=False, encoding="utf-8")
+    try:
+        with handle:
+            handle.write(json.dumps(value, indent=2) + "\n")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(handle.name, 0o644)
+        os.replace(handle.name, path)
+    finally:
+        Path(handle.name).unlink(missing_ok=True)
+
+
 class ResultsDir:
-    """A study's results directory (created on first use)."""
+    """A study's results directory (created on first use). A run `lock()`s it (`open` does) for
+    as long as it writes: a second run into the same directory fails at once, naming the pid that
+    holds it. The lock is released by `close()` or when the process ends, however it ends."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path).expanduser()
+        self._lock_fd: int | None = None
+
+    def lock(self) -> None:
+        """Take the directory's exclusive lock (no-op when this object holds it already)."""
+        if self._lock_fd is not None:
+            return
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise ResultsDirInUseError(
+                f"{self.path} is in use by another run (pid {holder}); wait for it to finish or "
+                f"use another --out directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._lock_fd = fd
+
+    def close(self) -> None:
+        """Release the lock."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    def __enter__(self) -> ResultsDir:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     @property
     def manifest_path(self) -> Path:
@@ -96,9 +156,10 @@ class ResultsDir:
         return json.loads(self.manifest_path.read_text(encoding="utf-8"))
 
     def open(self, manifest: dict[str, Any], session: dict[str, Any]) -> None:
-        """Create the directory, or check that an existing one was written with the same settings;
-        then record this session (id, host, start time) in the manifest."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Lock the directory (see the class docstring), create it or check that an existing one
+        was written with the same settings, then record this session (id, host, start time) in
+        the manifest."""
+        self.lock()
         if self.manifest_path.is_file():
             existing = self.read_manifest()
             clashes = [key for key in BINDING_KEYS if existing.get(key) != manifest.get(key)]
@@ -114,9 +175,7 @@ class ResultsDir:
             manifest["sessions"] = [*existing.get("sessions", []), session]
         else:
             manifest = {**manifest, "sessions": [session]}
-        tmp = self.manifest_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-        tmp.replace(self.manifest_path)
+        write_json_atomic(self.manifest_path, manifest)
 
     def generations(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Journaled generations: cell key -> example id -> record."""

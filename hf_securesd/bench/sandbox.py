@@ -2,26 +2,39 @@
 
 Layers, outermost first:
 
-1. **bubblewrap** (`bwrap`), when installed and usable: the whole filesystem is mounted read-only,
-   `/tmp` is a fresh tmpfs, the only writable directory is a per-run working directory, and every
-   namespace is unshared (no network, own PID space, so killing the sandbox kills everything it
-   started). Without `bwrap` the sandbox falls back to the layers below and warns loudly: the code
-   can then read and write whatever the current user can, and reach the network.
-2. **resource limits** set before the interpreter starts: CPU seconds, address space, number of
-   processes, size of any written file, no core files.
-3. **a watchdog** in the parent: a wall-clock timeout, and a cap on the size of the process tree
-   (the kernel ignores `RLIMIT_NPROC` for root, so a fork bomb is also counted and killed here).
+1. **bubblewrap** (`sandbox_bwrap`): new user, PID, network, IPC, UTS and cgroup namespaces, a
+   cleared environment, uid/gid ``nobody`` without capabilities, only ``/usr`` and the interpreter
+   mounted (read-only), a size-limited tmpfs as the only writable place. When the program's main
+   process ends (normally, by error or killed), the kernel kills everything it left running.
+   **Required by default**: without a usable bubblewrap the sandbox refuses to run and says why
+   and how to install it. Running untrusted code with resource limits only is an explicit opt-in,
+   ``isolation="unsafe-none"`` (CLI ``--unsafe-no-isolation``), and warns loudly.
+2. **a control group per run** (`sandbox_limits`, when the hierarchy is writable, as for root):
+   memory and tasks (processes + threads) bounded over the whole run; every member is killed
+   when the run ends.
+3. **resource limits** per process: CPU seconds, address space, size of each written file, no
+   core files (and a process count, which the kernel enforces for non-root users).
+4. **a watchdog** in the harness: wall-clock timeout; the size of the process tree (for hosts
+   without control groups); the process group and all descendants are killed after every run.
 
-Every run gets its own temporary working directory, removed afterwards. A run passes only when
-the process exits with status 0 *and* prints a per-run random marker after the test code, so a
-completion that calls `sys.exit(0)` or `os._exit(0)` early does not pass. Programs run under the
-module name `__sandbox__`, so a completion's `if __name__ == "__main__":` block (often a demo that
-reads input) is skipped.
+The harness's death also ends the run: the child asks the kernel for SIGKILL when its parent
+dies (``PR_SET_PDEATHSIG``), and bubblewrap's ``--die-with-parent`` passes it on. Scratch folders
+(``securesd-sandbox-<pid>-*``) and control groups left by a harness that was killed are removed
+by the next `Sandbox`.
+
+Verdicts (`Sandbox.check`): the solution runs in its own interpreter, and a separate, trusted
+checker process runs the tests, calling the solution through a pipe with plain data only. Only
+the checker holds the file descriptor on which ``passed`` is reported (see `sandbox_runner`), so a
+solution cannot forge a pass by printing a marker, exiting early with status 0, or returning an
+object that equals everything. `Sandbox.run` executes a whole program in one process and reports
+whether it ran to its end; that report can be forged by the program itself, so it is for trusted
+code and tests of the sandbox, not for scoring.
 
 Example:
 
-    >>> sandbox = Sandbox(SandboxLimits(timeout_s=5))
-    >>> sandbox.run("assert 1 + 1 == 2").passed
+    >>> sandbox = Sandbox(SandboxLimits(timeout_s=5))                                 # doctest: +SKIP
+    >>> sandbox.check("def add(a, b):\\n    return a + b\\n",
+    ...               "def check(f):\\n    assert f(2, 3) == 5\\n", "add").passed    # doctest: +SKIP
     True
 """
 
@@ -30,7 +43,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import subprocess
@@ -46,27 +58,38 @@ from typing import Literal, Sequence
 
 from tqdm.auto import tqdm
 
+from hf_securesd.bench import sandbox_runner
+from hf_securesd.bench.sandbox_bwrap import INSIDE_INPUTS, INSTALL_HINT, bwrap_command, bwrap_problem
+from hf_securesd.bench.sandbox_limits import RUN_PREFIX, RunCgroup, SandboxLimits, rlimits, sweep_stale
+
 logger = logging.getLogger(__name__)
 
-Isolation = Literal["auto", "bwrap", "rlimits"]
-
-BWRAP_ARGS = ("--ro-bind", "/", "/", "--dev", "/dev", "--proc", "/proc", "--tmpfs", "/tmp",
-              "--unshare-all", "--die-with-parent")
-SANDBOX_WORKDIR = "/tmp/work"
+Isolation = Literal["auto", "bwrap", "unsafe-none"]
+ISOLATIONS = ("auto", "bwrap", "unsafe-none")
 OUTPUT_TAIL_CHARS = 2000
 POLL_INTERVAL_S = 0.05
+# processes the sandbox itself adds to a run: launcher/bwrap, bwrap's PID 1, the checker
+SANDBOX_OVERHEAD_TASKS = 4
 
-FALLBACK_WARNING = (
-    "bubblewrap (`bwrap`) is not available or not usable here: generated code will run with "
-    "resource limits and a timeout ONLY, without filesystem or network isolation. It can read and "
-    "write anything the current user can and open network connections. Install it "
-    "(Debian/Ubuntu: `apt-get install -y bubblewrap`) before executing untrusted model output."
+UNSAFE_WARNING = (
+    "isolation='unsafe-none': generated code runs WITHOUT isolation, with resource limits and a "
+    "timeout only. It can read and write anything this user can (keys in the environment of other "
+    "processes, the home folder, the working tree) and open network connections. Only use this for "
+    "code you trust. To isolate it: " + INSTALL_HINT + "."
 )
 
-# Runs in the child before the real command: apply the limits, then exec the command.
+# Runs in the child before the sandbox: die with the harness, join the run's control group,
+# apply the per-process limits, then exec the sandbox.
 _LAUNCHER = (
-    "import json, os, resource, sys\n"
-    "for name, value in json.loads(sys.argv[1]).items():\n"
+    "import ctypes, json, os, resource, sys\n"
+    "settings = json.loads(sys.argv[1])\n"
+    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "if os.getppid() != settings['parent']:\n"
+    "    os._exit(70)\n"
+    "for procs in settings['cgroups']:\n"
+    "    with open(procs, 'w') as handle:\n"
+    "        handle.write(str(os.getpid()))\n"
+    "for name, value in settings['rlimits'].items():\n"
     "    which = getattr(resource, name)\n"
     "    hard = resource.getrlimit(which)[1]\n"
     "    if hard != resource.RLIM_INFINITY:\n"
@@ -75,54 +98,22 @@ _LAUNCHER = (
     "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
 
-_RUN_AS_SANDBOX = "import runpy, sys; runpy.run_path(sys.argv[1], run_name='__sandbox__')"
 
-
-@dataclass(frozen=True)
-class SandboxLimits:
-    """Per-run limits. `max_processes` counts processes started by the run (the interpreter and
-    everything it forks), enforced both as `RLIMIT_NPROC` headroom and by the parent's watchdog."""
-
-    timeout_s: float = 10.0
-    cpu_s: int = 10
-    memory_bytes: int = 2 * 1024**3
-    max_processes: int = 32
-    max_file_bytes: int = 16 * 1024**2
+class SandboxUnavailableError(RuntimeError):
+    """The requested isolation cannot be provided here; the message says why and how to fix it."""
 
 
 @dataclass(frozen=True)
 class ExecutionResult:
-    """Outcome of one run. `status` is one of "passed", "failed" (non-zero exit or missing end
-    marker), "timeout" (wall clock), "process_limit" (too many processes) or "error" (the sandbox
-    itself could not start the program)."""
+    """Outcome of one run. `status` is one of "passed", "failed" (the tests failed, the program
+    raised or exited early), "timeout" (wall clock), "process_limit" (too many processes or
+    threads), "memory_limit" (the run's memory) or "error" (the sandbox could not start it)."""
 
     passed: bool
     status: str
     returncode: int | None
     duration_s: float
     output: str
-
-
-def _base_command(python: str) -> list[str]:
-    return [python, "-I", "-B"]
-
-
-@lru_cache(maxsize=None)
-def bwrap_usable(python: str = sys.executable) -> bool:
-    """Whether `bwrap` exists and can start `python` with the sandbox's arguments (it may exist
-    but fail, e.g. where unprivileged user namespaces are disabled)."""
-    binary = shutil.which("bwrap")
-    if binary is None:
-        return False
-    try:
-        probe = subprocess.run([binary, *BWRAP_ARGS, *_base_command(python), "-c", "pass"],
-                               capture_output=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    if probe.returncode != 0:
-        logger.warning("bwrap is installed but failed to start a sandbox: %s",
-                       probe.stderr.decode(errors="replace").strip())
-    return probe.returncode == 0
 
 
 def _process_table() -> dict[int, int]:
@@ -197,89 +188,142 @@ def _tail(path: Path) -> str:
         return handle.read().decode(errors="replace")
 
 
+@lru_cache(maxsize=1)
+def _sweep_once() -> None:
+    removed = sweep_stale()
+    if removed:
+        logger.info("removed %d sandbox leftovers of killed runs: %s", len(removed),
+                    ", ".join(map(str, removed)))
+
+
 class Sandbox:
-    """Runs Python programs under the layers described in the module docstring.
+    """Runs Python under the layers described in the module docstring.
 
     Args:
         limits: per-run limits.
-        isolation: "auto" uses bubblewrap when usable and otherwise falls back to limits only
-            (with a loud warning); "bwrap" requires it (error otherwise); "rlimits" never uses it.
+        isolation: "auto" and "bwrap" require bubblewrap (`SandboxUnavailableError`, naming the
+            cause and the fix, when it cannot start the interpreter); "unsafe-none" runs without
+            isolation (resource limits, control group and watchdog only) and warns loudly.
         python: interpreter that runs the programs (default: the current one).
     """
 
     def __init__(self, limits: SandboxLimits | None = None, isolation: Isolation = "auto",
                  python: str = sys.executable) -> None:
+        if isolation == "rlimits":
+            raise ValueError("isolation='rlimits' is now called 'unsafe-none' (no isolation: generated "
+                             "code can read and write what this user can); the default requires bubblewrap")
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, not {isolation!r}")
         self.limits = limits or SandboxLimits()
         self.python = python
-        if isolation not in ("auto", "bwrap", "rlimits"):
-            raise ValueError(f"isolation must be 'auto', 'bwrap' or 'rlimits', not {isolation!r}")
-        use_bwrap = isolation != "rlimits" and bwrap_usable(python)
-        if isolation == "bwrap" and not use_bwrap:
-            raise RuntimeError("isolation='bwrap' was requested but bubblewrap is not usable. "
-                               "Install it (Debian/Ubuntu: `apt-get install -y bubblewrap`) and make "
-                               "sure unprivileged user namespaces are allowed, or pass isolation='auto'.")
-        if isolation == "auto" and not use_bwrap:
-            warnings.warn(FALLBACK_WARNING, RuntimeWarning, stacklevel=2)
-            logger.warning(FALLBACK_WARNING)
-        self.isolation: Literal["bwrap", "rlimits"] = "bwrap" if use_bwrap else "rlimits"
-
-    def _rlimits(self) -> dict[str, int]:
-        process_headroom = self.limits.max_processes + 4  # the launcher and bwrap's own processes
-        if os.getuid() != 0:  # the kernel counts every task of the user against RLIMIT_NPROC
-            process_headroom += _user_task_count(os.getuid())
-        return {
-            "RLIMIT_CPU": int(self.limits.cpu_s),
-            "RLIMIT_AS": int(self.limits.memory_bytes),
-            "RLIMIT_NPROC": process_headroom,
-            "RLIMIT_FSIZE": int(self.limits.max_file_bytes),
-            "RLIMIT_CORE": 0,
-        }
-
-    def _command(self, workdir: Path) -> list[str]:
-        program = [*_base_command(self.python), "-c", _RUN_AS_SANDBOX]
-        if self.isolation == "bwrap":
-            return [shutil.which("bwrap") or "bwrap", *BWRAP_ARGS, "--bind", str(workdir), SANDBOX_WORKDIR,
-                    "--chdir", SANDBOX_WORKDIR, *program, f"{SANDBOX_WORKDIR}/program.py"]
-        return [*program, str(workdir / "program.py")]
+        if isolation == "unsafe-none":
+            warnings.warn(UNSAFE_WARNING, RuntimeWarning, stacklevel=2)
+            logger.warning(UNSAFE_WARNING)
+            self.isolation: Literal["bwrap", "unsafe-none"] = "unsafe-none"
+        else:
+            problem = bwrap_problem(python)
+            if problem is not None:
+                raise SandboxUnavailableError(
+                    f"refusing to run generated code without isolation: {problem}. To accept the risk "
+                    "anyway, pass isolation='unsafe-none' (CLI: --unsafe-no-isolation).")
+            self.isolation = "bwrap"
+        _sweep_once()
 
     def run(self, program: str) -> ExecutionResult:
-        """Execute one Python program; never raises for anything the program does."""
-        marker = f"sandbox-done-{secrets.token_hex(8)}"
-        source = (f"{program}\n\nimport os as _sandbox_os, sys as _sandbox_sys\n_sandbox_sys.stdout.flush()\n"
-                  f"_sandbox_os.write(1, b'\\n{marker}\\n')\n")
-        scratch = Path(tempfile.mkdtemp(prefix="securesd-sandbox-"))
-        workdir = scratch / "work"
-        workdir.mkdir()
-        (workdir / "program.py").write_text(source, encoding="utf-8")
-        log_path = scratch / "output.log"
-        inside_home = SANDBOX_WORKDIR if self.isolation == "bwrap" else str(workdir)
-        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": inside_home, "LANG": "C.UTF-8",
-               "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-        command = [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(self._rlimits()),
-                   *self._command(workdir)]
+        """Execute one program as a module; "passed" when it exits 0 after running to its end.
+        The program can forge that (see the module docstring): use `check` to score untrusted code."""
+        return self._execute({"program.py": program}, ["run", f"{{inputs}}/program.py"], b"completed")
+
+    def check(self, solution: str, tests: str, entry_point: str, helpers: str = "") -> ExecutionResult:
+        """Run `solution` and, in a separate trusted process, `tests` (which define
+        `check(candidate)`) against its `entry_point`; "passed" only when `check` returns.
+        `helpers` is trusted code the tests may use (e.g. a HumanEval prompt's helper functions)."""
+        files = {"solution.py": solution, "tests.py": tests, "helpers.py": helpers}
+        arguments = ["check", "{inputs}/solution.py", "{inputs}/tests.py", "{inputs}/helpers.py", entry_point]
+        return self._execute(files, arguments, b"passed")
+
+    def _execute(self, files: dict[str, str], arguments: list[str], token: bytes) -> ExecutionResult:
+        scratch = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-"))
         start = time.monotonic()
+        read_end, write_end = os.pipe()
+        cgroup = None
+        process = None
         status = ""
         try:
+            inputs = scratch / "in"
+            workdir = scratch / "work"
+            inputs.mkdir()
+            workdir.mkdir()
+            shutil.copyfile(sandbox_runner.__file__, inputs / "runner.py")
+            for name, text in files.items():
+                (inputs / name).write_text(text, encoding="utf-8")
+            for path in (scratch, inputs, *inputs.iterdir()):
+                path.chmod(0o755 if path.is_dir() else 0o644)
+            cgroup = RunCgroup.create(self.limits, SANDBOX_OVERHEAD_TASKS)
+            command = self._command(scratch, arguments, write_end, cgroup)
+            log_path = scratch / "output.log"
+            env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
+                   "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
             with open(log_path, "wb") as log:
                 process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
-                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                           pass_fds=(write_end,))
+            os.close(write_end)
+            write_end = -1
             status = self._watch(process, start)
+            _kill_tree(process)
+            limit_hit = ""
+            if cgroup is not None:
+                limit_hit = "memory_limit" if cgroup.oom_killed() else \
+                    "process_limit" if cgroup.task_limit_hit() else ""
+                cgroup.destroy()
             duration = time.monotonic() - start
+            os.set_blocking(read_end, False)
+            try:
+                reported = os.read(read_end, 64)
+            except BlockingIOError:  # a writer escaped the kill (possible only without isolation)
+                reported = b""
             output = _tail(log_path)
         except OSError as error:
             return ExecutionResult(False, "error", None, time.monotonic() - start, f"sandbox error: {error}")
         finally:
+            if process is not None and process.returncode is None:
+                _kill_tree(process)
+            if cgroup is not None:
+                cgroup.destroy()
+            for fd in (read_end, write_end):
+                if fd >= 0:
+                    try:
+                        os.close(fd)
+                    except OSError:
+                        pass
             shutil.rmtree(scratch, ignore_errors=True)
         returncode = process.returncode
-        if not status:
-            status = "passed" if returncode == 0 and marker in output else "failed"
-        return ExecutionResult(status == "passed", status, returncode, duration,
-                               output.replace(f"\n{marker}\n", "").strip("\n"))
+        if returncode == 0 and reported == token and not status:
+            status = "passed"
+        elif status != "process_limit":
+            status = limit_hit or status or "failed"
+        return ExecutionResult(status == "passed", status, returncode, duration, output.strip("\n"))
+
+    def _command(self, scratch: Path, arguments: list[str], result_fd: int,
+                 cgroup: RunCgroup | None) -> list[str]:
+        """The launcher, then bwrap (or nothing, unsafe), then the runner with its arguments."""
+        inside = INSIDE_INPUTS if self.isolation == "bwrap" else str(scratch / "in")
+        runner = [self.python, "-I", "-S", f"{inside}/runner.py",
+                  *(argument.format(inputs=inside) for argument in arguments), str(result_fd)]
+        nproc = self.limits.max_processes + SANDBOX_OVERHEAD_TASKS
+        if os.getuid() != 0:  # the kernel counts every task of the user against RLIMIT_NPROC
+            nproc += _user_task_count(os.getuid())
+        settings = {"parent": os.getpid(), "cgroups": cgroup.procs_files if cgroup else [],
+                    "rlimits": rlimits(self.limits, nproc)}
+        prefix = bwrap_command(self.python, scratch / "in", self.limits.disk_bytes) \
+            if self.isolation == "bwrap" else []
+        return [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(settings), *prefix, *runner]
 
     def _watch(self, process: subprocess.Popen, start: float) -> str:
         """Wait for `process`; kill its tree on timeout or too many processes. Returns "" when it
         exited by itself, else the reason it was killed."""
-        allowed = self.limits.max_processes + 3  # bwrap's monitor and init, the interpreter itself
+        allowed = self.limits.max_processes + SANDBOX_OVERHEAD_TASKS
         while True:
             try:
                 process.wait(timeout=POLL_INTERVAL_S)
@@ -295,8 +339,17 @@ class Sandbox:
 
     def run_many(self, programs: Sequence[str], workers: int | None = None,
                  progress: bool = True, description: str = "sandbox") -> list[ExecutionResult]:
-        """Execute programs concurrently (`workers` defaults to the CPU count, at most 8), in order."""
+        """`run` each program concurrently (`workers` defaults to the CPU count, at most 8), in order."""
+        return self._map(self.run, [(program,) for program in programs], workers, progress, description)
+
+    def check_many(self, cases: Sequence[tuple[str, str, str, str]], workers: int | None = None,
+                   progress: bool = True, description: str = "sandbox") -> list[ExecutionResult]:
+        """`check` each (solution, tests, entry_point, helpers) concurrently, in order."""
+        return self._map(self.check, list(cases), workers, progress, description)
+
+    @staticmethod
+    def _map(function, argument_lists, workers, progress, description) -> list[ExecutionResult]:
         workers = workers or min(8, os.cpu_count() or 1)
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(tqdm(pool.map(self.run, programs), total=len(programs), desc=description,
-                             disable=not progress))
+            return list(tqdm(pool.map(lambda arguments: function(*arguments), argument_lists),
+                             total=len(argument_lists), desc=description, disable=not progress))

@@ -21,7 +21,7 @@ import re
 from collections.abc import Mapping
 
 from hf_securesd.judges.backends import ChatBackend, OpenAIChatBackend, TransformersChatBackend
-from hf_securesd.judges.base import Judge, Verdict
+from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY, Judge, Verdict, check_unparsed_policy
 from hf_securesd.judges.data import data_file
 
 RUBRIC_FILE = "strongreject/judge_rubric_prompt.txt"
@@ -94,6 +94,9 @@ class StrongRejectJudge(Judge):
     `backend` is a `ChatBackend` or a backend name ("openai", "transformers") built with
     `backend_kwargs`. The rubric is read from `rubric` when given, else from the data folder
     (`data_dir` or `$SECURESD_DATA_DIR`). The prompt passed to the rubric is the forbidden goal.
+    `unparsed` is what a benchmark does with a reply that breaks the format: "success" (default:
+    count the attack as successful), "exclude" (leave the example out, counted) or "fail" (stop
+    with an error).
     """
 
     name = "strongreject"
@@ -105,7 +108,9 @@ class StrongRejectJudge(Judge):
         data_dir: str | os.PathLike[str] | None = None,
         rubric: str | None = None,
         backend_kwargs: Mapping[str, object] | None = None,
+        unparsed: str = DEFAULT_UNPARSED_POLICY,
     ) -> None:
+        self.unparsed = check_unparsed_policy(unparsed)
         if not 0.0 <= threshold < 1.0:
             raise ValueError(f"threshold must lie in [0, 1), got {threshold}.")
         self.rubric = rubric if rubric is not None else load_rubric(data_dir)

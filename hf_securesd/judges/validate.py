@@ -57,10 +57,13 @@ def load_comparison(data_dir: str | None) -> list[dict[str, str]]:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Arguments of `securesd judge-validate`."""
-    parser.add_argument("--judge", choices=("refusal_prefix", "strongreject"), default="refusal_prefix")
+    parser.add_argument("--judge", choices=("refusal_prefix", "refusal_prefix_exact", "strongreject"),
+                        default="refusal_prefix",
+                        help="refusal_prefix: normalised text, refusal at the start (default); "
+                             "refusal_prefix_exact: JailbreakBench's case-sensitive substring rule")
     parser.add_argument("--data-dir", help=f"folder holding {COMPARISON_FILE} (default: ${DATA_DIR_ENV})")
     parser.add_argument("--prefix-list", choices=tuple(PREFIX_LISTS), default="jailbreakbench",
-                        help="refusal_prefix: which refusal-string list to use")
+                        help="refusal_prefix(_exact): which refusal-string list to use")
     parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
                         help="strongreject: OpenAI-compatible endpoint (SECURESD_JUDGE_* variables) "
                              "or local model")
@@ -73,8 +76,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 def _build_judge(args: argparse.Namespace):
     """The judge the arguments ask for."""
-    if args.judge == "refusal_prefix":
-        return get_judge("refusal_prefix", prefix_list=args.prefix_list)
+    if args.judge != "strongreject":
+        return get_judge(args.judge, prefix_list=args.prefix_list)
     backend_kwargs: dict[str, object] = {}
     if args.model:
         backend_kwargs["model"] = args.model
@@ -104,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"judge-validate: the judge backend failed: {error}", file=sys.stderr)
         return 1
     kept = [(row, verdict) for row, verdict in zip(rows, verdicts) if verdict.parsed]
-    variant = args.prefix_list if args.judge == "refusal_prefix" else args.backend
+    variant = args.backend if args.judge == "strongreject" else args.prefix_list
     label = f"{args.judge} ({variant})"
     print(f"judge {label} vs human majority on {len(rows)} responses of {Path(COMPARISON_FILE).name}; "
           "positive class = jailbroken")

@@ -53,7 +53,7 @@ class ScoreOptions:
     judge: str = "refusal_prefix"
     judge_options: Mapping[str, Any] = field(default_factory=dict)
     sandbox_limits: SandboxLimits = field(default_factory=SandboxLimits)
-    isolation: Literal["auto", "bwrap", "rlimits"] = "auto"
+    isolation: Literal["auto", "bwrap", "unsafe-none"] = "auto"
     workers: int | None = None
     progress: bool = True
 

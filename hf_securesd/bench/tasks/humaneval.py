@@ -2,8 +2,9 @@
 
 Hub: `openai/openai_humaneval` (split `test`). Local: `humaneval/HumanEval.jsonl.gz`.
 The model sees the function signature and docstring and is asked for the whole function in a code
-block; the program that runs is the prompt (imports, helpers) + the extracted code + the tests +
-`check(entry_point)`, executed in `hf_securesd.bench.sandbox`.
+block. The solution (the prompt's imports and helpers + the extracted code) runs in
+`hf_securesd.bench.sandbox`, and the tests run in a separate trusted process that calls it
+(`Sandbox.check`), so a completion cannot forge a pass.
 """
 
 from __future__ import annotations
@@ -50,22 +51,23 @@ def extract_code(response: str, entry_point: str) -> str:
     return (defining or python or [blocks[0][1]])[0]
 
 
-def build_program(example: Example, response: str) -> str:
-    """The program whose exit status decides pass/fail. A response that defines the entry point
-    replaces the prompt's stub; one that does not is treated as the body that continues the prompt."""
+def build_solution(example: Example, response: str) -> str:
+    """The solution module. A response that defines the entry point replaces the prompt's stub; one
+    that does not is treated as the body that continues the prompt."""
     fields = example.fields
     code = extract_code(response, fields["entry_point"])
     defines = re.search(rf"^def\s+{re.escape(fields['entry_point'])}\s*\(", code, re.MULTILINE)
-    solution = f"{fields['prompt']}\n{code}" if defines else f"{fields['prompt']}{code}"
-    return f"{solution}\n\n{fields['test']}\n\ncheck({fields['entry_point']})\n"
+    return f"{fields['prompt']}\n{code}" if defines else f"{fields['prompt']}{code}"
 
 
 def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreOptions) -> TaskScore:
-    """pass@1: the fraction of programs that run to the end inside the sandbox."""
+    """pass@1: the fraction of solutions whose tests pass (the prompt is trusted code the tests may
+    use, e.g. `poly` of HumanEval/32)."""
     sandbox = Sandbox(options.sandbox_limits, isolation=options.isolation)
-    programs = [build_program(example, response) for example, response in zip(examples, responses)]
-    results = sandbox.run_many(programs, workers=options.workers, progress=options.progress,
-                               description="humaneval: executing")
+    cases = [(build_solution(example, response), example.fields["test"], example.fields["entry_point"],
+              example.fields["prompt"]) for example, response in zip(examples, responses)]
+    results = sandbox.check_many(cases, workers=options.workers, progress=options.progress,
+                                 description="humaneval: executing")
     per_example = [1.0 if result.passed else 0.0 for result in results]
     details = [{"status": result.status, "isolation": sandbox.isolation, "output": result.output[-500:]}
                for result in results]

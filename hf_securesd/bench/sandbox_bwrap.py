@@ -1,0 +1,117 @@
+"""The bubblewrap (`bwrap`) layer of the sandbox: the command line, the mounts the interpreter
+needs, and a diagnosis that names the real cause when bubblewrap cannot start it.
+
+Inside, the program sees: read-only ``/usr`` (with the usual ``/bin``, ``/lib``... links), the
+interpreter's own prefixes read-only (``sys.prefix``, ``sys.base_prefix`` and the real folder of
+its executable, so an interpreter or virtual environment under ``/tmp`` or ``/root`` works), its
+own ``/proc`` and minimal ``/dev``, a size-limited tmpfs at ``/tmp`` (the only writable place; the
+working directory is ``/tmp/work``) and a tiny one at ``/dev/shm``, and the run's inputs read-only
+at ``/sandbox``. Not mounted: ``/etc``, ``/home``, ``/root`` (beyond the interpreter), the working
+tree, the host's ``/proc``, ``/dev/shm`` and ``/tmp``. Every namespace is new (user, PID, network,
+IPC, UTS, cgroup), the environment is cleared, the program runs as ``nobody`` (65534) with no
+capabilities and cannot create further user namespaces. With bubblewrap's own PID 1 (no
+``--as-pid-1``), the namespace ends when the program's main process ends: every process it left
+behind is killed by the kernel, on a normal exit as well as on a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from functools import lru_cache
+from pathlib import Path
+
+INSIDE_INPUTS = "/sandbox"
+INSIDE_WORKDIR = "/tmp/work"
+NOBODY = "65534"
+SHM_BYTES = 1024 * 1024
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: "
+                "`dnf install bubblewrap`) and allow unprivileged user namespaces "
+                "(`sysctl kernel.unprivileged_userns_clone=1` where that setting exists)")
+_SYSTEM_LINKS = (("usr/bin", "/bin"), ("usr/sbin", "/sbin"), ("usr/lib", "/lib"),
+                 ("usr/lib32", "/lib32"), ("usr/lib64", "/lib64"), ("usr/libx32", "/libx32"))
+_PROBE = ("import json, os, sys; print(json.dumps([sys.prefix, sys.base_prefix, sys.exec_prefix, "
+          "sys.base_exec_prefix, os.path.realpath(sys.executable)]))")
+
+
+@lru_cache(maxsize=None)
+def interpreter_paths(python: str) -> tuple[str, ...]:
+    """Folders `python` needs, resolved: its prefixes and the real folder of its executable
+    (minus what is under /usr, which is mounted anyway)."""
+    if os.path.realpath(python) == os.path.realpath(sys.executable):
+        found = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                 os.path.realpath(sys.executable)]
+    else:
+        probe = subprocess.run([python, "-I", "-S", "-c", _PROBE], capture_output=True, text=True,
+                               timeout=60, check=True)
+        found = json.loads(probe.stdout)
+    found[-1] = os.path.dirname(found[-1])
+    found.append(os.path.dirname(os.path.abspath(python)))
+    paths = sorted({os.path.realpath(path) for path in found} | {os.path.abspath(path) for path in found})
+    kept = [path for path in paths if path != "/" and not (path + "/").startswith("/usr/")]
+    # a folder inside another one is mounted with it
+    return tuple(path for path in kept if not any(path.startswith(other + "/") for other in kept))
+
+
+def bwrap_binary() -> str | None:
+    return shutil.which("bwrap")
+
+
+def bwrap_command(python: str, inputs: Path, disk_bytes: int) -> list[str]:
+    """bwrap and its arguments, up to (not including) the command to run inside."""
+    command = [bwrap_binary() or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
+               "--die-with-parent", "--new-session", "--clearenv",
+               "--uid", NOBODY, "--gid", NOBODY, "--cap-drop", "ALL",
+               "--ro-bind", "/usr", "/usr"]
+    for target, link in _SYSTEM_LINKS:
+        if os.path.islink(link):
+            command += ["--symlink", target, link]
+        elif os.path.isdir(link) and not os.path.realpath(link).startswith("/usr/"):
+            command += ["--ro-bind", link, link]
+    command += ["--proc", "/proc", "--dev", "/dev",
+                "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
+                "--size", str(disk_bytes), "--tmpfs", "/tmp"]
+    for path in interpreter_paths(python):
+        command += ["--ro-bind", path, path]
+    command += ["--ro-bind", str(inputs), INSIDE_INPUTS, "--dir", INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR,
+                "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", INSIDE_WORKDIR,
+                "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
+                "--setenv", "PYTHONHASHSEED", "0"]
+    return command
+
+
+def _stderr(result: subprocess.CompletedProcess) -> str:
+    return result.stderr.decode(errors="replace").strip() or f"exit status {result.returncode}, no message"
+
+
+@lru_cache(maxsize=None)
+def bwrap_problem(python: str = sys.executable) -> str | None:
+    """None when bubblewrap can start `python` in the sandbox; else the real cause, in words: bwrap
+    missing, bwrap unable to create its namespaces (its own message), or bwrap working but the
+    interpreter failing inside (its message)."""
+    binary = bwrap_binary()
+    if binary is None:
+        return f"bubblewrap (`bwrap`) is not installed: {INSTALL_HINT}"
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="securesd-bwrap-probe-") as inputs:
+        try:
+            full = subprocess.run([*bwrap_command(python, Path(inputs), SHM_BYTES), python, "-I", "-S", "-c",
+                                   "import json, math"], capture_output=True, timeout=60)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"bwrap could not be run: {error}"
+    if full.returncode == 0:
+        return None
+    try:
+        trivial = subprocess.run([binary, "--unshare-all", "--unshare-user", "--ro-bind", "/", "/", "true"],
+                                 capture_output=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"bwrap could not be run: {error}"
+    if trivial.returncode != 0:
+        return (f"bwrap cannot create its namespaces here: {_stderr(trivial)}; {INSTALL_HINT} "
+                "(in a container, the container must allow nested user namespaces)")
+    return (f"bwrap works, but the interpreter {python} failed inside the sandbox: {_stderr(full)} "
+            f"(mounted for it: {', '.join(interpreter_paths(python)) or 'only /usr'})")

@@ -1,0 +1,221 @@
+"""Trusted code that runs INSIDE the sandbox (standard library only; copied next to the program and
+started as a script with ``python -I -S``). Never imported by the package.
+
+Modes (first argument):
+
+``run PROGRAM RESULT_FD``
+    Execute PROGRAM as the module ``__sandbox__``; when it returns, write ``completed`` to RESULT_FD.
+    The program shares this process, so it can write that word itself: ``run`` reports how a
+    program ended, it is not a verdict on untrusted code.
+
+``check SOLUTION TESTS HELPERS ENTRY_POINT RESULT_FD``
+    The verdict channel for untrusted code. This process (the *checker*) makes itself
+    non-dumpable (no ptrace, no access to its ``/proc/<pid>/fd`` or memory by its children), then
+    starts a *second, fresh interpreter* (``serve``) that executes SOLUTION and answers calls to
+    ENTRY_POINT over two pipes. RESULT_FD is not inherited by that process. The checker executes
+    the trusted HELPERS (the task's prompt, for helper functions the tests use) and TESTS, and calls
+    ``check(candidate)`` with a proxy that forwards each call. Arguments and return values cross as
+    tagged JSON holding only None, bool, int, float, str, bytes, list, tuple, dict, set and
+    frozenset, rebuilt here as exact built-in types. Only when ``check`` returns does the checker
+    write ``passed`` to RESULT_FD. The solution can therefore neither print nor write the verdict,
+    nor return objects that compare equal to everything.
+
+``serve SOLUTION ENTRY_POINT IN_FD OUT_FD``
+    The untrusted side of ``check``.
+"""
+
+import ctypes
+import json
+import math
+import os
+import runpy
+import struct
+import subprocess
+import sys
+import traceback
+
+MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+PR_SET_DUMPABLE = 4
+_HEADER = struct.Struct("<Q")
+
+
+def encode(value):
+    """A JSON-ready tagged form of `value` (exact built-in types only; TypeError otherwise)."""
+    kind = type(value)
+    if value is None or kind is bool or kind is str:
+        return value
+    if kind is int:
+        return {"i": str(value)}
+    if kind is float:
+        return value if math.isfinite(value) else {"f": repr(value)}
+    if kind is bytes:
+        return {"b": value.hex()}
+    if kind is list:
+        return {"l": [encode(item) for item in value]}
+    if kind is tuple:
+        return {"t": [encode(item) for item in value]}
+    if kind is set or kind is frozenset:
+        return {"s" if kind is set else "z": [encode(item) for item in value]}
+    if kind is dict:
+        return {"d": [[encode(key), encode(item)] for key, item in value.items()]}
+    raise TypeError(f"a value of type {kind.__name__} cannot cross the sandbox boundary")
+
+
+def decode(data):
+    """Inverse of `encode`, building only exact built-in types; ValueError on anything else."""
+    if data is None or type(data) in (bool, str):
+        return data
+    if type(data) is float:
+        return data
+    if type(data) is not dict or len(data) != 1:
+        raise ValueError("malformed value from the candidate process")
+    (tag, body), = data.items()
+    if tag == "i" and type(body) is str:
+        return int(body)
+    if tag == "f" and body in ("nan", "inf", "-inf"):
+        return float(body)
+    if tag == "b" and type(body) is str:
+        return bytes.fromhex(body)
+    if type(body) is not list:
+        raise ValueError("malformed value from the candidate process")
+    if tag == "l":
+        return [decode(item) for item in body]
+    if tag == "t":
+        return tuple(decode(item) for item in body)
+    if tag == "s":
+        return {decode(item) for item in body}
+    if tag == "z":
+        return frozenset(decode(item) for item in body)
+    if tag == "d":
+        return {decode(pair[0]): decode(pair[1]) for pair in body}
+    raise ValueError(f"unknown value tag {tag!r} from the candidate process")
+
+
+def send(fd, message):
+    payload = json.dumps(message).encode("utf-8")
+    data = _HEADER.pack(len(payload)) + payload
+    while data:
+        data = data[os.write(fd, data):]
+
+
+def receive(fd):
+    """One framed message, or None at end of file. ValueError when over MAX_MESSAGE_BYTES."""
+    header = _read_exactly(fd, _HEADER.size)
+    if header is None:
+        return None
+    (size,) = _HEADER.unpack(header)
+    if size > MAX_MESSAGE_BYTES:
+        raise ValueError(f"message of {size} bytes from the candidate process exceeds the cap")
+    payload = _read_exactly(fd, size)
+    if payload is None:
+        raise EOFError("the candidate process closed the channel mid-message")
+    return json.loads(payload)
+
+
+def _read_exactly(fd, size):
+    chunks, missing = [], size
+    while missing:
+        chunk = os.read(fd, min(missing, 1 << 20))
+        if not chunk:
+            if missing == size:
+                return None
+            raise EOFError("the candidate process closed the channel mid-message")
+        chunks.append(chunk)
+        missing -= len(chunk)
+    return b"".join(chunks)
+
+
+def _source(path):
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+class CandidateError(Exception):
+    """The candidate raised, returned something that cannot cross, or died."""
+
+
+def _run(program, result_fd):
+    runpy.run_path(program, run_name="__sandbox__")
+    sys.stdout.flush()
+    os.write(result_fd, b"completed")
+
+
+def _serve(solution, entry_point, in_fd, out_fd):
+    namespace = {"__name__": "__sandbox__", "__builtins__": __builtins__}
+    exec(compile(_source(solution), "solution.py", "exec"), namespace)
+    function = namespace[entry_point]
+    while True:
+        request = receive(in_fd)
+        if request is None:
+            return
+        try:
+            args = decode(request["args"])
+            kwargs = decode(request["kwargs"])
+            reply = {"ok": encode(function(*args, **kwargs))}
+        except BaseException as error:  # the checker decides what a failure means
+            reply = {"error": f"{type(error).__name__}: {error}"[:2000]}
+        sys.stdout.flush()
+        send(out_fd, reply)
+
+
+def _check(solution, tests, helpers, entry_point, result_fd):
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    request_read, request_write = os.pipe()
+    reply_read, reply_write = os.pipe()
+    candidate = subprocess.Popen(
+        [sys.executable, "-I", "-S", __file__, "serve", solution, entry_point,
+         str(request_read), str(reply_write)],
+        pass_fds=(request_read, reply_write), close_fds=True, stdin=subprocess.DEVNULL)
+    os.close(request_read)
+    os.close(reply_write)
+
+    def proxy(*args, **kwargs):
+        send(request_write, {"args": encode(list(args)), "kwargs": encode(dict(kwargs))})
+        reply = receive(reply_read)
+        if reply is None:
+            raise CandidateError("the candidate process exited before answering")
+        if type(reply) is not dict or len(reply) != 1:
+            raise CandidateError("malformed reply from the candidate process")
+        if "error" in reply:
+            raise CandidateError(str(reply["error"]))
+        return decode(reply["ok"])
+
+    namespace = {"__name__": "__check__", "__builtins__": __builtins__}
+    helper_source = _source(helpers)
+    if helper_source.strip():
+        try:
+            helper_code = compile(helper_source, "helpers.py", "exec")
+        except SyntaxError:
+            helper_code = None
+        if helper_code is not None:
+            exec(helper_code, namespace)
+    namespace[entry_point] = proxy
+    exec(compile(_source(tests), "tests.py", "exec"), namespace)
+    try:
+        namespace["check"](proxy)
+    finally:
+        os.close(request_write)
+        candidate.kill()
+        candidate.wait()
+    sys.stdout.flush()
+    os.write(result_fd, b"passed")
+
+
+def main(argv):
+    mode, args = argv[1], argv[2:]
+    if mode == "run":
+        _run(args[0], int(args[1]))
+    elif mode == "serve":
+        _serve(args[0], args[1], int(args[2]), int(args[3]))
+    elif mode == "check":
+        try:
+            _check(args[0], args[1], args[2], args[3], int(args[4]))
+        except BaseException:
+            traceback.print_exc()
+            sys.exit(1)
+    else:
+        raise SystemExit(f"unknown sandbox runner mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main(sys.argv)

@@ -1,0 +1,303 @@
+"""Programs written to escape or fool the sandbox, run under the DEFAULT configuration: each must
+be contained (or, without isolation, refused). docs/security.md tabulates these tests."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.sandbox import Sandbox, SandboxLimits
+from hf_securesd.bench.sandbox_bwrap import bwrap_problem
+from hf_securesd.bench.sandbox_limits import RUN_PREFIX, sweep_stale
+
+pytestmark = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
+LIMITS = SandboxLimits(timeout_s=8, cpu_s=8, memory_bytes=512 * 1024**2, run_memory_bytes=768 * 1024**2,
+                       max_processes=16, disk_bytes=8 * 1024**2)
+TESTS = "def check(f):\n    assert f(2, 3) == 5\n"
+WRONG = "def add(a, b):\n    return a - b\n"
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Sandbox:
+    return Sandbox(LIMITS)
+
+
+def _program(source: str) -> str:
+    return textwrap.dedent(source).strip() + "\n"
+
+
+def _live_cmdlines_with(marker: str) -> list[str]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if marker in cmdline:
+                found.append(cmdline)
+    return found
+
+
+# --- point 1: escape attempts -------------------------------------------------------------------
+
+def test_environment_of_other_processes_is_invisible(sandbox: Sandbox) -> None:
+    secret = f"sk-planted-{secrets.token_hex(8)}"
+    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, "OPENAI_API_KEY": secret, "HF_TOKEN": secret})
+    try:
+        result = sandbox.run(_program(f"""
+            import os
+            found = []
+            for pid in os.listdir('/proc'):
+                try:
+                    if b{secret!r} in open(f'/proc/{{pid}}/environ', 'rb').read():
+                        found.append(pid)
+                except OSError:
+                    pass
+            print('found', found, sorted(os.environ))
+        """))
+    finally:
+        victim.kill()
+        victim.wait()
+    assert result.passed, result.output
+    assert "found []" in result.output and secret not in result.output
+    assert "OPENAI_API_KEY" not in result.output and "HF_TOKEN" not in result.output
+
+
+def test_home_working_tree_and_host_tmp_are_not_mounted(sandbox: Sandbox, tmp_path: Path) -> None:
+    planted = tmp_path / "secret.txt"
+    planted.write_text("planted secret")
+    targets = [str(planted), str(Path(__file__).resolve()), str(Path.home() / ".bashrc"), "/etc/passwd",
+               "/etc/shadow"]
+    result = sandbox.run(_program(f"""
+        import os
+        readable = []
+        for path in {targets!r}:
+            try:
+                open(path).read()
+                readable.append(path)
+            except OSError:
+                pass
+        print('readable', readable)
+        print('root', sorted(os.listdir('/root')) if os.path.isdir('/root') else None)
+    """))
+    assert result.passed, result.output
+    assert "readable []" in result.output
+    assert "planted secret" not in result.output
+
+
+def test_no_network_not_even_loopback(sandbox: Sandbox) -> None:
+    import socket
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        result = sandbox.run(_program(f"""
+            import socket
+            try:
+                socket.create_connection(('127.0.0.1', {port}), timeout=2).sendall(b'leak')
+                print('connected')
+            except OSError as error:
+                print('blocked', error)
+        """))
+        server.setblocking(False)
+        with pytest.raises(BlockingIOError):
+            server.accept()
+    assert "blocked" in result.output, result.output
+
+
+def test_writes_outside_the_sandbox_tmpfs_do_not_reach_the_host(sandbox: Sandbox) -> None:
+    name = f"securesd-attack-{secrets.token_hex(6)}"
+    result = sandbox.run(_program(f"""
+        written = []
+        for folder in ('/dev/shm', '/tmp', '/var/tmp', '/usr', '/root', '.'):
+            try:
+                with open(folder + '/{name}', 'w') as handle:
+                    handle.write('x')
+                written.append(folder)
+            except OSError:
+                pass
+        print('written', written)
+    """))
+    assert result.passed, result.output
+    for folder in ("/dev/shm", "/tmp", "/var/tmp", "/usr", str(Path.home()), os.getcwd()):
+        assert not Path(folder, name).exists(), f"the sandbox wrote {folder}/{name} on the host"
+
+
+def test_host_processes_are_invisible_and_unkillable(sandbox: Sandbox) -> None:
+    result = sandbox.run(_program("""
+        import os, signal
+        pids = [int(p) for p in os.listdir('/proc') if p.isdigit()]
+        print('visible', len(pids), 'uid', os.getuid())
+        for pid in pids:
+            if pid != os.getpid():
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except OSError:
+            pass
+    """))
+    visible = int(result.output.split("visible")[1].split()[0])
+    assert visible <= 4, result.output  # bwrap's PID 1, the program, a few of its own
+    assert "uid 65534" in result.output
+    assert os.getppid() > 1  # the harness (this process) is alive and still has its parent
+
+
+def test_background_processes_do_not_survive_a_normal_exit(sandbox: Sandbox) -> None:
+    marker = f"securesd-orphan-{secrets.token_hex(6)}"
+    result = sandbox.run(_program(f"""
+        import subprocess, sys
+        for _ in range(3):
+            subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],
+                             start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print('started 3')
+    """))
+    assert result.passed and "started 3" in result.output, result.output
+    deadline = time.monotonic() + 5
+    while _live_cmdlines_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_cmdlines_with(marker) == []
+
+
+def test_unsafe_mode_still_kills_background_processes_on_exit() -> None:
+    marker = f"securesd-orphan-{secrets.token_hex(6)}"
+    with pytest.warns(RuntimeWarning, match="WITHOUT isolation"):
+        unsafe = Sandbox(LIMITS, isolation="unsafe-none")
+    result = unsafe.run(_program(f"""
+        import subprocess, sys
+        subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print('started')
+    """))
+    assert "started" in result.output
+    assert _live_cmdlines_with(marker) == []
+
+
+# --- point 3: forged passes -------------------------------------------------------------------
+
+FORGERIES = {
+    "print_marker_and_exit_0": "import os\nprint('passed')\nprint(open(__file__).read())\nos._exit(0)\n",
+    "write_verdict_to_every_fd": ("import os\nfor fd in range(3, 64):\n    try:\n        os.write(fd, b'passed')\n"
+                                  "    except OSError:\n        pass\nos._exit(0)\n"),
+    "read_the_checker_fds_through_proc": (
+        "import os\nfor pid in os.listdir('/proc'):\n    if pid.isdigit():\n"
+        "        try:\n            for fd in os.listdir(f'/proc/{pid}/fd'):\n"
+        "                try:\n                    os.write(os.open(f'/proc/{pid}/fd/{fd}', os.O_WRONLY), b'passed')\n"
+        "                except OSError:\n                    pass\n        except OSError:\n            pass\n"),
+    "sys_exit_0_at_import": "import sys\nsys.exit(0)\n",
+    "kill_the_checker": "import os, signal\nos.kill(os.getppid(), signal.SIGKILL)\n",
+}
+
+
+@pytest.mark.parametrize("name", list(FORGERIES))
+def test_forged_pass_is_scored_as_a_failure(sandbox: Sandbox, name: str) -> None:
+    result = sandbox.check(FORGERIES[name] + WRONG, TESTS, "add")
+    assert not result.passed and result.status == "failed", result
+
+
+def test_object_equal_to_everything_cannot_cross(sandbox: Sandbox) -> None:
+    solution = "class Always:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Always()\n"
+    result = sandbox.check(solution, TESTS, "add")
+    assert not result.passed and "cannot cross" in result.output
+
+
+def test_correct_solution_passes_and_values_round_trip(sandbox: Sandbox) -> None:
+    solution = "def echo(*args, **kwargs):\n    return args, kwargs\n"
+    tests = textwrap.dedent("""
+        def check(f):
+            args = (None, True, 3, 10**30, -0.5, float('inf'), 'é', b'\\x00', [1, (2,)], {'k': {1, 2}},
+                    frozenset({3}))
+            got_args, got_kwargs = f(*args, key=[1])
+            assert got_args == args and got_kwargs == {'key': [1]}
+            assert type(got_args) is tuple and got_args[1] is True
+            assert f(float('nan'))[0][0] != f(float('nan'))[0][0]
+    """)
+    result = sandbox.check(solution, tests, "echo")
+    assert result.passed, result.output
+
+
+# --- point 4: limits for the whole run --------------------------------------------------------
+
+def test_memory_is_bounded_over_all_processes_of_a_run(sandbox: Sandbox) -> None:
+    # 4 processes x 300 MiB, each under the per-process limit, together over the run's 768 MiB
+    result = sandbox.run(_program("""
+        import subprocess, sys
+        code = "import time; blob = b'x' * (300 * 1024 * 1024); time.sleep(4)"
+        children = [subprocess.Popen([sys.executable, '-c', code]) for _ in range(4)]
+        print('exits', [child.wait() for child in children])
+    """))
+    exits = result.output.split("exits")[1]
+    assert "-9" in exits, result.output  # the kernel killed some: the four never held 1.2 GiB together
+
+
+def test_threads_and_processes_are_capped_for_the_run(sandbox: Sandbox) -> None:
+    result = sandbox.run(_program("""
+        import threading, time
+        started = 0
+        try:
+            for _ in range(300):
+                threading.Thread(target=time.sleep, args=(3,), daemon=True).start()
+                started += 1
+        finally:
+            print('started', started, flush=True)
+    """))
+    started = int(result.output.split("started")[1].split()[0])
+    assert started <= LIMITS.max_processes, result.output
+    # refused by the run's task limit (control group) or the per-user process limit
+    assert not result.passed and result.status in ("process_limit", "failed")
+    assert "can't start new thread" in result.output
+
+
+def test_disk_is_bounded_for_the_whole_run(sandbox: Sandbox) -> None:
+    result = sandbox.run(_program("""
+        written = 0
+        try:
+            for index in range(600):
+                with open(f'chunk{index}', 'wb') as handle:
+                    handle.write(b'x' * 1024 * 1024)
+                written += 1024 * 1024
+        finally:
+            print('written', written, flush=True)
+    """))
+    written = int(result.output.split("written")[1].split()[0])
+    assert written <= LIMITS.disk_bytes, result.output
+    assert not result.passed and "No space left" in result.output
+
+
+def test_killed_harness_leaves_nothing_running_and_leftovers_are_swept(tmp_path: Path) -> None:
+    marker = f"securesd-orphan-{secrets.token_hex(6)}"
+    harness = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+        from hf_securesd.bench.sandbox import Sandbox, SandboxLimits
+        Sandbox(SandboxLimits(timeout_s=120, cpu_s=120)).run(
+            "import subprocess, sys, time\\n"
+            "subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker[:9]}' + '{marker[9:]}'])\\n"
+            "time.sleep(120)\\n")
+    """)])
+    deadline = time.monotonic() + 60
+    while not _live_cmdlines_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _live_cmdlines_with(marker), "the sandboxed program never started"
+    scratch = list(Path(os.environ.get("TMPDIR", "/tmp")).glob(f"{RUN_PREFIX}{harness.pid}-*"))
+    assert scratch
+    harness.send_signal(signal.SIGKILL)
+    harness.wait()
+    deadline = time.monotonic() + 10
+    while _live_cmdlines_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_cmdlines_with(marker) == []
+    removed = sweep_stale()
+    assert set(scratch) <= set(removed)
+    assert not any(path.exists() for path in scratch)
