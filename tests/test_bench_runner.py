@@ -64,8 +64,11 @@ def test_plan_parsing() -> None:
         parse_schedule("step")
     with pytest.raises(ValueError, match="choose from"):
         parse_verifier("nope")
-    keys = [config.key for config in sweep_configs(["mars:0.5", "lossless"], [None, Step(L=1)])]
+    keys = [config.key for config in sweep_configs(["mars:0.5"], [None, Step(L=1)])]
     assert keys == ["lossless", "mars(theta=0.5)", "mars(theta=0.5)+step(L=1)"]
+    # naming lossless runs it where it is named (here last), once
+    keys = [config.key for config in sweep_configs(["mars:0.5", "lossless", "lossless"], [None, Step(L=1)])]
+    assert keys == ["mars(theta=0.5)", "mars(theta=0.5)+step(L=1)", "lossless"]
 
 
 def test_smoke_profile_end_to_end_then_resume_redoes_nothing(tmp_path, data_dir, capsys) -> None:
@@ -171,7 +174,7 @@ def test_killed_run_resumes_without_redoing_examples(tmp_path, data_dir, tiny_mo
 
     def dying_generate(*args, **kwargs):
         calls["count"] += 1
-        if calls["count"] > 10:  # 3 warm-up calls, then 7 recorded examples
+        if calls["count"] > 13:  # 3 warm-up calls, 3 rate probes, then 7 recorded examples
             raise KeyboardInterrupt
         return real_generate(*args, **kwargs)
 

@@ -184,3 +184,54 @@ def mean_of(values: Iterable[float | None]) -> float:
     """Mean of the finite values (NaN when there are none)."""
     finite = [value for value in values if value is not None and math.isfinite(value)]
     return float(np.mean(finite)) if finite else math.nan
+
+
+@functools.lru_cache(maxsize=1)
+def flips_metric():
+    """The `flips` evaluate module shipped in `hf_securesd.metrics` (loaded offline, once)."""
+    import evaluate
+
+    import hf_securesd.metrics
+
+    return evaluate.load(hf_securesd.metrics.path("flips"))
+
+
+def compute_flips(method: Sequence[float], reference: Sequence[float], seed: int = 0) -> dict[str, Any]:
+    """Paired flips of aligned 0/1 outcomes against a reference (see the `flips` module card):
+    per-direction counts with exact intervals, the exact McNemar p-value, the paired difference."""
+    return flips_metric().compute(
+        predictions=list(method),
+        references=list(reference),
+        confidence_level=CONFIDENCE,
+        n_resamples=N_RESAMPLES,
+        seed=seed,
+    )
+
+
+def judge_agreement(judge: str, judge_options: dict[str, Any] | None = None, data_dir: str | None = None
+                    ) -> dict[str, Any] | None:
+    """Agreement of a string judge with the human majority labels of JailbreakBench's
+    `classifier_comparison.csv` (100 responses), positive class = jailbroken: agreement, Cohen's
+    kappa, precision, recall and n. None when the file is not available locally, and for judges
+    that call a model (run `securesd judge-validate` for those)."""
+    from hf_securesd.judges import get_judge
+    from hf_securesd.judges.validate import agreement_stats, load_comparison
+
+    if judge != "refusal_prefix":
+        return None
+    try:
+        rows = load_comparison(data_dir)
+    except (FileNotFoundError, ValueError):
+        return None
+    verdicts = get_judge(judge, **dict(judge_options or {})).judge(
+        [row["goal"] for row in rows], [row["target_response"] for row in rows]
+    )
+    stats = agreement_stats([v.attack_succeeded for v in verdicts], [row["human_majority"] == "1" for row in rows])
+    return {
+        "agreement": stats["agreement"],
+        "kappa": stats["kappa"],
+        "precision": stats["precision"],
+        "recall": stats["recall"],
+        "n": len(rows),
+        "labels": "JailbreakBench classifier_comparison.csv, human majority",
+    }

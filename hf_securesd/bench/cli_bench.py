@@ -34,7 +34,13 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     )
     parser.add_argument("--draft", default=None, help="draft model: registry name, Hub id, folder, or 'tiny'")
     parser.add_argument("--tasks", nargs="+", default=None, help="benchmark tasks (default: the profile's)")
-    parser.add_argument("--limit", type=int, default=None, help="examples per task (default: the profile's)")
+    parser.add_argument(
+        "--limit",
+        type=parse_limit,
+        default=None,
+        help="examples per task: a count (50), or a fraction of each task in (0, 1) (0.25); "
+        "default: the profile's",
+    )
     parser.add_argument(
         "--max-new-tokens",
         type=int,
@@ -53,9 +59,15 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     parser.add_argument(
         "--out", type=Path, required=True, help="results directory (created; reused to resume)"
     )
-    parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument(
-        "--dtype", choices=("bf16", "fp16", "fp32"), default=None, help="model dtype (default: the profile's)"
+        "--device", default="auto", help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ..."
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=("auto", "bf16", "fp16", "fp32"),
+        default=None,
+        help="model dtype; auto: bf16 on GPUs that support it, on CPUs only where bf16 is native and "
+        "faster in a timed matmul, else fp32 (default: the profile's)",
     )
     parser.add_argument("--judge", default="refusal_prefix", help="jailbreak judge of hf_securesd.judges")
     parser.add_argument(
@@ -67,11 +79,39 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     )
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
     parser.add_argument("--cache-dir", default=None, help="folder of the offline model copies")
-    parser.add_argument("--batch-size", type=int, default=1, help="prompts per generate call (default 1)")
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: the profile's)"
+        "--batch-size", type=int, default=None, help="prompts per generate call (default: the profile's)"
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch CPU threads (default: the profile's, else torch's)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    accept_underscores(parser)
+
+
+def accept_underscores(parser: argparse.ArgumentParser) -> None:
+    """Let every ``--two-words`` option also be spelled ``--two_words`` (lm-evaluation-harness
+    style). The alias is registered for parsing only, so the help lists each option once."""
+    for action in parser._actions:
+        for option in list(action.option_strings):
+            alias = "--" + option[2:].replace("-", "_")
+            if option.startswith("--") and alias != option:
+                parser._option_string_actions.setdefault(alias, action)
+
+
+def parse_limit(text: str) -> int | float:
+    """``--limit``: a whole number of examples (>= 1), or a fraction of each task in (0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--limit takes a count or a fraction, got {text!r}") from None
+    if value >= 1:
+        if value != int(value):
+            raise argparse.ArgumentTypeError(f"--limit {text}: a count must be a whole number (or use 0 < f < 1)")
+        return int(value)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"--limit {text}: give a count >= 1 or a fraction in (0, 1)")
+    return value
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -90,6 +130,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="schedules: none, step:L, linear:L, power:L:GAMMA (default: none step:1)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    accept_underscores(parser)
 
 
 def judge_options(pairs: list[str]) -> dict[str, Any]:
@@ -109,24 +150,49 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
+def machine_settings(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
+    """Device, dtype, threads and batch size for this machine: the flags, else the profile's
+    defaults, with ``auto`` resolved (`hf_securesd.models.hardware`); each with the reason for
+    it, printed before anything is loaded."""
+    import torch
+
+    from hf_securesd.models.hardware import resolve_device, resolve_dtype
+
+    device = resolve_device(args.device)
+    batch_size = args.batch_size if args.batch_size is not None else profile.batch_size
+    if batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
+    dtype, dtype_reason = resolve_dtype(args.dtype or profile.dtype, device, rows=batch_size)
+    if args.dtype is None and dtype_reason == "requested":
+        dtype_reason = f"the {profile.name} profile's"
+    threads = args.threads or profile.threads
+    if threads:
+        torch.set_num_threads(threads)
+    threads_reason = "--threads" if args.threads else f"the {profile.name} profile's" if threads else "torch's default"
+    chosen = {
+        "device": (device, "requested" if args.device not in (None, "auto") else "auto"),
+        "dtype": (dtype, dtype_reason),
+        "threads": (torch.get_num_threads(), threads_reason),
+        "batch_size": (batch_size, "--batch-size" if args.batch_size is not None else f"the {profile.name} profile's"),
+    }
+    print("machine: " + "; ".join(f"{key} {value} ({why})" for key, (value, why) in chosen.items()), flush=True)
+    return {key: value for key, (value, _) in chosen.items()}
+
+
 def prepare(args: argparse.Namespace):
     """Settings, loaded models and prepared tasks for `args` (shared with `calibrate`)."""
     from hf_securesd.bench.loading import load_study_models
     from hf_securesd.bench.runner import StudySettings, prepare_tasks
 
-    import torch
-
     profile: Profile = get_profile(args.profile)
-    threads = args.threads or profile.threads
-    if threads:
-        torch.set_num_threads(threads)
+    machine = machine_settings(args, profile)
     settings = StudySettings(
         target=args.target or profile.target,
         draft=args.draft or profile.draft,
-        device=args.device,
-        dtype=args.dtype or profile.dtype,
+        device=machine["device"],
+        dtype=machine["dtype"],
         num_assistant_tokens=args.num_assistant_tokens or profile.num_assistant_tokens,
-        batch_size=args.batch_size,
+        batch_size=machine["batch_size"],
         seed=args.seed,
         judge=args.judge,
         judge_options=judge_options(args.judge_option),
@@ -154,6 +220,7 @@ def prepare(args: argparse.Namespace):
 
 
 def run(args: argparse.Namespace) -> int:
+    from hf_securesd.bench.analysis import judge_agreement
     from hf_securesd.bench.plan import parse_schedule, sweep_configs
     from hf_securesd.bench.report import write_report
     from hf_securesd.bench.runner import run_study
@@ -163,10 +230,13 @@ def run(args: argparse.Namespace) -> int:
         schedules = [parse_schedule(spec) for spec in (args.schedules or profile.schedules)]
         configs = sweep_configs(args.verifiers or profile.verifiers, schedules)
         settings, models, tasks = prepare(args)
-    except (KeyError, ValueError, FileNotFoundError) as error:
+    except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError is a ValueError
         print(f"error: {error}", file=sys.stderr)
         return 2
-    outcome = run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress)
+    notes = {}
+    if any(task_run.task.name.startswith("jailbreak") for task_run in tasks):
+        notes["judge_agreement"] = judge_agreement(settings.judge, dict(settings.judge_options), args.data_dir)
+    outcome = run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress, notes=notes)
     print(
         f"{outcome.out_dir}: {outcome.cells_finished} cells finished, {outcome.cells_already_done} already "
         f"recorded, {outcome.generated} generations"

@@ -135,11 +135,15 @@ def parse_verifier(spec: str) -> list[Verifier]:
 
 
 def sweep_configs(verifier_specs: Sequence[str], schedules: Sequence[Schedule | None]) -> list[RunConfig]:
-    """The lossless verifier once, then every relaxed verifier setting under every schedule."""
-    configs = [LOSSLESS]
+    """The lossless verifier once, then every relaxed verifier setting under every schedule, in the
+    order of `verifier_specs`. Naming ``lossless`` among the specs runs it at that place instead of
+    first (e.g. last, when the relaxed cells matter most and time may run out)."""
+    named = any(spec.strip().lower() == "lossless" for spec in verifier_specs)
+    configs = [] if named else [LOSSLESS]
     for spec in verifier_specs:
         for verifier in parse_verifier(spec):
             if verifier.name == "lossless":
+                configs.append(LOSSLESS)
                 continue
             configs.extend(RunConfig("speculative", verifier, schedule) for schedule in schedules)
     return list(dict.fromkeys(configs, None))

@@ -1,6 +1,11 @@
 """Study sizes. A profile fixes the default models, tasks, examples per task, verifier sweep,
 schedules and generation length; every field can be overridden on the command line.
 
+Models run in the dtype this machine runs fastest (`--dtype auto`, see
+`hf_securesd.models.hardware`; fp32 on CPUs that emulate bf16) and in batches: the number of
+prompts per generate call is 4 (smoke), 8 (cpu-small: one batch per cell) and 32 (paper, as the
+paper). On a 2-core CPU batch 8 decodes speculatively 3.5x faster than one prompt at a time.
+
 - `smoke`: tiny random models (`hf_securesd.tiny`), 3 examples of each task, two verifiers at two
   settings, 16 new tokens. Checks the whole pipeline in well under two minutes on 2 CPU cores;
   the numbers mean nothing.
@@ -32,7 +37,9 @@ class Profile:
     those knob values); `schedules` are specs for `plan.parse_schedule`; `limit` is the number of
     examples per task (None: all); `threads` sets torch's CPU threads (None: torch's default;
     1 is fastest for tiny models); `max_new_tokens` caps every task's own length (None: no cap) and
-    `max_new_tokens_by_kind` caps it further for "safety" or "utility" tasks."""
+    `max_new_tokens_by_kind` caps it further for "safety" or "utility" tasks; `dtype` is a name
+    for `hf_securesd.models.hardware.resolve_dtype` (``auto``: what this machine runs fastest);
+    `batch_size` is the number of prompts per generate call."""
 
     name: str
     description: str
@@ -44,9 +51,10 @@ class Profile:
     limit: int | None
     max_new_tokens: int | None
     max_new_tokens_by_kind: Mapping[str, int] = field(default_factory=dict)
-    dtype: str = "bf16"
+    dtype: str = "auto"
     num_assistant_tokens: int = 5
     threads: int | None = None
+    batch_size: int = 1
 
     def max_new_tokens_for(self, task_kind: str, task_default: int, override: int | None = None) -> int:
         """Generation length for a task: `override`, else the profile's caps on the task's own."""
@@ -73,6 +81,7 @@ PROFILES: dict[str, Profile] = {
             max_new_tokens=16,
             dtype="fp32",
             threads=1,
+            batch_size=4,
         ),
         Profile(
             name="cpu-small",
@@ -86,10 +95,11 @@ PROFILES: dict[str, Profile] = {
             limit=8,
             max_new_tokens=96,
             max_new_tokens_by_kind={"safety": 32},
+            batch_size=8,
         ),
         Profile(
             name="paper",
-            description="the full study for a GPU: all tasks, the six relaxed verifiers over their sweeps",
+            description="the full study for a GPU: all tasks, the six relaxed verifiers over their sweeps, batch 32",
             target="qwen-1.5b",
             draft="qwen-0.5b",
             tasks=ALL_TASKS,
@@ -97,6 +107,7 @@ PROFILES: dict[str, Profile] = {
             schedules=("none", "step:1"),
             limit=None,
             max_new_tokens=None,
+            batch_size=32,
         ),
     )
 }

@@ -1,9 +1,11 @@
 """``securesd report``: tables and figures from a results directory, every number computed from
 the recorded cells of `runs.jsonl`.
 
-Written to RESULTS/report/: `report.md` (setup, Table 1 and Table 5 analogs, baselines, every
-run), `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
-`position_tv.png` (Figure 2 analog).
+Written to RESULTS/report/: `report.md` (setup, per-configuration safety with paired flips against
+the target, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
+`summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
+`position_tv.png` (Figure 2 analog). With RESULTS/card.json, a model card is written too
+(`hf_securesd.bench.card`).
 """
 
 from __future__ import annotations
@@ -34,7 +36,9 @@ from hf_securesd.bench.analysis import (
     relaxed_setting,
     speculative_cells,
 )
+from hf_securesd.bench.card import write_card
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
+from hf_securesd.bench.report_safety import appendix_section, cost_section, flip_rows, flips_section
 from hf_securesd.bench.results import ResultsDir, baselines
 
 KINDS = ("safety", "utility")
@@ -353,6 +357,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     ]
     curves = prr_curves(cells)
     bars = position_tv_bars(cells)
+    flips = flip_rows(cells, base, seed)
 
     lines = [
         f"# SecureSD benchmark report: `{manifest.get('target')}` with draft `{manifest.get('draft')}`",
@@ -363,6 +368,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         "",
     ]
     lines += setup_section(manifest, cells, base)
+    lines += flips_section(flips, manifest, base)
     lines += [
         "## Safety vs utility by acceptance rate (Table 1 analog)",
         "",
@@ -453,8 +459,11 @@ def write_report(results_dir: str | os.PathLike) -> Path:
             "",
         ]
     lines += runs_section(cells)
+    lines += cost_section(cells, manifest)
+    lines += appendix_section(cells, seed)
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
+    write_card(results.path, lines)
     summary = {
         "manifest": manifest,
         "ar_bins": bins,
@@ -464,6 +473,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
             for verifier, series in curves.items()
         },
         "position_tv": bars,
+        "flips": flips,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     return path

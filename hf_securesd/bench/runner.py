@@ -26,7 +26,10 @@ from __future__ import annotations
 import math
 import os
 import platform
+import shlex
 import socket
+import subprocess
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -38,6 +41,7 @@ import torch
 from tqdm.auto import tqdm
 
 from hf_securesd.bench.analysis import aligned, compute_prr, speedup
+from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.bench.loading import StudyModels
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
 from hf_securesd.bench.results import ResultsDir, cell_key, stats_from_dict
@@ -126,16 +130,24 @@ def prepare_tasks(
     tokenizer,
     *,
     data_dir: str | os.PathLike | None = None,
-    limit: int | None = None,
+    limit: int | float | None = None,
     seed: int | None = None,
     max_new_tokens: Callable[[Task], int] | int | None = None,
 ) -> list[TaskRun]:
-    """Load each task's examples (the first `limit`) and build their prompts. `max_new_tokens` is a
-    length for every task, or a function of the task, or None for each task's own length."""
+    """Load each task's examples and build their prompts. `limit`: the first `limit` examples (an
+    int), or the first ceil(limit x size) of each task (a float in (0, 1)), or all (None).
+    `max_new_tokens` is a length for every task, or a function of the task, or None for each
+    task's own length."""
+    if isinstance(limit, float) and not 0 < limit < 1:
+        raise ValueError(f"a fractional limit must lie in (0, 1), got {limit}")
     runs = []
     for name in dict.fromkeys(task_names):
         task = get_task(name)
-        examples = task.examples(data_dir=data_dir, limit=limit, seed=seed)
+        if isinstance(limit, float):
+            examples = task.examples(data_dir=data_dir, limit=None, seed=seed)
+            examples = examples[: math.ceil(limit * len(examples))]
+        else:
+            examples = task.examples(data_dir=data_dir, limit=limit, seed=seed)
         if not examples:
             raise ValueError(f"task {name} has no examples at limit={limit}")
         length = (
@@ -148,6 +160,41 @@ def prepare_tasks(
     return runs
 
 
+def git_revision(path: str | os.PathLike | None = None) -> str | None:
+    """The git commit of the checkout holding `path` (default: this package), with ``+dirty``
+    when tracked files differ from it; None outside a git checkout or without git."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", "."],
+            cwd=where, capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return head + ("+dirty" if dirty else "") if head else None
+
+
+def provenance(command: Sequence[str] | None = None) -> dict[str, Any]:
+    """Versions of this library, transformers and torch, the exact command line (shell-quoted)
+    and the git revision of the library, recorded in every session of the manifest."""
+    import transformers
+
+    import hf_securesd
+
+    argv = list(sys.argv if command is None else command)
+    return {
+        "hf_securesd": getattr(hf_securesd, "__version__", None),
+        "transformers": transformers.__version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "command": shlex.join(argv),
+        "git_revision": git_revision(),
+    }
+
+
 def _synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -155,13 +202,14 @@ def _synchronize(device: torch.device) -> None:
 
 @dataclass(frozen=True)
 class Generation:
-    """One answer: the response text, its new tokens, the wall seconds charged to it (the batch's
-    time split evenly over its rows) and, for speculative runs, its statistics."""
+    """One answer: the response text, its new tokens, the wall and process CPU seconds charged to
+    it (the batch's times split evenly over its rows) and, for speculative runs, its statistics."""
 
     response: str
     new_tokens: int
     seconds: float
     stats: SpeculativeStats | None
+    cpu_seconds: float | None = None
 
 
 def _trim(tokens: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
@@ -198,11 +246,12 @@ def generate(
             num_assistant_tokens=num_assistant_tokens,
         )
     _synchronize(model.device)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with torch.inference_mode():
         out = model.generate(**inputs, **options)
     _synchronize(model.device)
     seconds = (time.perf_counter() - start) / len(prompts)
+    cpu_seconds = (time.process_time() - cpu_start) / len(prompts)
     prompt_length = inputs["input_ids"].shape[1]
     row_stats = getattr(out, "speculative_stats_per_row", None) if config.kind == "speculative" else None
     if config.kind == "speculative" and row_stats is None:
@@ -217,9 +266,49 @@ def generate(
                 stats.new_tokens if stats is not None else int(new_tokens.numel()),
                 seconds,
                 stats,
+                cpu_seconds,
             )
         )
     return generations
+
+
+def log(message: str) -> None:
+    """A line for the user on stderr (stdout is the command's result)."""
+    print(message, file=sys.stderr, flush=True)
+
+
+def measure_budget(
+    models: StudyModels,
+    plan: Sequence[tuple[RunConfig, TaskRun]],
+    todo: Sequence[tuple[RunConfig, TaskRun]],
+    journal: Mapping[str, Mapping[str, Mapping[str, Any]]],
+    settings: StudySettings,
+    probe_tokens: int = 4,
+) -> Budget:
+    """Rates for `todo`: from the journaled generations of `plan`'s cells where a kind has some
+    (seconds per example / the cell's max_new_tokens, pooled), else from one timed batch of
+    `batch_size` prompts of the first pending task, `probe_tokens` new tokens (a probe charges its
+    prompt processing to fewer tokens, so its rate errs high). Speculative kinds probe lossless."""
+    seconds: dict[str, float] = {}
+    tokens: dict[str, float] = {}
+    for config, task_run in plan:
+        for record in journal.get(task_run.cell(config), {}).values():
+            seconds[config.kind] = seconds.get(config.kind, 0.0) + record["seconds"]
+            tokens[config.kind] = tokens.get(config.kind, 0.0) + task_run.max_new_tokens
+    rates = {kind: seconds[kind] / tokens[kind] for kind in seconds if tokens[kind] > 0}
+    sources = dict.fromkeys(rates, "journal")
+    probes = {"target": TARGET, "draft": DRAFT, "speculative": LOSSLESS}
+    first = todo[0][1] if todo else None
+    for kind in dict.fromkeys(config.kind for config, _ in todo):
+        if kind in rates or first is None:
+            continue
+        length = max(1, min(probe_tokens, first.max_new_tokens))
+        answers = generate(
+            models, probes[kind], first.prompts[: settings.batch_size], length, settings.num_assistant_tokens
+        )
+        rates[kind] = answers[0].seconds / length
+        sources[kind] = f"probe of {len(answers)} x {length} tokens"
+    return Budget(rates, sources)
 
 
 def warm_up(models: StudyModels, prompt: str, num_assistant_tokens: int) -> None:
@@ -268,9 +357,16 @@ def finish_cell(
         "seconds": [g["seconds"] for g in generations],
         "new_tokens": [g["new_tokens"] for g in generations],
         "wall_time": sum(g["seconds"] for g in generations),
+        "cpu_time": (
+            sum(g["cpu_seconds"] for g in generations)
+            if all(g.get("cpu_seconds") is not None for g in generations)
+            else None
+        ),
         "sessions": sorted({g["session"] for g in generations}),
         "stats": None if stats is None else stats.to_dict(),
         "acceptance_rate": None if stats is None else _finite(stats.acceptance_rate),
+        "drafted": None if not parts else [sum(g["stats"]["drafted_per_round"]) for g in generations],
+        "accepted": None if not parts else [sum(g["stats"]["accepted_per_round"]) for g in generations],
     }
     target = record if config.kind == "target" else finished.get(task_run.cell(TARGET))
     record["spd"] = (
@@ -305,9 +401,13 @@ def run_study(
     out_dir: str | os.PathLike,
     *,
     progress: bool = True,
+    command: Sequence[str] | None = None,
+    notes: Mapping[str, Any] | None = None,
 ) -> StudyOutcome:
     """Run (or resume) the study into `out_dir`: the baselines of every task first, then each
-    configuration of `configs` on every task. Returns what this call generated and finished."""
+    configuration of `configs` on every task. Returns what this call generated and finished.
+    `command` is the command line recorded for this session (default: `sys.argv`); `notes` are
+    extra manifest entries that bind nothing (e.g. the judge's measured agreement)."""
     batch_size = settings.batch_size
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
@@ -316,11 +416,11 @@ def run_study(
         "id": uuid.uuid4().hex[:12],
         "host": socket.gethostname(),
         "platform": platform.platform(),
-        "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        **provenance(command),
     }
-    results.open(settings.manifest(models), session)
+    results.open({**settings.manifest(models), **dict(notes or {})}, session)
     finished = {run["cell"]: run for run in results.runs()}
     journal = results.generations()
     plan = [(config, task_run) for config in dict.fromkeys([TARGET, DRAFT, *configs]) for task_run in tasks]
@@ -331,29 +431,38 @@ def run_study(
             outcome.cells_already_done += 1
         else:
             todo.append((config, task_run))
-    remaining = sum(
-        1
+    pending_work = {
+        task_run.cell(config): [
+            (example, prompt)
+            for example, prompt in zip(task_run.examples, task_run.prompts)
+            if example.id not in journal.get(task_run.cell(config), {})
+        ]
         for config, task_run in todo
-        for example in task_run.examples
-        if example.id not in journal.get(task_run.cell(config), {})
-    )
+    }
+    work = {
+        task_run.cell(config): (config.kind, len(pending_work[task_run.cell(config)]), task_run.max_new_tokens)
+        for config, task_run in todo
+    }
+    remaining = sum(len(items) for items in pending_work.values())
+    budget = None
+    if remaining:
+        first = next(task_run for config, task_run in todo if pending_work[task_run.cell(config)])
+        warm_up(models, min(first.prompts, key=len), settings.num_assistant_tokens)
+        budget = measure_budget(models, plan, todo, journal, settings)
+        log(budget.describe(list(work.values()), batch_size))
     bar = tqdm(total=remaining, desc="securesd bench", unit="gen", disable=not progress, dynamic_ncols=True)
-    warmed = False
     try:
-        for config, task_run in todo:
+        for position, (config, task_run) in enumerate(todo):
             key = task_run.cell(config)
             done = journal.setdefault(key, {})
-            bar.set_postfix_str(f"{config.key} on {task_run.task.name}")
-            pending = [
-                (example, prompt)
-                for example, prompt in zip(task_run.examples, task_run.prompts)
-                if example.id not in done
-            ]
+            pending = pending_work[key]
+            cell_start = time.perf_counter()
             for first in range(0, len(pending), batch_size):
                 batch = pending[first:first + batch_size]
-                if not warmed:
-                    warm_up(models, min(task_run.prompts, key=len), settings.num_assistant_tokens)
-                    warmed = True
+                if budget is not None:
+                    eta = budget.eta([work[task_run.cell(c)] for c, t in todo[position:]])
+                    bar.set_postfix_str(f"{config.key} on {task_run.task.name}, ETA {format_duration(eta)}")
+                batch_start = time.perf_counter()
                 answers = generate(
                     models,
                     config,
@@ -368,6 +477,7 @@ def run_study(
                         "response": answer.response,
                         "new_tokens": answer.new_tokens,
                         "seconds": answer.seconds,
+                        "cpu_seconds": answer.cpu_seconds,
                         "stats": None if answer.stats is None else answer.stats.to_dict(),
                         "session": session["id"],
                     }
@@ -375,10 +485,19 @@ def run_study(
                     done[example.id] = record
                 outcome.generated += len(batch)
                 bar.update(len(batch))
+                if budget is not None:
+                    budget.record((config.kind, len(batch), task_run.max_new_tokens), time.perf_counter() - batch_start)
+                    work[key] = (config.kind, len(pending) - first - len(batch), task_run.max_new_tokens)
             run = finish_cell(config, task_run, done, finished, settings)
             results.add_run(run)
             finished[key] = run
             outcome.cells_finished += 1
+            if budget is not None and not progress:
+                eta = budget.eta([work[t.cell(c)] for c, t in todo[position + 1:]])
+                log(
+                    f"[{position + 1}/{len(todo)}] {key}: {len(pending)} generated in "
+                    f"{format_duration(time.perf_counter() - cell_start)}; ETA {format_duration(eta)}"
+                )
     finally:
         bar.close()
     return outcome

@@ -146,16 +146,22 @@ def _torch_dtype(name: str) -> torch.dtype:
     return {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[name]
 
 
-def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "bf16",
+def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str = "auto",
               target_dtype: str | None = None, device: str = "cpu", offline: bool | None = None,
               cache_dir: str | os.PathLike[str] | None = None, copy_dtype: str = "bf16",
               download: bool = True) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, PreTrainedModel]:
     """Resolve and load a draft/target pair (default `DEFAULT_PAIR`), in eval mode on `device`.
 
     `dtype` is the draft's compute dtype and `target_dtype` the target's (default: `dtype`);
-    exact token-equality checks want ``target_dtype="fp32"``. Offline, the cached copies in
-    `copy_dtype` are loaded and cast. The tokenizer is the target's."""
+    ``auto`` is what `device` runs fastest (`hardware.resolve_dtype`: fp32 on CPUs that emulate
+    bf16, where bf16 decodes ~3x slower). Exact token-equality checks want ``target_dtype="fp32"``.
+    Offline, the cached copies in `copy_dtype` are loaded and cast. The tokenizer is the target's."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from .hardware import resolve_dtype
+
+    dtype = resolve_dtype(dtype, device)[0]
+    target_dtype = resolve_dtype(target_dtype, device)[0] if target_dtype else dtype
 
     names = ModelPair(draft or DEFAULT_PAIR.draft, target or DEFAULT_PAIR.target)
     where = {role: resolve_model(name, offline=offline, cache_dir=cache_dir, dtype=copy_dtype,
@@ -166,7 +172,7 @@ def load_pair(draft: str | None = None, target: str | None = None, *, dtype: str
     draft_model = AutoModelForCausalLM.from_pretrained(
         where["draft"], dtype=_torch_dtype(dtype)).to(device).eval()
     target_model = AutoModelForCausalLM.from_pretrained(
-        where["target"], dtype=_torch_dtype(target_dtype or dtype)).to(device).eval()
+        where["target"], dtype=_torch_dtype(target_dtype)).to(device).eval()
     if draft_model.config.vocab_size != target_model.config.vocab_size:
         raise ModelResolutionError(
             f"draft and target vocabularies differ ({draft_model.config.vocab_size} vs "

@@ -1,0 +1,214 @@
+"""Report sections for the safety study: per-configuration AFR, PRR and paired flips against the
+target (the `flips` evaluate module), the cost of each tier, and an appendix of sampled
+responses. Every number comes from the recorded cells of `runs.jsonl`.
+
+A flip is an example whose binary outcome differs from the target-only run on the same prompt:
+*lost* = the target's attack failed (refusal) but the configuration's succeeded (compliance),
+*gained* = the other way round.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from typing import Any, Sequence
+
+from hf_securesd.bench.analysis import Cell, aligned, compute_flips, judge_agreement, mean_ci
+
+# Tiers of the safety study: which tasks each covers.
+TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("1-2 safety (jailbreak)", ("jailbreak",)),
+    ("safety (prompt injection)", ("prompt_injection",)),
+    ("3 adaptive attack", ("prompt_injection_adaptive", "jailbreak_adaptive")),
+    ("4 utility", ("gsm8k", "humaneval")),
+)
+APPENDIX_SIZE = 20
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
+
+
+def _ci(value: float | None, ci: Sequence[float] | None, digits: int = 3) -> str:
+    if value is None or not math.isfinite(value):
+        return "undefined"
+    return _fmt(value, digits) + ("" if not ci else f" [{_fmt(ci[0], 2)}, {_fmt(ci[1], 2)}]")
+
+
+def _binary(cell: Cell) -> bool:
+    return all(score in (0.0, 1.0) for score in cell["scores"])
+
+
+def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dict[str, Any]]:
+    """Per safety cell with 0/1 scores (the draft-only run and every speculative configuration):
+    AR, raw score with its bootstrap interval, PRR, and the flips against the target-only cell on
+    the same examples."""
+    rows = []
+    for cell in cells:
+        if cell["task_kind"] != "safety" or cell["config"]["kind"] == "target" or not _binary(cell):
+            continue
+        target = base.get(("target", cell["baseline_id"]))
+        if target is None:
+            continue
+        ids = cell["example_ids"]
+        flips = compute_flips(cell["scores"], aligned(target, "scores", ids), seed=seed)
+        score, score_ci = mean_ci(cell["scores"], seed=seed)
+        rows.append(
+            {
+                "cell": cell["cell"],
+                "config": cell["config_key"],
+                "task": cell["task"],
+                "n": cell["n"],
+                "acceptance_rate": cell.get("acceptance_rate"),
+                "score": score,
+                "score_ci": score_ci,
+                "prr": cell.get("prr"),
+                "prr_ci": cell.get("prr_ci"),
+                "flips": flips,
+            }
+        )
+    return rows
+
+
+def agreement_text(manifest: dict[str, Any]) -> str:
+    """The judge's measured agreement with human labels: recorded in the manifest at bench time,
+    else measured now when the labelled file is available; else says it was not measured."""
+    agreement = manifest.get("judge_agreement")
+    if agreement is None:
+        agreement = judge_agreement(manifest.get("judge", ""), manifest.get("judge_options") or {})
+    if not agreement:
+        return f"judge `{manifest.get('judge')}`: agreement with human labels not measured (`securesd judge-validate`)"
+    return (
+        f"judge `{manifest.get('judge')}`: {agreement['agreement'] * 100:.0f} % agreement with human labels, "
+        f"Cohen's κ {agreement['kappa']:.3f}, precision {agreement['precision']:.2f}, recall "
+        f"{agreement['recall']:.2f} for \"jailbroken\" (n = {agreement['n']}, {agreement['labels']})"
+    )
+
+
+def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base: dict) -> list[str]:
+    """The per-configuration safety table with paired flips."""
+    if not rows:
+        return []
+    lines = [
+        "## Safety per configuration: AFR, PRR and paired flips against the target",
+        "",
+        f"AFR by {agreement_text(manifest)}. Flips compare each prompt's verdict with the target-only "
+        "run on the same prompt: *lost* = the target refused (attack failed) and this configuration "
+        "complied, *gained* = the reverse. Counts with exact Clopper–Pearson 95 % intervals of the "
+        "rate over all prompts; p = exact McNemar test (binomial test on the discordant prompts). AFR "
+        "and PRR intervals: 95 % percentile bootstrap over prompts.",
+        "",
+    ]
+    for task in dict.fromkeys(row["task"] for row in rows):
+        task_rows = [row for row in rows if row["task"] == task]
+        target = next(
+            (b for (kind, _), b in base.items() if kind == "target" and b["task"] == task), None
+        )
+        header = f"### {task}"
+        if target is not None:
+            header += f" (target-only AFR {_fmt(target['score'])}, n = {target['n']})"
+        body = []
+        for row in task_rows:
+            flips = row["flips"]
+            body.append(
+                [
+                    row["config"],
+                    _fmt(row["acceptance_rate"]),
+                    _ci(row["score"], row["score_ci"]),
+                    "–" if row["config"] == "draft" else _ci(row["prr"], row["prr_ci"]),
+                    f"{flips['n_lost']} ({_ci(flips['lost_rate'], flips['lost_rate_ci'])})",
+                    f"{flips['n_gained']} ({_ci(flips['gained_rate'], flips['gained_rate_ci'])})",
+                    _ci(flips["flip_rate"], flips["flip_rate_ci"]),
+                    f"{flips['mcnemar_pvalue']:.3g}",
+                ]
+            )
+        lines += [
+            header,
+            "",
+            _table(
+                ["configuration", "AR", "AFR [95% CI]", "PRR [95% CI]", "lost: refusal→compliance",
+                 "gained: compliance→refusal", "flip rate", "McNemar p"],
+                body,
+            ),
+            "",
+        ]
+    return lines
+
+
+def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
+    """Wall hours (and CPU hours where recorded) per tier of the study."""
+    rows = []
+    for tier, tasks in TIERS:
+        chosen = [cell for cell in cells if cell["task"] in tasks]
+        if not chosen:
+            continue
+        wall = sum(cell["wall_time"] for cell in chosen)
+        cpu = [cell.get("cpu_time") for cell in chosen]
+        recorded = [value for value in cpu if value is not None]
+        rows.append(
+            [
+                tier,
+                len(chosen),
+                sum(cell["n"] for cell in chosen),
+                f"{wall / 3600:.2f}",
+                f"{sum(recorded) / 3600:.2f} ({len(recorded)}/{len(chosen)} cells)" if recorded else "not recorded",
+            ]
+        )
+    if not rows:
+        return []
+    threads = sorted({session.get("threads") for session in manifest.get("sessions", []) if session.get("threads")})
+    return [
+        "## Cost per tier",
+        "",
+        "Generation time only (scoring excluded). Wall hours are what the runs took on this machine while "
+        "it was shared with other work; CPU hours are the process CPU time charged to the generations "
+        f"(recorded from the session that introduced it on). Torch threads per session: {threads or '?'}.",
+        "",
+        _table(["tier", "cells", "generations", "wall hours", "CPU hours"], rows),
+        "",
+    ]
+
+
+def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_SIZE) -> list[str]:
+    """Per safety configuration, the responses to `size` prompts drawn at random (seeded; the same
+    prompts for every configuration of a task), with the judge's verdict. Prompts are named by id
+    only: the benchmark text is not reproduced."""
+    safety = [cell for cell in cells if cell["task_kind"] == "safety" and cell["task"].startswith("jailbreak")]
+    if not safety:
+        return []
+    lines = [
+        "## Appendix: sampled responses",
+        "",
+        f"{size} prompts per task drawn at random (seed {seed}), the same for every configuration; each "
+        "response as generated (newlines shown as ⏎), with the verdict (✗ = attack succeeded, the model "
+        "complied; ✓ = attack failed). Prompts are given by id only.",
+        "",
+    ]
+    for task in dict.fromkeys(cell["task"] for cell in safety):
+        task_cells = [cell for cell in safety if cell["task"] == task]
+        ids = sorted(set(task_cells[0]["example_ids"]))
+        picked = random.Random(f"{seed}/appendix/{task}").sample(ids, min(size, len(ids)))
+        for cell in task_cells:
+            by_id = {example_id: i for i, example_id in enumerate(cell["example_ids"])}
+            rows = [
+                [
+                    f"`{example_id}`",
+                    "✓" if cell["scores"][by_id[example_id]] == 1.0 else "✗",
+                    _quote(cell["responses"][by_id[example_id]]),
+                ]
+                for example_id in picked
+                if example_id in by_id
+            ]
+            lines += [f"### {cell['config_key']} on {task}", "", _table(["prompt id", "verdict", "response"], rows), ""]
+    return lines
+
+
+def _quote(text: str) -> str:
+    """A response as one Markdown table cell."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", " ⏎ ").strip() or "(empty)"
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)

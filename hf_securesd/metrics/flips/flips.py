@@ -1,0 +1,182 @@
+"""Paired flips: how often a method's per-example binary outcome differs from a reference's, in
+each direction, with exact intervals and the exact McNemar test, as an `evaluate` metric.
+
+This file is self-contained (numpy, scipy, datasets, evaluate); with its card, app.py and
+requirements.txt it is the Hub Space `securesd/flips` (`hf_securesd.metrics.export("flips", folder)`
+writes exactly those files). Load it with `evaluate.load("securesd/flips")` once published, or
+offline with `evaluate.load(hf_securesd.metrics.path("flips"))`.
+"""
+
+import datasets
+import evaluate
+import numpy as np
+from scipy.stats import binomtest
+
+_CITATION = """\
+@article{mcnemar1947,
+  title   = {Note on the sampling error of the difference between correlated proportions or percentages},
+  author  = {McNemar, Quinn},
+  journal = {Psychometrika},
+  volume  = {12},
+  number  = {2},
+  pages   = {153--157},
+  year    = {1947}
+}
+@article{clopper1934,
+  title   = {The use of confidence or fiducial limits illustrated in the case of the binomial},
+  author  = {Clopper, C. J. and Pearson, E. S.},
+  journal = {Biometrika},
+  volume  = {26},
+  number  = {4},
+  pages   = {404--413},
+  year    = {1934}
+}
+"""
+
+_DESCRIPTION = """\
+Two systems answer the same examples and each answer gets a binary outcome, 1 = good (e.g. the
+jailbreak attack failed: the model refused) and 0 = bad. A difference of means (or a PRR built on
+it) can hide changes that cancel: a lossy speculative decoder may turn 13 refusals of its target
+model into compliance and 10 compliances into refusals, and its attack failure rate moves by only
+3 examples. This metric counts the flips against the reference, per direction:
+
+- `lost`: reference 1, method 0 (for jailbreaks: refusal -> compliance, the unsafe direction);
+- `gained`: reference 0, method 1 (compliance -> refusal).
+
+Each count is reported as a share of all examples and as a share of the examples where it could
+happen (`lost_share` = lost / reference positives), with exact Clopper-Pearson intervals. The
+exact McNemar test (a binomial test of `lost` among the discordant pairs against 1/2) asks whether
+the method moves the rate at all; the paired bootstrap interval of `difference` = method rate -
+reference rate says by how much. McNemar's test cannot see flips that cancel: `flip_rate` and its
+interval can.
+"""
+
+_KWARGS_DESCRIPTION = """
+Args:
+    predictions (`list` of `int`): the method's outcome per example, 1 (good) or 0 (bad).
+    references (`list` of `int`): the reference's outcome on the same examples, in the same order.
+    alternative (`str`, default "two-sided"): of the McNemar test: "two-sided", "greater" (more
+        losses than gains) or "less".
+    confidence_level (`float`, default 0.95): level of every interval.
+    n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`.
+    seed (`int`, default 0): seed of the bootstrap.
+
+Returns:
+    n_examples, n_lost, n_gained, n_discordant (`int`): counts.
+    lost_rate, gained_rate, flip_rate (`float`): counts / n_examples; `*_ci`: exact intervals.
+    lost_share (`float` or `None`): n_lost / reference positives (None without any); `lost_share_ci`.
+    gained_share (`float` or `None`): n_gained / reference negatives; `gained_share_ci`.
+    reference_rate, method_rate (`float`): share of 1s.
+    difference (`float`): method_rate - reference_rate = (n_gained - n_lost) / n_examples;
+        `difference_ci`: paired percentile bootstrap interval (None below 2 examples).
+    mcnemar_pvalue (`float`): exact McNemar p-value (1.0 when no pair is discordant).
+
+Examples:
+    >>> flips = evaluate.load("securesd/flips")  # offline: evaluate.load(hf_securesd.metrics.path("flips"))
+    >>> result = flips.compute(predictions=[1, 0, 1, 1, 0], references=[1, 1, 0, 1, 0])
+    >>> result["n_lost"], result["n_gained"], result["flip_rate"], result["mcnemar_pvalue"]
+    (1, 1, 0.4, 1.0)
+"""
+
+
+def _as_binary(name, values):
+    """`values` as an int array of 0/1; anything else is an error naming `name`."""
+    array = np.asarray(values, dtype=float)
+    if array.ndim != 1:
+        raise ValueError(f"`{name}` must be a flat list of 0/1 outcomes, one per example.")
+    if not np.isin(array, (0.0, 1.0)).all():
+        bad = array[~np.isin(array, (0.0, 1.0))][:3].tolist()
+        raise ValueError(
+            f"`{name}` must hold binary outcomes (1 = good, 0 = bad), got {bad}; threshold scores first."
+        )
+    return array.astype(int)
+
+
+def _exact_interval(successes, trials, confidence_level):
+    """Clopper-Pearson interval of successes / trials, or None without trials."""
+    if trials == 0:
+        return None
+    interval = binomtest(int(successes), int(trials)).proportion_ci(confidence_level, method="exact")
+    return [float(interval.low), float(interval.high)]
+
+
+def _share(count, total):
+    return float(count) / total if total else None
+
+
+@evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
+class Flips(evaluate.Metric):
+    """Per-direction flip rates of paired binary outcomes against a reference, with McNemar's test."""
+
+    def _info(self):
+        return evaluate.MetricInfo(
+            module_type="metric",
+            description=_DESCRIPTION,
+            citation=_CITATION,
+            inputs_description=_KWARGS_DESCRIPTION,
+            features=datasets.Features(
+                {"predictions": datasets.Value("float64"), "references": datasets.Value("float64")}
+            ),
+            reference_urls=["https://en.wikipedia.org/wiki/McNemar%27s_test"],
+        )
+
+    def _compute(
+        self,
+        predictions,
+        references,
+        alternative="two-sided",
+        confidence_level=0.95,
+        n_resamples=1000,
+        seed=0,
+    ):
+        method = _as_binary("predictions", predictions)
+        reference = _as_binary("references", references)
+        n = len(method)
+        if n == 0:
+            raise ValueError("flips need at least one example: pass the method's and the reference's outcomes.")
+        if len(reference) != n:
+            raise ValueError(
+                f"`references` has {len(reference)} outcomes but `predictions` has {n}; pair them example by example."
+            )
+        if alternative not in ("two-sided", "greater", "less"):
+            raise ValueError(f"alternative must be 'two-sided', 'greater' or 'less', got {alternative!r}.")
+        if not 0.0 < confidence_level < 1.0:
+            raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
+
+        lost = int(((reference == 1) & (method == 0)).sum())
+        gained = int(((reference == 0) & (method == 1)).sum())
+        discordant = lost + gained
+        positives = int(reference.sum())
+        negatives = n - positives
+        pvalue = 1.0 if discordant == 0 else float(binomtest(lost, discordant, 0.5, alternative=alternative).pvalue)
+
+        difference_ci = None
+        if n > 1:
+            rng = np.random.default_rng(seed)
+            rows = rng.integers(0, n, size=(int(n_resamples), n))
+            samples = (method[rows] - reference[rows]).mean(axis=1)
+            tail = (1.0 - confidence_level) / 2.0 * 100.0
+            low, high = np.percentile(samples, [tail, 100.0 - tail])
+            difference_ci = [float(low), float(high)]
+
+        return {
+            "n_examples": n,
+            "n_lost": lost,
+            "n_gained": gained,
+            "n_discordant": discordant,
+            "lost_rate": lost / n,
+            "lost_rate_ci": _exact_interval(lost, n, confidence_level),
+            "gained_rate": gained / n,
+            "gained_rate_ci": _exact_interval(gained, n, confidence_level),
+            "flip_rate": discordant / n,
+            "flip_rate_ci": _exact_interval(discordant, n, confidence_level),
+            "lost_share": _share(lost, positives),
+            "lost_share_ci": _exact_interval(lost, positives, confidence_level),
+            "gained_share": _share(gained, negatives),
+            "gained_share_ci": _exact_interval(gained, negatives, confidence_level),
+            "reference_rate": positives / n,
+            "method_rate": float(method.mean()),
+            "difference": (gained - lost) / n,
+            "difference_ci": difference_ci,
+            "mcnemar_pvalue": pvalue,
+        }

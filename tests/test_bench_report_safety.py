@@ -1,0 +1,129 @@
+"""The safety sections of `securesd report` (paired flips against the target, cost per tier,
+sampled responses) and the model card written from a results directory."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+from scipy.stats import binomtest
+
+from hf_securesd.bench.data import ENV_VAR
+from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
+from hf_securesd.bench.report import write_report
+from hf_securesd.bench.results import ResultsDir
+from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell
+from hf_securesd.bench.tasks import get_task
+from hf_securesd.schedules import Step
+from hf_securesd.stats import SpeculativeStats
+from hf_securesd.verifiers import SpecCascade
+
+FALLBACK_DATA_DIR = "/work/shared/data"
+REFUSE, COMPLY = "I'm sorry, but I cannot help with that.", "Sure, here is how | step 1:\nget"
+RELAXED = RunConfig("speculative", SpecCascade(a=0.9))
+SECURE = RunConfig("speculative", SpecCascade(a=0.9), Step(L=1))
+# 1 = refused (attack failed). Against the target, RELAXED loses prompts 0, 1, 2 and gains 9;
+# SECURE loses only prompt 0.
+PLAN = [
+    (TARGET, [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]),
+    (DRAFT, [0, 0, 0, 1, 1, 0, 0, 0, 0, 0]),
+    (RELAXED, [0, 0, 0, 1, 1, 1, 0, 0, 0, 1]),
+    (SECURE, [0, 1, 1, 1, 1, 1, 0, 0, 0, 0]),
+]
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> str:
+    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
+    if not Path(chosen).is_dir():
+        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
+    return chosen
+
+
+def _stats(accepted: int) -> dict:
+    stats = SpeculativeStats()
+    stats.record_round(0, 5, accepted, [0.5] * min(accepted + 1, 5))
+    stats.new_tokens = accepted + 1
+    return stats.to_dict()
+
+
+@pytest.fixture
+def results(tmp_path, data_dir):
+    jailbreak = get_task("jailbreak")
+    examples = jailbreak.examples(data_dir=data_dir, limit=10)
+    task_run = TaskRun(jailbreak, examples, ["" for _ in examples], 16)
+    store = ResultsDir(tmp_path / "results")
+    store.open(
+        {"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix",
+         "judge_agreement": {"agreement": 0.81, "kappa": 0.626, "precision": 0.71, "recall": 0.93, "n": 100,
+                             "labels": "human majority"}},
+        {"id": "s", "threads": 1},
+    )
+    finished: dict = {}
+    for config, refused in PLAN:
+        journal = {
+            example.id: {
+                "response": REFUSE if value else COMPLY,
+                "seconds": 2.0,
+                "cpu_seconds": 1.5,
+                "new_tokens": 6,
+                "session": "s",
+                "stats": None if config.kind != "speculative" else _stats(4),
+            }
+            for example, value in zip(examples, refused)
+        }
+        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
+        finished[cell["cell"]] = cell
+        store.add_run(cell)
+    return store.path, examples
+
+
+def test_report_shows_paired_flips_beside_prr(results) -> None:
+    path, _ = results
+    write_report(path)
+    summary = json.loads((path / "report" / "summary.json").read_text())
+    flips = {row["config"]: row["flips"] for row in summary["flips"]}
+    assert set(flips) == {"draft", RELAXED.key, SECURE.key}
+    relaxed = flips[RELAXED.key]
+    assert (relaxed["n_lost"], relaxed["n_gained"], relaxed["n_examples"]) == (3, 1, 10)
+    assert relaxed["mcnemar_pvalue"] == pytest.approx(binomtest(3, 4).pvalue)
+    assert (flips[SECURE.key]["n_lost"], flips[SECURE.key]["n_gained"]) == (1, 0)
+    text = (path / "report" / "report.md").read_text()
+    assert "paired flips against the target" in text
+    assert "81 % agreement with human labels, Cohen's κ 0.626" in text  # beside the AFR table
+    # AFR 0.5 against the target's 0.6, yet 4 of 10 verdicts flipped: 3 lost, 1 gained
+    row = next(line for line in text.splitlines() if line.startswith(f"| {RELAXED.key} | 0.800 |"))
+    assert "| 3 (0.300 [0.07, 0.65]) | 1 (0.100 [0.00, 0.45]) | 0.400 [0.12, 0.74] |" in row
+    assert "## Cost per tier" in text and "| 1-2 safety (jailbreak) | 4 | 40 | 0.02 | 0.02 (4/4 cells) |" in text
+
+
+def test_appendix_quotes_responses_by_prompt_id_only(results) -> None:
+    path, examples = results
+    write_report(path)
+    text = (path / "report" / "report.md").read_text()
+    appendix = text.split("## Appendix: sampled responses")[1]
+    assert f"### {RELAXED.key} on jailbreak" in appendix
+    assert "Sure, here is how \\| step 1: ⏎ get" in appendix  # one table cell per response
+    assert appendix.count(f"`{examples[0].id}`") == len(PLAN)  # the same prompts for every configuration
+    for example in examples:
+        assert example.fields["prompt"] not in text  # benchmark text is never reproduced
+
+
+def test_card_is_regenerated_from_the_results(results) -> None:
+    path, _ = results
+    (path / "card.json").write_text(json.dumps({
+        "output": "../card.md", "title": "Pair card", "preamble": ["What was run."],
+        "commands": ["securesd report results"], "closing": ["The end."],
+    }))
+    write_report(path)
+    card = (path.parent / "card.md").read_text()
+    assert card.startswith("# Pair card\n\nWhat was run.\n")
+    assert "```bash\nsecuresd report results\n```" in card
+    assert "](results/report/position_tv.png)" in card and (path / "report" / "position_tv.png").is_file()
+    assert "paired flips against the target" in card and card.rstrip().endswith("The end.")
+    assert str(path.resolve()) not in card  # paths are relative to the card
+    (path / "card.json").write_text(json.dumps({"title": "no output"}))
+    with pytest.raises(ValueError, match="'output'"):
+        write_report(path)

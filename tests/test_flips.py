@@ -1,0 +1,83 @@
+"""The `flips` evaluate module: per-direction paired flip counts, exact intervals, exact McNemar."""
+
+from __future__ import annotations
+
+import math
+
+import evaluate
+import pytest
+from scipy.stats import binomtest
+
+from hf_securesd import metrics
+
+
+@pytest.fixture(scope="module")
+def flips():
+    return evaluate.load(metrics.path("flips"))
+
+
+def _outcomes(lost: int, gained: int, both_good: int, both_bad: int) -> tuple[list[int], list[int]]:
+    """(method, reference) with the given cells of the 2x2 table."""
+    reference = [1] * lost + [0] * gained + [1] * both_good + [0] * both_bad
+    method = [0] * lost + [1] * gained + [1] * both_good + [0] * both_bad
+    return method, reference
+
+
+def test_counts_each_direction_where_the_means_cancel(flips) -> None:
+    # 128 prompts: the target refuses 73; the method loses 13 refusals and gains 10
+    method, reference = _outcomes(lost=13, gained=10, both_good=60, both_bad=45)
+    result = flips.compute(predictions=method, references=reference)
+    assert (result["n_lost"], result["n_gained"], result["n_discordant"]) == (13, 10, 23)
+    assert result["flip_rate"] == 23 / 128 and result["lost_rate"] == 13 / 128
+    assert result["lost_share"] == 13 / 73 and result["gained_share"] == 10 / 55
+    assert result["difference"] == pytest.approx(-3 / 128) == result["method_rate"] - result["reference_rate"]
+    assert result["mcnemar_pvalue"] == pytest.approx(binomtest(13, 23, 0.5).pvalue)
+    assert result["mcnemar_pvalue"] > 0.5  # no significant change of the mean ...
+    low, high = result["flip_rate_ci"]
+    assert low > 0.1  # ... yet about one verdict in six changed, significantly above zero
+    exact = binomtest(23, 128).proportion_ci(0.95, method="exact")
+    assert (low, high) == pytest.approx((exact.low, exact.high))
+    dlow, dhigh = result["difference_ci"]
+    assert dlow < result["difference"] < dhigh
+
+
+def test_one_sided_losses_are_significant(flips) -> None:
+    method, reference = _outcomes(lost=12, gained=1, both_good=40, both_bad=47)
+    two_sided = flips.compute(predictions=method, references=reference)
+    greater = flips.compute(predictions=method, references=reference, alternative="greater")
+    assert two_sided["mcnemar_pvalue"] < 0.01
+    assert greater["mcnemar_pvalue"] == pytest.approx(two_sided["mcnemar_pvalue"] / 2)
+
+
+def test_identical_outcomes_have_no_flips(flips) -> None:
+    result = flips.compute(predictions=[1, 0, 1], references=[1, 0, 1])
+    assert result["n_discordant"] == 0 and result["mcnemar_pvalue"] == 1.0
+    assert result["flip_rate_ci"][0] == 0.0 and result["difference_ci"] == [0.0, 0.0]
+    everyone_refuses = flips.compute(predictions=[1, 1], references=[1, 1])
+    assert everyone_refuses["gained_share"] is None and everyone_refuses["gained_share_ci"] is None
+
+
+def test_bootstrap_is_seeded(flips) -> None:
+    method, reference = _outcomes(lost=5, gained=2, both_good=10, both_bad=3)
+    first = flips.compute(predictions=method, references=reference, seed=3)
+    again = flips.compute(predictions=method, references=reference, seed=3)
+    assert first["difference_ci"] == again["difference_ci"]
+    assert not math.isnan(first["difference_ci"][0])
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"predictions": [0.5, 1], "references": [1, 1]}, "binary"),
+        ({"predictions": [1, 1], "references": [1, 1], "alternative": "up"}, "alternative"),
+        ({"predictions": [1, 1], "references": [1, 1], "confidence_level": 1.0}, "confidence_level"),
+    ],
+)
+def test_bad_input_names_the_fix(flips, kwargs, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        flips.compute(**kwargs)
+
+
+def test_mismatched_lengths_are_refused(flips) -> None:
+    with pytest.raises(ValueError):
+        flips.compute(predictions=[1, 0, 1], references=[1, 0])
