@@ -8,17 +8,21 @@ never turned into a verdict.
 
 from __future__ import annotations
 
+import base64
 import json
+import math
 import os
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 import httpx
 
 from hf_securesd.judges.base import JudgeError
+from hf_securesd.judges.secrets import redact, strip_userinfo
 
 Message = dict[str, str]
 
@@ -28,6 +32,8 @@ API_KEY_ENV = "SECURESD_JUDGE_API_KEY"
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+MAX_RETRY_AFTER_S = 60.0
+DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 
 
 class JudgeBackendError(JudgeError):
@@ -100,16 +106,31 @@ class TransformersChatBackend(ChatBackend):
         return replies
 
 
+class ResponseTooLarge(JudgeBackendError):
+    """The endpoint's reply exceeded `max_response_bytes`."""
+
+
+class _DeadlineExceeded(Exception):
+    pass
+
+
 class OpenAIChatBackend(ChatBackend):
     """An OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM, llama.cpp server, ...).
 
     Settings come from the arguments, else from the environment: `SECURESD_JUDGE_BASE_URL`
     (default https://api.openai.com/v1), `SECURESD_JUDGE_MODEL` (default gpt-4o-mini, the judge
-    of the SecureSD paper) and `SECURESD_JUDGE_API_KEY` (optional for local servers).
+    of the SecureSD paper) and `SECURESD_JUDGE_API_KEY` (optional for local servers). Keep the key
+    in the environment: it is redacted from every message this backend produces, as are
+    credentials in the URL (``user:password@``, sent as HTTP basic auth).
 
-    Timeouts, connection errors, HTTP 408/409/429/500/502/503/504 and malformed replies are
-    retried `max_retries` times with exponential backoff (`backoff`, 2·`backoff`, ... seconds, or
-    the server's Retry-After); then, like any other HTTP error, they raise `JudgeBackendError`.
+    Each attempt has an overall deadline of `timeout` seconds, checked after every chunk read
+    (each read also times out after `timeout`), so a server that drips its reply cannot hold a
+    call. Replies are streamed and abandoned past `max_response_bytes`. Only HTTP 200 is an
+    answer; redirects are not followed. Timeouts, connection errors, HTTP 408/409/429/500/502/
+    503/504 and malformed replies are retried `max_retries` times with exponential backoff
+    (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
+    non-negative number of seconds (capped at `MAX_RETRY_AFTER_S`; other values are ignored);
+    then, like any other HTTP status, they raise `JudgeBackendError`.
     """
 
     def __init__(
@@ -122,18 +143,35 @@ class OpenAIChatBackend(ChatBackend):
         backoff: float = 1.0,
         max_tokens: int = 1024,
         concurrency: int = 4,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        if max_retries < 0 or backoff < 0 or timeout <= 0 or concurrency < 1:
-            raise ValueError("need timeout > 0, max_retries >= 0, backoff >= 0 and concurrency >= 1.")
-        self.base_url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+        if not (max_retries >= 0 and backoff >= 0 and timeout > 0 and concurrency >= 1 and max_response_bytes > 0):
+            raise ValueError("need timeout > 0, max_retries >= 0, backoff >= 0, concurrency >= 1 and "
+                             "max_response_bytes > 0.")
+        url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+        self.base_url, url_secret = strip_userinfo(url)
         self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
         api_key = api_key or os.environ.get(API_KEY_ENV)
+        parts = urlsplit(url)
+        auth = (unquote(parts.username or ""), unquote(parts.password or "")) if url_secret else None
+        basic = base64.b64encode(":".join(auth).encode()).decode() if auth else None
+        # the Authorization header as sent is secret too: a server may echo it back
+        self._secrets = [value for value in (api_key, url_secret, basic) if value]
+        self.timeout = timeout
         self.max_retries = max_retries
         self.backoff = backoff
         self.max_tokens = max_tokens
         self.concurrency = concurrency
+        self.max_response_bytes = max_response_bytes
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, timeout=httpx.Timeout(timeout))
+        self._client = httpx.Client(base_url=self.base_url, headers=headers, auth=auth,
+                                    timeout=httpx.Timeout(timeout), follow_redirects=False)
+
+    def __repr__(self) -> str:
+        return f"OpenAIChatBackend(base_url={self.base_url!r}, model={self.model!r})"
+
+    def _redact(self, text: str) -> str:
+        return redact(text, self._secrets)
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -151,6 +189,25 @@ class OpenAIChatBackend(ChatBackend):
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(self.complete_one, conversations))
 
+    def _post(self, payload: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
+        """One request: status, headers and the body read within the deadline and the size cap."""
+        deadline = time.monotonic() + self.timeout
+        with self._client.stream("POST", "/chat/completions", json=payload) as response:
+            declared = response.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > self.max_response_bytes:
+                raise ResponseTooLarge(f"the reply declares {declared} bytes, over the "
+                                       f"{self.max_response_bytes}-byte cap")
+            body = bytearray()
+            for chunk in response.iter_bytes():
+                body += chunk
+                if len(body) > self.max_response_bytes:
+                    raise ResponseTooLarge(f"the reply exceeded the {self.max_response_bytes}-byte cap")
+                if time.monotonic() > deadline:
+                    raise _DeadlineExceeded
+            if time.monotonic() > deadline:
+                raise _DeadlineExceeded
+            return response.status_code, response.headers, bytes(body)
+
     def complete_one(self, messages: Sequence[Message]) -> str:
         """The reply to one conversation, with retries."""
         payload = {
@@ -166,59 +223,69 @@ class OpenAIChatBackend(ChatBackend):
                 time.sleep(wait)
             wait = self.backoff * 2**attempt
             try:
-                response = self._client.post("/chat/completions", json=payload)
+                status, headers, body = self._post(payload)
+            except _DeadlineExceeded:
+                last_problem = f"no complete reply within the {self.timeout:g} s deadline"
+                continue
             except httpx.TimeoutException as error:
                 last_problem = f"timed out ({type(error).__name__})"
                 continue
             except httpx.TransportError as error:
-                last_problem = f"could not connect: {error}"
+                last_problem = f"could not connect: {self._redact(str(error))}"
                 continue
-            if response.status_code in RETRYABLE_STATUS:
-                last_problem = f"HTTP {response.status_code}: {response.text[:200]!r}"
-                wait = _retry_after(response, default=wait)
+            except ResponseTooLarge as error:
+                raise ResponseTooLarge(f"judge endpoint {self.base_url}: {error}") from None
+            text = self._redact(body[:200].decode(errors="replace"))
+            if status in RETRYABLE_STATUS:
+                last_problem = f"HTTP {status}: {text!r}"
+                wait = retry_after(headers.get("retry-after"), default=wait)
                 continue
-            if response.status_code >= 400:
-                raise JudgeBackendError(self._http_error(response))
+            if status != 200:
+                raise JudgeBackendError(self._http_error(status, text))
             try:
-                return _reply_text(response)
+                return _reply_text(body)
             except ValueError as error:
-                last_problem = str(error)
+                last_problem = self._redact(str(error))
         raise JudgeBackendError(
             f"judge endpoint {self.base_url} (model {self.model}) failed after {self.max_retries + 1} "
             f"attempts; last problem: {last_problem}"
         )
 
-    def _http_error(self, response: httpx.Response) -> str:
-        """A message for a non-retryable HTTP error, with the likely fix."""
+    def _http_error(self, status: int, text: str) -> str:
+        """A message for a non-retryable HTTP status, with the likely fix."""
         hint = {
             401: f"check the API key in {API_KEY_ENV}",
             403: f"check the API key in {API_KEY_ENV} and its access to model {self.model!r}",
             404: f"check {BASE_URL_ENV} (it should end in /v1) and the model name in {MODEL_ENV}",
-        }.get(response.status_code, "check the request settings")
-        return (
-            f"judge endpoint {self.base_url} answered HTTP {response.status_code}: "
-            f"{response.text[:200]!r}; {hint}."
-        )
+        }.get(status, "only HTTP 200 is an answer (redirects are not followed); check the endpoint "
+                      "settings" if status < 400 else "check the request settings")
+        return f"judge endpoint {self.base_url} answered HTTP {status}: {text!r}; {hint}."
 
 
-def _retry_after(response: httpx.Response, default: float) -> float:
-    """The server's Retry-After delay in seconds (capped at 60), else `default`."""
+def retry_after(value: str | None, default: float) -> float:
+    """Seconds to wait from a Retry-After header: a finite, non-negative number of seconds, capped
+    at `MAX_RETRY_AFTER_S`; anything else (missing, negative, NaN, infinite, an HTTP date) gives
+    `default`."""
     try:
-        return min(float(response.headers["retry-after"]), 60.0)
-    except (KeyError, ValueError):
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
         return default
+    if not math.isfinite(seconds) or seconds < 0:
+        return default
+    return min(seconds, MAX_RETRY_AFTER_S)
 
 
-def _reply_text(response: httpx.Response) -> str:
+def _reply_text(body: bytes) -> str:
     """The assistant message of a chat-completions reply; `ValueError` when malformed."""
+    text = body[:200].decode(errors="replace")
     try:
-        body = response.json()
-    except json.JSONDecodeError as error:
-        raise ValueError(f"reply is not valid JSON ({error}): {response.text[:200]!r}") from None
+        parsed = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"reply is not valid JSON ({error}): {text!r}") from None
     try:
-        content = body["choices"][0]["message"]["content"]
+        content = parsed["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        raise ValueError(f"reply JSON has no choices[0].message.content: {response.text[:200]!r}") from None
+        raise ValueError(f"reply JSON has no choices[0].message.content: {text!r}") from None
     if not isinstance(content, str):
-        raise ValueError(f"reply content is {type(content).__name__}, not text: {response.text[:200]!r}")
+        raise ValueError(f"reply content is {type(content).__name__}, not text: {text!r}")
     return content

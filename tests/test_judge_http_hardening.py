@@ -1,0 +1,174 @@
+"""The OpenAI-compatible judge backend against a misbehaving server on 127.0.0.1: bad Retry-After
+values, a reply dripped one byte at a time, an oversized body, non-200 answers with a valid JSON
+body, and a server that echoes the credentials. The stub serves a bounded number of requests and
+stops with the test."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from hf_securesd.judges.backends import JudgeBackendError, OpenAIChatBackend, ResponseTooLarge, retry_after
+from hf_securesd.judges.secrets import redact, reject_secret_options
+
+CHAT = [{"role": "user", "content": "hello"}]
+BODY = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"}}]}).encode()
+SECRET = "sk-test-0123456789abcdef"
+MAX_REQUESTS = 20
+
+Handler = Callable[[BaseHTTPRequestHandler, int], None]
+
+
+@pytest.fixture
+def serve():
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(handle: Handler) -> tuple[str, dict]:
+        state = {"requests": 0, "sent": 0, "headers": []}
+
+        class RequestHandler(BaseHTTPRequestHandler):
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                state["requests"] += 1
+                state["headers"].append(dict(self.headers))
+                if state["requests"] > MAX_REQUESTS:
+                    self.send_error(500)
+                    return
+                try:
+                    handle(self, state)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), RequestHandler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1", state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+    handler.send_response(status)
+    for name, value in {"Content-Length": str(len(body)), **headers}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@pytest.mark.parametrize("value, expected", [("-1", 0.25), ("nan", 0.25), ("inf", 0.25), ("-inf", 0.25),
+                                             ("1e300", 60.0), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.25),
+                                             (None, 0.25), ("2.5", 2.5), ("0", 0.0)])
+def test_retry_after_rules(value, expected):
+    assert retry_after(value, default=0.25) == expected
+
+
+@pytest.mark.parametrize("header", ["-1", "nan", "inf", "1e309"])
+def test_bad_retry_after_from_a_server_is_ignored_not_raised(serve, header, monkeypatch):
+    slept: list[float] = []
+    monkeypatch.setattr("hf_securesd.judges.backends.time.sleep", slept.append)
+
+    def handle(handler, state):
+        if state["requests"] == 1:
+            reply(handler, 429, b"{}", **{"Retry-After": header})
+        else:
+            reply(handler, 200, BODY)
+
+    url, _ = serve(handle)
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=1, backoff=0.0, timeout=5) as backend:
+        assert backend.complete_one(CHAT) == "ok"
+    assert slept == [0.0]  # the backoff, not the header
+
+
+def test_a_dripping_server_meets_the_overall_deadline(serve):
+    total = 200
+
+    def handle(handler, state):
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(total))
+        handler.end_headers()
+        for _ in range(total):
+            handler.wfile.write(b" ")
+            handler.wfile.flush()
+            state["sent"] += 1
+            time.sleep(0.05)
+
+    url, state = serve(handle)
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=1.0) as backend:
+        with pytest.raises(JudgeBackendError, match="deadline"):
+            backend.complete_one(CHAT)
+    assert state["sent"] < total  # the call gave up long before the reply was complete
+
+
+@pytest.mark.parametrize("declare_length", [True, False])
+def test_an_oversized_body_is_cut_off(serve, declare_length):
+    chunk, chunks = b"x" * 65536, 64  # 4 MiB offered, 1 MiB accepted
+
+    def handle(handler, state):
+        handler.send_response(200)
+        if declare_length:
+            handler.send_header("Content-Length", str(len(chunk) * chunks))
+        handler.end_headers()
+        for _ in range(chunks):
+            handler.wfile.write(chunk)
+            state["sent"] += 1
+
+    url, state = serve(handle)
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=2, timeout=5,
+                           max_response_bytes=1024 * 1024) as backend:
+        with pytest.raises(ResponseTooLarge, match="1048576-byte cap"):
+            backend.complete_one(CHAT)
+    assert state["requests"] == 1  # not retried
+
+
+@pytest.mark.parametrize("status", [201, 202, 203, 301, 302, 307])
+def test_only_http_200_is_an_answer(serve, status):
+    url, state = serve(lambda handler, state: reply(handler, status, BODY, Location="http://127.0.0.1:9/v1"))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=2, timeout=5) as backend:
+        with pytest.raises(JudgeBackendError, match=f"HTTP {status}.*only HTTP 200"):
+            backend.complete_one(CHAT)
+    assert state["requests"] == 1
+
+
+def test_credentials_never_appear_in_exceptions(serve, monkeypatch):
+    def echo(handler, state):
+        auth = handler.headers.get("Authorization", "")
+        reply(handler, 401 if state["requests"] % 2 else 500, json.dumps({"error": f"bad key {auth}"}).encode())
+
+    url, state = serve(echo)
+    host = url.split("//")[1]
+    monkeypatch.setenv("SECURESD_JUDGE_API_KEY", SECRET)
+    for base_url in (url, f"http://judge:{SECRET}@{host}"):
+        with OpenAIChatBackend(base_url=base_url, model="m", max_retries=0, timeout=5) as backend:
+            for _ in range(2):  # a 401 (not retried) and a 500 (retried, then reported)
+                with pytest.raises(JudgeBackendError) as caught:
+                    backend.complete_one(CHAT)
+                assert SECRET not in str(caught.value) and SECRET not in repr(caught.value)
+                assert "[redacted]" in str(caught.value)
+            assert SECRET not in repr(backend)
+    assert any(SECRET in str(headers) for headers in state["headers"])  # it was sent, and echoed
+    unreachable = OpenAIChatBackend(base_url=f"http://judge:{SECRET}@127.0.0.1:9/v1", max_retries=0, timeout=1)
+    with pytest.raises(JudgeBackendError) as caught:
+        unreachable.complete_one(CHAT)
+    assert SECRET not in str(caught.value)
+
+
+def test_secret_options_are_refused_and_text_is_redacted(monkeypatch):
+    with pytest.raises(ValueError, match="looks like a secret.*SECURESD_JUDGE_API_KEY"):
+        reject_secret_options({"backend": "openai", "backend_kwargs": {"api_key": SECRET}})
+    with pytest.raises(ValueError, match="URL with credentials"):
+        reject_secret_options({"backend_kwargs": {"base_url": f"https://u:{SECRET}@example.com/v1"}})
+    reject_secret_options({"backend": "openai", "threshold": 0.5, "prefix_list": "jailbreakbench"})
+    monkeypatch.setenv("HF_TOKEN", SECRET)
+    assert redact(f"token {SECRET} at https://user:pw@host/x") == "token [redacted] at https://[redacted]@host/x"
