@@ -30,6 +30,7 @@ _TASK_MODULES: dict[str, str] = {
     "humaneval": "humaneval",
     "gsm8k": "gsm8k",
     "jailbreak": "jailbreak",
+    "jailbreak_adaptive": "jailbreak",
     "prompt_injection": "prompt_injection",
     "prompt_injection_adaptive": "prompt_injection",
 }
