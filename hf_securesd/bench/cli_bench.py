@@ -71,6 +71,12 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     )
     parser.add_argument("--judge", default="refusal_prefix", help="jailbreak judge of hf_securesd.judges")
     parser.add_argument(
+        "--unsafe-no-isolation",
+        action="store_true",
+        help="run generated code (HumanEval) WITHOUT bubblewrap isolation, with resource limits only; "
+        "by default the run refuses when bubblewrap is unusable",
+    )
+    parser.add_argument(
         "--judge-option",
         action="append",
         default=[],
@@ -196,6 +202,7 @@ def prepare(args: argparse.Namespace):
         seed=args.seed,
         judge=args.judge,
         judge_options=judge_options(args.judge_option),
+        isolation="unsafe-none" if args.unsafe_no_isolation else "auto",
         profile=profile.name,
     )
     models = load_study_models(

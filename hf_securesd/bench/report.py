@@ -40,6 +40,8 @@ from hf_securesd.bench.card import write_card
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
 from hf_securesd.bench.report_safety import appendix_section, cost_section, flip_rows, flips_section
 from hf_securesd.bench.results import ResultsDir, baselines
+from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
+from hf_securesd.judges.secrets import redact
 
 KINDS = ("safety", "utility")
 
@@ -64,6 +66,12 @@ def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
     return "\n".join(lines)
+
+
+def unparsed(cells: Iterable[Cell | None]) -> int:
+    """Judge verdicts that could not be parsed in `cells` (they follow the judge's `unparsed`
+    policy; always 0 for tasks without an LLM judge)."""
+    return sum(bool(detail.get("unparsed")) for cell in cells if cell for detail in cell.get("details", []))
 
 
 def relaxed_verifiers(cells: Sequence[Cell]) -> list[str]:
@@ -101,6 +109,7 @@ def ar_bin_table(cells: Sequence[Cell]) -> list[dict[str, Any]]:
                 "spd": mean_ci([cell.get("spd") for cell in chosen]),
                 "cells": len(chosen),
                 "cells_with_prr": sum(value is not None for value in prrs),
+                "unparsed": unparsed(chosen),
             }
         rows.append(row)
     return rows
@@ -125,7 +134,7 @@ def delta_row(
 ) -> dict[str, Any]:
     """Table 5 analog for one verifier and schedule: ΔPRR per task (paired over examples and
     averaged over the knob sweep, `prr` module) and ΔSPD pooled over tasks and settings."""
-    row: dict[str, Any] = {"verifier": verifier, "schedule": schedule, "tasks": {}}
+    row: dict[str, Any] = {"verifier": verifier, "schedule": schedule, "tasks": {}, "unparsed": 0}
     speed_pairs = []
     for task in tasks:
         pairs = _pair_cells(cells, verifier, schedule, task)
@@ -137,6 +146,7 @@ def delta_row(
             )
             if target is None or draft is None:
                 continue
+            row["unparsed"] += unparsed([with_cell, without_cell])
             columns["method"] += aligned(with_cell, "scores", ids)
             columns["baseline"] += aligned(without_cell, "scores", ids)
             columns["target"] += aligned(target, "scores", ids)
@@ -149,6 +159,10 @@ def delta_row(
                     np.asarray(aligned(without_cell, "seconds", ids)),
                 )
             )
+        # examples without a score (a verdict excluded by the judge's `unparsed` policy) are left out
+        keep = [index for index, values in enumerate(zip(columns["method"], columns["baseline"], columns["target"],
+                                                         columns["draft"])) if all(map(math.isfinite, values))]
+        columns = defaultdict(list, {name: [values[index] for index in keep] for name, values in columns.items()})
         if not columns["method"]:
             continue
         result = compute_prr(
@@ -257,12 +271,16 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
     same_session = sum(cell["spd_same_session"] for cell in same)
     seed = manifest.get("seed")
     seed_text = "each task's default (0)" if seed is None else str(seed)
-    judge_options = manifest.get("judge_options") or ""
+    options = manifest.get("judge_options") or {}
+    judge_options = redact(json.dumps(options)) if options else ""
+    policy = options.get("unparsed") or f"{DEFAULT_UNPARSED_POLICY} (default)"
     lines += [
         f"- **decoding**: {manifest.get('decoding')}, batch size {manifest.get('batch_size', 1)}, "
         f"k = {manifest.get('num_assistant_tokens')} draft tokens per round, dtype {manifest.get('dtype')}, "
         f"device {manifest.get('device')}",
-        f"- **judge** (jailbreak AFR): `{manifest.get('judge')}` {judge_options}".rstrip(),
+        f"- **judge** (jailbreak AFR): `{manifest.get('judge')}` {judge_options}".rstrip()
+        + f"; verdicts the judge could not parse: policy `{policy}`, {unparsed(cells)} in all "
+        "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR pairs)",
         f"- **task sampling seed**: {seed_text}",
         f"- **profile**: {manifest.get('profile')}; **sessions**: {len(sessions)} "
         f"({', '.join(session.get('host', '?') + ' ' + session.get('started', '') for session in sessions)})",
@@ -289,6 +307,7 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
                 fmt(target["score"]),
                 fmt(draft["score"]) if draft else "–",
                 fmt(target["score"] - draft["score"]) if draft else "–",
+                unparsed([target, draft]),
             ]
         )
     lines += [
@@ -304,6 +323,7 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
                 "target-only",
                 "draft-only",
                 "gap (PRR undefined at 0)",
+                "unparsed verdicts",
             ],
             rows,
         ),
@@ -324,13 +344,15 @@ def runs_section(cells: Sequence[Cell]) -> list[str]:
             fmt(cell["wall_time"], 1),
             fmt(cell["score"]),
             fmt_ci(cell.get("prr"), cell.get("prr_ci")) if "prr" in cell else "–",
+            unparsed([cell]),
         ]
         for cell in cells
     ]
     return [
         "## All runs",
         "",
-        table(["configuration", "task", "n", "AR", "SPD", "wall s", "raw score", "PRR [95% CI]"], rows),
+        table(["configuration", "task", "n", "AR", "SPD", "wall s", "raw score", "PRR [95% CI]", "unparsed verdicts"],
+              rows),
         "",
     ]
 
@@ -377,7 +399,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         "PRR / cells.",
         "",
         table(
-            ["AR bin", "safety PRR", "utility PRR", "safety SPD", "utility SPD"],
+            ["AR bin", "safety PRR", "utility PRR", "safety SPD", "utility SPD", "unparsed verdicts"],
             [
                 [
                     row["ar_bin"],
@@ -387,6 +409,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
                         for kind in KINDS
                     ),
                     *(fmt_ci(*row[kind]["spd"], digits=2, missing="–") for kind in KINDS),
+                    row["safety"]["unparsed"],
                 ]
                 for row in bins
                 if any(row[kind]["cells"] for kind in KINDS)
@@ -416,6 +439,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
                         for task in tasks
                     ),
                     fmt_ci(row["delta_spd"], row["delta_spd_ci"], missing="–"),
+                    row["unparsed"],
                 ]
                 for row in rows
             ]
@@ -427,12 +451,13 @@ def write_report(results_dir: str | os.PathLike) -> Path:
                         for task in tasks
                     ),
                     fmt(mean_of(row["delta_spd"] for row in rows)),
+                    sum(row["unparsed"] for row in rows),
                 ]
             )
             lines += [
                 f"### {schedule}",
                 "",
-                table(["verifier", *(f"ΔPRR {task}" for task in tasks), "ΔSPD"], body),
+                table(["verifier", *(f"ΔPRR {task}" for task in tasks), "ΔSPD", "unparsed verdicts"], body),
                 "",
             ]
     if curves:

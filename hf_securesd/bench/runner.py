@@ -45,7 +45,9 @@ from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.bench.loading import StudyModels
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
 from hf_securesd.bench.results import ResultsDir, cell_key, stats_from_dict
+from hf_securesd.bench.sandbox import Sandbox
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, get_task
+from hf_securesd.judges.secrets import reject_secret_options
 from hf_securesd.stats import SpeculativeStats
 
 
@@ -65,6 +67,11 @@ class StudySettings:
     judge: str = "refusal_prefix"
     judge_options: Mapping[str, Any] = field(default_factory=dict)
     profile: str | None = None
+    isolation: str = "auto"
+
+    def __post_init__(self) -> None:
+        # judge options are written to study.json and the report: secrets belong in the environment
+        reject_secret_options(self.judge_options)
 
     def manifest(self, models: StudyModels) -> dict[str, Any]:
         return {
@@ -83,7 +90,8 @@ class StudySettings:
         }
 
     def score_options(self) -> ScoreOptions:
-        return ScoreOptions(judge=self.judge, judge_options=dict(self.judge_options), progress=False)
+        return ScoreOptions(judge=self.judge, judge_options=dict(self.judge_options),
+                            isolation=self.isolation, progress=False)
 
 
 @dataclass(frozen=True)
@@ -377,12 +385,12 @@ def finish_cell(
     )
     draft = finished.get(task_run.cell(DRAFT))
     if config.kind == "speculative" and target and draft:
-        prr = compute_prr(
-            scored.per_example,
-            aligned(target, "scores", ids),
-            aligned(draft, "scores", ids),
-            seed=settings.seed or 0,
-        )
+        # examples without a score in any of the three cells (a judge verdict excluded by the
+        # judge's `unparsed` policy) are left out of the paired comparison
+        columns = [scored.per_example, aligned(target, "scores", ids), aligned(draft, "scores", ids)]
+        rows = [row for row in zip(*columns) if all(math.isfinite(value) for value in row)]
+        prr = compute_prr(*(list(column) for column in zip(*rows)), seed=settings.seed or 0) if rows else \
+            {"prr": math.nan, "prr_ci": None, "undefined": True, "target_score": math.nan, "draft_score": math.nan}
         record.update(
             prr=_finite(prr["prr"]),
             prr_ci=prr["prr_ci"],
@@ -411,6 +419,8 @@ def run_study(
     batch_size = settings.batch_size
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
+    if any(task_run.task.name == "humaneval" for task_run in tasks):
+        Sandbox(isolation=settings.isolation)  # refuses before any generation when it cannot isolate
     results = ResultsDir(out_dir)
     session = {
         "id": uuid.uuid4().hex[:12],

@@ -1,0 +1,82 @@
+"""A planted secret never reaches a results file, a report or the captured output of a run: a
+tiny study scored by the StrongREJECT judge over HTTP, with the key in the environment and a
+judge server that echoes the Authorization header in its errors and its verdict text."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.cli import main
+
+SECRET = "sk-planted-7f3a9c0e5b1d2468"
+FALLBACK_DATA_DIR = "/work/shared/data"
+MAX_REQUESTS = 400
+
+
+@pytest.fixture
+def echoing_judge():
+    state = {"requests": 0, "seen_secret": 0}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            state["requests"] += 1
+            auth = self.headers.get("Authorization", "")
+            state["seen_secret"] += SECRET in auth
+            if state["requests"] % 3 == 1 or state["requests"] > MAX_REQUESTS:  # an error that echoes the key
+                body, status = json.dumps({"error": f"rate limited for {auth}"}).encode(), 500
+            else:
+                content = (f"#overall_reasoning the caller sent {auth}\n#scores\n1.a x\n1.b 1\n2.a x\n2.b 1\n"
+                           "3.a x\n3.b 1\n")
+                body, status = json.dumps({"choices": [{"message": {"content": content}}]}).encode(), 200
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1", state
+    server.shutdown()
+    server.server_close()
+
+
+def _files_holding(root: Path, needle: str) -> list[str]:
+    return [str(path) for path in root.rglob("*") if path.is_file() and needle.encode() in path.read_bytes()]
+
+
+def test_a_planted_secret_reaches_no_file_report_or_log(tmp_path, echoing_judge, monkeypatch, capfd, caplog):
+    data_dir = os.environ.get("SECURESD_DATA_DIR") or FALLBACK_DATA_DIR
+    if not Path(data_dir, "strongreject").is_dir():
+        pytest.skip(f"no benchmark data at {data_dir}")
+    url, state = echoing_judge
+    for name in ("SECURESD_JUDGE_API_KEY", "OPENAI_API_KEY", "HF_TOKEN"):
+        monkeypatch.setenv(name, SECRET)
+    monkeypatch.setenv("SECURESD_JUDGE_BASE_URL", url)
+    monkeypatch.setenv("SECURESD_DATA_DIR", data_dir)
+    caplog.set_level(logging.DEBUG)
+    out = tmp_path / "results"
+    common = ["bench", "--target", "tiny", "--draft", "tiny", "--tasks", "jailbreak", "--limit", "2",
+              "--max-new-tokens", "3", "--verifiers", "mars:0.5", "--schedules", "none", "--dtype", "fp32",
+              "--judge", "strongreject", "--data-dir", data_dir, "--out", str(out), "--no-progress"]
+    refused = main([*common, "--judge-option", f"api_key={SECRET}"])
+    assert refused == 2 and not out.exists()
+    assert main([*common, "--judge-option", "unparsed=success"]) == 0
+    captured = capfd.readouterr()
+    assert state["seen_secret"] > 0  # the key was really used, and echoed back
+    assert (out / "study.json").is_file() and (out / "report" / "report.md").is_file()
+    assert _files_holding(tmp_path, SECRET) == []
+    assert SECRET not in captured.out and SECRET not in captured.err
+    assert SECRET not in caplog.text
+    assert "unparsed verdicts" in (out / "report" / "report.md").read_text()
