@@ -19,6 +19,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from .decoding import speculative_decode
+from .draft_length import DraftLength, resolve_draft_length
 from .stats import SpeculativeStats
 from .validation import check_models, check_options, resolve_request
 
@@ -68,15 +69,14 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     schedule = _effective("secure_schedule", arguments, generation_config, model)
     if verifier is None and schedule is None:
         return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
-    resolved, schedule, k = resolve_request(
-        verifier, schedule, _effective("num_assistant_tokens", arguments, generation_config, model)
-    )
+    draft_length = resolve_draft_length(arguments, generation_config, getattr(arguments.get("assistant_model"), "generation_config", None))
+    resolved, schedule, k = resolve_request(verifier, schedule, draft_length.num_tokens)
     check_models(model, arguments.get("assistant_model"))
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
     options.update({name: arguments.get(name) for name in ("tokenizer", "assistant_tokenizer", "streamer")})
     inputs = arguments.get("inputs", arguments.get("input_ids"))
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
-    resolved_fields = {"verifier": resolved, "secure_schedule": schedule, "num_assistant_tokens": k}
+    resolved_fields = {"verifier": resolved, "secure_schedule": schedule, **draft_length.generation_fields()}
     if generation_config is None:
         return args, {**kwargs, **resolved_fields}
     # A config object was passed: resolve inside a copy of it (HF warns when configs and kwargs mix).
@@ -123,7 +123,7 @@ def _run_speculative(
         input_ids,
         verifier=generation_config.verifier,
         schedule=generation_config.secure_schedule,
-        num_draft_tokens=generation_config.num_assistant_tokens,
+        draft_length=DraftLength.from_generation_config(generation_config),
         do_sample=bool(generation_config.do_sample),
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
@@ -261,13 +261,19 @@ def securesd_generate(
     transformers rebuilds a callable's arguments from its signature and drops `assistant_model`,
     so the draft is passed as `draft=`.
     """
-    resolved, schedule, k = resolve_request(verifier, secure_schedule, num_assistant_tokens)
+    # generate() has filled HF's defaults into generation_config, so only this call's own argument and the
+    # draft's generation_config can set the draft length here.
+    draft_length = resolve_draft_length(
+        {"num_assistant_tokens": num_assistant_tokens}, None, getattr(draft, "generation_config", None)
+    )
+    resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
     check_models(model, draft)
     options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
     check_options({**options, "streamer": streamer}, input_ids)
     generation_config.verifier = resolved
     generation_config.secure_schedule = schedule
-    generation_config.num_assistant_tokens = k
+    for name, value in draft_length.generation_fields().items():
+        setattr(generation_config, name, value)
     return _run_speculative(
         model, draft, input_ids, logits_processor, stopping_criteria, generation_config, streamer, model_kwargs
     )

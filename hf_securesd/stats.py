@@ -104,3 +104,41 @@ class SpeculativeStats:
             "accepted_tokens": self.accepted_tokens,
             "acceptance_rate": self.acceptance_rate,
         }
+
+
+class RoundRecorder:
+    """Collects a batch's per-round outcomes as plain lists and turns them into one
+    `SpeculativeStats` per row at the end, so recording a round costs no per-row Python work."""
+
+    def __init__(self, batch: int) -> None:
+        self.batch = batch
+        self._rounds: list[tuple] = []
+
+    def record(
+        self,
+        rows: list[int],
+        starts: list[int],
+        drafted: list[int],
+        accepted: list[int],
+        committed: list[int],
+        finished: list[int],
+        deviation: list[list[float]] | None,
+    ) -> None:
+        """One round of rows `rows`: response position of their first draft, drafts proposed, drafts
+        accepted, tokens committed, whether the row finished, and (optional) the TV deviation at each
+        drafted position [A][k]. In a row's last round, drafts after its last committed token (after an
+        EOS or a stopping criterion) were never part of its response: they count neither as drafted nor
+        as accepted."""
+        self._rounds.append((rows, starts, drafted, accepted, committed, finished, deviation))
+
+    def finish(self) -> list[SpeculativeStats]:
+        stats = [SpeculativeStats() for _ in range(self.batch)]
+        for rows, starts, drafted, accepted, committed, finished, deviation in self._rounds:
+            for a, row in enumerate(rows):
+                cap = committed[a] if finished[a] else drafted[a]
+                kept_drafts, kept_accepted = min(drafted[a], cap), min(accepted[a], cap)
+                verified = min(accepted[a] + 1, kept_drafts)
+                tv = None if deviation is None else deviation[a][:verified]
+                stats[row].record_round(starts[a], kept_drafts, kept_accepted, tv)
+                stats[row].new_tokens += committed[a]
+        return stats

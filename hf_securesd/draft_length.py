@@ -1,0 +1,188 @@
+"""How many tokens the draft proposes per round: Hugging Face's draft-length controls, per batch row.
+
+Fields (the names of `GenerationConfig`), each taken from the first place that sets it:
+`generate(...)` keyword > a `GenerationConfig` passed to `generate` > the draft model's own
+`generation_config` > our default.
+
+* `num_assistant_tokens` (k, default 5; HF's own default is 20).
+* `num_assistant_tokens_schedule`: `"constant"` (default) keeps k; `"heuristic"` adds 2 to k after a
+  round whose drafts were all accepted and subtracts 1 (never below 1) otherwise, and writes the
+  final k back to the draft's `generation_config.num_assistant_tokens` so the next call starts there;
+  `"heuristic_transient"` does the same without writing back.
+* `assistant_confidence_threshold` (default 0 = off; HF's own default is 0.4): a row stops drafting
+  after a token whose draft probability p(x) falls below the threshold (that token is still
+  proposed). After each round the threshold is re-tuned as HF does: over the row's history of
+  (p(x), accepted?) pairs — each round's accepted drafts and its first rejected one — the threshold
+  minimising FPR + 3 FNR on the ROC curve, once more than 5 pairs hold both outcomes (HF needs
+  scikit-learn for this step and skips it without; here it is built in).
+
+Each batch row keeps its own k and threshold, exactly as if it were decoded alone. The draft length
+changes only how many tokens are proposed, never how they are verified.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import torch
+from transformers import GenerationConfig
+
+from .validation import SecureSDConfigError
+
+DEFAULT_NUM_DRAFT_TOKENS = 5
+SCHEDULES = ("constant", "heuristic", "heuristic_transient")
+_UNSUPPORTED = {
+    "assistant_lookbehind": "it re-encodes between two tokenizers (universal assisted decoding), and a verifier "
+    "needs a draft that shares the target's tokenizer",
+    "target_lookbehind": "it re-encodes between two tokenizers (universal assisted decoding), and a verifier "
+    "needs a draft that shares the target's tokenizer",
+    "assistant_early_exit": "early-exit self-speculation drafts from the target's own layers, not from a draft model",
+}
+
+
+class DraftLengthError(SecureSDConfigError):
+    """A draft-length setting that speculative decoding with a verifier cannot honour."""
+
+
+@dataclass(frozen=True)
+class DraftLength:
+    """Resolved draft-length controls of one `generate` call."""
+
+    num_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
+    schedule: str = "constant"
+    confidence_threshold: float = 0.0
+
+    def __post_init__(self) -> None:
+        k = self.num_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise DraftLengthError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
+        if self.schedule not in SCHEDULES:
+            raise DraftLengthError(
+                f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {', '.join(map(repr, SCHEDULES))}"
+            )
+        threshold = self.confidence_threshold
+        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+            raise DraftLengthError(
+                f"assistant_confidence_threshold must be a probability in [0, 1] (0 switches the early stop off), got {threshold!r}"
+            )
+
+    def generation_fields(self) -> dict[str, Any]:
+        """The `GenerationConfig` fields that carry this setting into the decoding loop."""
+        return {
+            "num_assistant_tokens": self.num_tokens,
+            "num_assistant_tokens_schedule": self.schedule,
+            "assistant_confidence_threshold": float(self.confidence_threshold),
+        }
+
+    @classmethod
+    def from_generation_config(cls, config: GenerationConfig) -> "DraftLength":
+        """Read back what `generation_fields` stored (missing fields take our defaults)."""
+        threshold = getattr(config, "assistant_confidence_threshold", None)
+        return cls(
+            num_tokens=getattr(config, "num_assistant_tokens", None) or DEFAULT_NUM_DRAFT_TOKENS,
+            schedule=getattr(config, "num_assistant_tokens_schedule", None) or "constant",
+            confidence_threshold=0.0 if threshold is None else float(threshold),
+        )
+
+
+def resolve_draft_length(
+    explicit: Mapping[str, Any], passed_config: GenerationConfig | None, draft_config: GenerationConfig | None
+) -> DraftLength:
+    """Apply the precedence explicit kwarg > passed GenerationConfig > draft's generation_config > default."""
+    sources = [explicit]
+    sources += [vars(config) for config in (passed_config, draft_config) if config is not None]
+
+    def pick(name: str) -> Any:
+        return next((source[name] for source in sources if source.get(name) is not None), None)
+
+    for name, reason in _UNSUPPORTED.items():
+        value = pick(name)
+        if value is not None and value is not False:
+            raise DraftLengthError(
+                f"{name}={value!r} is not supported with verifier=: {reason}. Remove it from the generate call, the "
+                "GenerationConfig and the draft model's generation_config"
+            )
+    defaults = DraftLength()
+    values = {
+        "num_tokens": pick("num_assistant_tokens"),
+        "schedule": pick("num_assistant_tokens_schedule"),
+        "confidence_threshold": pick("assistant_confidence_threshold"),
+    }
+    return DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+
+
+def tuned_thresholds(confidence: torch.Tensor, outcome: torch.Tensor, current: torch.Tensor) -> torch.Tensor:
+    """HF's ROC re-tuning of the confidence threshold, for every row at once.
+
+    confidence: [B, H] draft probabilities of past drafts; outcome: [B, H] 1 accepted, 0 rejected,
+    -1 no entry; current: [B] thresholds. Returns [B]: per row with more than 5 entries of both
+    outcomes and a non-zero threshold, the score threshold minimising FPR + 3 FNR (scikit-learn's
+    `roc_curve` order: distinct scores from high to low after a leading +inf, first minimum wins)."""
+    valid = outcome >= 0
+    key = torch.where(valid, confidence, -1.0)
+    key, order = key.sort(dim=-1, descending=True, stable=True)
+    labels = outcome.gather(1, order)
+    valid = key >= 0
+    true_positives = ((labels == 1) & valid).cumsum(dim=-1)
+    false_positives = ((labels == 0) & valid).cumsum(dim=-1)
+    positives, negatives = true_positives[:, -1:], false_positives[:, -1:]
+    following = torch.cat([key[:, 1:], key.new_full((key.shape[0], 1), -1.0)], dim=-1)
+    run_end = valid & (following != key)
+    cost = false_positives / negatives.clamp_min(1) + 3.0 * (1.0 - true_positives / positives.clamp_min(1))
+    cost = torch.where(run_end, cost, torch.inf)
+    best_cost, best = cost.min(dim=-1)
+    chosen = torch.where(best_cost < 3.0, key.gather(1, best[:, None])[:, 0], torch.inf)
+    eligible = (valid.sum(dim=-1) > 5) & (positives[:, 0] > 0) & (negatives[:, 0] > 0) & (current > 0)
+    return torch.where(eligible, chosen.to(current.dtype), current)
+
+
+class DraftLengthController:
+    """Per-row draft lengths and confidence thresholds during one `generate` call.
+
+    `limits(rows, budgets)` gives each active row's cap for the next round; `record(...)` updates the
+    schedule and the threshold history from the round's outcome."""
+
+    def __init__(self, setting: DraftLength, batch: int, device: torch.device) -> None:
+        self.setting = setting
+        self.k = [setting.num_tokens] * batch
+        self.thresholds = torch.full((batch,), float(setting.confidence_threshold), device=device)
+        self.early_stop = setting.confidence_threshold > 0
+        self._confidence: list[torch.Tensor] = []  # [B, k] per round
+        self._outcome: list[torch.Tensor] = []
+
+    def limits(self, host_rows: list[int], budgets: list[int]) -> list[int]:
+        return [min(self.k[row], budget) for row, budget in zip(host_rows, budgets)]
+
+    def record(
+        self,
+        rows: torch.Tensor,
+        host_rows: list[int],
+        drafted: list[int],
+        accepted: list[int],
+        confidence: torch.Tensor | None,
+        accepted_device: torch.Tensor,
+        drafted_device: torch.Tensor,
+    ) -> None:
+        """One round's outcome for rows [A]: drafted/accepted counts (host), confidence [A, k] of the
+        drafted tokens (None when the early stop is off), and the same counts on the device."""
+        if self.setting.schedule != "constant":
+            for row, d, n in zip(host_rows, drafted, accepted):
+                self.k[row] = self.k[row] + 2 if n == d else max(1, self.k[row] - 1)
+        if confidence is None:
+            return
+        batch, k = self.thresholds.shape[0], confidence.shape[1]
+        steps = torch.arange(k, device=confidence.device)[None]
+        entry = steps < torch.minimum(accepted_device + 1, drafted_device)[:, None]
+        outcome = torch.full((batch, k), -1, dtype=torch.long, device=confidence.device)
+        outcome[rows] = torch.where(entry, (steps < accepted_device[:, None]).long(), -1)
+        full = confidence.new_zeros(batch, k)
+        full[rows] = confidence
+        self._confidence.append(full)
+        self._outcome.append(outcome)
+        self.thresholds = tuned_thresholds(torch.cat(self._confidence, 1), torch.cat(self._outcome, 1), self.thresholds)
+
+    def finish(self, draft_config: GenerationConfig) -> None:
+        """`"heuristic"`: store the final k for the next call (the rounded mean over the batch's rows)."""
+        if self.setting.schedule == "heuristic":
+            draft_config.num_assistant_tokens = max(1, round(sum(self.k) / len(self.k)))

@@ -1,0 +1,254 @@
+"""Every row's tokens in one tensor, and the user's logits processors and stopping criteria applied
+over them batched, each row seeing exactly its own prefix and its own batch row.
+
+Rows of a speculative batch advance by different numbers of tokens per round, so at a given draft
+step (or verified position) their prefixes differ in length. Two ways to call a processor:
+
+* row-independent processors (temperature, top-k/top-p/min-p/typical/epsilon/eta, repetition
+  penalty without `prompt_ignore_length`, ...) see one left-filled view of all rows at once: a row
+  shorter than the widest is filled on the left with its own first token, which changes nothing for
+  them (they read only the scores, or the set of tokens present). The target's k+1 positions go in
+  one call of B*(k+1) rows.
+* any other processor (length-dependent ones such as `no_repeat_ngram_size`, `min_new_tokens`,
+  `prefix_allowed_tokens_fn`, custom processors) is called once per distinct prefix length with the
+  batch's full shape [B, L]: row b at index b holds exactly what plain `generate` would pass for it
+  (its left-padded prompt plus its tokens so far), so batch ids and lengths are those of plain
+  decoding. Rows that are not at length L hold a real prefix of theirs; their results are discarded.
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import logits_process
+
+_SCORES_ONLY = tuple(
+    getattr(logits_process, name)
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "TopHLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "InfNanRemoveLogitsProcessor",
+        "LogitNormalization",
+        "SuppressTokensLogitsProcessor",
+    )
+    if hasattr(logits_process, name)
+)
+
+
+def row_independent(processor) -> bool:
+    """True when `processor` reads only the scores and the set of tokens in each row (so a row's
+    left fill with one of its own tokens and its place in the batch change nothing). A repetition
+    penalty that ignores each row's left padding (a [B] `prompt_ignore_length`, as `generate` builds
+    it from the attention mask) qualifies too: see `RowProcessing`."""
+    if type(processor) in _SCORES_ONLY:
+        return True
+    if type(processor) is logits_process.RepetitionPenaltyLogitsProcessor:
+        ignored = getattr(processor, "prompt_ignore_length", None)
+        return ignored is None or (isinstance(ignored, torch.Tensor) and ignored.dim() == 1)
+    return False
+
+
+class TokenBuffer:
+    """Tokens of every row: [B, C], row b's committed tokens (its left-padded prompt included) at
+    [0, length_b), this round's drafts right after them. `lengths` [B] lives on the device and
+    `host_lengths` (numpy-free list of ints) mirrors it, so building views needs no synchronisation."""
+
+    def __init__(self, input_ids: torch.Tensor, capacity: int) -> None:
+        batch, prompt_length = input_ids.shape
+        self.tokens = input_ids.new_zeros(batch, capacity)
+        self.tokens[:, :prompt_length] = input_ids
+        self.fill = input_ids[:, 0].clone()
+        self.lengths = torch.full((batch,), prompt_length, dtype=torch.long, device=input_ids.device)
+        self.host_lengths = [prompt_length] * batch
+
+    def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor) -> None:
+        """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A]."""
+        columns = self.lengths[rows, None] + offset + torch.arange(values.shape[1], device=values.device)
+        self.tokens[rows[:, None], columns] = values
+
+    def advance(self, rows: torch.Tensor, counts: torch.Tensor, host_rows: list[int], host_counts: list[int]) -> None:
+        """Commit counts [A] tokens (already written) to rows [A]."""
+        self.lengths[rows] += counts
+        for row, count in zip(host_rows, host_counts):
+            self.host_lengths[row] += count
+
+    def views(self, rows: torch.Tensor, prefix_lengths: torch.Tensor, width: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
+        """[N, width] prefixes: row rows[n]'s first prefix_lengths[n] tokens, right-aligned and filled on
+        the left with the row's first token (a prefix longer than `width` keeps its last `width`).
+        hidden: optional [B] count of leading positions per batch row (its left padding) shown as the
+        row's first token after them instead, so they add nothing to the row's set of tokens."""
+        source = torch.arange(width, device=rows.device)[None] - (width - prefix_lengths)[:, None]
+        if hidden is None:
+            taken = self.tokens[rows[:, None], source.clamp_min(0)]
+            return torch.where(source >= 0, taken, self.fill[rows][:, None])
+        start = hidden.to(rows.device)[rows][:, None]
+        return self.tokens[rows[:, None], torch.maximum(source, start)]
+
+    def sequences(self, pad_token_id: int | None) -> torch.Tensor:
+        """[B, max length] committed tokens, rows that stopped early right-filled with the pad token."""
+        width = max(self.host_lengths)
+        if pad_token_id is None and min(self.host_lengths) < width:
+            raise ValueError("rows finished at different lengths and no pad_token_id is set; pass pad_token_id= to generate")
+        out = self.tokens[:, :width].clone()
+        if pad_token_id is not None:
+            out.masked_fill_(torch.arange(width, device=out.device)[None] >= self.lengths[:, None], pad_token_id)
+        return out
+
+
+class Health:
+    """Device-side flags raised during a round, read once per round (no synchronisation per call)."""
+
+    MESSAGES = {
+        "draft_model": "the draft model produced NaN or infinite logits; decoding stopped rather than emit a wrong "
+        "token. Check the draft's dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) and its weights.",
+        "target_model": "the target model produced NaN or infinite logits; decoding stopped rather than emit a wrong "
+        "token. Check the target's dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) and its weights.",
+        "draft_processors": "the logits processors left the draft with NaN scores or no allowed token; check the "
+        "processors passed to generate (e.g. conflicting bad_words_ids / top_k / top_p settings)",
+        "target_processors": "the logits processors left the target with NaN scores or no allowed token; check the "
+        "processors passed to generate (e.g. conflicting bad_words_ids / top_k / top_p settings)",
+        "several_infinite": "after the logits processors several tokens score +inf, so the sampling distribution is "
+        "undefined (a temperature so small that logits / temperature overflows, e.g. 1e-45, or a processor forcing "
+        "more than one token); use do_sample=False for greedy decoding, or a temperature of at least 1e-3",
+    }
+
+    def __init__(self, device: torch.device) -> None:
+        self.flags = torch.zeros(len(self.MESSAGES), dtype=torch.bool, device=device)
+        self._index = {name: i for i, name in enumerate(self.MESSAGES)}
+
+    def flag(self, name: str, condition: torch.Tensor) -> None:
+        index = self._index[name]
+        self.flags[index] |= condition
+
+    def problem(self) -> str | None:
+        """The first raised flag's message (one synchronisation), or None."""
+        raised = self.flags.tolist()
+        return next((message for message, up in zip(self.MESSAGES.values(), raised) if up), None)
+
+
+def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: str) -> torch.Tensor:
+    """Validate processed scores [N, V] on the device and make them safe to sample from.
+
+    When sampling, a row with one +inf score puts all its mass on that token (the limit of the
+    softmax); a row with several is flagged. Rows with a NaN or no finite maximum are flagged and,
+    for sampling, replaced by zeros so that drawing cannot fail before the round's check raises."""
+    peak = scores.amax(dim=-1, keepdim=True)
+    broken = peak.isnan() | (peak == float("-inf"))
+    health.flag(f"{who}_processors", broken.any())
+    if not do_sample:
+        return scores
+    infinite = peak == float("inf")
+    on_peak = scores == peak
+    health.flag("several_infinite", (infinite[:, 0] & (on_peak.sum(dim=-1) > 1)).any())
+    forced = torch.where(on_peak, 0.0, float("-inf"))
+    return torch.where(infinite, forced, torch.where(broken, 0.0, scores))
+
+
+class RowProcessing:
+    """Applies a `LogitsProcessorList` to a round's logits, batched (see the module docstring)."""
+
+    def __init__(self, processors: LogitsProcessorList, buffer: TokenBuffer) -> None:
+        self.processors = list(processors)
+        self.buffer = buffer
+        self.row_independent = all(row_independent(processor) for processor in self.processors)
+        self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor] = {}
+
+    def __call__(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
+        """raw [A, n, V]: logits for the tokens that follow each row's committed tokens plus its first
+        offset + i drafts (i = 0..n-1). rows [A]: batch rows on the device; host_rows: the same as ints.
+        -> processed [A, n, V] (float32)."""
+        if not self.processors:
+            return raw
+        if self.row_independent:
+            return self._all_rows_at_once(raw, rows, host_rows, offset)
+        return self._by_prefix_length(raw, host_rows, offset)
+
+    def _all_rows_at_once(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
+        active, n, vocab = raw.shape
+        steps = torch.arange(n, device=raw.device)
+        prefix_lengths = (self.buffer.lengths[rows, None] + offset + steps).reshape(-1)
+        width = max(self.buffer.host_lengths[row] for row in host_rows) + offset + n - 1
+        flat_rows = rows.repeat_interleave(n)
+        ids = self.buffer.views(flat_rows, prefix_lengths, width)
+        scores = raw.reshape(active * n, vocab)
+        for processor in self.processors:
+            ignored = getattr(processor, "prompt_ignore_length", None)
+            if isinstance(ignored, torch.Tensor):
+                # The penalty skips each batch row's left padding: show those positions as a real token
+                # of the row instead, and apply the plain penalty to all B*n rows at once.
+                hidden_ids = self.buffer.views(flat_rows, prefix_lengths, width, hidden=ignored)
+                scores = self._plain_penalty(processor)(hidden_ids, scores)
+            else:
+                scores = processor(ids, scores)
+        return scores.reshape(active, n, vocab)
+
+    def _plain_penalty(self, processor) -> logits_process.RepetitionPenaltyLogitsProcessor:
+        plain = self._plain.get(id(processor))
+        if plain is None:
+            plain = self._plain[id(processor)] = logits_process.RepetitionPenaltyLogitsProcessor(processor.penalty)
+        return plain
+
+    def _by_prefix_length(self, raw: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
+        n = raw.shape[1]
+        lengths = self.buffer.host_lengths
+        batch = len(lengths)
+        position_of = {row: index for index, row in enumerate(host_rows)}
+        processed = raw.clone()
+        device = raw.device
+        everyone = torch.arange(batch, device=device)
+        for length in sorted({lengths[row] + offset + i for row in host_rows for i in range(n)}):
+            step, members = [], []
+            for row in range(batch):
+                index = position_of.get(row)
+                if index is None:
+                    step.append(-1)
+                    continue
+                i = min(max(length - lengths[row] - offset, 0), n - 1)
+                step.append(i)
+                if lengths[row] + offset + i == length:
+                    members.append((index, i, row))
+            steps = torch.tensor(step, device=device)
+            prefix = torch.tensor(lengths, device=device) + torch.where(steps >= 0, offset + steps, 0)
+            ids = self.buffer.views(everyone, prefix, length)
+            scores = torch.zeros(batch, raw.shape[-1], dtype=raw.dtype, device=device)
+            active = torch.tensor([row for row in range(batch) if row in position_of], device=device, dtype=torch.long)
+            if active.numel():
+                at = torch.tensor([position_of[row] for row in active.tolist()], device=device)
+                scores[active] = raw[at, steps[active]]
+            for processor in self.processors:
+                scores = processor(ids, scores)
+            index, i, row = (torch.tensor(column, device=device) for column in zip(*members))
+            processed[index, i] = scores[row]
+        return processed
+
+
+def first_stops(
+    stopping_criteria: StoppingCriteriaList, buffer: TokenBuffer, host_rows: list[int], counts: list[int]
+) -> list[int | None]:
+    """For each of `host_rows` whose next counts[a] tokens are written after its committed tokens: the
+    smallest n <= counts[a] at which the criteria stop it, or None. Criteria are called with the batch's
+    full shape, one call per distinct prefix length (as plain `generate` calls them, token by token)."""
+    lengths = buffer.host_lengths
+    batch = len(lengths)
+    device = buffer.tokens.device
+    everyone = torch.arange(batch, device=device)
+    available = list(lengths)
+    wanted: dict[tuple[int, int], tuple[int, int]] = {}
+    for a, (row, count) in enumerate(zip(host_rows, counts)):
+        available[row] += count
+        wanted.update({(row, lengths[row] + n): (a, n) for n in range(1, count + 1)})
+    stops: list[int | None] = [None] * len(host_rows)
+    for length in sorted({length for _, length in wanted}):
+        prefix = torch.tensor([min(length, tokens) for tokens in available], device=device)
+        done = stopping_criteria(buffer.views(everyone, prefix, length), None).tolist()
+        for row in range(batch):
+            hit = wanted.get((row, length))
+            if hit is not None and done[row] and stops[hit[0]] is None:
+                stops[hit[0]] = hit[1]
+    return stops

@@ -1,0 +1,199 @@
+"""Logits processors inside the speculative loop: each row sees exactly its own prefix (committed
+tokens plus the tokens drafted earlier in the round) and its own batch row, and processors are
+called batched (one call per draft step and one per round for the target, whatever the batch)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts
+from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
+
+from hf_securesd import FSD, LossySD, NonFiniteLogitsError
+from hf_securesd.prefixes import TokenBuffer
+from hf_securesd.tiny import byte_tokenizer
+
+TEXTS = ("hi", "The quick brown fox jumps", "def add(a, b):", "x", "Once upon a time, in a land far away")
+
+
+@pytest.fixture
+def captured_rounds(monkeypatch):
+    """Every verified round's inputs and accepted counts."""
+    from hf_securesd import decoding
+
+    rounds = []
+    original = decoding.verify_round
+
+    def capture(verifier, round_inputs, eta):
+        result = original(verifier, round_inputs, eta)
+        rounds.append((round_inputs, result[0].clone()))
+        return result
+
+    monkeypatch.setattr(decoding, "verify_round", capture)
+    return rounds
+
+
+def test_draft_processors_see_the_tokens_drafted_earlier_in_the_round(llama_pair, captured_rounds):
+    draft, target = llama_pair
+    prompt = torch.tensor([[7, 7, 30, 31, 7, 30]])
+    out = target.generate(prompt, max_new_tokens=24, do_sample=False, assistant_model=draft, verifier="lossless",
+                          repetition_penalty=3.0, num_assistant_tokens=5)
+    penalty = RepetitionPenaltyLogitsProcessor(3.0)
+    committed = prompt[0].tolist()
+    checked = 0
+    for round_inputs, accepted in captured_rounds:
+        drafts = round_inputs.draft_tokens[0].tolist()
+        for step in range(len(drafts)):
+            prefix = torch.tensor([committed + drafts[:step]])
+            expected = penalty(prefix, round_inputs.draft_raw_logits[:, step].clone())
+            assert torch.allclose(round_inputs.draft_logits[:, step], expected), f"draft step {step}"
+            checked += 1
+        for position in range(len(drafts) + 1):
+            prefix = torch.tensor([committed + drafts[:position]])
+            expected = penalty(prefix, round_inputs.target_raw_logits[:, position].clone())
+            assert torch.allclose(round_inputs.target_logits[:, position], expected), f"target position {position}"
+        n = int(accepted[0])
+        committed += drafts[:n] + [int(round_inputs.target_argmax[0, n])]
+    assert committed == out[0].tolist()
+    assert checked > len(captured_rounds), "no round drafted more than one token"
+
+
+@pytest.mark.parametrize("verifier", [LossySD(epsilon=1.0), FSD(tau=0.69)], ids=["lossysd", "fsd"])
+def test_no_repeat_ngram_holds_for_accept_everything_verifiers(llama_pair, verifier):
+    """no_repeat_ngram_size=1 bans every token already present; a verifier that accepts (almost) every
+    draft keeps that only if the draft's processed logits saw its own earlier drafts."""
+    draft, target = llama_pair
+    for prompt in random_prompts(10, seed=11, min_len=3, max_len=6):
+        out = target.generate(prompt, max_new_tokens=16, do_sample=False, assistant_model=draft, verifier=verifier,
+                              no_repeat_ngram_size=1)
+        sequence = out[0].tolist()
+        response = sequence[prompt.shape[1]:]
+        seen = set(prompt[0].tolist())
+        for token in response:
+            assert token not in seen, f"{token} repeated in {sequence}"
+            seen.add(token)
+
+
+def _row_and_prefix_rule(batch_id: int, ids: torch.Tensor) -> list[int]:
+    """Allowed next tokens as a function of the batch row, the prefix length and the last tokens."""
+    base = (int(ids[-1]) * 3 + int(ids[-2]) + 11 * batch_id + len(ids)) % 200
+    return list(range(base, base + 4)) + [20 + 10 * batch_id + j for j in range(3)]
+
+
+def _padded_batch(texts):
+    return byte_tokenizer()(list(texts), return_tensors="pt", padding=True)
+
+
+def test_row_dependent_processor_sees_its_batch_row_and_exact_prefix(llama_pair):
+    """prefix_allowed_tokens_fn depends on the batch id, the prefix and its length: lossless batched
+    greedy must equal the target's own batched greedy decoding, row for row."""
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS)
+    reference = target.generate(**batch, max_new_tokens=12, do_sample=False, prefix_allowed_tokens_fn=_row_and_prefix_rule)
+    out = target.generate(**batch, max_new_tokens=12, do_sample=False, assistant_model=draft, verifier="lossless",
+                          prefix_allowed_tokens_fn=_row_and_prefix_rule, return_dict_in_generate=True)
+    assert out.sequences.tolist() == reference.tolist()
+    accepted = [stats.accepted_tokens for stats in out.speculative_stats_per_row]
+    assert len(set(accepted)) > 1, "rows advanced in lockstep: the batch was not ragged"
+
+
+class RecordingBias(LogitsProcessor):
+    """Adds a bias that depends on the row's batch index and full prefix, and records every call."""
+
+    def __init__(self) -> None:
+        self.calls: list[torch.Tensor] = []
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        self.calls.append(input_ids.clone())
+        bias = torch.zeros_like(scores)
+        for row in range(input_ids.shape[0]):
+            favoured = (int(input_ids[row].sum()) + 17 * row + input_ids.shape[1]) % scores.shape[-1]
+            bias[row, favoured] = 4.0
+        return scores + bias
+
+
+def test_custom_processor_sees_each_rows_own_full_prefix_and_batch_row(llama_pair):
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS)
+    reference = target.generate(**batch, max_new_tokens=14, do_sample=False,
+                                logits_processor=LogitsProcessorList([RecordingBias()]))
+    recorder = RecordingBias()
+    out = target.generate(**batch, max_new_tokens=14, do_sample=False, assistant_model=draft, verifier="lossless",
+                          logits_processor=LogitsProcessorList([recorder]), num_assistant_tokens=4)
+    assert out.tolist() == reference.tolist()
+    assert all(call.shape[0] == len(TEXTS) for call in recorder.calls), "a call did not have the batch's shape"
+
+
+def test_row_independent_processors_are_called_once_per_step_for_all_rows(llama_pair, monkeypatch):
+    """Temperature/top-k/top-p/repetition penalty: one call per draft step and one per round for all
+    k+1 target positions, whatever the batch size; batched output equals the target's own."""
+    draft, target = llama_pair
+    calls = {"n": 0}
+    original = TemperatureLogitsWarper.__call__
+
+    def counted(self, input_ids, scores):
+        calls["n"] += 1
+        return original(self, input_ids, scores)
+
+    monkeypatch.setattr(TemperatureLogitsWarper, "__call__", counted)
+    forwards = {"draft": 0, "target": 0}
+    handles = [
+        draft.register_forward_hook(lambda *_: forwards.__setitem__("draft", forwards["draft"] + 1)),
+        target.register_forward_hook(lambda *_: forwards.__setitem__("target", forwards["target"] + 1)),
+    ]
+    try:
+        batch = _padded_batch(TEXTS)
+        torch.manual_seed(0)
+        out = target.generate(**batch, max_new_tokens=16, do_sample=True, temperature=0.7, top_k=50, top_p=0.9,
+                              repetition_penalty=1.3, assistant_model=draft, verifier="lossless",
+                              return_dict_in_generate=True)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls["n"] == forwards["draft"] + forwards["target"]
+    assert out.sequences.shape[0] == len(TEXTS)
+
+
+def test_batched_repetition_penalty_equals_target_greedy_row_for_row(llama_pair):
+    """Ragged rows are filled on the left with their own first token: the penalty sees the same token set."""
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS)
+    reference = target.generate(**batch, max_new_tokens=16, do_sample=False, repetition_penalty=1.8)
+    out = target.generate(**batch, max_new_tokens=16, do_sample=False, repetition_penalty=1.8, assistant_model=draft,
+                          verifier="lossless", return_dict_in_generate=True)
+    assert out.sequences.tolist() == reference.tolist()
+    assert len({tuple(s.accepted_per_round) for s in out.speculative_stats_per_row}) > 1
+
+
+def test_views_are_right_aligned_own_prefixes():
+    buffer = TokenBuffer(torch.tensor([[9, 1, 2], [3, 4, 5]]), capacity=8)
+    buffer.write(torch.tensor([0, 1]), 0, torch.tensor([[6, 7], [8, 0]]))
+    views = buffer.views(torch.tensor([0, 1, 1]), torch.tensor([5, 3, 4]), width=5)
+    assert views.tolist() == [[9, 1, 2, 6, 7], [3, 3, 3, 4, 5], [3, 3, 4, 5, 8]]
+
+
+class ForceToken(LogitsProcessor):
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        scores[:, self.token] = float("inf")
+        return scores
+
+
+@pytest.mark.parametrize("verifier", ["lossless", "mars"])
+def test_an_infinite_logit_takes_all_the_mass_when_sampling(llama_pair, verifier):
+    draft, target = llama_pair
+    torch.manual_seed(1)
+    out = target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=10, do_sample=True, assistant_model=draft,
+                          verifier=verifier, logits_processor=LogitsProcessorList([ForceToken(42)]))
+    assert out[0, 3:].tolist() == [42] * 10
+
+
+def test_a_temperature_that_overflows_gets_a_clear_error(llama_pair):
+    draft, target = llama_pair
+    with pytest.raises(NonFiniteLogitsError, match="several tokens score \\+inf.*do_sample=False"):
+        target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=10, do_sample=True, temperature=1e-45,
+                        assistant_model=draft, verifier="lossless")
+
