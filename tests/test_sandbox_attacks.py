@@ -208,6 +208,26 @@ def test_forged_pass_is_scored_as_a_failure(sandbox: Sandbox, name: str) -> None
     assert not result.passed and result.status == "failed", result
 
 
+def test_the_checker_process_is_out_of_reach_of_the_solution(sandbox: Sandbox) -> None:
+    probe = _program("""
+        import os
+        checker = os.getppid()
+        for what in ('fd', 'mem', 'environ'):
+            try:
+                if what == 'fd':  # the verdict pipe is one of these
+                    for fd in os.listdir(f'/proc/{checker}/fd'):
+                        os.close(os.open(f'/proc/{checker}/fd/{fd}', os.O_WRONLY))
+                else:
+                    open(f'/proc/{checker}/{what}', 'rb').read(1)
+                print('reachable', what)
+            except OSError as error:
+                print('denied', what, error.errno)
+    """)
+    result = sandbox.check(probe + WRONG, TESTS, "add")
+    assert not result.passed
+    assert "reachable" not in result.output and result.output.count("denied") == 3, result.output
+
+
 def test_object_equal_to_everything_cannot_cross(sandbox: Sandbox) -> None:
     solution = "class Always:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Always()\n"
     result = sandbox.check(solution, TESTS, "add")
