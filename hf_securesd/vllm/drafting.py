@@ -1,0 +1,95 @@
+"""Drafting for SecureSD rows inside vLLM's draft-model proposer: keep the raw draft logits of every
+proposed token (also at T = 0, where FSD and BiLD read them) and draw the drafts the way the
+`generate` path does.
+
+The draft distribution is p = softmax(top-k/top-p(raw / T)), the request's own sampling parameters
+applied to the draft as the `generate` path applies its processors to both models; at T = 0 the
+draft is argmax(raw). vLLM's own drafting differs: with its default `draft_sample_method="greedy"`
+it drafts argmax(raw) even at T > 0 and verifies against a one-hot p, and with `"probabilistic"` it
+samples from softmax(raw / T) without top-k/top-p and keeps only those probabilities. Penalties,
+bad words and logit bias reach the target only (as in vLLM): they change the acceptance rate, never
+what lossless verification emits. Rows of plain requests keep vLLM's drafting untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from .request import SecureSDRequest
+
+
+@dataclass
+class DraftRows:
+    """The batch the proposer is drafting for, set by the runner around one `propose` call.
+
+    `requests[i]` is row i's SecureSD configuration (None for plain rows); `steps` collects, per
+    drafted position, the raw [R, V] and sampled-from [R, V] float32 logits of every row."""
+
+    requests: list[SecureSDRequest | None]
+    steps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+
+    @property
+    def all_securesd(self) -> bool:
+        return all(request is not None for request in self.requests)
+
+    def stacked(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """([R, k, V] raw, [R, k, V] sampled-from) draft logits, or None if nothing was drafted."""
+        if not self.steps:
+            return None
+        raw = torch.stack([raw for raw, _ in self.steps], dim=1)
+        processed = torch.stack([processed for _, processed in self.steps], dim=1)
+        return raw, processed
+
+
+def draft_from_logits(raw: torch.Tensor, sampling_metadata: Any, rows: torch.Tensor, top_k_top_p: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+    """Draw SecureSD drafts. raw: [R, V] float32 draft logits; rows: [R] bool, the SecureSD rows.
+
+    Returns (tokens [R] long, sampled-from logits [R, V]); rows outside `rows` get argmax(raw) and
+    are overwritten by the caller. `top_k_top_p(logits, k, p)` is vLLM's top-k/top-p op."""
+    tokens = raw.argmax(dim=-1)
+    temperature = sampling_metadata.temperature
+    if sampling_metadata.all_greedy or temperature is None:
+        return tokens, raw
+    sampled = rows & (temperature[: raw.shape[0]].to(raw.device) > 0)
+    if not bool(sampled.any()):
+        return tokens, raw
+    index = sampled.nonzero()[:, 0]
+    top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[index.to(sampling_metadata.top_k.device)]
+    top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[index.to(sampling_metadata.top_p.device)]
+    scaled = raw[index] / temperature[index.to(temperature.device)].to(raw.device, raw.dtype)[:, None]
+    processed_rows = top_k_top_p(scaled, top_k, top_p)
+    processed = raw.clone()
+    processed[index] = processed_rows
+    tokens[index] = torch.multinomial(processed_rows.softmax(dim=-1), 1)[:, 0]
+    return tokens, processed
+
+
+def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], None]:
+    """Wrap `proposer_class._sample_draft_tokens`; returns a function that undoes it.
+
+    While the runner has set `proposer.securesd_rows` (a DraftRows), SecureSD rows are drafted by
+    `draft_from_logits` and their logits recorded; otherwise vLLM's method runs unchanged."""
+    original = proposer_class._sample_draft_tokens
+
+    def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
+        rows: DraftRows | None = getattr(self, "securesd_rows", None)
+        if rows is None or not any(request is not None for request in rows.requests):
+            return original(self, hidden_states, sampling_metadata)
+        raw = self.model.compute_logits(hidden_states).to(torch.float32)
+        ours = torch.tensor([request is not None for request in rows.requests][: raw.shape[0]], device=raw.device)
+        tokens, processed = draft_from_logits(raw, sampling_metadata, ours, top_k_top_p)
+        rows.steps.append((raw, processed))
+        if rows.all_securesd:
+            return tokens, None
+        theirs, probs = original(self, hidden_states, sampling_metadata)
+        return torch.where(ours, tokens.to(theirs.dtype), theirs), probs
+
+    proposer_class._sample_draft_tokens = _sample_draft_tokens
+
+    def undo() -> None:
+        proposer_class._sample_draft_tokens = original
+
+    return undo

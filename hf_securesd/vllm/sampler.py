@@ -1,0 +1,220 @@
+"""SecureSD verification of one vLLM step, on vLLM's flattened tensors, with the shared rules.
+
+vLLM lays a verification step out request by request: B requests, request b with n_b drafted tokens,
+`num_tokens = sum n_b`. This module turns the SecureSD rows of such a step into `RoundInputs`
+(one per verifier and greedy/sampled kind, ragged rows padded and masked by `draft_lengths`), runs
+`mixing.verify_round` on them with the schedule's eta at each drafted token's response position,
+and writes the result into vLLM's output buffer [B, max_spec_len + 1] (accepted drafts, then the
+token that ends the round, then -1 placeholders).
+
+The bonus token (every draft accepted) is the one vLLM's own sampler drew from the processed target
+distribution q_{n+1} with the request's sampling parameters: SPEC.md §2 draws it from q for every
+verifier here, so this is the same rule, and it keeps vLLM's per-request seeds for that draw.
+Nothing here imports vLLM.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from ..mixing import verify_round
+from ..schedules import Schedule
+from ..verifiers.base import RoundInputs, Verifier
+from .request import SecureSDRequest
+
+PLACEHOLDER = -1
+
+
+@dataclass(eq=False)
+class RowPlan:
+    """A SecureSD row of the step.
+
+    Args:
+        row: the request's index in the batch.
+        request: its verifier and schedule.
+        position: 0-based response position of its first drafted token.
+        draft_raw_logits: [m, V] raw draft logits at the proposed positions (m >= the drafts that
+            reached verification), or None when the drafter kept none (then every draft is rejected
+            and the token is drawn from the target, which is exact).
+        draft_logits: [m, V] the draft logits the drafts were sampled from (raw / T, then top-k/top-p);
+            the raw tensor itself for greedy rows.
+    """
+
+    row: int
+    request: SecureSDRequest
+    position: int
+    draft_raw_logits: torch.Tensor | None
+    draft_logits: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class RowResult:
+    """What verification did for one row: drafts it verified and how many it accepted."""
+
+    row: int
+    position: int
+    verified: int
+    accepted: int
+
+
+def eta_for(schedule: Schedule | None, positions: torch.Tensor) -> torch.Tensor:
+    """eta at `positions` (any shape); no schedule means the pure relaxed verifier (eta = 1)."""
+    if schedule is None:
+        return torch.ones(positions.shape, dtype=torch.float32, device=positions.device)
+    return schedule.eta(positions)
+
+
+def verify_rows(
+    plans: Sequence[RowPlan],
+    output_token_ids: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    num_draft_tokens: Sequence[int],
+    target_raw_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    greedy: Sequence[bool],
+) -> list[RowResult]:
+    """Verify the rows in `plans` and write their tokens into `output_token_ids` (in place).
+
+    Args:
+        output_token_ids: [B, max_spec_len + 1] int output buffer; other rows are left untouched.
+        draft_token_ids: [num_tokens] drafted tokens, request by request (-1 marks an invalid draft).
+        num_draft_tokens: [B] drafts per request.
+        target_raw_logits: [num_tokens + B, V] raw target logits, request by request: its n_b drafted
+            positions followed by its bonus position.
+        target_logits: [num_tokens, V] processed target logits at the drafted positions (penalties,
+            temperature, top-k/top-p applied; unscaled for greedy rows).
+        bonus_token_ids: [B] or [B, 1] bonus tokens drawn by vLLM's sampler.
+        greedy: [B] whether each request decodes at temperature 0.
+    """
+    device = target_logits.device
+    counts = torch.tensor(list(num_draft_tokens), dtype=torch.long)
+    draft_starts = (counts.cumsum(0) - counts).tolist()
+    invalid = (draft_token_ids < 0).tolist() if bool((draft_token_ids < 0).any()) else None
+    bonus = bonus_token_ids.reshape(-1)
+    if plans:
+        output_token_ids[torch.tensor([plan.row for plan in plans], device=output_token_ids.device)] = PLACEHOLDER
+    results: list[RowResult] = []
+    groups: dict[tuple[Verifier, bool], list[tuple[RowPlan, int]]] = defaultdict(list)
+    for plan in plans:
+        n = _usable_drafts(plan, invalid, draft_starts[plan.row], num_draft_tokens[plan.row])
+        if n == 0:
+            output_token_ids[plan.row, 0] = _token_without_drafts(
+                plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
+            )
+            results.append(RowResult(plan.row, plan.position, 0, 0))
+            continue
+        groups[(plan.request.verifier, bool(greedy[plan.row]))].append((plan, n))
+    for (verifier, is_greedy), members in groups.items():
+        results += _verify_group(
+            verifier, is_greedy, members, output_token_ids, draft_token_ids, draft_starts, num_draft_tokens,
+            target_raw_logits, target_logits, bonus, device,
+        )
+    return results
+
+
+def _usable_drafts(plan: RowPlan, invalid: list[bool] | None, start: int, count: int) -> int:
+    """Drafts of the row that can be verified: up to the first invalid one (-1), and none without logits.
+    `invalid`: per flattened draft, whether it is -1 (None when none is)."""
+    if count == 0 or plan.draft_raw_logits is None:
+        return 0
+    count = min(count, plan.draft_raw_logits.shape[0])
+    if invalid is None:
+        return count
+    return next((offset for offset in range(count) if invalid[start + offset]), count)
+
+
+def _leading_rows(tensors: list[torch.Tensor], lengths: list[int], k: int) -> torch.Tensor:
+    """[G, k, V]: each tensor's first k rows, its last valid row repeated past its length."""
+    return torch.stack([t[:k] if n >= k else t[torch.arange(k).clamp(max=n - 1)] for t, n in zip(tensors, lengths)])
+
+
+def _schedule_weights(members: list[tuple[RowPlan, int]], positions: torch.Tensor) -> torch.Tensor:
+    """eta [G, k] at each row's drafted positions [G, k], evaluated once per distinct schedule."""
+    eta = torch.empty(positions.shape, dtype=torch.float32)
+    by_schedule: dict[Schedule | None, list[int]] = defaultdict(list)
+    for index, (plan, _) in enumerate(members):
+        by_schedule[plan.request.schedule].append(index)
+    for schedule, indices in by_schedule.items():
+        chosen = torch.tensor(indices)
+        eta[chosen] = eta_for(schedule, positions[chosen])
+    return eta
+
+
+def _token_without_drafts(
+    row: int, num_draft_tokens: Sequence[int], draft_starts: list[int], target_logits: torch.Tensor,
+    bonus: torch.Tensor, is_greedy: bool,
+) -> torch.Tensor:
+    """The row's next token when no draft can be verified: vLLM's bonus token if nothing was drafted,
+    else a draw from q at the first drafted position (every draft rejected; the output follows q)."""
+    if num_draft_tokens[row] == 0:
+        return bonus[row]
+    logits = target_logits[draft_starts[row]]
+    if is_greedy:
+        return logits.argmax()
+    return torch.multinomial(logits.softmax(dim=-1), 1)[0]
+
+
+def _verify_group(
+    verifier: Verifier,
+    is_greedy: bool,
+    members: list[tuple[RowPlan, int]],
+    output_token_ids: torch.Tensor,
+    draft_token_ids: torch.Tensor,
+    draft_starts: list[int],
+    num_draft_tokens: Sequence[int],
+    target_raw_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    bonus: torch.Tensor,
+    device: torch.device,
+) -> list[RowResult]:
+    """One RoundInputs for rows sharing a verifier and greedy/sampled kind: [G, k] with k = max n."""
+    k = max(n for _, n in members)
+    slots = torch.arange(k + 1)
+    rows = [plan.row for plan, _ in members]
+    lengths = torch.tensor([n for _, n in members])
+    # A row cut short by an invalid draft ends at a drafted position whose processed logits exist;
+    # a complete row ends at the bonus position, whose token vLLM's sampler drew.
+    complete = torch.tensor([n == num_draft_tokens[row] for row, (_, n) in zip(rows, members)])
+    last = (lengths - 1)[:, None]
+    starts = torch.tensor([draft_starts[row] for row in rows])[:, None]
+    # Padded slots repeat the row's last valid entry; draft_lengths keeps them out of verification.
+    draft_index = starts + torch.minimum(slots[None, :k], last)
+    processed_index = starts + torch.minimum(slots[None], torch.where(complete, lengths - 1, lengths)[:, None])
+    raw_index = starts + torch.tensor(rows)[:, None] + torch.minimum(slots[None], lengths[:, None])
+    vocab = target_logits.shape[-1]
+    counts = [n for _, n in members]
+    draft_raw = _leading_rows([plan.draft_raw_logits for plan, _ in members], counts, k).to(device, torch.float32)
+    draft_processed = (
+        draft_raw if is_greedy else _leading_rows([plan.draft_logits for plan, _ in members], counts, k).to(device, torch.float32)
+    )
+    drafts = draft_token_ids[draft_index.to(device)].long()
+    round_inputs = RoundInputs(
+        draft_tokens=drafts,
+        target_logits=target_logits[processed_index.reshape(-1).to(device)].view(len(rows), k + 1, vocab),
+        draft_logits=draft_processed[:, :, :vocab],
+        target_raw_logits=target_raw_logits[raw_index.reshape(-1).to(device)].view(len(rows), k + 1, vocab).to(torch.float32),
+        draft_raw_logits=draft_raw[:, :, :vocab],
+        greedy=is_greedy,
+        draft_lengths=lengths.to(device),
+    )
+    positions = torch.tensor([plan.position for plan, _ in members])[:, None] + slots[None, :k]
+    eta = _schedule_weights(members, positions).to(device)
+    accepted, next_token, _ = verify_round(verifier, round_inputs, eta)
+    row_index = torch.tensor(rows, device=device)
+    lengths = lengths.to(device)
+    use_bonus = (accepted == lengths) & complete.to(device)
+    next_token = torch.where(use_bonus, bonus[row_index].to(next_token.dtype), next_token)
+    columns = torch.arange(k + 1, device=device)[None]
+    padded_drafts = torch.cat([drafts, drafts.new_full((len(rows), 1), PLACEHOLDER)], dim=1)
+    tokens = torch.where(columns < accepted[:, None], padded_drafts, torch.full_like(padded_drafts, PLACEHOLDER))
+    tokens = torch.where(columns == accepted[:, None], next_token[:, None].to(tokens.dtype), tokens)
+    output_token_ids[row_index, : k + 1] = tokens.to(output_token_ids.dtype)
+    accepted_list = accepted.tolist()
+    return [
+        RowResult(plan.row, plan.position, n, accepted_list[i]) for i, (plan, n) in enumerate(members)
+    ]

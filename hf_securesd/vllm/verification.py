@@ -1,0 +1,240 @@
+"""The runner side: which rows of a step are SecureSD rows, where their drafts' logits are, at which
+response position they start, and the hand-over to `sampler.verify_rows` inside vLLM's rejection step.
+
+Hooks (all in vLLM's own process that runs the model):
+
+* `propose_draft_token_ids`: around each proposal, tell the proposer which rows are SecureSD rows
+  (`drafting.DraftRows`) and keep what it recorded, by request id, for the next step's verification.
+* `_sample`: around each verification step, build one `RowPlan` per SecureSD row. The response
+  position of a row's first drafted token is derived from token counts: the step feeds the row's
+  last committed token at sequence index `num_computed_tokens`, so its first draft sits at
+  `num_computed_tokens + 1`, response position `num_computed_tokens + 1 - num_prompt_tokens`.
+* `apply_sampling_constraints` (temperature, top-k, top-p on the target logits at the drafted
+  positions): SecureSD rows get their own copy, scaled with each request's parameters repeated over
+  its drafted positions. vLLM 0.32's CPU build cannot be used here: its replacement for the Triton
+  `expand` kernel writes the per-token temperatures into an int64 copy and never copies them back, so
+  at T > 0 the target logits are divided by uninitialised memory. That is the source of its
+  "token 0" outputs (recovered tokens are the argmax of NaN scores, i.e. token 0).
+* `rejection_sample` (the module function `RejectionSampler.forward` calls with the processed target
+  logits and vLLM's bonus tokens): plain rows go through vLLM's function; SecureSD rows are then
+  overwritten by `verify_rows`. A step without SecureSD rows never leaves vLLM's code.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..validation import SecureSDConfigError
+from . import sampler
+from .drafting import DraftRows
+from .request import SecureSDRequest, request_for
+
+logger = logging.getLogger(__name__)
+_UNSET = object()
+
+
+def request_of(state: Any) -> SecureSDRequest | None:
+    """A runner request state's SecureSD configuration, parsed once and kept on the state.
+
+    Requests were validated when admitted, so a failure here (a default that differs between
+    processes) is logged and the request runs as plain vLLM rather than stopping the engine."""
+    cached = getattr(state, "_securesd_request", _UNSET)
+    if cached is not _UNSET:
+        return cached
+    params = getattr(state, "sampling_params", None)
+    try:
+        request = request_for(getattr(params, "extra_args", None)) if params is not None else None
+    except SecureSDConfigError as error:
+        logger.error("SecureSD configuration of request %s ignored: %s", getattr(state, "req_id", "?"), error)
+        request = None
+    setattr(state, "_securesd_request", request)
+    return request
+
+
+@dataclass
+class DraftStash:
+    """Draft logits of the last proposal: request id -> (raw [k, V], sampled-from [k, V])."""
+
+    by_request: dict[str, tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass
+class StepPlan:
+    """What the patched `rejection_sample` needs for the current step."""
+
+    plans: list[sampler.RowPlan]
+    target_raw_logits: torch.Tensor  # [num_tokens + B, V]
+    num_draft_tokens: list[int]  # [B]
+    has_plain_rows: bool
+    target_logits: torch.Tensor | None = None  # [num_tokens, V] processed for the SecureSD rows
+    results: list[sampler.RowResult] | None = None
+
+
+_current_step: StepPlan | None = None
+
+
+def _batch_requests(runner: Any) -> list[SecureSDRequest | None]:
+    return [request_of(runner.requests[req_id]) for req_id in runner.input_batch.req_ids]
+
+
+def patch_runner(runner_class: type) -> Callable[[], None]:
+    """Wrap `runner_class.propose_draft_token_ids` and `_sample`; returns a function that undoes it."""
+    original_propose = runner_class.propose_draft_token_ids
+    original_sample = runner_class._sample
+
+    def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
+        requests = _batch_requests(self)
+        if not any(request is not None for request in requests):
+            self._securesd_drafts = None
+            return original_propose(self, *args, **kwargs)
+        rows = DraftRows(requests)
+        self.drafter.securesd_rows = rows
+        try:
+            drafted = original_propose(self, *args, **kwargs)
+        finally:
+            self.drafter.securesd_rows = None
+        stacked = rows.stacked()
+        by_request = {}
+        if stacked is not None:
+            raw, processed = stacked
+            for row, (req_id, request) in enumerate(zip(self.input_batch.req_ids, requests)):
+                if request is not None and row < raw.shape[0]:
+                    by_request[req_id] = (raw[row], processed[row])
+        self._securesd_drafts = DraftStash(by_request)
+        return drafted
+
+    def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any):
+        global _current_step
+        if spec_decode_metadata is None or logits is None:
+            return original_sample(self, logits, spec_decode_metadata)
+        requests = _batch_requests(self)
+        if not any(request is not None for request in requests):
+            return original_sample(self, logits, spec_decode_metadata)
+        stash: DraftStash | None = getattr(self, "_securesd_drafts", None)
+        batch = self.input_batch
+        plans = []
+        for row, (req_id, request) in enumerate(zip(batch.req_ids, requests)):
+            if request is None:
+                continue
+            position = int(batch.num_computed_tokens_cpu[row]) + 1 - int(batch.num_prompt_tokens[row])
+            raw, processed = stash.by_request.get(req_id, (None, None)) if stash is not None else (None, None)
+            plans.append(sampler.RowPlan(row, request, position, raw, processed))
+        _current_step = StepPlan(
+            plans, logits, list(spec_decode_metadata.num_draft_tokens), has_plain_rows=len(plans) < len(requests)
+        )
+        try:
+            output = original_sample(self, logits, spec_decode_metadata)
+        finally:
+            _current_step = None
+            self._securesd_drafts = None
+        return output
+
+    runner_class.propose_draft_token_ids = propose_draft_token_ids
+    runner_class._sample = _sample
+
+    def undo() -> None:
+        runner_class.propose_draft_token_ids = original_propose
+        runner_class._sample = original_sample
+
+    return undo
+
+
+def target_logits_for_rows(
+    logits: torch.Tensor, num_draft_tokens: list[int], sampling_metadata: Any, top_k_top_p: Callable
+) -> torch.Tensor:
+    """Temperature, then top-k/top-p, of each request applied to its drafted positions (in place).
+
+    logits: [num_tokens, V] target logits at the drafted positions, request by request; greedy
+    requests are left unscaled (only their argmax is used)."""
+    if sampling_metadata.all_greedy or sampling_metadata.temperature is None or logits.shape[0] == 0:
+        return logits
+    counts = torch.tensor(num_draft_tokens, device=logits.device)
+    temperature = sampling_metadata.temperature[: counts.numel()].to(logits.device)
+    temperature = torch.where(temperature == 0, torch.ones_like(temperature), temperature)
+    logits.div_(temperature.repeat_interleave(counts).to(logits.dtype)[:, None])
+
+    def per_token(values: torch.Tensor | None) -> torch.Tensor | None:
+        return None if values is None else values[: counts.numel()].to(logits.device).repeat_interleave(counts)
+
+    return top_k_top_p(logits, per_token(sampling_metadata.top_k), per_token(sampling_metadata.top_p))
+
+
+def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], None]:
+    """Wrap `module.apply_sampling_constraints` and `module.rejection_sample` (vLLM's v1 rejection
+    sampler module); returns a function that undoes both. `top_k_top_p` is vLLM's top-k/top-p op."""
+    original = module.rejection_sample
+    original_constraints = module.apply_sampling_constraints
+    placeholder = module.PLACEHOLDER_TOKEN_ID
+
+    def apply_sampling_constraints(logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: Any):
+        step = _current_step
+        if step is None or not step.plans:
+            return original_constraints(logits, cu_num_draft_tokens, sampling_metadata)
+        ours = target_logits_for_rows(
+            logits.clone() if step.has_plain_rows else logits, step.num_draft_tokens, sampling_metadata, top_k_top_p
+        )
+        step.target_logits = ours
+        if step.has_plain_rows:
+            return original_constraints(logits, cu_num_draft_tokens, sampling_metadata)
+        return ours
+
+    def rejection_sample(
+        draft_token_ids: torch.Tensor,
+        num_draft_tokens: list[int],
+        max_spec_len: int,
+        cu_num_draft_tokens: torch.Tensor,
+        draft_probs: torch.Tensor | None,
+        target_logits: torch.Tensor,
+        bonus_token_ids: torch.Tensor,
+        sampling_metadata: Any,
+        *args: Any,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        step = _current_step
+        if step is None or not step.plans:
+            return original(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
+            )
+        if step.has_plain_rows:
+            output = original(
+                draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
+                target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
+            )
+        else:
+            output = torch.full(
+                (len(num_draft_tokens), max_spec_len + 1), placeholder, dtype=torch.int32, device=target_logits.device
+            )
+        step.results = sampler.verify_rows(
+            step.plans,
+            output,
+            draft_token_ids,
+            num_draft_tokens,
+            step.target_raw_logits,
+            step.target_logits if step.target_logits is not None else target_logits,
+            bonus_token_ids,
+            _greedy_rows(sampling_metadata, len(num_draft_tokens)),
+        )
+        return output
+
+    module.rejection_sample = rejection_sample
+    module.apply_sampling_constraints = apply_sampling_constraints
+
+    def undo() -> None:
+        module.rejection_sample = original
+        module.apply_sampling_constraints = original_constraints
+
+    return undo
+
+
+def _greedy_rows(sampling_metadata: Any, batch: int) -> list[bool]:
+    """[B] whether each request decodes greedily (temperature 0)."""
+    if sampling_metadata.all_greedy:
+        return [True] * batch
+    if sampling_metadata.all_random or sampling_metadata.temperature is None:
+        return [False] * batch
+    return (sampling_metadata.temperature[:batch] == 0).tolist()

@@ -1,0 +1,283 @@
+"""End to end inside a real vLLM engine on CPU (one in-process engine for the module), on the tiny
+random Qwen2 pair, against the `generate` path on the same models:
+
+* plain requests: the same tokens as vLLM without the plugin, and never routed to SecureSD;
+* lossless = target greedy; every relaxed verifier at T = 0, with and without Step(2), = the
+  `generate` path; Step(L): the first L tokens are target greedy;
+* positions: every verified draft sits at the response position the plugin gave it, and the
+  statistics helper places them identically;
+* T = 1: lossless sampling follows the target (chi-square) and no token-0 excess;
+* bad input raises vLLM's validation error and the engine keeps serving; server-wide default.
+
+vLLM commits the first response token at prefill, from the target, before anything is drafted; its
+first drafted token sits at response position 1. The `generate` reference therefore continues from
+that first token, with the schedule shifted by one position (Step(L) -> Step(L - 1)), which gives
+both engines the same blocks of drafts at the same response positions.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from hf_securesd import FSD, MARS, BiLD, FLy, LossySD, SpecCascade, Step
+from hf_securesd.vllm import DEFAULT_ENV, speculative_stats
+
+from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vllm
+
+pytestmark = requires_vllm()
+
+EOS = 258
+PROMPTS = [list(b"hello world"), list(b"def add(a, b):"), list(b"The quick brown fox")]
+NEW_TOKENS = 24
+RELAXED = {
+    "lossysd": LossySD(epsilon=0.3),
+    "bild": BiLD(tau_rb=3.0),
+    "speccascade": SpecCascade(a=0.5),
+    "fsd": FSD(tau=0.5),
+    "fly": FLy(tau=0.3, window=2),
+    "mars": MARS(theta=0.5),
+}
+REFERENCE_SCRIPT = """
+import json, sys
+from vllm import LLM, SamplingParams
+target, draft, prompts, n = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+llm = LLM(model=target, speculative_config={"method": "draft_model", "model": draft, "num_speculative_tokens": %d,
+          "draft_sample_method": "probabilistic"}, max_model_len=256, max_num_seqs=8, enforce_eager=True,
+          dtype="float32", seed=0)
+outs = llm.generate([{"prompt_token_ids": p} for p in prompts], SamplingParams(max_tokens=n, temperature=0))
+print("RESULT " + json.dumps([list(o.outputs[0].token_ids) for o in outs]))
+""" % NUM_SPECULATIVE_TOKENS
+
+
+@dataclass
+class Engine:
+    llm: object
+    plain_first: list[list[int]]
+
+
+def securesd(verifier, schedule=None) -> dict:
+    return {"securesd": {"verifier": verifier.to_dict() if hasattr(verifier, "to_dict") else verifier,
+                         "secure_schedule": None if schedule is None else schedule.to_dict()}}
+
+
+def generate(engine: Engine, prompts, max_tokens=NEW_TOKENS, temperature=0.0, extra_args=None, **kwargs):
+    from vllm import SamplingParams
+
+    params = SamplingParams(max_tokens=max_tokens, temperature=temperature, extra_args=extra_args, **kwargs)
+    return engine.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+
+
+def tokens(outputs) -> list[list[int]]:
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+@pytest.fixture(scope="module")
+def engine(pair_dir):
+    saved = dict(os.environ)
+    os.environ.update({**engine_environment(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    try:
+        from vllm import LLM
+
+        llm = LLM(
+            model=str(pair_dir / "target"),
+            speculative_config={
+                "method": "draft_model",
+                "model": str(pair_dir / "draft"),
+                "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                "draft_sample_method": "probabilistic",
+            },
+            max_model_len=256,
+            max_num_seqs=8,
+            enforce_eager=True,
+            dtype="float32",
+            seed=0,
+            per_request_spec_decode_metrics="detailed",
+        )
+        engine = Engine(llm, [])
+        engine.plain_first = tokens(generate(engine, PROMPTS))
+        yield engine
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def trace(monkeypatch):
+    """Records every SecureSD verification: (plans, results, drafts per row) per step."""
+    from hf_securesd.vllm import sampler
+
+    steps = []
+    original = sampler.verify_rows
+
+    def recording(plans, output, draft_token_ids, num_draft_tokens, *args, **kwargs):
+        results = original(plans, output, draft_token_ids, num_draft_tokens, *args, **kwargs)
+        starts = torch.tensor([0] + list(num_draft_tokens)).cumsum(0).tolist()
+        drafts = {plan.row: draft_token_ids[starts[plan.row] : starts[plan.row + 1]].tolist() for plan in plans}
+        emitted = {plan.row: [t for t in output[plan.row].tolist() if t >= 0] for plan in plans}
+        steps.append((results, drafts, emitted))
+        return results
+
+    monkeypatch.setattr(sampler, "verify_rows", recording)
+    return steps
+
+
+def cut(sequence: list[int], length: int) -> list[int]:
+    """The first `length` tokens, ending at the first EOS (inclusive), as both engines stop there."""
+    out = []
+    for token in sequence[:length]:
+        out.append(token)
+        if token == EOS:
+            break
+    return out
+
+
+def hf_generate(hf_models, prompt, max_new_tokens, **kwargs) -> list[int]:
+    draft, target = hf_models
+    ids = torch.tensor([prompt])
+    if "verifier" in kwargs:
+        kwargs.update(assistant_model=draft, num_assistant_tokens=NUM_SPECULATIVE_TOKENS)
+    out = target.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, **kwargs)
+    return out[0, len(prompt):].tolist()
+
+
+def generate_path_reference(hf_models, prompt, verifier, schedule) -> list[int]:
+    """What the generate path emits when, like vLLM, the first response token comes from the target."""
+    first = hf_generate(hf_models, prompt, 1)[0]
+    shifted = None if schedule is None else Step(L=max(0, schedule.L - 1))
+    rest = hf_generate(hf_models, prompt + [first], NEW_TOKENS + NUM_SPECULATIVE_TOKENS + 1, verifier=verifier, secure_schedule=shifted)
+    return cut([first] + rest, NEW_TOKENS)
+
+
+def test_plain_requests_are_untouched(engine, pair_dir, trace):
+    env = {**os.environ, **engine_environment(), "VLLM_PLUGINS": "", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    reference = subprocess.run(
+        [sys.executable, "-c", REFERENCE_SCRIPT, str(pair_dir / "target"), str(pair_dir / "draft"), json.dumps(PROMPTS), str(NEW_TOKENS)],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    lines = [line for line in reference.stdout.splitlines() if line.startswith("RESULT ")]
+    assert lines, reference.stderr[-3000:]
+    without_plugin = json.loads(lines[-1][len("RESULT "):])
+    assert engine.plain_first == without_plugin
+    assert tokens(generate(engine, PROMPTS)) == without_plugin
+    assert trace == []  # plain requests never reached SecureSD verification
+
+
+def test_lossless_equals_target_greedy(engine, hf_models, trace):
+    got = tokens(generate(engine, PROMPTS, extra_args=securesd("lossless")))
+    for prompt, sequence in zip(PROMPTS, got):
+        assert sequence == cut(hf_generate(hf_models, prompt, NEW_TOKENS), NEW_TOKENS)
+    assert trace, "lossless requests must be verified by SecureSD"
+
+
+@pytest.mark.parametrize("schedule", [None, Step(L=2)], ids=["relaxed", "step2"])
+@pytest.mark.parametrize("name", list(RELAXED))
+def test_relaxed_verifiers_match_generate_path(engine, hf_models, name, schedule):
+    got = tokens(generate(engine, PROMPTS, extra_args=securesd(RELAXED[name], schedule)))
+    expected = [generate_path_reference(hf_models, prompt, RELAXED[name], schedule) for prompt in PROMPTS]
+    assert got == expected
+
+
+def test_relaxed_verification_changes_the_output(engine, hf_models):
+    """The relaxed settings above do fire on this pair: otherwise the comparison proves little."""
+    greedy = [cut(hf_generate(hf_models, p, NEW_TOKENS), NEW_TOKENS) for p in PROMPTS]
+    changed = {name for name, verifier in RELAXED.items() if tokens(generate(engine, PROMPTS, extra_args=securesd(verifier))) != greedy}
+    assert {"mars", "lossysd"} <= changed, changed
+
+
+@pytest.mark.parametrize("L", [2, 5])
+def test_step_keeps_first_L_tokens_target_greedy(engine, hf_models, L):
+    got = tokens(generate(engine, PROMPTS, extra_args=securesd(LossySD(epsilon=1.0), Step(L=L))))
+    greedy = [cut(hf_generate(hf_models, p, NEW_TOKENS), NEW_TOKENS) for p in PROMPTS]
+    assert all(sequence[:L] == reference[:L] for sequence, reference in zip(got, greedy))
+    assert any(sequence[L:] != reference[L:] for sequence, reference in zip(got, greedy))
+
+
+def test_positions_match_committed_tokens_and_statistics(engine, trace):
+    """For one request, each verified round's accepted drafts and emitted token sit in the final
+    output at the response positions the plugin derived from token counts; vLLM's per-request
+    metrics turned into statistics give the same positions."""
+    outputs = generate(engine, [PROMPTS[0]], max_tokens=40, extra_args=securesd(MARS(theta=0.5)))
+    sequence = list(outputs[0].outputs[0].token_ids)
+    rounds = [(result, drafts[result.row], emitted[result.row]) for results, drafts, emitted in trace for result in results if result.verified]
+    assert rounds
+    for result, drafts, emitted in rounds:
+        assert emitted[: result.accepted] == drafts[: result.accepted]
+        assert sequence[result.position : result.position + len(emitted)] == emitted[: len(sequence) - result.position]
+    stats = speculative_stats(outputs[0].outputs[0])
+    assert [r.verified for r, _, _ in rounds] == stats.drafted_per_round
+    assert [r.accepted for r, _, _ in rounds] == stats.accepted_per_round
+    expected_drafted = [0] * len(stats.position_drafted)
+    for result, _, _ in rounds:
+        for offset in range(result.verified):
+            expected_drafted[result.position + offset] += 1
+    assert stats.position_drafted == expected_drafted
+    assert stats.acceptance_rate == sum(r.accepted for r, _, _ in rounds) / sum(r.verified for r, _, _ in rounds)
+
+
+def exact_second_token_distribution(hf_models, prompt) -> torch.Tensor:
+    """P(response token 1 = y) under the target at T = 1: sum over x0 of q(x0) q(y | x0)."""
+    _, target = hf_models
+    with torch.no_grad():
+        q0 = target(torch.tensor([prompt])).logits[0, -1].softmax(-1)
+        support = (q0 > 1e-7).nonzero()[:, 0]
+        batch = torch.cat([torch.tensor([prompt]).expand(len(support), -1), support[:, None]], dim=1)
+        q1 = target(batch).logits[:, -1].softmax(-1)
+    marginal = (q0[support, None] * q1).sum(0)
+    return marginal / marginal.sum()
+
+
+def test_lossless_sampling_follows_the_target_without_token0_excess(engine, hf_models, trace):
+    samples = 1200
+    prompt = PROMPTS[1]
+    outputs = generate(engine, [prompt] * samples, max_tokens=2, temperature=1.0, extra_args=securesd("lossless"))
+    second = torch.tensor([o.outputs[0].token_ids[1] for o in outputs if len(o.outputs[0].token_ids) > 1])
+    expected = exact_second_token_distribution(hf_models, prompt).double()
+    observed = torch.bincount(second, minlength=expected.numel()).double()
+    counts = expected * second.numel()
+    small = counts < 5
+    observed = torch.cat([observed[~small], observed[small].sum()[None]])
+    counts = torch.cat([counts[~small], counts[small].sum()[None]])
+    assert chisquare(observed.numpy(), counts.numpy() * observed.sum().item() / counts.sum().item()).pvalue > 1e-4
+    assert any(result.verified for results, _, _ in trace for result in results)
+
+    long = generate(engine, PROMPTS * 4, max_tokens=32, temperature=1.0, extra_args=securesd(MARS(theta=0.5), Step(L=1)))
+    emitted = [t for o in long for t in o.outputs[0].token_ids]
+    assert emitted.count(0) / len(emitted) < 0.05  # vLLM 0.32's own CPU path emitted token 0 for 56-84 %
+
+
+@pytest.mark.parametrize(
+    "extra_args, message",
+    [
+        ({"securesd": {"verifier": "nope"}}, "unknown verifier"),
+        ({"securesd": {"verifier": {"verifier": "mars", "theta": 2.0}}}, "theta"),
+        ({"securesd": {"secure_schedule": {"schedule": "step", "L": 1}}}, "without a verifier"),
+        ({"securesd": {"verifier": {"verifier": "fly", "window": 3}}}, "k is the engine's num_speculative_tokens"),
+        ({"securesd": "{not json"}, "not valid JSON"),
+    ],
+    ids=["unknown-verifier", "bad-knob", "schedule-without-verifier", "fly-window-vs-k", "bad-json"],
+)
+def test_bad_requests_fail_clearly_and_the_engine_keeps_serving(engine, extra_args, message):
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match=message):
+        generate(engine, PROMPTS[:1], max_tokens=4, extra_args=extra_args)
+    assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
+
+
+def test_server_wide_default_and_opt_out(engine, trace, monkeypatch):
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": {"verifier": "mars", "theta": 0.5}}))
+    defaulted = tokens(generate(engine, PROMPTS[:1]))
+    assert trace, "a request without extra_args must take the server-wide default"
+    explicit = tokens(generate(engine, PROMPTS[:1], extra_args=securesd(MARS(theta=0.5))))
+    assert defaulted == explicit
+    trace.clear()
+    opted_out = tokens(generate(engine, PROMPTS[:1], extra_args={"securesd": None}))
+    assert trace == [] and opted_out == [engine.plain_first[0]]

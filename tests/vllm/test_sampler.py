@@ -1,0 +1,227 @@
+"""Engine-free tests of the vLLM adapter's verification (`hf_securesd.vllm.sampler`) on synthetic logits
+laid out as vLLM lays them out (request by request, drafted positions then the bonus position).
+
+* Theorem 1 per verifier x schedule: the first emitted token of N rows follows
+  out(y) = alpha_mix(y) p(y) + (1 - sum alpha_mix p) R_mix(y) at that row's response position.
+* Lossless: the first emitted token follows q (no token-0 anomaly on a 259-token vocabulary).
+* T = 0: a ragged batch mixing verifiers, schedules and positions gives, row for row, exactly what
+  `verify_round` gives on that row alone; Step(L) switches at the exact response position.
+These tests need neither vLLM nor a model, so they also run in the main environment.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from hf_securesd import FSD, MARS, BiLD, FLy, Linear, Lossless, LossySD, Power, SpecCascade, Step
+from hf_securesd.mixing import one_step_output, verify_round
+from hf_securesd.verifiers.base import RoundInputs
+from hf_securesd.vllm.request import SecureSDRequest
+from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, eta_for, verify_rows
+
+N = 8_000
+K = 3
+POSITION = 1
+SCHEDULES = {"none": None, "step": Step(L=2), "linear": Linear(L=3), "power": Power(L=3, gamma=2.0)}
+VERIFIERS = {
+    "lossless": Lossless(),
+    "lossysd": LossySD(epsilon=0.2),
+    "bild": BiLD(tau_rb=1.5),
+    "speccascade": SpecCascade(a=0.5),
+    "fsd": FSD(tau=0.3),
+    "fly": FLy(tau=0.3, window=1),
+    "mars": MARS(theta=0.9),
+}
+TARGET = torch.tensor([3.0, 2.8, 1.0, 0.5, -1.0, -2.0])
+DRAFT = torch.tensor([1.5, 2.9, 2.0, -0.5, 0.3, -1.0])
+
+
+def slot_logits(base: torch.Tensor, slots: int) -> torch.Tensor:
+    """[slots, V]: the base logits rolled by one token per slot, so every slot differs."""
+    return torch.stack([base.roll(slot) for slot in range(slots)])
+
+
+class Step_:
+    """A vLLM-shaped step of `rows` identical requests with K drafts each, drafts sampled from p."""
+
+    def __init__(self, rows: int, greedy: bool, generator: torch.Generator) -> None:
+        self.rows = rows
+        self.target = slot_logits(TARGET, K + 1)  # [K+1, V] raw target logits per request
+        self.draft = slot_logits(DRAFT, K)  # [K, V]
+        p = self.draft.softmax(-1)
+        if greedy:
+            self.drafts = self.draft.argmax(-1).expand(rows, K).clone()
+        else:
+            self.drafts = torch.multinomial(p.repeat(rows, 1), 1, generator=generator).view(rows, K)
+        self.bonus = torch.multinomial(self.target[K].softmax(-1).expand(rows, -1), 1, generator=generator)[:, 0]
+        self.greedy = greedy
+
+    def run(self, request: SecureSDRequest, position: int = POSITION) -> torch.Tensor:
+        plans = [RowPlan(row, request, position, self.draft, self.draft) for row in range(self.rows)]
+        output = torch.full((self.rows, K + 1), 7, dtype=torch.int32)
+        verify_rows(
+            plans,
+            output,
+            self.drafts.reshape(-1).to(torch.int32),
+            [K] * self.rows,
+            self.target.repeat(self.rows, 1),
+            self.target[:K].repeat(self.rows, 1),
+            self.bonus[:, None],
+            [self.greedy] * self.rows,
+        )
+        return output
+
+    def round_inputs(self) -> RoundInputs:
+        rows = self.rows
+        return RoundInputs(
+            draft_tokens=self.drafts.long(),
+            target_logits=self.target.expand(rows, -1, -1),
+            draft_logits=self.draft.expand(rows, -1, -1),
+            target_raw_logits=self.target.expand(rows, -1, -1),
+            draft_raw_logits=self.draft.expand(rows, -1, -1),
+            greedy=self.greedy,
+        )
+
+
+def assert_follows(samples: torch.Tensor, expected: torch.Tensor) -> None:
+    """Every cell within 5 standard errors of a multinomial proportion (plus 1e-9)."""
+    observed = torch.bincount(samples.long(), minlength=expected.numel()).double() / samples.numel()
+    expected = expected.double()
+    tolerance = 5 * (expected * (1 - expected) / samples.numel()).sqrt() + 1e-9
+    assert bool(((observed - expected).abs() <= tolerance).all()), f"observed {observed.tolist()} expected {expected.tolist()}"
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES), ids=list(SCHEDULES))
+@pytest.mark.parametrize("verifier", list(VERIFIERS), ids=list(VERIFIERS))
+def test_theorem1_per_verifier_and_schedule(verifier: str, schedule: str) -> None:
+    torch.manual_seed(0)
+    step = Step_(N, greedy=False, generator=torch.Generator().manual_seed(1))
+    request = SecureSDRequest(VERIFIERS[verifier], SCHEDULES[schedule])
+    output = step.run(request)
+    positions = POSITION + torch.arange(K).expand(N, K)
+    eta = eta_for(SCHEDULES[schedule], positions)
+    # Randomised rules (FLy at T > 0) draw per row: averaging over the N rows gives the expectation.
+    expected = one_step_output(VERIFIERS[verifier], step.round_inputs(), eta)[:, 0].mean(dim=0)
+    assert (output[:, 0] >= 0).all()
+    assert_follows(output[:, 0], expected)
+
+
+def test_lossless_first_token_follows_target_without_token0_excess() -> None:
+    """259-token vocabulary where token 0 is rare for the target: its frequency must match q(0)."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(3)
+    vocab = 259
+    target = torch.randn(K + 1, vocab, generator=generator) * 2.0
+    draft = target[:K] + torch.randn(K, vocab, generator=generator)
+    target[:, 0] = -4.0
+    rows = N
+    drafts = torch.multinomial(draft.softmax(-1).repeat(rows, 1), 1, generator=generator).view(rows, K)
+    bonus = torch.multinomial(target[K].softmax(-1).expand(rows, -1), 1, generator=generator)[:, 0]
+    plans = [RowPlan(row, SecureSDRequest(Lossless(), None), 1, draft, draft) for row in range(rows)]
+    output = torch.full((rows, K + 1), PLACEHOLDER, dtype=torch.int32)
+    verify_rows(plans, output, drafts.reshape(-1).to(torch.int32), [K] * rows, target.repeat(rows, 1),
+                target[:K].repeat(rows, 1), bonus, [False] * rows)
+    q = target[0].softmax(-1).double()
+    observed_zero = float((output[:, 0] == 0).double().mean())
+    assert observed_zero <= float(q[0]) + 5 * math.sqrt(float(q[0]) / rows) + 1e-3
+    assert chi_square_p_value(output[:, 0], q) > 1e-4
+
+
+def chi_square_p_value(samples: torch.Tensor, expected: torch.Tensor) -> float:
+    """Pearson's test of `samples` against `expected` [V], cells expecting fewer than 5 pooled into one."""
+    observed = torch.bincount(samples.long(), minlength=expected.numel()).double()
+    counts = expected * samples.numel()
+    small = counts < 5
+    observed = torch.cat([observed[~small], observed[small].sum()[None]])
+    counts = torch.cat([counts[~small], counts[small].sum()[None]])
+    return float(chisquare(observed.numpy(), counts.numpy() * observed.sum().item() / counts.sum().item()).pvalue)
+
+
+def one_row_reference(verifier, schedule, position, target, processed, draft, drafts, bonus, greedy):
+    """verify_round on this row alone (k = its own n), with the bonus rule applied."""
+    n = drafts.numel()
+    round_inputs = RoundInputs(drafts[None].long(), processed[None], draft[None], target[None], draft[None], greedy)
+    eta = eta_for(schedule, position + torch.arange(n))[None]
+    accepted, token, _ = verify_round(verifier, round_inputs, eta)
+    a = int(accepted)
+    last = int(bonus) if a == n else int(token)
+    return drafts[:a].tolist() + [last]
+
+
+def test_ragged_greedy_batch_matches_each_row_alone() -> None:
+    """Rows with different n, positions, verifiers and schedules in one step, plus rows with no
+    drafts, an invalid (-1) draft and no draft logits, each equal to its own single-row verification."""
+    generator = torch.Generator().manual_seed(5)
+    vocab = 11
+    specs = [  # (verifier, schedule, position, n)
+        (MARS(theta=0.5), Step(L=2), 0, 3),
+        (MARS(theta=0.5), None, 4, 1),
+        (LossySD(epsilon=0.5), Step(L=3), 2, 4),
+        (BiLD(tau_rb=3.0), Linear(L=2), 1, 2),
+        (FSD(tau=0.6), Step(L=1), 5, 4),
+        (FLy(tau=0.1, window=2), None, 3, 4),
+        (SpecCascade(a=0.7), Step(L=1), 1, 3),
+        (Lossless(), None, 2, 0),
+        (MARS(theta=0.5), None, 6, 2),  # gets an invalid second draft below
+        (MARS(theta=0.5), None, 7, 2),  # no draft logits
+    ]
+    counts = [n for *_, n in specs]
+    targets = [torch.randn(n + 1, vocab, generator=generator) * 2 for n in counts]
+    drafts_logits = [t[: max(n, 1)] + torch.randn(max(n, 1), vocab, generator=generator) for t, n in zip(targets, counts)]
+    drafts = [
+        torch.where(torch.rand(n, generator=generator) < 0.5, t[:n].argmax(-1), d[:n].argmax(-1))
+        for t, d, n in zip(targets, drafts_logits, counts)
+    ]
+    drafts[8][1] = -1
+    bonus = torch.tensor([int(t[-1].argmax()) for t in targets])
+    plans = [
+        RowPlan(row, SecureSDRequest(v, s), pos, None if row == 9 else drafts_logits[row], drafts_logits[row])
+        for row, (v, s, pos, _) in enumerate(specs)
+    ]
+    output = torch.full((len(specs), 5), 99, dtype=torch.int32)
+    results = verify_rows(
+        plans, output, torch.cat(drafts).to(torch.int32), counts, torch.cat(targets),
+        torch.cat([t[:n] for t, n in zip(targets, counts)]), bonus, [True] * len(specs),
+    )
+    for row, (verifier, schedule, position, n) in enumerate(specs):
+        if row == 9 or n == 0:
+            expected = [int(targets[row][0].argmax())]
+        else:
+            usable = 1 if row == 8 else n
+            expected = one_row_reference(
+                verifier, schedule, position, targets[row][: usable + 1],
+                torch.cat([targets[row][:usable], targets[row][usable - 1 : usable]]),
+                drafts_logits[row][:usable], drafts[row][:usable], bonus[row], True,
+            )
+            if row == 8 and len(expected) == 2:  # the one usable draft was accepted: the token is q's argmax there
+                expected[-1] = int(targets[row][1].argmax())
+        got = [t for t in output[row].tolist() if t != PLACEHOLDER]
+        assert got == expected, f"row {row}: {got} != {expected}"
+    by_row = {result.row: result for result in results}
+    assert by_row[2].position == 2 and by_row[2].verified == 4
+    assert by_row[8].verified == 1 and by_row[9].verified == 0
+
+
+@pytest.mark.parametrize("L", [1, 2, 3])
+@pytest.mark.parametrize("position", [0, 1, 2, 4])
+def test_step_switches_at_the_exact_response_position(L: int, position: int) -> None:
+    """Drafts that all differ from the target's argmax; LossySD(1) accepts anything where eta = 1.
+    With Step(L), the drafts at response positions < L are rejected (lossless) and the others accepted."""
+    vocab, k = 7, 4
+    target = torch.zeros(k + 1, vocab)
+    target[:, 3] = 5.0  # x* = 3 everywhere
+    drafts = torch.tensor([1, 2, 4, 5], dtype=torch.int32)
+    draft = torch.zeros(k, vocab)
+    plans = [RowPlan(0, SecureSDRequest(LossySD(epsilon=1.0), Step(L=L)), position, draft, draft)]
+    output = torch.full((1, k + 1), PLACEHOLDER, dtype=torch.int32)
+    verify_rows(plans, output, drafts, [k], target, target[:k], torch.tensor([6]), [True])
+    lossless_slots = max(0, L - position)
+    if lossless_slots == 0:
+        expected = drafts.tolist() + [6]  # all accepted: vLLM's bonus token
+    else:
+        expected = [3]  # the first draft sits at a lossless position and differs from x*
+    assert [t for t in output[0].tolist() if t != PLACEHOLDER] == expected
