@@ -58,7 +58,7 @@ def results(tmp_path, data_dir):
     store.open(
         {"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix",
          "judge_agreement": {"agreement": 0.81, "kappa": 0.626, "precision": 0.71, "recall": 0.93, "n": 100,
-                             "labels": "human majority"}},
+                             "labels": "human majority", "match": "start"}},
         {"id": "s", "threads": 1},
     )
     finished: dict = {}
@@ -92,7 +92,8 @@ def test_report_shows_paired_flips_beside_prr(results) -> None:
     assert (flips[SECURE.key]["n_lost"], flips[SECURE.key]["n_gained"]) == (1, 0)
     text = (path / "report" / "report.md").read_text()
     assert "paired flips against the target" in text
-    assert "81 % agreement with human labels, Cohen's κ 0.626" in text  # beside the AFR table
+    assert ("`refusal_prefix` (refusal strings matched at the start of the normalised response): 81 % agreement "
+            "with human labels, Cohen's κ 0.626") in text  # beside the AFR table
     # AFR 0.5 against the target's 0.6, yet 4 of 10 verdicts flipped: 3 lost, 1 gained
     row = next(line for line in text.splitlines() if line.startswith(f"| {RELAXED.key} | 0.800 |"))
     assert "| 3 (0.300 [0.07, 0.65]) | 1 (0.100 [0.00, 0.45]) | 0.400 [0.12, 0.74] |" in row

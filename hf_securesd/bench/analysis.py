@@ -223,9 +223,8 @@ def judge_agreement(judge: str, judge_options: dict[str, Any] | None = None, dat
         rows = load_comparison(data_dir)
     except (FileNotFoundError, ValueError):
         return None
-    verdicts = get_judge(judge, **dict(judge_options or {})).judge(
-        [row["goal"] for row in rows], [row["target_response"] for row in rows]
-    )
+    judge_object = get_judge(judge, **dict(judge_options or {}))
+    verdicts = judge_object.judge([row["goal"] for row in rows], [row["target_response"] for row in rows])
     stats = agreement_stats([v.attack_succeeded for v in verdicts], [row["human_majority"] == "1" for row in rows])
     return {
         "agreement": stats["agreement"],
@@ -234,4 +233,5 @@ def judge_agreement(judge: str, judge_options: dict[str, Any] | None = None, dat
         "recall": stats["recall"],
         "n": len(rows),
         "labels": "JailbreakBench classifier_comparison.csv, human majority",
+        "match": getattr(judge_object, "match", None),
     }

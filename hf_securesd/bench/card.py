@@ -50,10 +50,14 @@ def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> P
     output = (results / spec["output"]).resolve()
     figures = Path(os.path.relpath((results / "report").resolve(), output.parent)).as_posix()
     body = list(report_lines[1:]) if report_lines and report_lines[0].startswith("# ") else list(report_lines)
+    relative = Path(os.path.relpath(results.resolve(), output.parent)).as_posix()
+    spellings = sorted({str(results.resolve()), str(results)}, key=len, reverse=True)
     for index, line in enumerate(body):
         for figure in FIGURES:
             line = line.replace(f"]({figure})", f"]({figures}/{figure})")
-        body[index] = line.replace(str(results.resolve()), Path(os.path.relpath(results.resolve(), output.parent)).as_posix())
+        for spelling in spellings:
+            line = line.replace(f"`{spelling}/", f"`{relative}/")
+        body[index] = line
     lines = [f"# {spec['title']}", "", *_paragraphs(spec.get("preamble"))]
     if spec.get("commands"):
         lines += ["## Commands", "", "```bash", *spec["commands"], "```", ""]

@@ -78,8 +78,12 @@ def agreement_text(manifest: dict[str, Any]) -> str:
         agreement = judge_agreement(manifest.get("judge", ""), manifest.get("judge_options") or {})
     if not agreement:
         return f"judge `{manifest.get('judge')}`: agreement with human labels not measured (`securesd judge-validate`)"
+    variant = {
+        "start": " (refusal strings matched at the start of the normalised response)",
+        "anywhere": " (refusal strings matched anywhere in the normalised response)",
+    }.get(agreement.get("match"), "")
     return (
-        f"judge `{manifest.get('judge')}`: {agreement['agreement'] * 100:.0f} % agreement with human labels, "
+        f"judge `{manifest.get('judge')}`{variant}: {agreement['agreement'] * 100:.0f} % agreement with human labels, "
         f"Cohen's κ {agreement['kappa']:.3f}, precision {agreement['precision']:.2f}, recall "
         f"{agreement['recall']:.2f} for \"jailbroken\" (n = {agreement['n']}, {agreement['labels']})"
     )
