@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of the Qwen2.5-Coder 0.5B -> 1.5B pair: lossless exactness and a small speed-up
-# measurement on CUDA (bf16 draft). Sized for well under 8 minutes on one H200.
+# GPU check: the cost of a speculative round (tiny pair, batch 1 / 8 / 32, syncs per round), then
+# the Qwen2.5-Coder 0.5B -> 1.5B pair: lossless exactness and a small speed-up measurement on CUDA
+# (bf16 draft). Sized for well under 8 minutes on one H200.
 #
 # Needs torch with CUDA and transformers; no network, no `datasets`/`evaluate`.
 #   SECURESD_MODELS_DIR  folder holding qwen-0.5b-bf16/ and qwen-1.5b-bf16/ as written by
@@ -24,6 +25,18 @@ out="${GPU_CHECK_OUT:-/tmp/gpu_check}"
 mkdir -p "$out"
 
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+
+# Round cost on the tiny pair: wall time, rounds, forward time, host time and host-device
+# synchronisations per round (CUDA sync debug mode) at batch 1 / 8 / 32, greedy and with sampling
+# processors. Without CUDA it runs on the CPU (no sync counts) so the script can be checked anywhere.
+if python -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+    round_cost_args=(--device cuda --count-syncs --threads 4)
+else
+    echo "no CUDA device: round cost on the CPU, without sync counts"
+    round_cost_args=(--device cpu --repeats 1)
+fi
+timeout "${ROUND_COST_TIMEOUT:-200}" python benchmarks/round_cost.py "${round_cost_args[@]}" 2>&1 \
+    | grep -v "^\[transformers\]" | tee "$out/round_cost.log" || echo "round cost check failed (see above)"
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of arguments
 timeout 450 python benchmarks/gpu_check.py --device cuda --prompts 10 --max-new-tokens 64 \
     --json "$out/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$out/gpu_check.log"

@@ -176,7 +176,7 @@ def speculative_decode(
     processing = RowProcessing(logits_processor, buffer)
     controller = DraftLengthController(draft_length, batch, device)
     recorder = RoundRecorder(batch)
-    health = Health(device)
+    health = Health()
     check_each_token = not _only_length_and_eos(stopping_criteria)
     eos = eos_token_id.to(device) if eos_token_id is not None else None
     scores: tuple[torch.Tensor, ...] | None = () if output_scores else None
@@ -191,8 +191,8 @@ def speculative_decode(
         active = len(host_rows)
         budgets = [max_length - buffer.host_lengths[row] - 1 for row in host_rows]
         limits = controller.limits(host_rows, budgets)
-        limit = torch.tensor(limits, device=device)
         k = max(limits)
+        limit = torch.tensor(limits, device=device) if controller.early_stop or min(limits) < k else None
 
         # 1. Draft up to k tokens (the first step feeds what the draft has not seen yet).
         if pending is None:
@@ -206,14 +206,16 @@ def speculative_decode(
             draft_input, draft_mask = pending[:, None], None
         first_draft_slot = draft_runner.num_slots + draft_input.shape[1]
         drafted, draft_raw, draft_processed, confidence = [], [], [], []
-        drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
+        if controller.early_stop:
+            drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
         for step in range(k):
             raw = draft_runner.forward(draft_input, draft_mask, keep=1, who="draft", health=health)
             processed = processing(raw, rows, host_rows, offset=step)[:, 0]
             if processing.processors:
                 processed = checked_scores(processed, do_sample, health, "draft")
             token = torch.multinomial(processed.softmax(-1), 1)[:, 0] if do_sample else processed.argmax(-1)
-            buffer.write(rows, step, token[:, None])
+            if processing.processors:
+                buffer.write(rows, step, token[:, None], every_row=active == batch)
             drafted.append(token)
             draft_raw.append(raw[:, 0])
             draft_processed.append(processed)
@@ -226,7 +228,7 @@ def speculative_decode(
                 if step + 1 < k and bool((stopped | (step + 1 >= limit)).all()):
                     break
         k = len(drafted)
-        draft_lengths = drafted_count if controller.early_stop else limit
+        draft_lengths = drafted_count if controller.early_stop else limit  # None: k for every row
         drafts = torch.stack(drafted, dim=1) if k else input_ids.new_zeros(active, 0)
 
         # 2. Score every draft with one target forward.
@@ -281,17 +283,18 @@ def speculative_decode(
             hit = hits.any(dim=-1)
             count = torch.where(hit, hits.long().argmax(dim=-1) + 1, count)
             finished |= hit
-        buffer.write(rows, 0, new_tokens)
-        outcome = [torch.stack([accepted, count, finished.long(), draft_lengths.long()]).flatten().double()]
+        buffer.write(rows, 0, new_tokens, every_row=active == batch)
+        read_back = [accepted, count, finished.long()] + ([draft_lengths] if controller.early_stop else [])
+        outcome = [torch.stack(read_back).flatten().double()]
         if deviation is not None:
             outcome.append(deviation.flatten().double())
-        values = torch.cat(outcome).tolist()
-        accepted_h, count_h, finished_h, drafted_h = (
-            [int(value) for value in values[i * active : (i + 1) * active]] for i in range(4)
-        )
+        values = torch.cat(outcome).tolist() if len(outcome) > 1 else outcome[0].tolist()
+        accepted_h, count_h, finished_h = ([int(value) for value in values[i * active : (i + 1) * active]] for i in range(3))
+        drafted_h = [int(value) for value in values[3 * active : 4 * active]] if controller.early_stop else limits
         deviation_h = None
         if deviation is not None:
-            deviation_h = [values[4 * active + a * k : 4 * active + (a + 1) * k] for a in range(active)]
+            base = len(read_back) * active
+            deviation_h = [values[base + a * k : base + (a + 1) * k] for a in range(active)]
         if check_each_token:
             for a, stop in enumerate(first_stops(stopping_criteria, buffer, host_rows, count_h)):
                 if stop is not None:

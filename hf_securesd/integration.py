@@ -26,7 +26,7 @@ from .validation import check_models, check_options, resolve_request
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
-_CONFIG_FIELDS = ("verifier", "secure_schedule")
+_CONFIG_FIELDS = ("verifier", "secure_schedule", "output_deviation")
 _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
     "output_scores",
@@ -76,7 +76,12 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     options.update({name: arguments.get(name) for name in ("tokenizer", "assistant_tokenizer", "streamer")})
     inputs = arguments.get("inputs", arguments.get("input_ids"))
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
-    resolved_fields = {"verifier": resolved, "secure_schedule": schedule, **draft_length.generation_fields()}
+    resolved_fields = {
+        "verifier": resolved,
+        "secure_schedule": schedule,
+        "output_deviation": _effective("output_deviation", arguments, generation_config, model),
+        **draft_length.generation_fields(),
+    }
     if generation_config is None:
         return args, {**kwargs, **resolved_fields}
     # A config object was passed: resolve inside a copy of it (HF warns when configs and kwargs mix).
@@ -133,7 +138,9 @@ def _run_speculative(
         attention_mask=model_kwargs.get("attention_mask"),
         target_cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),
         streamer=streamer,
-        collect_deviation=bool(return_dict),
+        # Exact TV deviation: closed form at T = 0; at T > 0 a vocabulary-wide pass per round, so opt-in.
+        collect_deviation=bool(return_dict)
+        and (not generation_config.do_sample or bool(getattr(generation_config, "output_deviation", None))),
         output_scores=bool(return_dict and generation_config.output_scores),
         output_logits=bool(return_dict and generation_config.output_logits),
     )

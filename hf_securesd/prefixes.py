@@ -67,10 +67,16 @@ class TokenBuffer:
         self.lengths = torch.full((batch,), prompt_length, dtype=torch.long, device=input_ids.device)
         self.host_lengths = [prompt_length] * batch
 
-    def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor) -> None:
-        """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A]."""
-        columns = self.lengths[rows, None] + offset + torch.arange(values.shape[1], device=values.device)
-        self.tokens[rows[:, None], columns] = values
+    def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor, every_row: bool) -> None:
+        """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A] (`every_row`: rows is
+        the whole batch in order, which allows a cheaper in-place scatter)."""
+        columns = self.lengths[:, None] + offset if every_row else self.lengths[rows, None] + offset
+        if values.shape[1] > 1:
+            columns = columns + torch.arange(values.shape[1], device=values.device)
+        if every_row:
+            self.tokens.scatter_(1, columns, values)
+        else:
+            self.tokens[rows[:, None], columns] = values
 
     def advance(self, rows: torch.Tensor, counts: torch.Tensor, host_rows: list[int], host_counts: list[int]) -> None:
         """Commit counts [A] tokens (already written) to rows [A]."""
@@ -118,18 +124,24 @@ class Health:
         "more than one token); use do_sample=False for greedy decoding, or a temperature of at least 1e-3",
     }
 
-    def __init__(self, device: torch.device) -> None:
-        self.flags = torch.zeros(len(self.MESSAGES), dtype=torch.bool, device=device)
-        self._index = {name: i for i, name in enumerate(self.MESSAGES)}
+    def __init__(self) -> None:
+        self._names: list[str] = []
+        self._conditions: list[torch.Tensor] = []
 
     def flag(self, name: str, condition: torch.Tensor) -> None:
-        index = self._index[name]
-        self.flags[index] |= condition
+        """Remember a 0-dim bool tensor that is True when `name`'s problem occurred."""
+        self._names.append(name)
+        self._conditions.append(condition)
 
     def problem(self) -> str | None:
-        """The first raised flag's message (one synchronisation), or None."""
-        raised = self.flags.tolist()
-        return next((message for message, up in zip(self.MESSAGES.values(), raised) if up), None)
+        """The message of the first raised flag since the last call (one synchronisation), or None."""
+        if not self._conditions:
+            return None
+        raised = torch.stack(self._conditions).tolist()
+        names, self._names, self._conditions = self._names, [], []
+        order = list(self.MESSAGES)
+        hits = sorted(order.index(name) for name, up in zip(names, raised) if up)
+        return self.MESSAGES[order[hits[0]]] if hits else None
 
 
 def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: str) -> torch.Tensor:
@@ -143,6 +155,8 @@ def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: s
     health.flag(f"{who}_processors", broken.any())
     if not do_sample:
         return scores
+    if scores.device.type == "cpu" and bool(torch.isfinite(peak).all()):
+        return scores  # reading a CPU tensor costs no synchronisation: skip the repairs when none is needed
     infinite = peak == float("inf")
     on_peak = scores == peak
     health.flag("several_infinite", (infinite[:, 0] & (on_peak.sum(dim=-1) > 1)).any())
@@ -174,17 +188,21 @@ class RowProcessing:
         steps = torch.arange(n, device=raw.device)
         prefix_lengths = (self.buffer.lengths[rows, None] + offset + steps).reshape(-1)
         width = max(self.buffer.host_lengths[row] for row in host_rows) + offset + n - 1
-        flat_rows = rows.repeat_interleave(n)
-        ids = self.buffer.views(flat_rows, prefix_lengths, width)
+        flat_rows = rows.repeat_interleave(n) if n > 1 else rows
         scores = raw.reshape(active * n, vocab)
+        ids = unread = flat_rows[:, None]  # processors that read only the scores get a stand-in
         for processor in self.processors:
             ignored = getattr(processor, "prompt_ignore_length", None)
-            if isinstance(ignored, torch.Tensor):
+            if type(processor) in _SCORES_ONLY:
+                scores = processor(unread, scores)
+            elif isinstance(ignored, torch.Tensor):
                 # The penalty skips each batch row's left padding: show those positions as a real token
                 # of the row instead, and apply the plain penalty to all B*n rows at once.
                 hidden_ids = self.buffer.views(flat_rows, prefix_lengths, width, hidden=ignored)
                 scores = self._plain_penalty(processor)(hidden_ids, scores)
             else:
+                if ids is unread:
+                    ids = self.buffer.views(flat_rows, prefix_lengths, width)
                 scores = processor(ids, scores)
         return scores.reshape(active, n, vocab)
 

@@ -165,11 +165,14 @@ def test_batched_repetition_penalty_equals_target_greedy_row_for_row(llama_pair)
     assert len({tuple(s.accepted_per_round) for s in out.speculative_stats_per_row}) > 1
 
 
-def test_views_are_right_aligned_own_prefixes():
+@pytest.mark.parametrize("every_row", [True, False])
+def test_views_are_right_aligned_own_prefixes(every_row):
     buffer = TokenBuffer(torch.tensor([[9, 1, 2], [3, 4, 5]]), capacity=8)
-    buffer.write(torch.tensor([0, 1]), 0, torch.tensor([[6, 7], [8, 0]]))
+    buffer.write(torch.tensor([0, 1]), 0, torch.tensor([[6, 7], [8, 0]]), every_row=every_row)
     views = buffer.views(torch.tensor([0, 1, 1]), torch.tensor([5, 3, 4]), width=5)
     assert views.tolist() == [[9, 1, 2, 6, 7], [3, 3, 3, 4, 5], [3, 3, 4, 5, 8]]
+    hidden = buffer.views(torch.tensor([0, 1]), torch.tensor([5, 4]), width=6, hidden=torch.tensor([1, 0]))
+    assert hidden.tolist() == [[1, 1, 1, 2, 6, 7], [3, 3, 3, 4, 5, 8]]
 
 
 class ForceToken(LogitsProcessor):

@@ -1,0 +1,180 @@
+"""HF's draft-length controls: num_assistant_tokens, num_assistant_tokens_schedule and
+assistant_confidence_threshold, with their precedence, per batch row, and exactness under a
+dynamic draft length."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import random_prompts
+from transformers import GenerationConfig
+
+from hf_securesd import MARS, SecureSDConfigError, Step
+from hf_securesd.draft_length import DraftLength, resolve_draft_length, tuned_thresholds
+from hf_securesd.tiny import byte_tokenizer
+
+PROMPT = torch.tensor([[5, 6, 7, 8]])
+DRAFT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+@pytest.fixture
+def draft_settings(llama_pair):
+    """Set fields on the draft's generation_config for one test, then restore them."""
+    draft, _ = llama_pair
+    saved = {name: getattr(draft.generation_config, name) for name in DRAFT_FIELDS}
+
+    def apply(**values):
+        for name, value in values.items():
+            setattr(draft.generation_config, name, value)
+
+    yield apply
+    apply(**saved)
+
+
+def _rounds(target, draft, prompt=PROMPT, max_new_tokens=40, **kwargs):
+    out = target.generate(prompt, max_new_tokens=max_new_tokens, do_sample=False, assistant_model=draft,
+                          verifier="lossless", return_dict_in_generate=True, **kwargs)
+    return out, out.speculative_stats
+
+
+def test_precedence_kwarg_then_passed_config_then_draft_config_then_default(llama_pair, draft_settings):
+    draft, target = llama_pair
+    assert _rounds(target, draft)[1].drafted_per_round[0] == 5
+    draft_settings(num_assistant_tokens=3)
+    assert _rounds(target, draft)[1].drafted_per_round[0] == 3
+    config = GenerationConfig(num_assistant_tokens=2, max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+    out = target.generate(PROMPT, generation_config=config, assistant_model=draft, verifier="lossless")
+    assert out.speculative_stats.drafted_per_round[0] == 2
+    assert _rounds(target, draft, num_assistant_tokens=4)[1].drafted_per_round[0] == 4
+
+
+def test_resolution_reads_each_field_from_the_first_place_that_sets_it():
+    passed = GenerationConfig(num_assistant_tokens_schedule="heuristic")
+    draft = GenerationConfig(num_assistant_tokens=9, assistant_confidence_threshold=0.3, num_assistant_tokens_schedule="constant")
+    resolved = resolve_draft_length({"num_assistant_tokens": 4}, passed, draft)
+    assert resolved == DraftLength(num_tokens=4, schedule="heuristic", confidence_threshold=0.3)
+    assert resolve_draft_length({}, None, None) == DraftLength(5, "constant", 0.0)
+
+
+@pytest.mark.parametrize(
+    "field, value, match",
+    [
+        ("assistant_lookbehind", 10, "assistant_lookbehind=10 is not supported"),
+        ("target_lookbehind", 10, "target_lookbehind=10 is not supported"),
+        ("num_assistant_tokens_schedule", "adaptive", "num_assistant_tokens_schedule='adaptive' is not supported"),
+        ("assistant_confidence_threshold", 1.5, "assistant_confidence_threshold must be a probability"),
+    ],
+)
+def test_unsupported_settings_are_refused_before_decoding(llama_pair, field, value, match):
+    draft, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match=match):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=draft, verifier="lossless", **{field: value})
+
+
+def _heuristic_steps_hold(drafted: list[int], accepted: list[int], start: int, budgets: list[int]) -> None:
+    k = start
+    for d, n, budget in zip(drafted, accepted, budgets):
+        assert d == min(k, budget), (drafted, accepted)
+        k = k + 2 if n == d else max(1, k - 1)
+
+
+@pytest.mark.parametrize("schedule", ["heuristic", "heuristic_transient"])
+def test_heuristic_schedules_follow_hf_rule_and_only_heuristic_persists(llama_pair, draft_settings, schedule):
+    draft, target = llama_pair
+    draft_settings(num_assistant_tokens=3, num_assistant_tokens_schedule=schedule)
+    out, stats = _rounds(target, draft, max_new_tokens=40)
+    lengths, budgets = [PROMPT.shape[1]], []
+    for n, d in zip(stats.accepted_per_round, stats.drafted_per_round):
+        budgets.append(PROMPT.shape[1] + 40 - lengths[-1] - 1)
+        lengths.append(lengths[-1] + n + 1)
+    _heuristic_steps_hold(stats.drafted_per_round, stats.accepted_per_round, 3, budgets)
+    assert len(set(stats.drafted_per_round)) > 1, "k never changed: the test would not exercise the schedule"
+    k = 3
+    for d, n in zip(stats.drafted_per_round, stats.accepted_per_round):
+        k = k + 2 if n == d else max(1, k - 1)
+    assert draft.generation_config.num_assistant_tokens == (k if schedule == "heuristic" else 3)
+
+
+def test_confidence_threshold_stops_drafting_early(llama_pair, draft_settings):
+    draft, target = llama_pair
+    draft_settings(num_assistant_tokens=8, assistant_confidence_threshold=0.9)
+    _, stats = _rounds(target, draft, max_new_tokens=40)
+    assert min(stats.drafted_per_round) < 8, "no round stopped early"
+    draft_settings(assistant_confidence_threshold=0.0)
+    _, stats = _rounds(target, draft, max_new_tokens=40)
+    assert set(stats.drafted_per_round[:3]) == {8}
+
+
+def _reference_threshold(confidence: list[float], outcome: list[int], current: float) -> float:
+    """scikit-learn's roc_curve (leading +inf, thresholds from high to low) and HF's cost fpr + 3 fnr."""
+    if len(confidence) <= 5 or not {0, 1} <= set(outcome) or current <= 0:
+        return current
+    positives, negatives = outcome.count(1), outcome.count(0)
+    best, best_cost = float("inf"), 3.0
+    for threshold in sorted(set(confidence), reverse=True):
+        tp = sum(1 for c, o in zip(confidence, outcome) if c >= threshold and o == 1)
+        fp = sum(1 for c, o in zip(confidence, outcome) if c >= threshold and o == 0)
+        cost = fp / negatives + 3 * (1 - tp / positives)
+        if cost < best_cost:
+            best, best_cost = threshold, cost
+    return best
+
+
+def test_threshold_tuning_matches_the_roc_rule():
+    generator = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        width = int(torch.randint(3, 16, (1,), generator=generator))
+        confidence = (torch.randint(0, 6, (1, width), generator=generator) / 5.0)  # ties on purpose
+        outcome = torch.randint(-1, 2, (1, width), generator=generator)
+        current = torch.tensor([0.4 if trial % 7 else 0.0])
+        got = float(tuned_thresholds(confidence, outcome, current)[0])
+        kept = [(c, o) for c, o in zip(confidence[0].tolist(), outcome[0].tolist()) if o >= 0]
+        expected = _reference_threshold([c for c, _ in kept], [o for _, o in kept], float(current[0]))
+        assert got == pytest.approx(expected), (confidence, outcome)
+
+
+DYNAMIC = [
+    dict(num_assistant_tokens_schedule="heuristic", num_assistant_tokens=2),
+    dict(assistant_confidence_threshold=0.6, num_assistant_tokens=6),
+    dict(num_assistant_tokens_schedule="heuristic_transient", assistant_confidence_threshold=0.4, num_assistant_tokens=4),
+]
+
+
+@pytest.mark.parametrize("setting", DYNAMIC, ids=["heuristic", "confidence", "both"])
+def test_lossless_greedy_equals_target_greedy_under_a_dynamic_draft_length(llama_pair, draft_settings, setting):
+    draft, target = llama_pair
+    for prompt in random_prompts(6, seed=5):
+        draft_settings(**setting)  # heuristic writes k back: start every prompt from the same setting
+        reference = target.generate(prompt, max_new_tokens=20, do_sample=False)
+        out = target.generate(prompt, max_new_tokens=20, do_sample=False, assistant_model=draft, verifier="lossless")
+        assert torch.equal(out, reference)
+
+
+@pytest.mark.parametrize("setting", DYNAMIC[1:], ids=["confidence", "both"])
+def test_batched_equals_one_at_a_time_under_a_dynamic_draft_length(llama_pair, draft_settings, setting):
+    """Each row keeps its own k and threshold, so a batch decodes every row as it would alone."""
+    draft, target = llama_pair
+    tokenizer = byte_tokenizer()
+    texts = ("hi", "The quick brown fox", "def add(a, b):", "Once upon a time")
+    kwargs = dict(max_new_tokens=16, do_sample=False, assistant_model=draft, verifier=MARS(theta=0.5), secure_schedule=Step(L=2))
+    singles = []
+    for text in texts:
+        draft_settings(**setting)
+        single = tokenizer(text, return_tensors="pt")
+        singles.append(target.generate(**single, **kwargs)[0, single["input_ids"].shape[1] :].tolist())
+    draft_settings(**setting)
+    batch = tokenizer(list(texts), return_tensors="pt", padding=True)
+    out = target.generate(**batch, **kwargs)
+    width = batch["input_ids"].shape[1]
+    assert [out[b, width:].tolist()[: len(singles[b])] for b in range(len(texts))] == singles
+
+
+def test_dynamic_lengths_keep_every_row_within_its_budget(llama_pair, draft_settings):
+    draft, target = llama_pair
+    draft_settings(num_assistant_tokens=7, num_assistant_tokens_schedule="heuristic")
+    for max_new_tokens in (1, 2, 9):
+        out, stats = _rounds(target, draft, max_new_tokens=max_new_tokens)
+        assert stats.new_tokens == max_new_tokens == out.sequences.shape[1] - PROMPT.shape[1]
+        assert all(d <= max_new_tokens - 1 for d in stats.drafted_per_round)
+        draft_settings(num_assistant_tokens=7)
+

@@ -1,0 +1,33 @@
+"""Which statistics a call returns: the exact per-position TV deviation is free at T = 0 (closed form)
+and opt-in at T > 0 (`output_deviation=True`), where it costs a vocabulary-wide pass per round."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import GenerationConfig
+
+PROMPT = torch.tensor([[5, 6, 7, 8]])
+
+
+def _stats(target, draft, **kwargs):
+    return target.generate(PROMPT, max_new_tokens=12, assistant_model=draft, verifier="mars",
+                           return_dict_in_generate=True, **kwargs).speculative_stats
+
+
+def test_greedy_deviation_comes_with_every_dict_output(llama_pair):
+    draft, target = llama_pair
+    stats = _stats(target, draft, do_sample=False)
+    assert stats.position_tv_sum and all(not math.isnan(tv) for tv in stats.position_tv[:3])
+
+
+def test_sampled_deviation_is_opt_in(llama_pair):
+    draft, target = llama_pair
+    torch.manual_seed(0)
+    assert _stats(target, draft, do_sample=True).position_tv_sum == []
+    stats = _stats(target, draft, do_sample=True, output_deviation=True)
+    assert stats.position_tv_sum and all(0.0 <= tv <= 1.0 for tv in stats.position_tv if tv == tv)
+    config = GenerationConfig(do_sample=True, max_new_tokens=12, return_dict_in_generate=True, output_deviation=True)
+    out = target.generate(PROMPT, generation_config=config, assistant_model=draft, verifier="mars")
+    assert out.speculative_stats.position_tv_sum
