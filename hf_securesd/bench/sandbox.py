@@ -68,8 +68,9 @@ Isolation = Literal["auto", "bwrap", "unsafe-none"]
 ISOLATIONS = ("auto", "bwrap", "unsafe-none")
 OUTPUT_TAIL_CHARS = 2000
 POLL_INTERVAL_S = 0.05
-# processes the sandbox itself adds to a run: launcher/bwrap, bwrap's PID 1, the checker
-SANDBOX_OVERHEAD_TASKS = 4
+# tasks the sandbox itself adds to a run: bwrap and its PID 1 (with bubblewrap), the checker (`check`)
+BWRAP_TASKS = 2
+CHECKER_TASKS = 1
 
 UNSAFE_WARNING = (
     "isolation='unsafe-none': generated code runs WITHOUT isolation, with resource limits and a "
@@ -232,7 +233,7 @@ class Sandbox:
     def run(self, program: str) -> ExecutionResult:
         """Execute one program as a module; "passed" when it exits 0 after running to its end.
         The program can forge that (see the module docstring): use `check` to score untrusted code."""
-        return self._execute({"program.py": program}, ["run", f"{{inputs}}/program.py"], b"completed")
+        return self._execute({"program.py": program}, ["run", f"{{inputs}}/program.py"], b"completed", 0)
 
     def check(self, solution: str, tests: str, entry_point: str, helpers: str = "") -> ExecutionResult:
         """Run `solution` and, in a separate trusted process, `tests` (which define
@@ -240,9 +241,13 @@ class Sandbox:
         `helpers` is trusted code the tests may use (e.g. a HumanEval prompt's helper functions)."""
         files = {"solution.py": solution, "tests.py": tests, "helpers.py": helpers}
         arguments = ["check", "{inputs}/solution.py", "{inputs}/tests.py", "{inputs}/helpers.py", entry_point]
-        return self._execute(files, arguments, b"passed")
+        return self._execute(files, arguments, b"passed", CHECKER_TASKS)
 
-    def _execute(self, files: dict[str, str], arguments: list[str], token: bytes) -> ExecutionResult:
+    def _execute(self, files: dict[str, str], arguments: list[str], token: bytes,
+                 own_tasks: int) -> ExecutionResult:
+        """Run the runner with `arguments`; "passed" when it exits 0 after writing `token` to its
+        result descriptor. `own_tasks`: trusted processes of the runner beside the program's."""
+        overhead = own_tasks + (BWRAP_TASKS if self.isolation == "bwrap" else 0)
         scratch = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-"))
         start = time.monotonic()
         read_end, write_end = os.pipe()
@@ -259,8 +264,8 @@ class Sandbox:
                 (inputs / name).write_text(text, encoding="utf-8")
             for path in (scratch, inputs, *inputs.iterdir()):
                 path.chmod(0o755 if path.is_dir() else 0o644)
-            cgroup = RunCgroup.create(self.limits, SANDBOX_OVERHEAD_TASKS)
-            command = self._command(scratch, arguments, write_end, cgroup)
+            cgroup = RunCgroup.create(self.limits, overhead)
+            command = self._command(scratch, arguments, write_end, cgroup, overhead)
             log_path = scratch / "output.log"
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
                    "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
@@ -270,7 +275,7 @@ class Sandbox:
                                            pass_fds=(write_end,))
             os.close(write_end)
             write_end = -1
-            status = self._watch(process, start)
+            status = self._watch(process, start, overhead)
             _kill_tree(process)
             limit_hit = ""
             if cgroup is not None:
@@ -305,13 +310,13 @@ class Sandbox:
             status = limit_hit or status or "failed"
         return ExecutionResult(status == "passed", status, returncode, duration, output.strip("\n"))
 
-    def _command(self, scratch: Path, arguments: list[str], result_fd: int,
-                 cgroup: RunCgroup | None) -> list[str]:
+    def _command(self, scratch: Path, arguments: list[str], result_fd: int, cgroup: RunCgroup | None,
+                 overhead: int) -> list[str]:
         """The launcher, then bwrap (or nothing, unsafe), then the runner with its arguments."""
         inside = INSIDE_INPUTS if self.isolation == "bwrap" else str(scratch / "in")
         runner = [self.python, "-I", "-S", f"{inside}/runner.py",
                   *(argument.format(inputs=inside) for argument in arguments), str(result_fd)]
-        nproc = self.limits.max_processes + SANDBOX_OVERHEAD_TASKS
+        nproc = self.limits.max_processes + overhead
         if os.getuid() != 0:  # the kernel counts every task of the user against RLIMIT_NPROC
             nproc += _user_task_count(os.getuid())
         settings = {"parent": os.getpid(), "cgroups": cgroup.procs_files if cgroup else [],
@@ -320,10 +325,10 @@ class Sandbox:
             if self.isolation == "bwrap" else []
         return [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(settings), *prefix, *runner]
 
-    def _watch(self, process: subprocess.Popen, start: float) -> str:
+    def _watch(self, process: subprocess.Popen, start: float, overhead: int) -> str:
         """Wait for `process`; kill its tree on timeout or too many processes. Returns "" when it
         exited by itself, else the reason it was killed."""
-        allowed = self.limits.max_processes + SANDBOX_OVERHEAD_TASKS
+        allowed = self.limits.max_processes + overhead
         while True:
             try:
                 process.wait(timeout=POLL_INTERVAL_S)

@@ -36,7 +36,7 @@ class SandboxLimits:
 
     Whole run (every process and thread it starts, via a control group when one can be created):
     `run_memory_bytes` of memory (tmpfs files included), `max_processes` tasks (processes plus
-    threads; the sandbox's own few processes are added on top). Per process: `cpu_s` CPU seconds,
+    threads, the program's main thread included; the sandbox's own processes come on top). Per process: `cpu_s` CPU seconds,
     `memory_bytes` of address space, `max_file_bytes` per written file. Disk: the only writable
     directory is a tmpfs of `disk_bytes` (bubblewrap). Wall clock: `timeout_s`."""
 
