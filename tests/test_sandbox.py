@@ -228,3 +228,24 @@ def test_a_failing_sandbox_names_the_real_cause(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(sandbox_bwrap, "bwrap_binary", lambda: None)
     message = sandbox_bwrap.bwrap_problem.__wrapped__(sys.executable)
     assert "not installed" in message and "apt-get install -y bubblewrap" in message
+
+
+def test_a_study_with_humaneval_refuses_before_generating(monkeypatch: pytest.MonkeyPatch,
+                                                          tmp_path: Path) -> None:
+    import argparse
+
+    from hf_securesd.bench import cli_bench
+    from hf_securesd.bench import sandbox as module
+    from hf_securesd.bench.runner import StudySettings, TaskRun, run_study
+
+    parser = argparse.ArgumentParser()
+    cli_bench.configure(parser)
+    assert parser.parse_args(["--out", "x", "--unsafe-no-isolation"]).unsafe_no_isolation
+    assert not parser.parse_args(["--out", "x"]).unsafe_no_isolation
+    monkeypatch.setattr(module, "bwrap_problem", lambda python=None: "bubblewrap (`bwrap`) is not installed")
+    humaneval = TaskRun(get_task("humaneval"), [], [], 8)
+    with pytest.raises(SandboxUnavailableError, match="--unsafe-no-isolation"):
+        run_study(StudySettings("tiny", "tiny"), None, [humaneval], [], tmp_path / "out")
+    assert not (tmp_path / "out").exists()  # nothing generated, nothing written
+    unsafe = StudySettings("tiny", "tiny", isolation="unsafe-none")
+    assert unsafe.score_options().isolation == "unsafe-none"
