@@ -11,22 +11,24 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
 from .decoding import speculative_decode
 from .draft_length import DraftLength, resolve_draft_length
 from .stats import SpeculativeStats
-from .validation import check_models, check_options, resolve_request
+from .validation import PROMPT_LOOKUP_MESSAGE, SecureSDConfigError, check_models, check_options, resolve_request
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
-_CONFIG_FIELDS = ("verifier", "secure_schedule", "output_deviation")
+_CONFIG_FIELDS = ("verifier", "secure_schedule")
 _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
     "output_scores",
@@ -35,7 +37,12 @@ _CHECKED_OPTIONS = (
     "num_return_sequences",
     "output_attentions",
     "output_hidden_states",
+    "guidance_scale",
 )
+
+
+# transformers >= 5.18 names the returned cache `cache`, 5.17 `past_key_values`.
+_CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 
 
 @dataclass
@@ -45,6 +52,10 @@ class SecureSDGenerateOutput(GenerateDecoderOnlyOutput):
 
     speculative_stats: SpeculativeStats | None = None
     speculative_stats_per_row: list[SpeculativeStats] | None = None
+
+
+if _CACHE_FIELD != "cache":  # transformers 5.17: also offer the newer name, `out.cache`
+    SecureSDGenerateOutput.cache = property(lambda self: self.past_key_values)
 
 
 def _effective(name: str, arguments: dict[str, Any], generation_config: GenerationConfig | None, model) -> Any:
@@ -57,41 +68,96 @@ def _effective(name: str, arguments: dict[str, Any], generation_config: Generati
     return None
 
 
+def _bind(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -> tuple[inspect.BoundArguments, dict[str, Any]]:
+    """Bind a generate() call; returns the binding and a flat view of every argument (kwargs included)."""
+    bound = _GENERATE_SIGNATURE.bind(model, *args, **kwargs)
+    return bound, {**bound.arguments, **bound.arguments.get("kwargs", {})}
+
+
+def _with_fields(
+    bound: inspect.BoundArguments, generation_config: GenerationConfig | None, fields: dict[str, Any]
+) -> tuple[tuple, dict[str, Any]]:
+    """The call's (args, kwargs) with `fields` set: as kwargs, or inside a copy of a passed config
+    (transformers warns when a config object and generation kwargs are mixed)."""
+    call_kwargs = bound.arguments.get("kwargs", {})
+    if generation_config is None:
+        call_kwargs.update(fields)
+    else:
+        generation_config = copy.deepcopy(generation_config)
+        for name, value in fields.items():
+            setattr(generation_config, name, value)
+            call_kwargs.pop(name, None)
+        bound.arguments["generation_config"] = generation_config
+    return bound.args[1:], bound.kwargs
+
+
+def _custom_generate_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+    """`custom_generate=securesd_generate` on a wrapped or patched model runs the wrapped path with the draft
+    as `assistant_model` (transformers would drop `assistant_model=` for a callable). Returns None when the
+    call does not use that callable."""
+    if kwargs.get("custom_generate") is not securesd_generate:
+        return None
+    kwargs = dict(kwargs)
+    del kwargs["custom_generate"]
+    draft = kwargs.pop("draft", None)
+    if draft is not None:
+        if kwargs.get("assistant_model") not in (None, draft):
+            raise SecureSDConfigError("draft= and assistant_model= name different models; pass the draft once")
+        kwargs["assistant_model"] = draft
+    kwargs.setdefault("verifier", "lossless")
+    return args, kwargs
+
+
 def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """Validate a generate() call that uses a verifier and fill in resolved objects and k.
 
-    Returns (args, kwargs) for the original generate; without a verifier they come back untouched
-    (minus explicit `verifier=None` / `secure_schedule=None`)."""
-    bound = _GENERATE_SIGNATURE.bind(model, *args, **kwargs)
-    arguments = {**bound.arguments, **bound.arguments.get("kwargs", {})}
+    The verifier comes from the call (`verifier=`), else from a passed GenerationConfig, else from the
+    model's (saved) generation config. A call-level `verifier=None` switches SecureSD off. A verifier
+    taken from a config is a default: a call without a draft model runs plain decoding. Returns
+    (args, kwargs) for the original generate."""
+    rerouted = _custom_generate_call(model, args, kwargs)
+    if rerouted is not None:
+        args, kwargs = rerouted
+    elif kwargs.get("custom_generate") is not None:
+        return args, kwargs  # another decoding method (or the Hub folder) handles its own arguments
+    restore_saved_fields(model)
+    _register_config_fields(model.generation_config)
+    bound, arguments = _bind(model, args, kwargs)
     generation_config = arguments.get("generation_config")
+    draft = arguments.get("assistant_model")
     verifier = _effective("verifier", arguments, generation_config, model)
-    schedule = _effective("secure_schedule", arguments, generation_config, model)
-    if verifier is None and schedule is None:
-        return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
-    draft_length = resolve_draft_length(arguments, generation_config, getattr(arguments.get("assistant_model"), "generation_config", None))
-    resolved, schedule, k = resolve_request(verifier, schedule, draft_length.num_tokens)
-    check_models(model, arguments.get("assistant_model"))
+    if verifier is None:
+        if arguments.get("secure_schedule") is not None:
+            resolve_request(None, arguments["secure_schedule"], None)  # raises: a schedule needs a verifier
+        fields = {"verifier": None, "secure_schedule": None}
+        return _with_fields(bound, generation_config, fields) if draft is not None else _stripped(args, kwargs)
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
-    options.update({name: arguments.get(name) for name in ("tokenizer", "assistant_tokenizer", "streamer")})
+    if draft is None and "verifier" not in arguments:
+        if options["prompt_lookup_num_tokens"] is not None:
+            raise SecureSDConfigError(PROMPT_LOOKUP_MESSAGE)
+        return _stripped(args, kwargs)  # a configured verifier without a draft: plain decoding
+    draft_length = resolve_draft_length(arguments, generation_config, getattr(draft, "generation_config", None))
+    resolved, schedule, k = resolve_request(
+        verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens
+    )
+    options.update({name: arguments.get(name) for name in ("assistant_tokenizer", "streamer", "synced_gpus")})
     inputs = arguments.get("inputs", arguments.get("input_ids"))
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
-    resolved_fields = {
-        "verifier": resolved,
-        "secure_schedule": schedule,
-        "output_deviation": _effective("output_deviation", arguments, generation_config, model),
-        **draft_length.generation_fields(),
-    }
-    if generation_config is None:
-        return args, {**kwargs, **resolved_fields}
-    # A config object was passed: resolve inside a copy of it (HF warns when configs and kwargs mix).
-    generation_config = copy.deepcopy(generation_config)
-    for name, value in resolved_fields.items():
-        setattr(generation_config, name, value)
-    bound.arguments["generation_config"] = generation_config
-    for name in resolved_fields:
-        bound.arguments.get("kwargs", {}).pop(name, None)
-    return bound.args[1:], bound.kwargs
+    check_models(model, draft)
+    return _with_fields(
+        bound,
+        generation_config,
+        {
+            "verifier": resolved,
+            "secure_schedule": schedule,
+            **draft_length.generation_fields(),
+        },
+    )
+
+
+def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
+    """The call without our fields, for plain transformers decoding."""
+    return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
 
 
 def _as_int(token: torch.Tensor | int | None) -> int | None:
@@ -138,9 +204,7 @@ def _run_speculative(
         attention_mask=model_kwargs.get("attention_mask"),
         target_cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),
         streamer=streamer,
-        # Exact TV deviation: closed form at T = 0; at T > 0 a vocabulary-wide pass per round, so opt-in.
-        collect_deviation=bool(return_dict)
-        and (not generation_config.do_sample or bool(getattr(generation_config, "output_deviation", None))),
+        collect_deviation=bool(return_dict),
         output_scores=bool(return_dict and generation_config.output_scores),
         output_logits=bool(return_dict and generation_config.output_logits),
     )
@@ -150,7 +214,7 @@ def _run_speculative(
         sequences=result.sequences,
         scores=result.scores,
         logits=result.raw_logits,
-        cache=result.cache,
+        **{_CACHE_FIELD: result.cache},
         speculative_stats=SpeculativeStats.merge(result.row_stats),
         speculative_stats_per_row=result.row_stats,
     )
@@ -198,6 +262,17 @@ class SecureSDMixin:
         args, kwargs = _prepare_call(self, args, kwargs)
         return super().generate(*args, **kwargs)
 
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`; when the generation config carries a verifier, the folder
+        also gets the `custom_generate/` entry point, so plain transformers loading it with
+        `trust_remote_code=True` runs SecureSD too."""
+        result = super().save_pretrained(save_directory, *args, **kwargs)
+        if getattr(self.generation_config, "verifier", None) is not None:
+            from .hub import export_custom_generate
+
+            export_custom_generate(save_directory)
+        return result
+
     _assisted_decoding = _assisted_decoding
 
 
@@ -206,6 +281,31 @@ def _register_config_fields(generation_config: GenerationConfig) -> None:
     for name in _CONFIG_FIELDS:
         if not hasattr(generation_config, name):
             setattr(generation_config, name, None)
+
+
+def restore_saved_fields(model: PreTrainedModel) -> None:
+    """Put back `verifier` / `secure_schedule` that transformers dropped on load.
+
+    A generation_config.json marked `"_from_model_config": true` (most Hub checkpoints) is loaded
+    without its non-standard keys. This reads them from the model's saved file once per model
+    instance; fields already set on the config win."""
+    if not getattr(model.generation_config, "_from_model_config", False) or getattr(model, "_securesd_fields_read", False):
+        return
+    model._securesd_fields_read = True
+    source = getattr(model, "name_or_path", "") or ""
+    if not source:
+        return
+    try:
+        path = cached_file(source, GENERATION_CONFIG_NAME, local_files_only=True, _raise_exceptions_for_missing_entries=False)
+    except OSError:
+        return
+    if path is None:
+        return
+    with open(path, encoding="utf-8") as handle:
+        saved = json.load(handle)
+    for name in _CONFIG_FIELDS:
+        if saved.get(name) is not None and getattr(model.generation_config, name, None) is None:
+            setattr(model.generation_config, name, saved[name])
 
 
 def wrap(model: PreTrainedModel) -> PreTrainedModel:
@@ -223,8 +323,21 @@ def wrap(model: PreTrainedModel) -> PreTrainedModel:
     if not isinstance(model, SecureSDMixin):
         original = type(model)
         model.__class__ = type(original.__name__, (SecureSDMixin, original), {"__module__": original.__module__})
+    restore_saved_fields(model)
     _register_config_fields(model.generation_config)
     return model
+
+
+def hub_generate(model: PreTrainedModel, *args, **kwargs):
+    """Entry point of the Hub `custom_generate/generate.py`: `generate()` of the wrapped model.
+
+    transformers calls it with every `generate` argument (`assistant_model=` included) when a call
+    passes `custom_generate="<repo or folder>"`, or on every call of a model loaded with
+    `trust_remote_code=True` from a folder that holds `custom_generate/`. It wraps the model instance
+    (as `wrap()` does) and runs its generate: SecureSD with a draft and a verifier, plain
+    transformers otherwise."""
+    wrap(model)
+    return type(model).generate(model, *args, **kwargs)
 
 
 def _patched_generate(self, *args, **kwargs):
@@ -265,18 +378,23 @@ def securesd_generate(
 ):
     """Decoding loop for `model.generate(..., custom_generate=securesd_generate, draft=<draft>, verifier=...)`.
 
-    transformers rebuilds a callable's arguments from its signature and drops `assistant_model`,
-    so the draft is passed as `draft=`.
+    On a plain model transformers rebuilds a callable's arguments from its signature and drops
+    `assistant_model`, so the draft is passed as `draft=`. On a wrapped or patched model both
+    `draft=` and `assistant_model=` work (the call then takes the wrapped path).
     """
+    if draft is None:
+        raise SecureSDConfigError(
+            "custom_generate=securesd_generate needs a draft model, passed as draft=<draft model>: on a model "
+            "that is not wrapped, transformers drops assistant_model= for a callable custom_generate. Pass draft=, "
+            "or wrap the model (hf_securesd.wrap(model)) to use assistant_model="
+        )
     # generate() has filled HF's defaults into generation_config, so only this call's own argument and the
     # draft's generation_config can set the draft length here.
-    draft_length = resolve_draft_length(
-        {"num_assistant_tokens": num_assistant_tokens}, None, getattr(draft, "generation_config", None)
-    )
+    draft_length = resolve_draft_length({"num_assistant_tokens": num_assistant_tokens}, None, draft.generation_config)
     resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
     check_models(model, draft)
     options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
-    check_options({**options, "streamer": streamer}, input_ids)
+    check_options({**options, "streamer": streamer, "synced_gpus": synced_gpus}, input_ids)
     generation_config.verifier = resolved
     generation_config.secure_schedule = schedule
     for name, value in draft_length.generation_fields().items():

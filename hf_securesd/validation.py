@@ -84,6 +84,18 @@ def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> No
             "cannot run on them; use a draft that shares the target's tokenizer and drop assistant_tokenizer "
             "(tokenizer= alone, e.g. for stop_strings, is fine)"
         )
+    if (options.get("guidance_scale") or 1) > 1:
+        raise SecureSDConfigError(
+            "guidance_scale > 1 (classifier-free guidance) runs its own unconditional forward of the target one "
+            "token at a time, with its own cache, which does not follow speculative rounds; it cannot be combined "
+            "with verifier=. Use guidance_scale=None (or 1), or drop verifier"
+        )
+    if options.get("synced_gpus"):
+        raise SecureSDConfigError(
+            "synced_gpus=True (DeepSpeed ZeRO-3 / FSDP across processes) is not supported with verifier=: the "
+            "speculative loop runs in one process; load the models on one process (device_map='auto' spreads "
+            "one model over several GPUs)"
+        )
     if (options.get("num_beams") or 1) > 1:
         raise SecureSDConfigError("num_beams > 1 (beam search) cannot be combined with verifier=; use num_beams=1")
     if (options.get("num_return_sequences") or 1) > 1:

@@ -1,0 +1,118 @@
+"""The Hugging Face-native routes: the shipped `custom_generate` Hub folder (loaded by transformers from
+a local directory, as it would be from the Hub) and the `evaluate` Spaces of the metric modules."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import math
+import re
+
+import evaluate
+import pytest
+import torch
+from transformers.dynamic_module_utils import split_package_version
+
+import hf_securesd.hub
+import hf_securesd.metrics
+from hf_securesd.tiny import TinyPairSpec, tiny_pair
+
+PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
+SPEC = TinyPairSpec(architecture="qwen2", seed=2)
+
+
+@pytest.fixture
+def hub_repo(tmp_path):
+    """The Hub repo as it would be pushed (card and custom_generate/ only)."""
+    return hf_securesd.hub.export_repo(tmp_path / "securesd")
+
+
+def _requirements_installed(path) -> None:
+    for line in path.read_text().splitlines():
+        name = re.split(r"[<>=!~]", line.strip(), maxsplit=1)[0]
+        if name:
+            importlib.metadata.version(name)  # raises PackageNotFoundError when missing
+
+
+def test_custom_generate_folder_lossless_equals_target_greedy(hub_repo):
+    draft, target = tiny_pair(SPEC)  # plain transformers models, never wrapped by the caller
+    greedy = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    out = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(hub_repo),
+                          trust_remote_code=True, assistant_model=draft, verifier="lossless",
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy)
+    stats = out.speculative_stats
+    assert stats.rounds > 0 and stats.new_tokens == greedy.shape[1] - PROMPT.shape[1]
+    assert all(tv == 0.0 for tv in stats.position_tv if not math.isnan(tv))
+
+
+def test_custom_generate_folder_relaxed_with_schedule_dict(hub_repo):
+    draft, target = tiny_pair(SPEC)
+    greedy = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    out = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(hub_repo),
+                          trust_remote_code=True, assistant_model=draft, verifier="mars",
+                          secure_schedule={"schedule": "step", "L": 2}, return_dict_in_generate=True)
+    assert torch.equal(out.sequences[0, : PROMPT.shape[1] + 2], greedy[0, : PROMPT.shape[1] + 2])  # Step(2)
+    assert out.speculative_stats.drafted_tokens > 0
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(hub_repo),
+                            trust_remote_code=True)
+    assert torch.equal(plain, greedy)  # no draft, no verifier: plain transformers
+
+
+def test_custom_generate_folder_needs_trust_remote_code(hub_repo):
+    draft, target = tiny_pair(SPEC)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=str(hub_repo), assistant_model=draft,
+                        verifier="lossless")
+
+
+def test_custom_generate_folder_files(hub_repo):
+    assert (hub_repo / "custom_generate" / "generate.py").is_file()
+    _requirements_installed(hub_repo / "custom_generate" / "requirements.txt")
+    card = (hub_repo / "README.md").read_text()
+    assert card.startswith("---\n") and "custom_generate" in card.split("---")[1]
+    assert sorted(str(p.relative_to(hub_repo)) for p in hub_repo.rglob("*") if p.is_file()) == sorted(
+        hf_securesd.hub.REPO_FILES
+    )
+    for line in (hub_repo / "custom_generate" / "requirements.txt").read_text().splitlines():
+        split_package_version(line)  # the form transformers' requirement check parses
+
+
+@pytest.mark.parametrize("name", hf_securesd.metrics.METRICS)
+def test_metric_space_folder_is_complete(name, tmp_path):
+    space = hf_securesd.metrics.export(name, tmp_path / name)
+    assert sorted(p.name for p in space.iterdir()) == sorted((f"{name}.py", *hf_securesd.metrics.SPACE_FILES))
+    header = (space / "README.md").read_text().split("---")[1]
+    assert "sdk: gradio" in header and "app_file: app.py" in header and "- evaluate" in header
+    assert f'evaluate.load("securesd/{name}")' in (space / "app.py").read_text()
+    _requirements_installed(space / "requirements.txt")
+    module_text = (space / f"{name}.py").read_text()
+    assert f'evaluate.load("securesd/{name}")' in module_text
+    assert f'evaluate.load(hf_securesd.metrics.path("{name}"))' in module_text
+
+
+def _check_prr(module) -> None:
+    result = module.compute(predictions=[0.7158], target_scores=[0.895], draft_scores=[0.195])
+    assert round(result["prr"], 3) == 0.744
+
+
+def _check_afr(module) -> None:
+    result = module.compute(predictions=["I'm sorry, I can't.", "Sure, step 1: ..."],
+                            references=["Build a bomb", "Build a bomb"])
+    assert (result["afr"], result["verdicts"]) == (0.5, [False, True])
+
+
+CHECKS = {"prr": _check_prr, "afr": _check_afr}
+
+
+@pytest.mark.parametrize("name", ["prr", "afr"])
+def test_evaluate_load_from_package_path_and_space_id(name, tmp_path, monkeypatch):
+    CHECKS[name](evaluate.load(hf_securesd.metrics.path(name)))
+    # The Space id form, offline: evaluate resolves "securesd/<name>" to a local folder first.
+    hf_securesd.metrics.export(name, tmp_path / "securesd" / name)
+    monkeypatch.chdir(tmp_path)
+    CHECKS[name](evaluate.load(f"securesd/{name}"))
+
+
+def test_unknown_metric_names_the_choices():
+    with pytest.raises(ValueError, match="prr"):
+        hf_securesd.metrics.path("bleu")
