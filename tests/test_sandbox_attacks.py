@@ -235,6 +235,24 @@ def test_object_equal_to_everything_cannot_cross(sandbox: Sandbox) -> None:
     assert not result.passed and "cannot cross" in result.output
 
 
+def test_subclasses_of_builtins_cross_as_their_base_type(sandbox: Sandbox) -> None:
+    solution = textwrap.dedent("""
+        import collections
+        class Liar(int):
+            def __eq__(self, other):
+                return True
+            __hash__ = int.__hash__
+        def histogram(text):
+            return collections.Counter(text.split())
+        def liar(x):
+            return Liar(x + 1)
+    """)
+    tests = "def check(f):\n    assert f('a b a') == {'a': 2, 'b': 1}\n"
+    assert sandbox.check(solution, tests, "histogram").passed
+    liar = sandbox.check(solution, "def check(f):\n    assert f(1) == 1\n", "liar")
+    assert not liar.passed and "AssertionError" in liar.output  # its int value crossed, not its __eq__
+
+
 def test_correct_solution_passes_and_values_round_trip(sandbox: Sandbox) -> None:
     solution = "def echo(*args, **kwargs):\n    return args, kwargs\n"
     tests = textwrap.dedent("""

@@ -16,7 +16,7 @@ Modes (first argument):
     the trusted HELPERS (the task's prompt, for helper functions the tests use) and TESTS, and calls
     ``check(candidate)`` with a proxy that forwards each call. Arguments and return values cross as
     tagged JSON holding only None, bool, int, float, str, bytes, list, tuple, dict, set and
-    frozenset, rebuilt here as exact built-in types. Only when ``check`` returns does the checker
+    frozenset (subclasses cross as their base type), rebuilt here as exact built-in types. Only when ``check`` returns does the checker
     write ``passed`` to RESULT_FD. The solution can therefore neither print nor write the verdict,
     nor return objects that compare equal to everything.
 
@@ -40,25 +40,28 @@ _HEADER = struct.Struct("<Q")
 
 
 def encode(value):
-    """A JSON-ready tagged form of `value` (exact built-in types only; TypeError otherwise)."""
-    kind = type(value)
-    if value is None or kind is bool or kind is str:
+    """A JSON-ready tagged form of `value`. Subclasses of the built-in types (a Counter, a
+    namedtuple, an IntEnum) cross as their base type; anything else raises TypeError."""
+    if value is None or type(value) is bool:
         return value
-    if kind is int:
-        return {"i": str(value)}
-    if kind is float:
+    if isinstance(value, int):
+        return {"i": str(int(value))}
+    if isinstance(value, float):
+        value = float(value)
         return value if math.isfinite(value) else {"f": repr(value)}
-    if kind is bytes:
-        return {"b": value.hex()}
-    if kind is list:
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, (bytes, bytearray)):
+        return {"b": bytes(value).hex()}
+    if isinstance(value, list):
         return {"l": [encode(item) for item in value]}
-    if kind is tuple:
+    if isinstance(value, tuple):
         return {"t": [encode(item) for item in value]}
-    if kind is set or kind is frozenset:
-        return {"s" if kind is set else "z": [encode(item) for item in value]}
-    if kind is dict:
+    if isinstance(value, (set, frozenset)):
+        return {"z" if isinstance(value, frozenset) else "s": [encode(item) for item in value]}
+    if isinstance(value, dict):
         return {"d": [[encode(key), encode(item)] for key, item in value.items()]}
-    raise TypeError(f"a value of type {kind.__name__} cannot cross the sandbox boundary")
+    raise TypeError(f"a value of type {type(value).__name__} cannot cross the sandbox boundary")
 
 
 def decode(data):
