@@ -1,6 +1,7 @@
 """A planted secret never reaches a results file, a report or the captured output of a run: a
-tiny study scored by the StrongREJECT judge over HTTP, with the key in the environment and a
-judge server that echoes the Authorization header in its errors and its verdict text."""
+tiny study (HumanEval in the sandbox, jailbreak scored by the StrongREJECT judge over HTTP), with
+the key in the environment and a judge server that echoes the Authorization header in its errors
+and its verdict text."""
 
 from __future__ import annotations
 
@@ -67,7 +68,7 @@ def test_a_planted_secret_reaches_no_file_report_or_log(tmp_path, echoing_judge,
     monkeypatch.setenv("SECURESD_DATA_DIR", data_dir)
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "results"
-    common = ["bench", "--target", "tiny", "--draft", "tiny", "--tasks", "jailbreak", "--limit", "2",
+    common = ["bench", "--target", "tiny", "--draft", "tiny", "--tasks", "jailbreak", "humaneval", "--limit", "2",
               "--max-new-tokens", "3", "--verifiers", "mars:0.5", "--schedules", "none", "--dtype", "fp32",
               "--judge", "strongreject", "--data-dir", data_dir, "--out", str(out), "--no-progress"]
     refused = main([*common, "--judge-option", f"api_key={SECRET}"])
