@@ -124,8 +124,9 @@ class OpenAIChatBackend(ChatBackend):
     credentials in the URL (``user:password@``, sent as HTTP basic auth).
 
     Each attempt has an overall deadline of `timeout` seconds, checked after every chunk read
-    (each read also times out after `timeout`), so a server that drips its reply cannot hold a
-    call. Replies are streamed and abandoned past `max_response_bytes`. Only HTTP 200 is an
+    (connecting, sending and each read also time out after `timeout`), so a server that drips its
+    reply cannot hold an attempt much past its deadline: it ends within about twice `timeout`
+    (name resolution excepted, which the system resolver bounds). Replies are streamed and abandoned past `max_response_bytes`. Only HTTP 200 is an
     answer; redirects are not followed. Timeouts, connection errors, HTTP 408/409/429/500/502/
     503/504 and malformed replies are retried `max_retries` times with exponential backoff
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
