@@ -10,6 +10,7 @@ export HF_HUB_OFFLINE=1
 TRANSFORMERS_OLDEST="${TRANSFORMERS_OLDEST:-5.17.0}"
 VENV="${TRANSFORMERS_OLDEST_VENV:-${TMPDIR:-/tmp}/securesd-transformers-${TRANSFORMERS_OLDEST}}"
 start=$(date +%s)
+trap 'echo "core suite on transformers ${TRANSFORMERS_OLDEST}: $(( $(date +%s) - start )) s"' EXIT
 
 rm -rf "$VENV"
 python -m venv --system-site-packages "$VENV"
@@ -24,5 +25,3 @@ PY
 
 # Tests of optional extras (agentdojo, vllm) skip themselves when the extra is not installed.
 HF_HUB_OFFLINE=1 SECURESD_DATA_DIR=${SECURESD_DATA_DIR:-../shared/data} "$VENV/bin/python" -m pytest -q -p no:cacheprovider
-
-echo "core suite on transformers ${TRANSFORMERS_OLDEST}: $(( $(date +%s) - start )) s"
