@@ -37,6 +37,22 @@ else
 fi
 timeout "${ROUND_COST_TIMEOUT:-200}" python benchmarks/round_cost.py "${round_cost_args[@]}" 2>&1 \
     | grep -v "^\[transformers\]" | tee "$out/round_cost.log" || echo "round cost check failed (see above)"
+if [[ "${round_cost_args[1]}" != cuda ]]; then
+    echo "no CUDA device: the exactness and speed check of the real pair needs one; skipped"
+    exit 0
+fi
 # shellcheck disable=SC2086  # GPU_CHECK_ARGS is a list of arguments
 timeout 450 python benchmarks/gpu_check.py --device cuda --prompts 10 --max-new-tokens 64 \
     --json "$out/gpu_check.json" ${GPU_CHECK_ARGS:-} 2>&1 | tee "$out/gpu_check.log"
+
+# vLLM plugin on CUDA (hf_securesd/vllm; runs only where vLLM 0.32 is installed, which carries its own
+# CUDA build and cannot travel with this check). The plugin selects vLLM's V1 GPU model runner, the one
+# it patches. Engine-free and in-engine plugin tests, then the overhead figures (tiny pair).
+if python -c "import sys, vllm; sys.exit(0 if vllm.__version__.startswith('0.32') else 1)" >/dev/null 2>&1; then
+    timeout 420 python -m pytest -q -p no:cacheprovider tests/vllm/test_sampler.py tests/vllm/test_engine.py \
+        2>&1 | tail -15 | tee "$out/vllm_plugin_tests.log" || echo "vLLM plugin tests failed (see above)"
+    timeout 300 python benchmarks/vllm_overhead.py --json "$out/vllm_overhead.json" 2>&1 | tail -6 \
+        | tee "$out/vllm_overhead.log" || echo "vLLM overhead benchmark failed (see above)"
+else
+    echo "vLLM plugin check skipped: vLLM 0.32 is not installed on this machine"
+fi

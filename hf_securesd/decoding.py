@@ -53,6 +53,7 @@ class _ModelRunner:
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache | None, cached_mask: torch.Tensor | None = None) -> None:
         self.model = model
+        self.device = model.device
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         self.num_slots = self.cache.get_seq_length() if cache is not None else 0
         self.slot_mask = cached_mask
@@ -60,10 +61,10 @@ class _ModelRunner:
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
 
-    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor | None, keep: int, who: str, health: Health) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor | None, keep: int) -> torch.Tensor:
         """Feed new slots. tokens: [B, m]; token_mask: [B, m] (False = a hole) or None (all valid)
-        -> float32 logits of the last `keep` slots [B, keep, V]. Non-finite logits raise `who`'s flag."""
-        device = self.model.device
+        -> float32 logits of the last `keep` slots [B, keep, V]."""
+        device = self.device
         batch, width = tokens.shape
         if self.slot_mask is None and token_mask is None:
             positions = torch.arange(self.num_slots, self.num_slots + width, device=device).expand(batch, -1)
@@ -79,7 +80,6 @@ class _ModelRunner:
             kwargs["logits_to_keep"] = keep
         logits = self.model(input_ids=tokens.to(device), **kwargs).logits[:, -keep:].to(torch.float32)
         self.num_slots += width
-        health.flag(f"{who}_model", ~torch.isfinite(logits).all())
         return logits
 
     def keep_slots(self, start: int, kept: list[int]) -> None:
@@ -88,7 +88,7 @@ class _ModelRunner:
         if self.slot_mask is None and min(kept) == max(kept):
             self._crop_to(start + kept[0])
             return
-        device = self.model.device
+        device = self.device
         if self.slot_mask is None:
             self.slot_mask = torch.ones(len(kept), self.num_slots, dtype=torch.bool, device=device)
         offsets = torch.arange(self.num_slots - start, device=device)
@@ -103,7 +103,7 @@ class _ModelRunner:
             self.num_slots = length
 
     def select_rows(self, rows: torch.Tensor) -> None:
-        self.cache.batch_select_indices(rows.to(self.model.device))
+        self.cache.batch_select_indices(rows.to(self.device))
         if self.slot_mask is not None:
             self.slot_mask = self.slot_mask[rows.to(self.slot_mask.device)]
 
@@ -209,9 +209,9 @@ def speculative_decode(
         if controller.early_stop:
             drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
         for step in range(k):
-            raw = draft_runner.forward(draft_input, draft_mask, keep=1, who="draft", health=health)
+            raw = draft_runner.forward(draft_input, draft_mask, keep=1)
             processed = processing(raw, rows, host_rows, offset=step)[:, 0]
-            if processing.processors:
+            if processing.processors or do_sample:
                 processed = checked_scores(processed, do_sample, health, "draft")
             token = torch.multinomial(processed.softmax(-1), 1)[:, 0] if do_sample else processed.argmax(-1)
             if processing.processors:
@@ -241,7 +241,10 @@ def speculative_decode(
         else:
             target_input, target_mask = torch.cat([pending[:, None], drafts], dim=1), None
             first_kept_slot = target_runner.num_slots
-        target_raw = target_runner.forward(target_input, target_mask, keep=k + 1, who="target", health=health)
+        target_raw = target_runner.forward(target_input, target_mask, keep=k + 1)
+        health.flag("target_model", ~torch.isfinite(target_raw).all())
+        draft_raw_logits = torch.stack(draft_raw, dim=1) if k else target_raw.new_zeros(active, 0, target_raw.shape[-1])
+        health.flag("draft_model", ~torch.isfinite(draft_raw_logits).all())
         target_processed = processing(target_raw, rows, host_rows, offset=0)
         if processing.processors:
             vocab = target_raw.shape[-1]
@@ -257,7 +260,7 @@ def speculative_decode(
             target_logits=target_processed,
             draft_logits=torch.stack(draft_processed, dim=1) if k else empty,
             target_raw_logits=target_raw,
-            draft_raw_logits=torch.stack(draft_raw, dim=1) if k else empty,
+            draft_raw_logits=draft_raw_logits,
             greedy=not do_sample,
             draft_lengths=draft_lengths,
         )

@@ -151,12 +151,12 @@ def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: s
     softmax); a row with several is flagged. Rows with a NaN or no finite maximum are flagged and,
     for sampling, replaced by zeros so that drawing cannot fail before the round's check raises."""
     peak = scores.amax(dim=-1, keepdim=True)
+    if scores.device.type == "cpu" and bool(torch.isfinite(peak).all()):
+        return scores  # reading a CPU tensor costs no synchronisation: nothing to flag or repair
     broken = peak.isnan() | (peak == float("-inf"))
     health.flag(f"{who}_processors", broken.any())
     if not do_sample:
         return scores
-    if scores.device.type == "cpu" and bool(torch.isfinite(peak).all()):
-        return scores  # reading a CPU tensor costs no synchronisation: skip the repairs when none is needed
     infinite = peak == float("inf")
     on_peak = scores == peak
     health.flag("several_infinite", (infinite[:, 0] & (on_peak.sum(dim=-1) > 1)).any())
