@@ -28,7 +28,7 @@ from .validation import PROMPT_LOOKUP_MESSAGE, SecureSDConfigError, check_models
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
-_CONFIG_FIELDS = ("verifier", "secure_schedule")
+_CONFIG_FIELDS = ("verifier", "secure_schedule", "output_deviation")
 _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
     "output_scores",
@@ -150,6 +150,7 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
         {
             "verifier": resolved,
             "secure_schedule": schedule,
+            "output_deviation": _effective("output_deviation", arguments, generation_config, model),
             **draft_length.generation_fields(),
         },
     )
@@ -204,7 +205,9 @@ def _run_speculative(
         attention_mask=model_kwargs.get("attention_mask"),
         target_cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),
         streamer=streamer,
-        collect_deviation=bool(return_dict),
+        # Exact TV deviation: closed form at T = 0; at T > 0 a vocabulary-wide pass per round, so opt-in.
+        collect_deviation=bool(return_dict)
+        and (not generation_config.do_sample or bool(getattr(generation_config, "output_deviation", None))),
         output_scores=bool(return_dict and generation_config.output_scores),
         output_logits=bool(return_dict and generation_config.output_logits),
     )
