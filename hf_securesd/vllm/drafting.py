@@ -79,7 +79,9 @@ def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], 
         if rows is None or not any(request is not None for request in rows.requests):
             return original(self, hidden_states, sampling_metadata)
         raw = self.model.compute_logits(hidden_states).to(torch.float32)
-        ours = torch.tensor([request is not None for request in rows.requests][: raw.shape[0]], device=raw.device)
+        flags = [request is not None for request in rows.requests]
+        flags = (flags + [False] * raw.shape[0])[: raw.shape[0]]  # rows past the batch (padding) are not ours
+        ours = torch.tensor(flags, device=raw.device)
         tokens, processed = draft_from_logits(raw, sampling_metadata, ours, top_k_top_p)
         rows.steps.append((raw, processed))
         if rows.all_securesd:

@@ -172,49 +172,56 @@ def _verify_group(
     bonus: torch.Tensor,
     device: torch.device,
 ) -> list[RowResult]:
-    """One RoundInputs for rows sharing a verifier and greedy/sampled kind: [G, k] with k = max n."""
+    """One RoundInputs for rows sharing a verifier and greedy/sampled kind: [G, k] with k = max n.
+
+    Index lists are built in Python (a batch holds few rows) and turned into one tensor, which is
+    cheaper than a dozen small tensor operations per step."""
     k = max(n for _, n in members)
-    slots = torch.arange(k + 1)
     rows = [plan.row for plan, _ in members]
-    lengths = torch.tensor([n for _, n in members])
-    # A row cut short by an invalid draft ends at a drafted position whose processed logits exist;
-    # a complete row ends at the bonus position, whose token vLLM's sampler drew.
-    complete = torch.tensor([n == num_draft_tokens[row] for row, (_, n) in zip(rows, members)])
-    last = (lengths - 1)[:, None]
-    starts = torch.tensor([draft_starts[row] for row in rows])[:, None]
-    # Padded slots repeat the row's last valid entry; draft_lengths keeps them out of verification.
-    draft_index = starts + torch.minimum(slots[None, :k], last)
-    processed_index = starts + torch.minimum(slots[None], torch.where(complete, lengths - 1, lengths)[:, None])
-    raw_index = starts + torch.tensor(rows)[:, None] + torch.minimum(slots[None], lengths[:, None])
-    vocab = target_logits.shape[-1]
     counts = [n for _, n in members]
+    draft_index: list[int] = []
+    processed_index: list[int] = []
+    raw_index: list[int] = []
+    complete: list[bool] = []
+    for (plan, n), row in zip(members, rows):
+        start = draft_starts[row]
+        # A row cut short by an invalid draft ends at a drafted position whose processed logits exist;
+        # a complete row ends at the bonus position, whose token vLLM's sampler drew.
+        whole = n == num_draft_tokens[row]
+        end = n - 1 if whole else n
+        complete.append(whole)
+        # Padded slots repeat the row's last valid entry; draft_lengths keeps them out of verification.
+        draft_index += [start + min(j, n - 1) for j in range(k)]
+        processed_index += [start + min(j, end) for j in range(k + 1)]
+        raw_index += [start + row + min(j, n) for j in range(k + 1)]
+    size, vocab = len(rows), target_logits.shape[-1]
+    index = torch.tensor(draft_index + processed_index + raw_index, device=device)
+    draft_at, processed_at, raw_at = index.split([size * k, size * (k + 1), size * (k + 1)])
     draft_raw = _leading_rows([plan.draft_raw_logits for plan, _ in members], counts, k).to(device, torch.float32)
     draft_processed = (
         draft_raw if is_greedy else _leading_rows([plan.draft_logits for plan, _ in members], counts, k).to(device, torch.float32)
     )
-    drafts = draft_token_ids[draft_index.to(device)].long()
+    drafts = draft_token_ids[draft_at].view(size, k).long()
     round_inputs = RoundInputs(
         draft_tokens=drafts,
-        target_logits=target_logits[processed_index.reshape(-1).to(device)].view(len(rows), k + 1, vocab),
+        target_logits=target_logits[processed_at].view(size, k + 1, vocab),
         draft_logits=draft_processed[:, :, :vocab],
-        target_raw_logits=target_raw_logits[raw_index.reshape(-1).to(device)].view(len(rows), k + 1, vocab).to(torch.float32),
+        target_raw_logits=target_raw_logits[raw_at].view(size, k + 1, vocab).to(torch.float32),
         draft_raw_logits=draft_raw[:, :, :vocab],
         greedy=is_greedy,
-        draft_lengths=lengths.to(device),
+        draft_lengths=torch.tensor(counts, device=device),
     )
-    positions = torch.tensor([plan.position for plan, _ in members])[:, None] + slots[None, :k]
+    positions = torch.tensor([[plan.position + j for j in range(k)] for plan, _ in members])
     eta = _schedule_weights(members, positions).to(device)
     accepted, next_token, _ = verify_round(verifier, round_inputs, eta)
-    row_index = torch.tensor(rows, device=device)
-    lengths = lengths.to(device)
-    use_bonus = (accepted == lengths) & complete.to(device)
-    next_token = torch.where(use_bonus, bonus[row_index].to(next_token.dtype), next_token)
-    columns = torch.arange(k + 1, device=device)[None]
-    padded_drafts = torch.cat([drafts, drafts.new_full((len(rows), 1), PLACEHOLDER)], dim=1)
-    tokens = torch.where(columns < accepted[:, None], padded_drafts, torch.full_like(padded_drafts, PLACEHOLDER))
-    tokens = torch.where(columns == accepted[:, None], next_token[:, None].to(tokens.dtype), tokens)
-    output_token_ids[row_index, : k + 1] = tokens.to(output_token_ids.dtype)
-    accepted_list = accepted.tolist()
-    return [
-        RowResult(plan.row, plan.position, n, accepted_list[i]) for i, (plan, n) in enumerate(members)
-    ]
+    accepted_list, next_list = accepted.tolist(), next_token.tolist()
+    bonus_list, draft_list = bonus[torch.tensor(rows, device=bonus.device)].tolist(), drafts.tolist()
+    written = []
+    for i, n in enumerate(counts):
+        a = accepted_list[i]
+        last = bonus_list[i] if a == n and complete[i] else next_list[i]
+        written.append(draft_list[i][:a] + [last] + [PLACEHOLDER] * (k - a))
+    output_token_ids[torch.tensor(rows, device=output_token_ids.device), : k + 1] = torch.tensor(
+        written, dtype=output_token_ids.dtype, device=output_token_ids.device
+    )
+    return [RowResult(plan.row, plan.position, n, accepted_list[i]) for i, (plan, n) in enumerate(members)]

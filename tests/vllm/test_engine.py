@@ -114,7 +114,11 @@ def trace(monkeypatch):
     """Records every SecureSD verification: (plans, results, drafts per row) per step."""
     from hf_securesd.vllm import sampler
 
-    steps = []
+    class Trace(list):
+        batch_sizes: list[int]
+
+    steps = Trace()
+    steps.batch_sizes = []
     original = sampler.verify_rows
 
     def recording(plans, output, draft_token_ids, num_draft_tokens, *args, **kwargs):
@@ -123,6 +127,7 @@ def trace(monkeypatch):
         drafts = {plan.row: draft_token_ids[starts[plan.row] : starts[plan.row + 1]].tolist() for plan in plans}
         emitted = {plan.row: [t for t in output[plan.row].tolist() if t >= 0] for plan in plans}
         steps.append((results, drafts, emitted))
+        steps.batch_sizes.append(len(num_draft_tokens))
         return results
 
     monkeypatch.setattr(sampler, "verify_rows", recording)
@@ -175,6 +180,22 @@ def test_lossless_equals_target_greedy(engine, hf_models, trace):
     for prompt, sequence in zip(PROMPTS, got):
         assert sequence == cut(hf_generate(hf_models, prompt, NEW_TOKENS), NEW_TOKENS)
     assert trace, "lossless requests must be verified by SecureSD"
+
+
+def test_mixed_batch_keeps_plain_rows_plain(engine, hf_models, trace):
+    """Plain and SecureSD requests verified in the same steps: each gets its own path."""
+    from vllm import SamplingParams
+
+    plain = SamplingParams(max_tokens=NEW_TOKENS, temperature=0)
+    relaxed = SamplingParams(max_tokens=NEW_TOKENS, temperature=0, extra_args=securesd(RELAXED["mars"]))
+    outputs = engine.llm.generate(
+        [{"prompt_token_ids": p} for p in PROMPTS + PROMPTS], [plain] * len(PROMPTS) + [relaxed] * len(PROMPTS), use_tqdm=False
+    )
+    got = tokens(outputs)
+    assert got[: len(PROMPTS)] == engine.plain_first
+    assert got[len(PROMPTS):] == [generate_path_reference(hf_models, p, RELAXED["mars"], None) for p in PROMPTS]
+    # some verification steps held plain and SecureSD rows together
+    assert any(len(results) < size for (results, _, _), size in zip(trace, trace.batch_sizes))
 
 
 @pytest.mark.parametrize("schedule", [None, Step(L=2)], ids=["relaxed", "step2"])

@@ -8,6 +8,7 @@ import json
 from types import SimpleNamespace
 
 import pytest
+from vllm_support import requires_vllm
 
 from hf_securesd import MARS, SecureSDConfigError, Step
 from hf_securesd.vllm import DEFAULT_ENV, SUPPORTED_VLLM, parse_request, speculative_stats
@@ -135,3 +136,17 @@ def test_statistics_by_response_position_from_vllm_metrics() -> None:
         speculative_stats({"num_draft_tokens": 9, "acceptance_histogram": [1, 1, 1, 0]})
     with pytest.raises(ValueError, match="detailed"):
         speculative_stats(SimpleNamespace(spec_decode_metrics=None, token_ids=[1, 2]))
+
+
+@requires_vllm()
+def test_unsupported_version_refusal_on_vllms_own_sampling_params() -> None:
+    from vllm import SamplingParams
+
+    undo = patch_refusal(SamplingParams, unsupported_version_message("0.34.0"))
+    try:
+        SamplingParams(max_tokens=4)
+        with pytest.raises(ValueError, match="but this server runs vllm 0.34.0"):
+            SamplingParams(max_tokens=4, extra_args={"securesd": CONFIG})
+    finally:
+        undo()
+    SamplingParams(max_tokens=4, extra_args={"securesd": CONFIG})
