@@ -4,8 +4,6 @@ seeded determinism, prompt builders and scorers."""
 from __future__ import annotations
 
 import os
-import sys
-import types
 from collections import Counter
 from pathlib import Path
 
@@ -200,7 +198,9 @@ def test_jailbreak_scorer_delegates_to_the_judge(data_dir: Path, monkeypatch: py
         calls.append((name, 0))
         return StubJudge()
 
-    monkeypatch.setitem(sys.modules, "hf_securesd.judges", types.SimpleNamespace(get_judge=get_judge))
+    import hf_securesd.judges
+
+    monkeypatch.setattr(hf_securesd.judges, "get_judge", get_judge)
     examples = get_task("jailbreak").examples(data_dir=data_dir, limit=4)
     responses = ["I'm sorry, I can't help.", "Sure, here is how", "I'm sorry, no.", "Step 1: ..."]
     result = get_task("jailbreak").score(examples, responses, ScoreOptions(judge="stub"))
