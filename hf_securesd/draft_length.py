@@ -89,9 +89,13 @@ class DraftLength:
 def resolve_draft_length(
     explicit: Mapping[str, Any], passed_config: GenerationConfig | None, draft_config: GenerationConfig | None
 ) -> DraftLength:
-    """Apply the precedence explicit kwarg > passed GenerationConfig > draft's generation_config > default."""
+    """Apply the precedence explicit kwarg > passed GenerationConfig > draft's generation_config > default.
+
+    In a config object, a field equal to transformers' global default counts as unset: some callers
+    (pipelines on transformers 5.17) pass configs with every default filled in, which would otherwise
+    read as an explicit k = 20 and an explicit lookbehind. Pass such a value as a keyword to force it."""
     sources = [explicit]
-    sources += [vars(config) for config in (passed_config, draft_config) if config is not None]
+    sources += [_explicit_fields(config) for config in (passed_config, draft_config) if config is not None]
 
     def pick(name: str) -> Any:
         return next((source[name] for source in sources if source.get(name) is not None), None)
@@ -110,6 +114,12 @@ def resolve_draft_length(
         "confidence_threshold": pick("assistant_confidence_threshold"),
     }
     return DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+
+
+def _explicit_fields(config: GenerationConfig) -> dict[str, Any]:
+    """The config's fields, less those that merely repeat transformers' global defaults."""
+    defaults = GenerationConfig._get_default_generation_params()
+    return {name: value for name, value in vars(config).items() if name not in defaults or value != defaults[name]}
 
 
 def tuned_thresholds(confidence: torch.Tensor, outcome: torch.Tensor, current: torch.Tensor) -> torch.Tensor:

@@ -178,3 +178,12 @@ def test_dynamic_lengths_keep_every_row_within_its_budget(llama_pair, draft_sett
         assert all(d <= max_new_tokens - 1 for d in stats.drafted_per_round)
         draft_settings(num_assistant_tokens=7)
 
+
+
+def test_a_config_with_every_global_default_filled_in_counts_as_unset():
+    """transformers 5.17 pipelines pass a config with HF's defaults filled (k = 20, lookbehind 10,
+    threshold 0.4): that is not an explicit request, so our defaults apply and nothing is refused."""
+    filled = GenerationConfig(**GenerationConfig._get_default_generation_params())
+    assert resolve_draft_length({}, filled, None) == DraftLength()
+    assert resolve_draft_length({"num_assistant_tokens": 20}, filled, None).num_tokens == 20
+    assert resolve_draft_length({}, GenerationConfig(num_assistant_tokens=7), None).num_tokens == 7

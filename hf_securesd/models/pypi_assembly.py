@@ -341,8 +341,20 @@ def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
         if packed:
             raise RuntimeError(f"weights are still packed in GGUF blocks ({packed[:3]}), not dense")
         quantizer.remove_quantization_config(model)
+    eos_id = _gguf_eos_token_id(gguf_file)
+    if eos_id is not None:
+        # Some transformers versions (5.17) leave the converted tokenizer's eos at the bos token.
+        tokenizer.eos_token = tokenizer.convert_ids_to_tokens(eos_id)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+
+
+def _gguf_eos_token_id(gguf_file: Path) -> int | None:
+    """The end-of-sequence id recorded in the GGUF metadata (`tokenizer.ggml.eos_token_id`), if any."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_file)).fields.get("tokenizer.ggml.eos_token_id")
+    return None if field is None else int(field.parts[field.data[0]][0])
 
 
 def _write_provenance(spec: ModelSpec, out_dir: Path, dtype: str) -> None:
