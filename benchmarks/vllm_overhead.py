@@ -38,7 +38,9 @@ CONFIGS = {  # name -> (plugin installed, extra_args["securesd"])
     "vllm_without_plugin": (False, None),
     "plain_requests_with_plugin": (True, None),
     "plugin_lossless": (True, {"verifier": {"verifier": "lossless"}}),
-    "plugin_mars_step1": (True, {"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}}),
+    "plugin_mars_step1": (
+        True, {"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}}
+    ),
 }
 
 

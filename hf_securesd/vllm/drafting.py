@@ -44,7 +44,9 @@ class DraftRows:
         return raw, processed
 
 
-def draft_from_logits(raw: torch.Tensor, sampling_metadata: Any, rows: torch.Tensor, top_k_top_p: Callable) -> tuple[torch.Tensor, torch.Tensor]:
+def draft_from_logits(
+    raw: torch.Tensor, sampling_metadata: Any, rows: torch.Tensor, top_k_top_p: Callable
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Draw SecureSD drafts. raw: [R, V] float32 draft logits; rows: [R] bool, the SecureSD rows.
 
     Returns (tokens [R] long, sampled-from logits [R, V]); rows outside `rows` get argmax(raw) and

@@ -157,14 +157,16 @@ def generate_path_reference(hf_models, prompt, verifier, schedule) -> list[int]:
     """What the generate path emits when, like vLLM, the first response token comes from the target."""
     first = hf_generate(hf_models, prompt, 1)[0]
     shifted = None if schedule is None else Step(L=max(0, schedule.L - 1))
-    rest = hf_generate(hf_models, prompt + [first], NEW_TOKENS + NUM_SPECULATIVE_TOKENS + 1, verifier=verifier, secure_schedule=shifted)
+    budget = NEW_TOKENS + NUM_SPECULATIVE_TOKENS + 1  # the last compared token sits in a full block
+    rest = hf_generate(hf_models, prompt + [first], budget, verifier=verifier, secure_schedule=shifted)
     return cut([first] + rest, NEW_TOKENS)
 
 
 def test_plain_requests_are_untouched(engine, pair_dir, trace):
     env = {**os.environ, **engine_environment(), "VLLM_PLUGINS": "", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     reference = subprocess.run(
-        [sys.executable, "-c", REFERENCE_SCRIPT, str(pair_dir / "target"), str(pair_dir / "draft"), json.dumps(PROMPTS), str(NEW_TOKENS)],
+        [sys.executable, "-c", REFERENCE_SCRIPT, str(pair_dir / "target"), str(pair_dir / "draft"), json.dumps(PROMPTS),
+         str(NEW_TOKENS)],
         env=env, capture_output=True, text=True, timeout=600,
     )
     lines = [line for line in reference.stdout.splitlines() if line.startswith("RESULT ")]
@@ -209,7 +211,9 @@ def test_relaxed_verifiers_match_generate_path(engine, hf_models, name, schedule
 def test_relaxed_verification_changes_the_output(engine, hf_models):
     """The relaxed settings above do fire on this pair: otherwise the comparison proves little."""
     greedy = [cut(hf_generate(hf_models, p, NEW_TOKENS), NEW_TOKENS) for p in PROMPTS]
-    changed = {name for name, verifier in RELAXED.items() if tokens(generate(engine, PROMPTS, extra_args=securesd(verifier))) != greedy}
+    changed = {
+        name for name, verifier in RELAXED.items() if tokens(generate(engine, PROMPTS, extra_args=securesd(verifier))) != greedy
+    }
     assert {"mars", "lossysd"} <= changed, changed
 
 
@@ -227,7 +231,12 @@ def test_positions_match_committed_tokens_and_statistics(engine, trace):
     metrics turned into statistics give the same positions."""
     outputs = generate(engine, [PROMPTS[0]], max_tokens=40, extra_args=securesd(MARS(theta=0.5)))
     sequence = list(outputs[0].outputs[0].token_ids)
-    rounds = [(result, drafts[result.row], emitted[result.row]) for results, drafts, emitted in trace for result in results if result.verified]
+    rounds = [
+        (result, drafts[result.row], emitted[result.row])
+        for results, drafts, emitted in trace
+        for result in results
+        if result.verified
+    ]
     assert rounds
     for result, drafts, emitted in rounds:
         assert emitted[: result.accepted] == drafts[: result.accepted]

@@ -106,7 +106,8 @@ def test_securesd_request_is_verified_by_securesd(server, model_name):
     plain = choice_tokens(complete(server, model=model_name))
     lossless = complete(server, {"verifier": "lossless"}, model=model_name)
     assert choice_tokens(lossless) == plain
-    relaxed = complete(server, {"verifier": {"verifier": "lossysd", "epsilon": 1.0}, "secure_schedule": {"schedule": "step", "L": 2}}, model=model_name)
+    accept_all_after_two = {"verifier": {"verifier": "lossysd", "epsilon": 1.0}, "secure_schedule": {"schedule": "step", "L": 2}}
+    relaxed = complete(server, accept_all_after_two, model=model_name)
     tokens = choice_tokens(relaxed)
     assert tokens[:2] == plain[:2] and tokens != plain  # lossless for two positions, accept-all after
     metrics = spec_metrics(relaxed)  # per-request acceptance, in the response body
