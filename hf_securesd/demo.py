@@ -67,8 +67,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="a request to answer (repeatable; replaces the built-in prompts)")
     parser.add_argument("--max-new-tokens", type=int, default=40)
     parser.add_argument("--num-assistant-tokens", type=int, default=5, help="draft tokens per round")
-    parser.add_argument("--device", default="cpu")
-    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16")
+    parser.add_argument("--device", default="auto", help="auto (a GPU when visible, else the CPU), cpu, cuda, ...")
+    parser.add_argument("--dtype", choices=("auto", "bf16", "fp16", "fp32"), default="auto",
+                        help="auto: what the device runs fastest (fp32 on CPUs that emulate bf16)")
     parser.add_argument("--draft", default=None, help="draft model name or path (default: qwen-0.5b)")
     parser.add_argument("--target", default=None, help="target model name or path (default: qwen-1.5b)")
     parser.add_argument("--offline", action="store_true", default=None,
@@ -99,7 +100,7 @@ def answer(tokenizer, target, draft, prompt: str, args: argparse.Namespace, veri
     """Greedy answer to `prompt`: text, new tokens, seconds and acceptance rate (None without a draft)."""
     inputs = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                            return_tensors="pt", return_dict=True)
-    inputs = {name: tensor.to(args.device) for name, tensor in inputs.items()}
+    inputs = {name: tensor.to(target.device) for name, tensor in inputs.items()}
     options = dict(do_sample=False, max_new_tokens=args.max_new_tokens, return_dict_in_generate=True)
     if verifier is not None:
         options.update(assistant_model=draft, verifier=verifier, secure_schedule=schedule,
@@ -143,13 +144,21 @@ def run(args: argparse.Namespace) -> int:
     import hf_securesd
     from hf_securesd.judges import get_judge
     from hf_securesd.models import AssemblyError, ModelResolutionError, load_pair
+    from hf_securesd.models.hardware import resolve_device, resolve_dtype
 
     verifier = relaxed_verifier(args.verifier, args.strength)
     prompts = [("custom", text) for text in args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
+    try:
+        device = resolve_device(args.device)
+        dtype, reason = resolve_dtype(args.dtype, device)
+    except ValueError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(f"device {device}, dtype {dtype} ({reason})", file=sys.stderr)
     print("Loading the draft/target pair (first use downloads and caches it; see docs/models.md) …",
           file=sys.stderr, flush=True)
     try:
-        tokenizer, draft, target = load_pair(args.draft, args.target, dtype=args.dtype, device=args.device,
+        tokenizer, draft, target = load_pair(args.draft, args.target, dtype=dtype, device=device,
                                              offline=args.offline, cache_dir=args.cache_dir)
     except (AssemblyError, ModelResolutionError) as error:
         print(f"error: {error}", file=sys.stderr)
