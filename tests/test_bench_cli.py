@@ -204,3 +204,14 @@ def test_run_prints_budget_records_provenance_and_per_example_ar(tmp_path, data_
     budget = runner.measure_budget(tiny_models, plan, plan,
                                    runner.ResultsDir(tmp_path).generations(), settings)
     assert calls == [] and budget.sources == {"target": "journal", "draft": "journal", "speculative": "journal"}
+
+
+def test_calibrate_accepts_underscore_spellings_too() -> None:
+    import argparse
+
+    from hf_securesd.bench import cli_calibrate
+
+    parser = argparse.ArgumentParser()
+    cli_calibrate.configure(parser)
+    args = parser.parse_args(["--out", "x", "--spd_tolerance", "0.2", "--batch_size", "4"])
+    assert args.spd_tolerance == 0.2 and args.batch_size == 4

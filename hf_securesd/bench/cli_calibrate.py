@@ -17,7 +17,7 @@ import json
 import sys
 
 from hf_securesd.bench.calibrate import DEFAULT_LENGTHS
-from hf_securesd.bench.cli_bench import add_common_options, prepare
+from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, prepare
 
 DEFAULT_VERIFIER = "mars:0.5"
 
@@ -51,6 +51,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         default=0.1,
         help="allowed SPD loss relative to the relaxed verifier, as a fraction (default 0.1)",
     )
+    accept_underscores(parser)
 
 
 def _markdown(
