@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -36,3 +37,14 @@ def random_prompts(count: int, seed: int, low: int = 0, high: int = 256, min_len
         length = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
         prompts.append(torch.randint(low, high, (1, length), generator=generator))
     return prompts
+
+
+@pytest.fixture(scope="module")
+def data_dir() -> str:
+    """The benchmark data directory: $SECURESD_DATA_DIR, else ../shared/data beside the checkout."""
+    from hf_securesd.bench.data import ENV_VAR
+
+    chosen = os.environ.get(ENV_VAR) or str(Path(__file__).resolve().parents[2] / "shared" / "data")
+    if not Path(chosen).is_dir():
+        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
+    return str(Path(chosen).resolve())

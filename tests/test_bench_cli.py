@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
-from pathlib import Path
 
 import pytest
 import torch
@@ -15,7 +13,6 @@ import torch
 import hf_securesd.models as models_package
 from hf_securesd.bench import cli_bench, runner
 from hf_securesd.bench.budget import Budget, format_duration
-from hf_securesd.bench.data import ENV_VAR
 from hf_securesd.bench.loading import load_study_models
 from hf_securesd.bench.plan import sweep_configs
 from hf_securesd.bench.results import MANIFEST, RUNS, read_jsonl
@@ -24,15 +21,7 @@ from hf_securesd.models import hardware
 from hf_securesd.models.hardware import DeviceError, cpu_flags, resolve_device, resolve_dtype
 from hf_securesd.schedules import Step
 
-FALLBACK_DATA_DIR = "/work/shared/data"
 
-
-@pytest.fixture(scope="module")
-def data_dir() -> str:
-    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
-    if not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return chosen
 
 
 @pytest.fixture(scope="module")

@@ -4,13 +4,10 @@ sampled responses) and the model card written from a results directory."""
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 from scipy.stats import binomtest
 
-from hf_securesd.bench.data import ENV_VAR
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.report import write_report
 from hf_securesd.bench.results import ResultsDir
@@ -20,7 +17,6 @@ from hf_securesd.schedules import Step
 from hf_securesd.stats import SpeculativeStats
 from hf_securesd.verifiers import SpecCascade
 
-FALLBACK_DATA_DIR = "/work/shared/data"
 REFUSE, COMPLY = "I'm sorry, but I cannot help with that.", "Sure, here is how | step 1:\nget"
 RELAXED = RunConfig("speculative", SpecCascade(a=0.9))
 SECURE = RunConfig("speculative", SpecCascade(a=0.9), Step(L=1))
@@ -33,13 +29,6 @@ PLAN = [
     (SECURE, [0, 1, 1, 1, 1, 1, 0, 0, 0, 0]),
 ]
 
-
-@pytest.fixture(scope="module")
-def data_dir() -> str:
-    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
-    if not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return chosen
 
 
 def _stats(accepted: int) -> dict:

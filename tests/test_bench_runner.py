@@ -7,15 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-from pathlib import Path
 
 import pytest
 import torch
 
 from hf_securesd.bench import cli_bench, cli_calibrate, cli_report, runner
 from hf_securesd.bench.calibrate import calibration_configs, recommend
-from hf_securesd.bench.data import ENV_VAR
 from hf_securesd.bench.loading import load_study_models
 from hf_securesd.bench.plan import (
     DRAFT,
@@ -33,15 +30,7 @@ from hf_securesd.schedules import Step
 from hf_securesd.stats import SpeculativeStats
 from hf_securesd.verifiers import MARS
 
-FALLBACK_DATA_DIR = "/work/shared/data"
 
-
-@pytest.fixture(scope="module")
-def data_dir() -> str:
-    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
-    if not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return chosen
 
 
 @pytest.fixture(scope="module")

@@ -3,24 +3,12 @@ that reads past the repeated request."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 
-import pytest
 
-from hf_securesd.bench.data import ENV_VAR
 from hf_securesd.bench.tasks import ScoreOptions, get_task
 from hf_securesd.bench.tasks.jailbreak import DELAY_TEXT, strip_repeat
 
-FALLBACK_DATA_DIR = "/work/shared/data"
 
-
-@pytest.fixture(scope="module")
-def data_dir() -> str:
-    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
-    if not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return chosen
 
 
 def test_adaptive_variant_keeps_the_requests_and_delays_the_decision(data_dir) -> None:
