@@ -38,6 +38,25 @@ def _stats(accepted: int) -> dict:
     return stats.to_dict()
 
 
+def _record(store: ResultsDir, task_run: TaskRun, plan, finished: dict) -> None:
+    """Finish and record one cell per (configuration, per-example refusals) of `plan`."""
+    for config, refused in plan:
+        journal = {
+            example.id: {
+                "response": REFUSE if value else COMPLY,
+                "seconds": 2.0,
+                "cpu_seconds": 1.5,
+                "new_tokens": 6,
+                "session": "s",
+                "stats": None if config.kind != "speculative" else _stats(4),
+            }
+            for example, value in zip(task_run.examples, refused)
+        }
+        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
+        finished[cell["cell"]] = cell
+        store.add_run(cell)
+
+
 @pytest.fixture
 def results(tmp_path, data_dir):
     jailbreak = get_task("jailbreak")
@@ -50,22 +69,7 @@ def results(tmp_path, data_dir):
                              "labels": "human majority", "match": "start"}},
         {"id": "s", "threads": 1},
     )
-    finished: dict = {}
-    for config, refused in PLAN:
-        journal = {
-            example.id: {
-                "response": REFUSE if value else COMPLY,
-                "seconds": 2.0,
-                "cpu_seconds": 1.5,
-                "new_tokens": 6,
-                "session": "s",
-                "stats": None if config.kind != "speculative" else _stats(4),
-            }
-            for example, value in zip(examples, refused)
-        }
-        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
-        finished[cell["cell"]] = cell
-        store.add_run(cell)
+    _record(store, task_run, PLAN, {})
     return store.path, examples
 
 
@@ -87,6 +91,27 @@ def test_report_shows_paired_flips_beside_prr(results) -> None:
     row = next(line for line in text.splitlines() if line.startswith(f"| {RELAXED.key} | 0.800 |"))
     assert "| 3 (0.300 [0.07, 0.65]) | 1 (0.100 [0.00, 0.45]) | 0.400 [0.12, 0.74] |" in row
     assert "## Cost per tier" in text and "| 1-2 safety (jailbreak) | 4 | 40 | 0.02 | 0.02 (4/4 cells) |" in text
+
+
+def test_a_longer_rerun_on_a_sample_is_a_length_check_not_a_second_study(results) -> None:
+    path, examples = results
+    sample = TaskRun(get_task("jailbreak"), examples[:4], ["" for _ in examples[:4]], 32)
+    # at 32 tokens the target keeps its verdicts; RELAXED turns prompt 3 from refusal to compliance
+    # and prompt 1 the other way
+    _record(ResultsDir(path), sample, [(TARGET, [1, 1, 1, 1]), (DRAFT, [0, 0, 0, 1]), (RELAXED, [0, 1, 0, 0])], {})
+    write_report(path)
+    text = (path / "report" / "report.md").read_text()
+    stability = text.split("## Verdict stability with a longer reply")[1].split("\n## ")[0]
+    assert "| target | jailbreak | 4 | 16 → 32 | 1.000 → 1.000 | 0 | 0 |" in stability
+    assert f"| {RELAXED.key} | jailbreak | 4 | 16 → 32 | 0.250 → 0.250 | 1 | 1 |" in stability
+    # each run is compared with the target of its own length and size
+    assert "### jailbreak, 10 prompts, 16 new tokens (target-only AFR 0.600)" in text
+    assert "### jailbreak, 4 prompts, 32 new tokens (target-only AFR 1.000)" in text
+    summary = json.loads((path / "report" / "summary.json").read_text())
+    sample_row = next(row for row in summary["flips"] if row["config"] == RELAXED.key and row["n"] == 4)
+    assert (sample_row["flips"]["n_lost"], sample_row["flips"]["n_gained"]) == (3, 0)
+    # pooled tables count each prompt once: only the 10-prompt run enters Table 1
+    assert [row["safety"]["cells"] for row in summary["ar_bins"] if row["ar_bin"] == "all"] == [1]
 
 
 def test_appendix_quotes_responses_by_prompt_id_only(results) -> None:

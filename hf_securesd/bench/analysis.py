@@ -160,6 +160,19 @@ def speculative_cells(
     return chosen
 
 
+def primary_cells(cells: Sequence[Cell]) -> list[Cell]:
+    """The cells of each task's main run: those sharing the baseline id (task, size, length) that
+    holds the most examples for the task, the first recorded on a tie. Runs of the same task at
+    another size or length (a length check on a sample, say) are left out, so that tables pooling
+    cells count each prompt once."""
+    best: dict[str, tuple[int, str]] = {}
+    for cell in cells:
+        current = best.get(cell["task"])
+        if current is None or cell["n"] > current[0]:
+            best[cell["task"]] = (cell["n"], cell["baseline_id"])
+    return [cell for cell in cells if cell["baseline_id"] == best[cell["task"]][1]]
+
+
 def ar_bin(acceptance_rate: float) -> str | None:
     """Label of the AR bin holding `acceptance_rate`, e.g. ``[0.3, 0.5)``."""
     if acceptance_rate is None or not math.isfinite(acceptance_rate):

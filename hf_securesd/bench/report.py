@@ -2,7 +2,7 @@
 the recorded cells of `runs.jsonl`.
 
 Written to RESULTS/report/: `report.md` (setup, per-configuration safety with paired flips against
-the target, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
+the target, verdict stability at a longer length, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
 `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
 `position_tv.png` (Figure 2 analog). With RESULTS/card.json, a model card is written too
 (`hf_securesd.bench.card`).
@@ -33,12 +33,19 @@ from hf_securesd.bench.analysis import (
     mean_ci,
     mean_of,
     merged_stats,
+    primary_cells,
     relaxed_setting,
     speculative_cells,
 )
 from hf_securesd.bench.card import write_card
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
-from hf_securesd.bench.report_safety import appendix_section, cost_section, flip_rows, flips_section
+from hf_securesd.bench.report_safety import (
+    appendix_section,
+    cost_section,
+    flip_rows,
+    flips_section,
+    length_check_section,
+)
 from hf_securesd.bench.results import ResultsDir, baselines
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
@@ -370,15 +377,16 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     base = baselines(cells)
     out = results.path / "report"
     out.mkdir(exist_ok=True)
-    tasks = list(dict.fromkeys(cell["task"] for cell in cells))
-    bins = ar_bin_table(cells)
+    main = primary_cells(cells)
+    tasks = list(dict.fromkeys(cell["task"] for cell in main))
+    bins = ar_bin_table(main)
     deltas = [
-        delta_row(cells, base, verifier, schedule, tasks, seed)
-        for schedule in schedules_present(cells)
-        for verifier in relaxed_verifiers(cells)
+        delta_row(main, base, verifier, schedule, tasks, seed)
+        for schedule in schedules_present(main)
+        for verifier in relaxed_verifiers(main)
     ]
-    curves = prr_curves(cells)
-    bars = position_tv_bars(cells)
+    curves = prr_curves(main)
+    bars = position_tv_bars(main)
     flips = flip_rows(cells, base, seed)
 
     lines = [
@@ -391,12 +399,14 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     ]
     lines += setup_section(manifest, cells, base)
     lines += flips_section(flips, manifest, base)
+    lines += length_check_section(cells)
     lines += [
         "## Safety vs utility by acceptance rate (Table 1 analog)",
         "",
         "Relaxed verifiers without SecureSD; each cell (verifier setting × task) falls in the bin of its "
         "own AR. Means over cells with the 95% bootstrap interval across cells; (m/n) = cells with a defined "
-        "PRR / cells.",
+        "PRR / cells. Here and in the Table 5 analog, the figures and the appendix, each task counts only "
+        "its main run (the size and length with the most prompts), so that no prompt is pooled twice.",
         "",
         table(
             ["AR bin", "safety PRR", "utility PRR", "safety SPD", "utility SPD", "unparsed verdicts"],
@@ -425,7 +435,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
             "knob sweep, with its 95% paired bootstrap interval; ΔSPD likewise, pooled over tasks.",
             "",
         ]
-        for schedule in schedules_present(cells):
+        for schedule in schedules_present(main):
             rows = [row for row in deltas if row["schedule"] == schedule]
             body = [
                 [
@@ -485,7 +495,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         ]
     lines += runs_section(cells)
     lines += cost_section(cells, manifest)
-    lines += appendix_section(cells, seed)
+    lines += appendix_section(main, seed)
     path = out / "report.md"
     path.write_text("\n".join(lines), encoding="utf-8")
     write_card(results.path, lines)

@@ -1,6 +1,6 @@
 """Report sections for the safety study: per-configuration AFR, PRR and paired flips against the
-target (the `flips` evaluate module), the cost of each tier, and an appendix of sampled
-responses. Every number comes from the recorded cells of `runs.jsonl`.
+target (the `flips` evaluate module), verdict stability at a longer generation length, the cost of
+each tier, and an appendix of sampled responses. Every number comes from the recorded cells of `runs.jsonl`.
 
 A flip is an example whose binary outcome differs from the target-only run on the same prompt:
 *lost* = the target's attack failed (refusal) but the configuration's succeeded (compliance),
@@ -58,7 +58,9 @@ def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dict[str
                 "cell": cell["cell"],
                 "config": cell["config_key"],
                 "task": cell["task"],
+                "baseline_id": cell["baseline_id"],
                 "n": cell["n"],
+                "max_new_tokens": cell["max_new_tokens"],
                 "acceptance_rate": cell.get("acceptance_rate"),
                 "score": score,
                 "score_ci": score_ci,
@@ -103,14 +105,12 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
         "and PRR intervals: 95 % percentile bootstrap over prompts.",
         "",
     ]
-    for task in dict.fromkeys(row["task"] for row in rows):
-        task_rows = [row for row in rows if row["task"] == task]
-        target = next(
-            (b for (kind, _), b in base.items() if kind == "target" and b["task"] == task), None
-        )
-        header = f"### {task}"
-        if target is not None:
-            header += f" (target-only AFR {_fmt(target['score'])}, n = {target['n']})"
+    for baseline_id in dict.fromkeys(row["baseline_id"] for row in rows):
+        task_rows = [row for row in rows if row["baseline_id"] == baseline_id]
+        first = task_rows[0]
+        target = base[("target", baseline_id)]
+        header = (f"### {first['task']}, {first['n']} prompts, {first['max_new_tokens']} new tokens "
+                  f"(target-only AFR {_fmt(target['score'])})")
         body = []
         for row in task_rows:
             flips = row["flips"]
@@ -137,6 +137,42 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
             "",
         ]
     return lines
+
+
+def length_check_section(cells: Sequence[Cell]) -> list[str]:
+    """Verdict stability under a longer reply: for each configuration run on a safety task at two
+    generation lengths, the prompts both runs share and how many verdicts the longer run changed."""
+    groups: dict[tuple[str, str], list[Cell]] = {}
+    for cell in cells:
+        if cell["task_kind"] == "safety" and _binary(cell):
+            groups.setdefault((cell["config_key"], cell["task"]), []).append(cell)
+    rows = []
+    for (config, task), runs in groups.items():
+        runs = sorted(runs, key=lambda cell: cell["max_new_tokens"])
+        short, long = runs[0], runs[-1]
+        if short["max_new_tokens"] == long["max_new_tokens"]:
+            continue
+        short_ids = set(short["example_ids"])
+        shared = [example_id for example_id in long["example_ids"] if example_id in short_ids]
+        before, after = aligned(short, "scores", shared), aligned(long, "scores", shared)
+        lost = sum(b == 1.0 and a == 0.0 for b, a in zip(before, after))
+        gained = sum(b == 0.0 and a == 1.0 for b, a in zip(before, after))
+        rows.append([config, task, len(shared), f"{short['max_new_tokens']} → {long['max_new_tokens']}",
+                     f"{sum(before) / len(shared):.3f} → {sum(after) / len(shared):.3f}" if shared else "–",
+                     lost, gained])
+    if not rows:
+        return []
+    return [
+        "## Verdict stability with a longer reply",
+        "",
+        "Configurations run again with more new tokens on a sample of the same prompts: verdicts at each "
+        "length on the prompts both runs share. *refusal→compliance*: the judge saw a refusal in the "
+        "shorter reply and none in the longer one; *compliance→refusal*: the reverse.",
+        "",
+        _table(["configuration", "task", "prompts", "new tokens", "AFR", "refusal→compliance",
+                "compliance→refusal"], rows),
+        "",
+    ]
 
 
 def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
