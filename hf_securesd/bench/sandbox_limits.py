@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hf_securesd.processes import pid_alive
+
 logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -184,19 +186,9 @@ class RunCgroup:
                     time.sleep(0.01)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _stale(name: str) -> bool:
     match = _RUN_NAME.match(name)
-    return bool(match) and int(match.group(1)) != os.getpid() and not _alive(int(match.group(1)))
+    return bool(match) and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1)))
 
 
 def sweep_stale(temp_dir: str | os.PathLike | None = None) -> list[Path]:

@@ -41,6 +41,7 @@ from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
+from ..processes import pid_alive
 from .registry import ChunkWheel, ModelSpec
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -144,16 +145,6 @@ def verified_gguf(path: Path, spec: ModelSpec) -> bool:
     return True
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def sweep_partials(folder: Path) -> list[Path]:
     """Remove ``.<name>.<pid>.*.partial`` files and folders in `folder` whose writing process is
     gone (a killed fetch); returns what was removed."""
@@ -161,7 +152,7 @@ def sweep_partials(folder: Path) -> list[Path]:
     for entry in Path(folder).glob(".*.partial") if Path(folder).is_dir() else []:
         fields = entry.name.split(".")
         pids = [int(field) for field in fields[2:-1] if field.isdigit()]
-        if pids and pids[0] != os.getpid() and not _pid_alive(pids[0]):
+        if pids and pids[0] != os.getpid() and not pid_alive(pids[0]):
             if entry.is_dir():
                 shutil.rmtree(entry, ignore_errors=True)
             else:
