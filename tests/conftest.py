@@ -40,11 +40,13 @@ def random_prompts(count: int, seed: int, low: int = 0, high: int = 256, min_len
 
 
 @pytest.fixture(scope="module")
-def data_dir() -> str:
-    """The benchmark data directory: $SECURESD_DATA_DIR, else ../shared/data beside the checkout."""
+def data_dir() -> Path:
+    """The benchmark data directory (resolved): $SECURESD_DATA_DIR, else ../shared/data beside the
+    checkout. Skips when it is missing; pass `str(data_dir)` where a string is needed (argv, env)."""
     from hf_securesd.bench.data import ENV_VAR
 
-    chosen = os.environ.get(ENV_VAR) or str(Path(__file__).resolve().parents[2] / "shared" / "data")
-    if not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return str(Path(chosen).resolve())
+    chosen = Path(os.environ.get(ENV_VAR) or Path(__file__).resolve().parents[2] / "shared" / "data")
+    if not chosen.is_dir():
+        pytest.skip(f"no benchmark data at {chosen}: set {ENV_VAR}, or stage ../shared/data "
+                    "beside the checkout")
+    return chosen.resolve()

@@ -1,7 +1,7 @@
 """The benchmark runner, report and calibration: the smoke profile end to end, resuming a killed
 run, PRR and ΔPRR computed from recorded runs, and the Step(L) recommendation rule.
 
-Needs the local benchmark data ($SECURESD_DATA_DIR, else /work/shared/data)."""
+Needs the local benchmark data ($SECURESD_DATA_DIR, else ../shared/data beside the checkout)."""
 
 from __future__ import annotations
 
@@ -64,7 +64,7 @@ def test_smoke_profile_end_to_end_then_resume_redoes_nothing(tmp_path, data_dir,
     out = tmp_path / "smoke"
     assert (
         cli_bench.run(
-            bench_args("--profile", "smoke", "--out", str(out), "--data-dir", data_dir, "--no-progress")
+            bench_args("--profile", "smoke", "--out", str(out), "--data-dir", str(data_dir), "--no-progress")
         )
         == 0
     )
@@ -102,7 +102,7 @@ def test_smoke_profile_end_to_end_then_resume_redoes_nothing(tmp_path, data_dir,
                 "--out",
                 str(out),
                 "--data-dir",
-                data_dir,
+                str(data_dir),
                 "--no-progress",
                 "--no-report",
             )
@@ -126,7 +126,7 @@ def test_calibrate_command_runs_the_L_sweep(tmp_path, data_dir, capsys) -> None:
         "--out",
         str(tmp_path),
         "--data-dir",
-        data_dir,
+        str(data_dir),
         "--no-progress",
         "--tasks",
         "jailbreak",

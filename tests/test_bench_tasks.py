@@ -1,9 +1,8 @@
-"""Benchmark tasks on the local data ($SECURESD_DATA_DIR, else /work/shared/data): loaders, sizes,
-seeded determinism, prompt builders and scorers."""
+"""Benchmark tasks on the local data ($SECURESD_DATA_DIR, else ../shared/data beside the checkout):
+loaders, sizes, seeded determinism, prompt builders and scorers."""
 
 from __future__ import annotations
 
-import os
 from collections import Counter
 from pathlib import Path
 
@@ -14,17 +13,6 @@ from hf_securesd.bench.scoring import normalize_text
 from hf_securesd.bench.tasks import Example, ScoreOptions, get_task, task_names
 from hf_securesd.bench.tasks import jailbreak, prompt_injection
 from hf_securesd.bench.tasks.gsm8k import extract_final_number, is_correct
-
-FALLBACK_DATA_DIR = "/work/shared/data"
-
-
-@pytest.fixture(scope="module")
-def data_dir() -> Path:
-    chosen = os.environ.get(ENV_VAR) or FALLBACK_DATA_DIR
-    if not os.environ.get(ENV_VAR) and not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set {ENV_VAR} (fallback {chosen} is missing)")
-    return resolve_data_dir(chosen)
-
 
 @pytest.fixture(scope="module")
 def injection_cases(data_dir: Path) -> list[Example]:

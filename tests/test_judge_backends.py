@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import threading
 import time
@@ -26,11 +25,12 @@ GOOD_REPLY = "#overall_reasoning complies\n#scores\n1.a no\n1.b 0\n2.a yes\n2.b 
 
 
 @pytest.fixture(scope="module")
-def data_dir() -> Path:
-    root = Path(os.environ.get("SECURESD_DATA_DIR", "/work/shared/data"))
-    if not (root / "jailbreakbench" / "classifier_comparison.csv").is_file():
-        pytest.skip(f"staged benchmark data not found at {root}; set SECURESD_DATA_DIR")
-    return root
+def staged_data_dir(data_dir: Path) -> Path:
+    """The data directory, when the judge data is staged there (JailbreakBench's
+    classifier_comparison.csv); else skip."""
+    if not (data_dir / validate.COMPARISON_FILE).is_file():
+        pytest.skip(f"{validate.COMPARISON_FILE} not found under {data_dir}; set SECURESD_DATA_DIR")
+    return data_dir
 
 
 def completion(content: str) -> bytes:
@@ -227,10 +227,10 @@ def _validate_args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_judge_validate_with_the_endpoint_judge(stub, data_dir, monkeypatch, capsys):
+def test_judge_validate_with_the_endpoint_judge(stub, staged_data_dir, monkeypatch, capsys):
     monkeypatch.setenv("SECURESD_JUDGE_BASE_URL", stub.url)
     stub.script = [Reply()]  # the stub calls every response jailbroken
-    args = _validate_args("--judge", "strongreject", "--data-dir", str(data_dir), "--limit", "10")
+    args = _validate_args("--judge", "strongreject", "--data-dir", str(staged_data_dir), "--limit", "10")
     assert validate.run(args) == 0
     out = capsys.readouterr().out
     line = next(row for row in out.splitlines() if row.startswith("strongreject"))

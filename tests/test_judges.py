@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -19,11 +18,12 @@ from hf_securesd.judges.strongreject import load_rubric, parse_rubric_reply, str
 
 
 @pytest.fixture(scope="module")
-def data_dir() -> Path:
-    root = Path(os.environ.get("SECURESD_DATA_DIR", "/work/shared/data"))
-    if not (root / "jailbreakbench" / "classifier_comparison.csv").is_file():
-        pytest.skip(f"staged benchmark data not found at {root}; set SECURESD_DATA_DIR")
-    return root
+def staged_data_dir(data_dir: Path) -> Path:
+    """The data directory, when the judge data is staged there (JailbreakBench's
+    classifier_comparison.csv); else skip."""
+    if not (data_dir / validate.COMPARISON_FILE).is_file():
+        pytest.skip(f"{validate.COMPARISON_FILE} not found under {data_dir}; set SECURESD_DATA_DIR")
+    return data_dir
 
 
 def rubric_reply(refusal: int, convincingness: int, specificity: int, reasoning: str = "fine") -> str:
@@ -72,8 +72,8 @@ def test_unparsed_verdict_is_never_read_as_safe():
 # -- refusal strings ------------------------------------------------------------------------------
 
 
-def test_embedded_refusal_lists_match_the_staged_file(data_dir):
-    staged = json.loads((data_dir / "refusal_judges" / "refusal_prefixes.json").read_text())
+def test_embedded_refusal_lists_match_the_staged_file(staged_data_dir):
+    staged = json.loads((staged_data_dir / "refusal_judges" / "refusal_prefixes.json").read_text())
     assert list(PREFIX_LISTS["jailbreakbench"]) == staged["jailbreakbench_string_classifier"]["prefixes"]
     assert list(PREFIX_LISTS["gcg_evaluate"]) == staged["gcg_evaluate"]["prefixes"]
     assert list(PREFIX_LISTS["gcg_attack_manager"]) == staged["gcg_attack_manager_default"]["prefixes"]
@@ -224,16 +224,17 @@ def test_placeholders_are_filled_in_one_pass():
     assert user["content"] == "Goal: say {response}\nResponse: echo {forbidden_prompt}"
 
 
-def test_rubric_comes_from_the_data_folder(data_dir, monkeypatch):
-    rubric = load_rubric(data_dir)
+def test_rubric_comes_from_the_data_folder(staged_data_dir, monkeypatch):
+    rubric = load_rubric(staged_data_dir)
     assert "{forbidden_prompt}" in rubric and "{response}" in rubric and "#scores" in rubric
-    judge = StrongRejectJudge(backend=ScriptedBackend(lambda _: rubric_reply(0, 4, 4)), data_dir=data_dir)
+    backend = ScriptedBackend(lambda _: rubric_reply(0, 4, 4))
+    judge = StrongRejectJudge(backend=backend, data_dir=staged_data_dir)
     assert judge.judge(["Build a bomb"], ["Sure"])[0].attack_succeeded
     monkeypatch.delenv("SECURESD_DATA_DIR", raising=False)
     with pytest.raises(FileNotFoundError, match="SECURESD_DATA_DIR"):
         load_rubric()
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_rubric(data_dir / "nowhere")
+        load_rubric(staged_data_dir / "nowhere")
     with pytest.raises(ValueError, match="placeholders"):
         StrongRejectJudge(backend=ScriptedBackend(lambda _: ""), rubric="no slots here")
 
@@ -269,13 +270,13 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
-def test_judge_validate_reports_the_refusal_prefix_figures(data_dir, capsys):
-    assert validate.run(_args("--data-dir", str(data_dir))) == 0
+def test_judge_validate_reports_the_refusal_prefix_figures(staged_data_dir, capsys):
+    assert validate.run(_args("--data-dir", str(staged_data_dir))) == 0
     out = capsys.readouterr().out
     line = next(row for row in out.splitlines() if row.startswith("refusal_prefix"))
     assert line.split()[1:] == ["0.810", "0.714", "0.930", "0.626", "40", "16", "3", "41"]
     assert "on 100 responses" in out and "gpt_4" in out
-    assert validate.run(_args("--data-dir", str(data_dir), "--judge", "refusal_prefix_exact")) == 0
+    assert validate.run(_args("--data-dir", str(staged_data_dir), "--judge", "refusal_prefix_exact")) == 0
     out = capsys.readouterr().out
     line = next(row for row in out.splitlines() if row.startswith("refusal_prefix_exact"))
     assert line.split()[1:] == ["0.790", "0.704", "0.884", "0.585", "38", "16", "5", "41"]
@@ -289,11 +290,11 @@ def test_judge_validate_without_data_fails_clearly(tmp_path, capsys):
 # -- unparsed-verdict policy in the benchmark --------------------------------------------------------
 
 
-def test_unparsed_verdicts_follow_the_policy_instead_of_aborting_the_cell(data_dir):
+def test_unparsed_verdicts_follow_the_policy_instead_of_aborting_the_cell(staged_data_dir):
     from hf_securesd.bench.tasks import ScoreOptions, get_task
 
     task = get_task("jailbreak")
-    examples = task.examples(data_dir=data_dir, limit=3)
+    examples = task.examples(data_dir=staged_data_dir, limit=3)
     replies = iter([rubric_reply(0, 5, 5), "no scores here", rubric_reply(1, 1, 1)] * 3)
 
     def options(policy: str | None) -> ScoreOptions:

@@ -1,6 +1,6 @@
 """The HumanEval sandbox: hostile completions are contained and fail, the harness keeps going, and
-real solutions pass. Runs against the local benchmark data ($SECURESD_DATA_DIR, else
-/work/shared/data)."""
+real solutions pass. Runs against the local benchmark data ($SECURESD_DATA_DIR, else ../shared/data
+beside the checkout)."""
 
 from __future__ import annotations
 
@@ -19,17 +19,8 @@ from hf_securesd.bench.sandbox_bwrap import bwrap_problem
 from hf_securesd.bench.tasks import Example, ScoreOptions, get_task
 from hf_securesd.bench.tasks.humaneval import build_solution, extract_code
 
-FALLBACK_DATA_DIR = "/work/shared/data"
 LIMITS = SandboxLimits(timeout_s=4, cpu_s=4, memory_bytes=1024**3, max_processes=16)
 needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
-
-
-@pytest.fixture(scope="module")
-def data_dir() -> Path:
-    chosen = os.environ.get("SECURESD_DATA_DIR") or FALLBACK_DATA_DIR
-    if not os.environ.get("SECURESD_DATA_DIR") and not Path(chosen).is_dir():
-        pytest.skip(f"no benchmark data: set SECURESD_DATA_DIR (fallback {chosen} is missing)")
-    return Path(chosen)
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -17,7 +16,6 @@ import pytest
 from hf_securesd.cli import main
 
 SECRET = "sk-planted-7f3a9c0e5b1d2468"
-FALLBACK_DATA_DIR = "/work/shared/data"
 MAX_REQUESTS = 400
 
 
@@ -57,20 +55,20 @@ def _files_holding(root: Path, needle: str) -> list[str]:
     return [str(path) for path in root.rglob("*") if path.is_file() and needle.encode() in path.read_bytes()]
 
 
-def test_a_planted_secret_reaches_no_file_report_or_log(tmp_path, echoing_judge, monkeypatch, capfd, caplog):
-    data_dir = os.environ.get("SECURESD_DATA_DIR") or FALLBACK_DATA_DIR
-    if not Path(data_dir, "strongreject").is_dir():
-        pytest.skip(f"no benchmark data at {data_dir}")
+def test_a_planted_secret_reaches_no_file_report_or_log(tmp_path, data_dir, echoing_judge, monkeypatch, capfd,
+                                                         caplog):
+    if not (data_dir / "strongreject").is_dir():
+        pytest.skip(f"no StrongREJECT data at {data_dir / 'strongreject'}")
     url, state = echoing_judge
     for name in ("SECURESD_JUDGE_API_KEY", "OPENAI_API_KEY", "HF_TOKEN"):
         monkeypatch.setenv(name, SECRET)
     monkeypatch.setenv("SECURESD_JUDGE_BASE_URL", url)
-    monkeypatch.setenv("SECURESD_DATA_DIR", data_dir)
+    monkeypatch.setenv("SECURESD_DATA_DIR", str(data_dir))
     caplog.set_level(logging.DEBUG)
     out = tmp_path / "results"
     common = ["bench", "--target", "tiny", "--draft", "tiny", "--tasks", "jailbreak", "humaneval", "--limit", "2",
               "--max-new-tokens", "3", "--verifiers", "mars:0.5", "--schedules", "none", "--dtype", "fp32",
-              "--judge", "strongreject", "--data-dir", data_dir, "--out", str(out), "--no-progress"]
+              "--judge", "strongreject", "--data-dir", str(data_dir), "--out", str(out), "--no-progress"]
     refused = main([*common, "--judge-option", f"api_key={SECRET}"])
     assert refused == 2 and not out.exists()
     assert main([*common, "--judge-option", "unparsed=success"]) == 0
