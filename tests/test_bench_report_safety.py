@@ -110,6 +110,9 @@ def test_a_longer_rerun_on_a_sample_is_a_length_check_not_a_second_study(results
     summary = json.loads((path / "report" / "summary.json").read_text())
     sample_row = next(row for row in summary["flips"] if row["config"] == RELAXED.key and row["n"] == 4)
     assert (sample_row["flips"]["n_lost"], sample_row["flips"]["n_gained"]) == (3, 0)
+    # the sample's cost is its own row beside the main run's
+    assert "| 1-2 safety (jailbreak) | 4 | 40 | 0.02 | 0.02 (4/4 cells) |" in text
+    assert "| 1-2 safety (jailbreak): other sizes and lengths | 3 | 12 | 0.01 | 0.01 (3/3 cells) |" in text
     # pooled tables count each prompt once: only the 10-prompt run enters Table 1
     assert [row["safety"]["cells"] for row in summary["ar_bins"] if row["ar_bin"] == "all"] == [1]
 

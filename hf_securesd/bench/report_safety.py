@@ -13,7 +13,7 @@ import math
 import random
 from typing import Any, Sequence
 
-from hf_securesd.bench.analysis import Cell, aligned, compute_flips, judge_agreement, mean_ci
+from hf_securesd.bench.analysis import Cell, aligned, compute_flips, judge_agreement, mean_ci, primary_cells
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -176,24 +176,16 @@ def length_check_section(cells: Sequence[Cell]) -> list[str]:
 
 
 def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
-    """Wall hours (and CPU hours where recorded) per tier of the study."""
+    """Wall hours (and CPU hours where recorded) per tier of the study; runs of a tier's task at
+    another size or length than its main run (a length check) get a row of their own."""
+    main = {id(cell) for cell in primary_cells(cells)}
     rows = []
     for tier, tasks in TIERS:
-        chosen = [cell for cell in cells if cell["task"] in tasks]
-        if not chosen:
-            continue
-        wall = sum(cell["wall_time"] for cell in chosen)
-        cpu = [cell.get("cpu_time") for cell in chosen]
-        recorded = [value for value in cpu if value is not None]
-        rows.append(
-            [
-                tier,
-                len(chosen),
-                sum(cell["n"] for cell in chosen),
-                f"{wall / 3600:.2f}",
-                f"{sum(recorded) / 3600:.2f} ({len(recorded)}/{len(chosen)} cells)" if recorded else "not recorded",
-            ]
-        )
+        in_tier = [cell for cell in cells if cell["task"] in tasks]
+        for label, chosen in ((tier, [cell for cell in in_tier if id(cell) in main]),
+                              (f"{tier}: other sizes and lengths", [cell for cell in in_tier if id(cell) not in main])):
+            if chosen:
+                rows.append(_cost_row(label, chosen))
     if not rows:
         return []
     threads = sorted({session.get("threads") for session in manifest.get("sessions", []) if session.get("threads")})
@@ -206,6 +198,17 @@ def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
         "",
         _table(["tier", "cells", "generations", "wall hours", "CPU hours"], rows),
         "",
+    ]
+
+
+def _cost_row(label: str, cells: Sequence[Cell]) -> list[Any]:
+    cpu = [cell["cpu_time"] for cell in cells if cell.get("cpu_time") is not None]
+    return [
+        label,
+        len(cells),
+        sum(cell["n"] for cell in cells),
+        f"{sum(cell['wall_time'] for cell in cells) / 3600:.2f}",
+        f"{sum(cpu) / 3600:.2f} ({len(cpu)}/{len(cells)} cells)" if cpu else "not recorded",
     ]
 
 
