@@ -2,7 +2,8 @@
 the recorded cells of `runs.jsonl`.
 
 Written to RESULTS/report/: `report.md` (setup, per-configuration safety with paired flips against
-the target, verdict stability at a longer length, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
+the target, verdict stability at a longer length, Table 1 and Table 5 analogs, baselines, every
+run, cost per tier, sampled responses),
 `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
 `position_tv.png` (Figure 2 analog). With RESULTS/card.json, a model card is written too
 (`hf_securesd.bench.card`).

@@ -1,6 +1,7 @@
 """Report sections for the safety study: per-configuration AFR, PRR and paired flips against the
 target (the `flips` evaluate module), verdict stability at a longer generation length, the cost of
-each tier, and an appendix of sampled responses. Every number comes from the recorded cells of `runs.jsonl`.
+each tier, and an appendix of sampled responses. Every number comes from the recorded cells of
+`runs.jsonl`.
 
 A flip is an example whose binary outcome differs from the target-only run on the same prompt:
 *lost* = the target's attack failed (refusal) but the configuration's succeeded (compliance),
@@ -13,7 +14,14 @@ import math
 import random
 from typing import Any, Sequence
 
-from hf_securesd.bench.analysis import Cell, aligned, compute_flips, judge_agreement, mean_ci, primary_cells
+from hf_securesd.bench.analysis import (
+    Cell,
+    aligned,
+    compute_flips,
+    judge_agreement,
+    mean_ci,
+    primary_cells,
+)
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -154,12 +162,13 @@ def length_check_section(cells: Sequence[Cell]) -> list[str]:
             continue
         short_ids = set(short["example_ids"])
         shared = [example_id for example_id in long["example_ids"] if example_id in short_ids]
+        if not shared:
+            continue
         before, after = aligned(short, "scores", shared), aligned(long, "scores", shared)
-        lost = sum(b == 1.0 and a == 0.0 for b, a in zip(before, after))
-        gained = sum(b == 0.0 and a == 1.0 for b, a in zip(before, after))
+        changes = compute_flips(after, before)  # the shorter reply's verdict is the reference
         rows.append([config, task, len(shared), f"{short['max_new_tokens']} → {long['max_new_tokens']}",
-                     f"{sum(before) / len(shared):.3f} → {sum(after) / len(shared):.3f}" if shared else "–",
-                     lost, gained])
+                     f"{sum(before) / len(shared):.3f} → {sum(after) / len(shared):.3f}",
+                     changes["n_lost"], changes["n_gained"]])
     if not rows:
         return []
     return [
@@ -182,8 +191,9 @@ def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
     rows = []
     for tier, tasks in TIERS:
         in_tier = [cell for cell in cells if cell["task"] in tasks]
-        for label, chosen in ((tier, [cell for cell in in_tier if id(cell) in main]),
-                              (f"{tier}: other sizes and lengths", [cell for cell in in_tier if id(cell) not in main])):
+        main_run = [cell for cell in in_tier if id(cell) in main]
+        side_runs = [cell for cell in in_tier if id(cell) not in main]
+        for label, chosen in ((tier, main_run), (f"{tier}: other sizes and lengths", side_runs)):
             if chosen:
                 rows.append(_cost_row(label, chosen))
     if not rows:
