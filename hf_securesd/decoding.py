@@ -35,7 +35,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .draft_length import DraftLength, DraftLengthController
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops
-from .schedules import Schedule
+from .schedules import Schedule, schedule_weights
 from .stats import RoundRecorder, SpeculativeStats
 from .verifiers.base import RoundInputs, Verifier
 
@@ -265,8 +265,10 @@ def speculative_decode(
             draft_lengths=draft_lengths,
         )
         starts = [buffer.host_lengths[row] - prompt_length for row in host_rows]
-        positions = (buffer.lengths[rows] - prompt_length)[:, None] + torch.arange(k, device=device)
-        eta = schedule.eta(positions) if schedule is not None else torch.ones(positions.shape, device=device)
+        responses = None
+        if schedule is not None and schedule.reads_tokens:
+            responses = [buffer.tokens[row, prompt_length : buffer.host_lengths[row]].tolist() for row in host_rows]
+        eta = schedule_weights(schedule, buffer.lengths[rows] - prompt_length, drafts, responses)
         accepted, next_token, alpha = verify_round(verifier, round_inputs, eta)
         deviation = None
         if collect_deviation and k:

@@ -35,12 +35,14 @@ def _mix(
 def mixed_acceptance(
     verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor, candidates: torch.Tensor
 ) -> torch.Tensor:
-    """alpha_mix for `candidates` [B, k, C] with eta [B, k] -> [B, k, C]."""
+    """alpha_mix for `candidates` [B, k, C] with eta [B, k] -> [B, k, C]. A candidate the constraints
+    forbid (processed target logit -inf) gets 0 from the relaxed rule whatever it says; the lossless
+    rule never accepts one (q = 0 there, and at T = 0 it is never x*)."""
     return _mix(
         eta[..., None],
         verifier,
         lambda: lossless_acceptance(round_inputs, candidates),
-        lambda: verifier.acceptance(round_inputs, candidates),
+        lambda: verifier.acceptance(round_inputs, candidates) * round_inputs.allowed_at(candidates),
     )
 
 
@@ -77,7 +79,7 @@ def one_step_output(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Te
         eta[..., None],
         verifier,
         lambda: lossless_acceptance(round_inputs, everything),
-        lambda: verifier.expected_acceptance(round_inputs, everything),
+        lambda: verifier.expected_acceptance(round_inputs, everything) * round_inputs.allowed_at(everything),
     )
     recovery = mixed_recovery(verifier, round_inputs, eta)
     kept = alpha * p
@@ -104,7 +106,7 @@ def verify_round(
     k = round_inputs.num_draft_tokens
     lengths = round_inputs.row_draft_lengths()
     alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
-    accepted = (torch.rand(alpha.shape, device=alpha.device) < alpha).long().cumprod(dim=-1).sum(dim=-1)
+    accepted = (round_inputs.uniforms() < alpha).long().cumprod(dim=-1).sum(dim=-1)
     accepted = torch.minimum(accepted, lengths)
     if round_inputs.greedy:
         return accepted, round_inputs.target_argmax.gather(1, accepted[:, None])[:, 0], alpha
@@ -115,7 +117,7 @@ def verify_round(
         recovery = mixed_recovery(verifier, round_inputs, eta)
         at_rejection = recovery.gather(1, accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, recovery.shape[-1]))[:, 0]
         distribution = torch.where((accepted < lengths)[:, None], at_rejection, bonus)
-    return accepted, torch.multinomial(distribution, 1).squeeze(-1), alpha
+    return accepted, round_inputs.sample_rows(distribution), alpha
 
 
 def greedy_deviation(round_inputs: RoundInputs, alpha: torch.Tensor) -> torch.Tensor:

@@ -19,32 +19,56 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
-from typing import Any
+from dataclasses import fields as dataclass_fields
+from typing import Any, ClassVar, Sequence
 
 import torch
+
+# Response positions are int64; a length at or above this bound is never reached, so the schedule's
+# lossless part covers every position a response can have.
+_NEVER_REACHED = 2**62
 
 
 @dataclass(frozen=True)
 class Schedule(ABC):
-    """Base class. Subclasses implement `eta(positions)`."""
+    """Base class. Subclasses implement `eta(positions)`; a schedule that also reads the tokens of the
+    response (segments) sets `reads_tokens` and overrides `round_eta`."""
 
     name = "schedule"
+    reads_tokens: ClassVar[bool] = False
 
     @abstractmethod
     def eta(self, positions: torch.Tensor) -> torch.Tensor:
         """positions: int tensor of any shape (0-based response positions) -> float32 tensor, same shape."""
 
+    def round_eta(
+        self, starts: torch.Tensor, drafts: torch.Tensor, responses: Sequence[Sequence[int]] | None = None
+    ) -> torch.Tensor:
+        """eta of one round's drafted positions.
+
+        Args:
+            starts: [B] long, the 0-based response position of each row's first drafted token.
+            drafts: [B, k] the drafted tokens (draft i sits at response position starts + i).
+            responses: per row, the response tokens committed before this round (read only by schedules
+                with `reads_tokens`; position-only schedules ignore it and may receive None).
+        Returns: [B, k] float32 in [0, 1].
+        """
+        positions = starts[:, None] + torch.arange(drafts.shape[1], device=starts.device)
+        return self.eta(positions)
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-safe form, used by `GenerationConfig` serialisation, hashing and repr."""
         return {"schedule": self.name, **asdict(self)}
 
-    @staticmethod
-    def _check_length(L: int) -> None:
-        if isinstance(L, bool) or not isinstance(L, int) or L < 0:
+    def _check_length(self) -> None:
+        """Validate `L` and store it as a plain int (NumPy and 0-d tensor integers are accepted)."""
+        L = self.L
+        if not is_integer(L) or int(L) < 0:
             raise ValueError(
-                f"schedule length L must be an integer >= 0, got {L!r}; "
+                f"schedule length L must be an integer >= 0, got {_short(L)}; "
                 "L is the number of leading response tokens verified losslessly (L=1 is the paper's default)"
             )
+        object.__setattr__(self, "L", int(L))
 
 
 @dataclass(frozen=True)
@@ -55,9 +79,11 @@ class Step(Schedule):
     name = "step"
 
     def __post_init__(self) -> None:
-        self._check_length(self.L)
+        self._check_length()
 
     def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        if self.L >= _NEVER_REACHED:
+            return torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
         return (positions >= self.L).to(torch.float32)
 
 
@@ -70,17 +96,17 @@ class Power(Schedule):
     name = "power"
 
     def __post_init__(self) -> None:
-        self._check_length(self.L)
-        if not isinstance(self.gamma, (int, float)) or isinstance(self.gamma, bool) or not (
-            self.gamma > 0 and math.isfinite(self.gamma)
-        ):
+        self._check_length()
+        if not _is_real(self.gamma) or not (self.gamma > 0 and math.isfinite(self.gamma)):
             raise ValueError(f"Power schedule needs a finite gamma > 0, got {self.gamma!r} (gamma=1 is Linear)")
 
     def eta(self, positions: torch.Tensor) -> torch.Tensor:
         if self.L == 0:
             return torch.ones(positions.shape, dtype=torch.float32, device=positions.device)
-        ramp = (positions.to(torch.float32) / self.L).clamp(0.0, 1.0)
-        return ramp.pow(self.gamma)
+        # j / L in float64 (exact for every int64 position); a huge L gives 0 (j / L underflows), never an overflow.
+        length = float(self.L) if self.L < 2**1000 else math.inf
+        ramp = (positions.to(torch.float64) / length).clamp(0.0, 1.0)
+        return ramp.pow(float(self.gamma)).to(torch.float32)
 
 
 @dataclass(frozen=True)
@@ -101,15 +127,80 @@ class Linear(Power):
 
 
 SCHEDULES: dict[str, type[Schedule]] = {"step": Step, "linear": Linear, "power": Power}
+_BUILT_IN = (Step, Linear, Power)
+
+
+def is_integer(value: Any) -> bool:
+    """A Python, NumPy or 0-d tensor integer (never a bool)."""
+    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
+        return False
+    if isinstance(value, torch.Tensor):
+        return value.dim() == 0 and not value.is_floating_point() and not value.is_complex()
+    return hasattr(value, "__index__")
+
+
+def _is_real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def schedule_weights(
+    schedule: Schedule | None,
+    starts: torch.Tensor,
+    drafts: torch.Tensor,
+    responses: Sequence[Sequence[int]] | None = None,
+) -> torch.Tensor:
+    """eta [B, k] of one round (see `Schedule.round_eta`); no schedule is the pure relaxed verifier
+    (eta = 1). The weights of a schedule that is not one of this package's are checked: a value
+    outside [0, 1] (or NaN) raises instead of mixing with a meaningless weight."""
+    if schedule is None:
+        return torch.ones(drafts.shape, dtype=torch.float32, device=starts.device)
+    eta = schedule.round_eta(starts, drafts, responses)
+    if type(schedule) not in _BUILT_IN:
+        check_weights(schedule, eta, tuple(drafts.shape))
+    return eta
+
+
+def check_weights(schedule: Schedule, eta: Any, shape: tuple[int, ...]) -> None:
+    """Raise ValueError unless `eta` is a float tensor of `shape` with every value in [0, 1]."""
+    name = type(schedule).__name__
+    if not isinstance(eta, torch.Tensor) or tuple(eta.shape) != shape:
+        got = tuple(eta.shape) if isinstance(eta, torch.Tensor) else type(eta).__name__
+        raise ValueError(f"schedule {name} returned eta of shape {got}; it must return a tensor of shape {shape}")
+    if eta.numel() and not bool(((eta >= 0) & (eta <= 1)).all()):
+        bad = eta[~((eta >= 0) & (eta <= 1))].flatten()[0].item()
+        raise ValueError(
+            f"schedule {name} returned eta = {bad!r}; eta is the weight of the relaxed verifier and must lie in "
+            "[0, 1] (0 = lossless, 1 = relaxed): clip it in the schedule's eta()"
+        )
 
 
 def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
-    """Accept a schedule object, its `to_dict()` form (as stored in a saved GenerationConfig) or None."""
+    """Accept a schedule object, its `to_dict()` form (as stored in a saved GenerationConfig) or None.
+
+    Raises TypeError for something that is not a schedule and ValueError for a dict naming an unknown
+    schedule or options it does not have, each message naming the valid choices."""
     if schedule is None or isinstance(schedule, Schedule):
         return schedule
-    if isinstance(schedule, dict) and schedule.get("schedule") in SCHEDULES:
-        fields = {key: value for key, value in schedule.items() if key != "schedule"}
-        return SCHEDULES[schedule["schedule"]](**fields)
-    raise TypeError(
-        f"secure_schedule must be Step(L), Linear(L), Power(L, gamma) or None, got {schedule!r}"
-    )
+    if not isinstance(schedule, dict):
+        raise TypeError(
+            f"secure_schedule must be Step(L), Linear(L), Power(L, gamma), a dict such as "
+            f"{{'schedule': 'step', 'L': 1}}, or None; got {type(schedule).__name__} {_short(schedule)}"
+        )
+    name = schedule.get("schedule")
+    if not isinstance(name, str) or name.lower() not in SCHEDULES:
+        raise ValueError(
+            f"unknown schedule {_short(name)} in secure_schedule; the 'schedule' key must be one of "
+            f"{', '.join(repr(known) for known in SCHEDULES)}"
+        )
+    cls = SCHEDULES[name.lower()]
+    options = {key: value for key, value in schedule.items() if key != "schedule"}
+    valid = sorted(field.name for field in dataclass_fields(cls) if field.init)
+    unknown = sorted(str(key) for key in options if key not in valid)
+    if unknown:
+        raise ValueError(f"schedule {name!r} has no option(s) {unknown}; valid options: {valid}")
+    return cls(**options)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -18,7 +18,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field, fields
 from functools import cached_property
-from typing import Any, Callable, ClassVar
+from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -30,26 +30,46 @@ class RoundInputs:
     Args:
         draft_tokens: [B, k] the drafted tokens x_1..x_k.
         target_logits: [B, k+1, V] target logits after the user's logits processors and temperature.
-        draft_logits: [B, k, V] draft logits after the same processors and temperature (raw / T).
-        target_raw_logits: [B, k+1, V] target logits straight from the model (what relaxed rules read).
-        draft_raw_logits: [B, k, V] draft logits straight from the model.
+        draft_logits: [B, k, V] draft logits after the same processors and temperature (raw / T), the
+            distribution the drafts were sampled from; None for a deterministic proposer (prompt lookup,
+            n-gram, a greedy EAGLE head): the draft distribution is then one-hot on the drafted token.
+        target_raw_logits: [B, k+1, V] target logits straight from the model (what relaxed rules read,
+            always through `constrained_raw_logits`).
+        draft_raw_logits: [B, k, V] draft logits straight from the model, or None when the proposer has
+            none (verifiers that read them declare it in `Verifier.needs`).
         greedy: True at temperature 0 (`do_sample=False`): q and p are one-hot on their argmax.
         draft_lengths: [B] how many of the k drafts each row may keep (a row near its length budget
             keeps fewer; the rest are not verified); None means k for every row.
+        generators: one `torch.Generator` (or None: the global one) per row; with any set, every random
+            draw of row b (acceptance uniforms, a verifier's own samples, the token that ends the round)
+            comes from its own generator, in a fixed order and of the row's own draft length, so a
+            row's output does not depend on the other rows of the batch.
+
+    Constraints: a token whose processed target logit is -inf (masked by a processor or an engine's
+    constraint: allowed ids, bad words, min-tokens EOS suppression, top-k/top-p) can never be emitted
+    by the target, so no verifier may accept or recover it. The relaxed rules read the raw target
+    logits with those tokens masked (`constrained_raw_logits`), and `mixing` gives such candidates
+    acceptance 0 whatever the rule says.
     """
 
     draft_tokens: torch.Tensor
     target_logits: torch.Tensor
-    draft_logits: torch.Tensor
+    draft_logits: torch.Tensor | None
     target_raw_logits: torch.Tensor
-    draft_raw_logits: torch.Tensor
+    draft_raw_logits: torch.Tensor | None
     greedy: bool
     draft_lengths: torch.Tensor | None = None
+    generators: Sequence[torch.Generator | None] | None = None
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
     def num_draft_tokens(self) -> int:
         return self.draft_tokens.shape[1]
+
+    @property
+    def has_draft_distribution(self) -> bool:
+        """False for a deterministic proposer (p is one-hot on the drafted token)."""
+        return self.draft_logits is not None
 
     @cached_property
     def target_probs(self) -> torch.Tensor:
@@ -58,17 +78,36 @@ class RoundInputs:
 
     @cached_property
     def draft_probs(self) -> torch.Tensor:
-        """p: [B, k, V]; one-hot on the argmax when greedy."""
+        """p: [B, k, V]; one-hot on the argmax when greedy, on the drafted token without a draft distribution."""
+        if self.draft_logits is None:
+            vocab = self.target_logits.shape[-1]
+            return torch.nn.functional.one_hot(self.draft_tokens, vocab).to(torch.float32)
         return _distribution(self.draft_logits, self.greedy)
 
     @cached_property
+    def target_allowed(self) -> torch.Tensor:
+        """bool [B, k+1, V]: tokens the target may emit (processed logit not -inf)."""
+        return self.target_logits != float("-inf")
+
+    @cached_property
+    def constrained_raw_logits(self) -> torch.Tensor:
+        """[B, k+1, V] raw target logits, -inf where the processed target logits forbid a token."""
+        return self.target_raw_logits.masked_fill(~self.target_allowed, float("-inf"))
+
+    @cached_property
     def target_raw_probs(self) -> torch.Tensor:
-        """q~: [B, k+1, V] softmax of the raw target logits (T = 1, no processors)."""
-        return self.target_raw_logits.softmax(dim=-1)
+        """q~: [B, k+1, V] softmax of the raw target logits (T = 1, no processors) over the tokens the
+        constraints allow."""
+        return self.constrained_raw_logits.softmax(dim=-1)
 
     @cached_property
     def draft_raw_probs(self) -> torch.Tensor:
         """p~: [B, k, V] softmax of the raw draft logits."""
+        if self.draft_raw_logits is None:
+            raise ValueError(
+                "this verifier reads the draft model's raw logits, but the proposer gave none (prompt lookup, "
+                "n-gram or another deterministic proposer); check the verifier's needs before verifying"
+            )
         return self.draft_raw_logits.softmax(dim=-1)
 
     @cached_property
@@ -86,11 +125,47 @@ class RoundInputs:
         """q at the k drafted positions: [B, k, V]."""
         return self.target_probs[:, : self.num_draft_tokens]
 
+    def allowed_at(self, candidates: torch.Tensor) -> torch.Tensor:
+        """bool [B, k, C]: whether the target may emit each candidate at its drafted position."""
+        return self.target_allowed[:, : self.num_draft_tokens].gather(-1, candidates)
+
     def memo(self, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """Per-round cache for a verifier's own random draws, so acceptance and recovery share them."""
         if key not in self._memo:
             self._memo[key] = compute()
         return self._memo[key]
+
+    def uniforms(self) -> torch.Tensor:
+        """[B, k] U(0, 1) draws for the acceptance tests (row b's own generator for its own drafts)."""
+        batch, k = self.draft_tokens.shape
+        device = self.draft_tokens.device
+        if self.generators is None:
+            return torch.rand(batch, k, device=device)
+        out = torch.ones(batch, k, device=device)
+        for row, (generator, length) in enumerate(zip(self.generators, self.row_draft_lengths().tolist())):
+            if length:
+                out[row, :length] = torch.rand(length, generator=generator, device=device)
+        return out
+
+    def sample_positions(self, probs: torch.Tensor, draws: int) -> torch.Tensor:
+        """probs [B, k, V] -> [B, k, draws] long, independent draws with replacement at every position.
+        With generators, row b draws only at its own drafted positions (the rest repeat its argmax)."""
+        batch, k, vocab = probs.shape
+        if self.generators is None:
+            return torch.multinomial(probs.reshape(-1, vocab), draws, replacement=True).view(batch, k, draws)
+        out = probs.argmax(dim=-1, keepdim=True).expand(batch, k, draws).clone()
+        for row, (generator, length) in enumerate(zip(self.generators, self.row_draft_lengths().tolist())):
+            if length:
+                out[row, :length] = torch.multinomial(probs[row, :length], draws, replacement=True, generator=generator)
+        return out
+
+    def sample_rows(self, probs: torch.Tensor) -> torch.Tensor:
+        """probs [B, V] -> [B] long, one draw per row (with its own generator when set)."""
+        if self.generators is None:
+            return torch.multinomial(probs, 1)[:, 0]
+        return torch.stack(
+            [torch.multinomial(probs[row], 1, generator=generator)[0] for row, generator in enumerate(self.generators)]
+        )
 
 
 def _distribution(logits: torch.Tensor, greedy: bool) -> torch.Tensor:
@@ -135,6 +210,23 @@ def is_target_choice(round_inputs: RoundInputs, candidates: torch.Tensor) -> tor
 
 
 @dataclass(frozen=True)
+class Needs:
+    """What a configured verifier needs from the proposer and the round (admission reads this).
+
+    Args:
+        raw_draft_logits: why the rule reads the draft model's raw distribution p~ (None: it does not, so
+            any proposer works, one-hot drafts included).
+        min_draft_tokens: the smallest k the rule is defined for.
+        lookahead: the rule at position i reads later drafts of the block (FLy), so its per-position
+            output depends on the drafts after i.
+    """
+
+    raw_draft_logits: str | None = None
+    min_draft_tokens: int = 1
+    lookahead: bool = False
+
+
+@dataclass(frozen=True)
 class Verifier(ABC):
     """A verification rule with one knob (`knob`) that moves it from lossless to lossy.
 
@@ -169,6 +261,23 @@ class Verifier(ABC):
 
     def check_draft_length(self, num_draft_tokens: int) -> None:
         """Raise a clear error when the configuration cannot work with k drafted tokens."""
+
+    def needs(self) -> Needs:
+        """What this configuration needs (see `Needs`); the default rule reads only the target and p."""
+        return Needs()
+
+    def check_proposer(self, proposer: str, has_raw_draft_logits: bool) -> None:
+        """Raise ValueError when `proposer` (a name for the message, e.g. "prompt lookup") cannot feed this
+        configuration: the rule reads the draft's raw logits and the proposer has none."""
+        reason = self.needs().raw_draft_logits
+        if reason is not None and not has_raw_draft_logits:
+            from . import VERIFIERS  # the registry imports this module
+
+            usable = [name for name, cls in VERIFIERS.items() if cls().needs().raw_draft_logits is None]
+            raise ValueError(
+                f"{reason}; {proposer} has no draft distribution. Use a draft model "
+                f"(assistant_model=...), or a verifier that reads only the target: {'/'.join(usable)}"
+            )
 
     @property
     def is_lossless(self) -> bool:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, gather, is_number, is_target_choice, lossless_acceptance, lossless_recovery, require
+from .base import Needs, RoundInputs, Verifier, gather, is_number, is_target_choice, lossless_acceptance, lossless_recovery, require
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,10 @@ class BiLD(Verifier):
     At T > 0 the target's argmax is not accepted unconditionally (it is at T = 0, where that is the
     lossless rule): accepting it with probability 1 would make every tau_rb > 0, however small,
     lossy, so the knob's lossless end would not be its limit.
+
+    With a one-hot draft (p = 1_x) and no fallback: unchanged at T = 0; at T > 0 accept x iff
+    -log q~(x) < tau_rb, else with probability q(x), recovering from normalize((q - 1_x)+). The
+    fallback reads the draft's confidence max p~, so `tau_fb > 0` needs a draft model's logits.
 
     Example:
 
@@ -46,6 +50,11 @@ class BiLD(Verifier):
         """Only with the fallback off: a fallback changes which drafts are accepted (not the output
         distribution at T = 0, but the acceptance rate and everything built on it)."""
         return self.tau_rb == 0 and self.tau_fb == 0
+
+    def needs(self) -> Needs:
+        if self.tau_fb > 0:
+            return Needs(raw_draft_logits="BiLD's fallback (tau_fb > 0) reads the draft's confidence max p~")
+        return Needs()
 
     def _falls_back(self, round_inputs: RoundInputs) -> torch.Tensor:
         """[B, k, 1] True where the draft is not confident enough and the target decides."""

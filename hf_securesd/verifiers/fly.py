@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, gather, lossless_acceptance, require
+from .base import Needs, RoundInputs, Verifier, gather, lossless_acceptance, require
 
 
 def top3_entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -29,6 +29,13 @@ class FLy(Verifier):
     never fires FLy is exactly lossless, at T = 0 and T > 0 alike. (Judging a position that is not
     forgiven by the two-sample match itself, as a literal reading of the method does at T > 0, is
     lossy even when the gate never fires: first-token TV 0.05 at tau = 1e9 in our tests.)
+
+    With a one-hot draft (p = 1_x) the rule is unchanged at T = 0; at T > 0 a position that is not
+    forgiven accepts x with probability q(x) and recovers from normalize((q - 1_x)+).
+
+    The lookahead makes the output at position i depend on the later drafts of the block: the
+    per-position deviation in `SpeculativeStats` is, for FLy, the TV of the one-step output given the
+    drafted block, averaged over rounds (see `SpeculativeStats.position_tv`).
 
     Example:
 
@@ -66,14 +73,17 @@ class FLy(Verifier):
             f"use FLy(window={num_draft_tokens - 1}) or draft more tokens",
         )
 
+    def needs(self) -> Needs:
+        return Needs(min_draft_tokens=self.window + 1, lookahead=True)
+
     def _samples(self, round_inputs: RoundInputs) -> torch.Tensor:
         """[2, B, k] two independent draws from q at each drafted position (x* twice at T = 0)."""
 
         def draw() -> torch.Tensor:
             q = round_inputs.verified_target_probs()
-            flat = q.reshape(-1, q.shape[-1])
-            picks = torch.multinomial(flat, 2, replacement=True) if not round_inputs.greedy else flat.argmax(-1, keepdim=True).expand(-1, 2)
-            return picks.T.reshape(2, *q.shape[:-1])
+            if round_inputs.greedy:
+                return round_inputs.target_argmax[:, : q.shape[1]].expand(2, -1, -1)
+            return round_inputs.sample_positions(q, 2).permute(2, 0, 1)
 
         return round_inputs.memo("fly_samples", draw)
 

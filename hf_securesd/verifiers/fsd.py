@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, is_number, is_target_choice, require
+from .base import Needs, RoundInputs, Verifier, is_number, is_target_choice, require
 
 DIVERGENCES = ("js", "kl", "tv")
 
@@ -33,6 +33,9 @@ class FSD(Verifier):
     At T = 0 a token equal to x* is accepted too, which changes no output (x* is what recovery
     would emit) and keeps tau = 0 exactly lossless with the lossless acceptance rate.
 
+    FSD compares the two distributions, so it needs the draft model's raw logits: a deterministic
+    proposer (prompt lookup, n-gram, greedy EAGLE without logits) cannot feed it.
+
     Example:
 
     ```python
@@ -50,6 +53,9 @@ class FSD(Verifier):
     def __post_init__(self) -> None:
         require(self.divergence in DIVERGENCES, f"FSD divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
         require(is_number(self.tau) and self.tau >= 0, f"FSD tau must be >= 0 (0 = lossless), got {self.tau!r}")
+
+    def needs(self) -> Needs:
+        return Needs(raw_draft_logits="FSD compares the draft's distribution with the target's (D(q~, p~))")
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         k = round_inputs.num_draft_tokens

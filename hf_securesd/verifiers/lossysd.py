@@ -19,6 +19,9 @@ class LossySD(Verifier):
     The inequality is strict so that epsilon = 0 is exactly lossless even when logits processors
     move the argmax away from the raw one.
 
+    With a one-hot draft (p = 1_x): unchanged at T = 0 (it reads only the target); at T > 0
+    alpha = min(1, q(x) + epsilon) and R = normalize((q - 1_x)+).
+
     Example:
 
     ```python

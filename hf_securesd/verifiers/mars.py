@@ -19,6 +19,10 @@ class MARS(Verifier):
 
     z1 > 0 is required because the ratio is not shift invariant and must not fire on negative logits.
 
+    With a one-hot draft (prompt lookup, n-gram, greedy EAGLE; p = 1_x) the rule is unchanged at T = 0;
+    at T > 0 a close x in {v1, v2} is accepted, any other x with probability q(x), and the recovery is
+    normalize((q - 1_x)+).
+
     Example:
 
     ```python
@@ -39,7 +43,7 @@ class MARS(Verifier):
         )
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
-        logits = round_inputs.target_raw_logits[:, : round_inputs.num_draft_tokens]
+        logits = round_inputs.constrained_raw_logits[:, : round_inputs.num_draft_tokens]
         top = logits.topk(2, dim=-1)
         z1, z2 = top.values[..., :1], top.values[..., 1:]
         close = (z1 > 0) & (z2 > self.theta * z1)

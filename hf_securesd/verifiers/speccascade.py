@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, gather, is_number, is_target_choice, require, residual
+from .base import Needs, RoundInputs, Verifier, gather, is_number, is_target_choice, require
 
 RULES = ("token", "chow")
 
@@ -20,7 +20,13 @@ class SpecCascade(Verifier):
       alpha = min(1, pi(x) / p(x)); R = normalize((pi - p)+).
     * rule "chow": defer to the target iff max p~ <= 1 - a; otherwise pi = p (accept the draft).
 
-    The inequalities are strict so that a = 0 is exactly lossless at every temperature.
+    The inequalities are strict so that a = 0 is exactly lossless at every temperature. pi - p is
+    computed as eta_c q - p 1[v not in A] (eta_c summed over the complement of A), so a confident draft
+    (p(A) close to 1) does not lose the recovery distribution to float32 cancellation.
+
+    With a one-hot draft (p = 1_x, token rule): unchanged at T = 0; at T > 0 x in A is accepted, any
+    other x with probability q(x), recovering from q (eta_c = 1). The Chow rule reads max p~ and needs
+    a draft model's logits.
 
     Example:
 
@@ -49,22 +55,33 @@ class SpecCascade(Verifier):
         raw = round_inputs.target_raw_probs[:, :k]
         return raw > (1.0 - self.a) * raw.amax(dim=-1, keepdim=True)
 
-    def _cascade_target(self, round_inputs: RoundInputs) -> torch.Tensor:
-        """pi: [B, k, V], the distribution the cascade wants to sample from."""
-        p = round_inputs.draft_probs
-        kept = self._lenient_set(round_inputs).to(p.dtype)
-        eta_c = 1.0 - (p * kept).sum(dim=-1, keepdim=True)
-        return p * kept + eta_c * round_inputs.verified_target_probs()
+    def needs(self) -> Needs:
+        if self.rule == "chow":
+            return Needs(raw_draft_logits="SpecCascade rule='chow' defers on the draft's confidence max p~")
+        return Needs()
+
+    def _deferred_mass(self, round_inputs: RoundInputs, kept: torch.Tensor) -> torch.Tensor:
+        """eta_c = 1 - p(A) = p(outside A), summed over the complement (no cancellation): [B, k, 1]."""
+        return (round_inputs.draft_probs * (~kept).to(torch.float32)).sum(dim=-1, keepdim=True)
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        kept = self._lenient_set(round_inputs)
+        lenient = gather(kept, candidates)
         if round_inputs.greedy:
-            lenient = gather(self._lenient_set(round_inputs), candidates)
             return (is_target_choice(round_inputs, candidates) | lenient).to(torch.float32)
-        pi = gather(self._cascade_target(round_inputs), candidates)
+        # pi(x) / p(x) is 1 + eta_c q(x) / p(x) >= 1 inside A and eta_c q(x) / p(x) outside it.
+        eta_c = self._deferred_mass(round_inputs, kept)
+        q = gather(round_inputs.verified_target_probs(), candidates)
         p = gather(round_inputs.draft_probs, candidates)
-        ratio = pi / p.clamp_min(torch.finfo(p.dtype).tiny)
-        return torch.where(p > 0, ratio.clamp(max=1.0), (pi > 0).to(pi.dtype))
+        outside = torch.where(p > 0, (eta_c * q / p.clamp_min(torch.finfo(p.dtype).tiny)).clamp(max=1.0), (q > 0).to(q.dtype))
+        return torch.where(lenient, torch.ones_like(outside), outside)
 
     def sampled_recovery(self, round_inputs: RoundInputs) -> torch.Tensor:
-        pi = self._cascade_target(round_inputs)
-        return residual(pi, round_inputs.draft_probs, fallback=round_inputs.verified_target_probs())
+        """normalize((pi - p)+) with pi - p = eta_c q - p 1[v not in A], computed without subtracting
+        nearly equal numbers; q where that mass is zero (every draft inside A: never rejected)."""
+        kept = self._lenient_set(round_inputs)
+        p = round_inputs.draft_probs
+        q = round_inputs.verified_target_probs()
+        positive = (self._deferred_mass(round_inputs, kept) * q - p * (~kept).to(p.dtype)).clamp_min(0.0)
+        mass = positive.sum(dim=-1, keepdim=True)
+        return torch.where(mass > 0, positive / mass.clamp_min(torch.finfo(mass.dtype).tiny), q)

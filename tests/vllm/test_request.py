@@ -36,7 +36,7 @@ def test_generation_config_dicts_round_trip() -> None:
         ({"verifier": {"verifier": "mars", "theta": 2.0}}, "MARS theta must be in"),
         ({"verifier": {"verifier": "mars", "tehta": 0.5}}, "has no option"),
         ({"secure_schedule": {"schedule": "step", "L": 1}}, "secure_schedule without a verifier"),
-        ({"verifier": "mars", "secure_schedule": {"schedule": "cosine"}}, "secure_schedule must be"),
+        ({"verifier": "mars", "secure_schedule": {"schedule": "cosine"}}, "unknown schedule 'cosine'"),
         ({"verifier": "mars", "schedule": "step"}, "unknown key"),
         ("{\"verifier\": ", "not valid JSON"),
         (3, "must be an object"),
