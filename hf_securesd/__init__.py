@@ -14,7 +14,7 @@ from .integration import SecureSDGenerateOutput, patch, securesd_generate, unpat
 from .schedules import Linear, Power, Schedule, Step
 from .stats import SpeculativeStats
 from .validation import SecureSDConfigError
-from .verifiers import FLy, FSD, MARS, VERIFIERS, BiLD, Lossless, LossySD, SpecCascade, Verifier
+from .verifiers import FLy, FSD, MARS, VERIFIERS, BiLD, Lossless, LossySD, SpecCascade, Verifier, VLLMFLy
 
 __version__ = "0.1.0"
 
@@ -36,6 +36,7 @@ __all__ = [
     "FSD",
     "FLy",
     "MARS",
+    "VLLMFLy",
     "SpeculativeStats",
     "SecureSDGenerateOutput",
     "SecureSDConfigError",

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow
 MAX_NEW_TOKENS = 20
 DRAFT_TOKENS = 5
 SECURE_PREFIX = 4
-VERIFIER_NAMES = ("lossless", "lossysd", "bild", "speccascade", "fsd", "fly", "mars")
+VERIFIER_NAMES = ("lossless", "lossysd", "bild", "speccascade", "fsd", "fly", "mars", "vllm_fly")
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",
     "What is 17 * 23? Show your working.",

@@ -12,9 +12,10 @@ from .lossless import Lossless
 from .lossysd import LossySD
 from .mars import MARS
 from .speccascade import SpecCascade
+from .vllm_fly import VLLMFLy
 
 VERIFIERS: dict[str, type[Verifier]] = {
-    cls.name: cls for cls in (Lossless, LossySD, BiLD, SpecCascade, FSD, FLy, MARS)
+    cls.name: cls for cls in (Lossless, LossySD, BiLD, SpecCascade, FSD, FLy, MARS, VLLMFLy)
 }
 RELAXED_VERIFIERS: tuple[str, ...] = tuple(name for name in VERIFIERS if name != "lossless")
 
@@ -55,4 +56,5 @@ __all__ = [
     "FSD",
     "FLy",
     "MARS",
+    "VLLMFLy",
 ]
