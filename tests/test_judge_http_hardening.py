@@ -111,6 +111,27 @@ def test_a_dripping_server_meets_the_overall_deadline(serve):
     assert state["sent"] < total  # the call gave up long before the reply was complete
 
 
+def test_a_server_dripping_its_headers_meets_the_same_deadline(serve):
+    header_bytes = b"X-Padding: " + b"y" * 400 + b"\r\n"
+
+    def handle(handler, state):
+        handler.wfile.write(b"HTTP/1.1 200 OK\r\n")
+        for byte in header_bytes:  # one byte every 50 ms: each read is quick, the whole is 20 s
+            handler.wfile.write(bytes([byte]))
+            handler.wfile.flush()
+            state["sent"] += 1
+            time.sleep(0.05)
+        handler.wfile.write(b"Content-Length: %d\r\n\r\n" % len(BODY) + BODY)
+
+    url, state = serve(handle)
+    started = time.monotonic()
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=1.0) as backend:
+        with pytest.raises(JudgeBackendError, match="deadline"):
+            backend.complete_one(CHAT)
+    assert time.monotonic() - started < 3.0
+    assert state["sent"] < len(header_bytes)
+
+
 @pytest.mark.parametrize("declare_length", [True, False])
 def test_an_oversized_body_is_cut_off(serve, declare_length):
     chunk, chunks = b"x" * 65536, 64  # 4 MiB offered, 1 MiB accepted

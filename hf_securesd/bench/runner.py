@@ -26,7 +26,6 @@ from __future__ import annotations
 import math
 import os
 import platform
-import shlex
 import socket
 import subprocess
 import sys
@@ -47,7 +46,8 @@ from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_valu
 from hf_securesd.bench.results import ResultsDir, cell_key, stats_from_dict
 from hf_securesd.bench.sandbox import Sandbox
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, get_task
-from hf_securesd.judges.secrets import reject_secret_options
+from hf_securesd.judges import check_judge_options
+from hf_securesd.judges.secrets import redact_command, reject_secret_options
 from hf_securesd.stats import SpeculativeStats
 
 
@@ -72,6 +72,7 @@ class StudySettings:
     def __post_init__(self) -> None:
         # judge options are written to study.json and the report: secrets belong in the environment
         reject_secret_options(self.judge_options)
+        check_judge_options(self.judge, self.judge_options)  # before anything is generated
 
     def manifest(self, models: StudyModels) -> dict[str, Any]:
         return {
@@ -186,8 +187,9 @@ def git_revision(path: str | os.PathLike | None = None) -> str | None:
 
 
 def provenance(command: Sequence[str] | None = None) -> dict[str, Any]:
-    """Versions of this library, transformers and torch, the exact command line (shell-quoted)
-    and the git revision of the library, recorded in every session of the manifest."""
+    """Versions of this library, transformers and torch, the command line (shell-quoted, secrets
+    typed on it redacted: `redact_command`) and the git revision of the library, recorded in every
+    session of the manifest."""
     import transformers
 
     import hf_securesd
@@ -198,7 +200,7 @@ def provenance(command: Sequence[str] | None = None) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "command": shlex.join(argv),
+        "command": redact_command(argv),
         "git_revision": git_revision(),
     }
 

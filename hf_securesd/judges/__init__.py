@@ -8,6 +8,9 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Mapping
+
 from hf_securesd.judges.base import Judge, JudgeError, Verdict
 from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
 from hf_securesd.judges.strongreject import StrongRejectJudge
@@ -27,4 +30,25 @@ def get_judge(name: str, **kwargs: object) -> Judge:
     return JUDGES[name](**kwargs)
 
 
-__all__ = ["JUDGES", "ExactRefusalPrefixJudge", "Judge", "JudgeError", "RefusalPrefixJudge", "StrongRejectJudge", "Verdict", "get_judge"]
+def check_judge_options(name: str, options: Mapping[str, object]) -> None:
+    """ValueError, naming the option and the valid ones, when judge `name` does not take
+    `options`; then the judge is built once to check the values, except a StrongREJECT judge with
+    the ``transformers`` backend (building it loads the judge model; its values are checked when
+    it is first used). Run this before any generation, so a mistyped option fails at once."""
+    if name not in JUDGES:
+        raise ValueError(f"unknown judge {name!r}; choose one of {', '.join(JUDGES)}.")
+    parameters = inspect.signature(JUDGES[name]).parameters
+    unknown = [key for key in options if key not in parameters]
+    if unknown:
+        raise ValueError(f"judge {name!r} takes no option {unknown[0]!r}; its options are "
+                         f"{', '.join(parameters)} (--judge-option KEY=VALUE).")
+    if name == StrongRejectJudge.name and options.get("backend") == "transformers":
+        return
+    try:
+        get_judge(name, **dict(options))
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"judge {name!r} options {dict(options)}: {error}") from None
+
+
+__all__ = ["JUDGES", "ExactRefusalPrefixJudge", "Judge", "JudgeError", "RefusalPrefixJudge", "StrongRejectJudge",
+           "Verdict", "check_judge_options", "get_judge"]

@@ -21,6 +21,7 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from hf_securesd.http_deadline import DeadlineClient, DeadlineExceeded, Reply, ReplyTooLarge
 from hf_securesd.judges.base import JudgeError
 from hf_securesd.judges.secrets import redact, strip_userinfo
 
@@ -110,10 +111,6 @@ class ResponseTooLarge(JudgeBackendError):
     """The endpoint's reply exceeded `max_response_bytes`."""
 
 
-class _DeadlineExceeded(Exception):
-    pass
-
-
 class OpenAIChatBackend(ChatBackend):
     """An OpenAI-compatible `/chat/completions` endpoint (OpenAI, vLLM, llama.cpp server, ...).
 
@@ -123,12 +120,12 @@ class OpenAIChatBackend(ChatBackend):
     in the environment: it is redacted from every message this backend produces, as are
     credentials in the URL (``user:password@``, sent as HTTP basic auth).
 
-    Each attempt has an overall deadline of `timeout` seconds, checked after every chunk read
-    (connecting, sending and each read also time out after `timeout`), so a server that drips its
-    reply cannot hold an attempt much past its deadline: it ends within about twice `timeout`
-    (name resolution excepted, which the system resolver bounds). Replies are streamed and abandoned past `max_response_bytes`. Only HTTP 200 is an
-    answer; redirects are not followed. Timeouts, connection errors, HTTP 408/409/429/500/502/
-    503/504 and malformed replies are retried `max_retries` times with exponential backoff
+    Each attempt has one deadline of `timeout` seconds for the whole exchange — connecting,
+    sending, the status line, the headers and the body (`hf_securesd.http_deadline`) — so a server
+    that drips its headers or its body cannot hold an attempt past it (name resolution excepted,
+    which the system resolver bounds). Replies are streamed and abandoned past
+    `max_response_bytes`. Only HTTP 200 is an answer; redirects are not followed. Timeouts,
+    connection errors, HTTP 408/409/429/500/502/503/504 and malformed replies are retried `max_retries` times with exponential backoff
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
     non-negative number of seconds (capped at `MAX_RETRY_AFTER_S`; other values are ignored);
     then, like any other HTTP status, they raise `JudgeBackendError`.
@@ -165,8 +162,7 @@ class OpenAIChatBackend(ChatBackend):
         self.concurrency = concurrency
         self.max_response_bytes = max_response_bytes
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.Client(base_url=self.base_url, headers=headers, auth=auth,
-                                    timeout=httpx.Timeout(timeout), follow_redirects=False)
+        self._client = DeadlineClient(self.base_url, headers=headers, auth=auth)
 
     def __repr__(self) -> str:
         return f"OpenAIChatBackend(base_url={self.base_url!r}, model={self.model!r})"
@@ -190,24 +186,13 @@ class OpenAIChatBackend(ChatBackend):
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
             return list(pool.map(self.complete_one, conversations))
 
-    def _post(self, payload: dict[str, Any]) -> tuple[int, httpx.Headers, bytes]:
-        """One request: status, headers and the body read within the deadline and the size cap."""
-        deadline = time.monotonic() + self.timeout
-        with self._client.stream("POST", "/chat/completions", json=payload) as response:
-            declared = response.headers.get("content-length", "")
-            if declared.isdigit() and int(declared) > self.max_response_bytes:
-                raise ResponseTooLarge(f"the reply declares {declared} bytes, over the "
-                                       f"{self.max_response_bytes}-byte cap")
-            body = bytearray()
-            for chunk in response.iter_bytes():
-                body += chunk
-                if len(body) > self.max_response_bytes:
-                    raise ResponseTooLarge(f"the reply exceeded the {self.max_response_bytes}-byte cap")
-                if time.monotonic() > deadline:
-                    raise _DeadlineExceeded
-            if time.monotonic() > deadline:
-                raise _DeadlineExceeded
-            return response.status_code, response.headers, bytes(body)
+    def _post(self, payload: dict[str, Any]) -> Reply:
+        """One request and its whole reply (headers included) within the deadline and the size cap."""
+        try:
+            return self._client.exchange("POST", "/chat/completions", payload, self.timeout,
+                                         self.max_response_bytes)
+        except ReplyTooLarge as error:
+            raise ResponseTooLarge(str(error)) from None
 
     def complete_one(self, messages: Sequence[Message]) -> str:
         """The reply to one conversation, with retries."""
@@ -224,9 +209,9 @@ class OpenAIChatBackend(ChatBackend):
                 time.sleep(wait)
             wait = self.backoff * 2**attempt
             try:
-                status, headers, body = self._post(payload)
-            except _DeadlineExceeded:
-                last_problem = f"no complete reply within the {self.timeout:g} s deadline"
+                reply = self._post(payload)
+            except DeadlineExceeded:
+                last_problem = f"timed out: no complete reply within the {self.timeout:g} s deadline"
                 continue
             except httpx.TimeoutException as error:
                 last_problem = f"timed out ({type(error).__name__})"
@@ -236,15 +221,15 @@ class OpenAIChatBackend(ChatBackend):
                 continue
             except ResponseTooLarge as error:
                 raise ResponseTooLarge(f"judge endpoint {self.base_url}: {error}") from None
-            text = self._redact(body[:200].decode(errors="replace"))
-            if status in RETRYABLE_STATUS:
-                last_problem = f"HTTP {status}: {text!r}"
-                wait = retry_after(headers.get("retry-after"), default=wait)
+            text = self._redact(reply.body[:200].decode(errors="replace"))
+            if reply.status in RETRYABLE_STATUS:
+                last_problem = f"HTTP {reply.status}: {text!r}"
+                wait = retry_after(reply.headers.get("retry-after"), default=wait)
                 continue
-            if status != 200:
-                raise JudgeBackendError(self._http_error(status, text))
+            if reply.status != 200:
+                raise JudgeBackendError(self._http_error(reply.status, text))
             try:
-                return _reply_text(body)
+                return _reply_text(reply.body)
             except ValueError as error:
                 last_problem = self._redact(str(error))
         raise JudgeBackendError(

