@@ -71,10 +71,10 @@ def _sync() -> None:
 
 @contextmanager
 def timed_verification(totals: list[float]):
-    """Time every `verify_round` call of the decoding loop."""
-    from hf_securesd import decoding
+    """Time every verification step (`verify_step`) of the decoding loop."""
+    from hf_securesd import step
 
-    original = decoding.verify_round
+    original = step.verify_step
 
     def wrapper(*args, **kwargs):
         start = time.perf_counter()
@@ -83,11 +83,11 @@ def timed_verification(totals: list[float]):
         totals.append(time.perf_counter() - start)
         return result
 
-    decoding.verify_round = wrapper
+    step.verify_step = wrapper
     try:
         yield
     finally:
-        decoding.verify_round = original
+        step.verify_step = original
 
 
 def load(args):

@@ -12,6 +12,7 @@ out = model.generate(**inputs, assistant_model=draft, verifier="mars", secure_sc
 from .decoding import NonFiniteLogitsError
 from .integration import SecureSDGenerateOutput, patch, securesd_generate, unpatch, wrap
 from .schedules import Linear, Power, Schedule, Step
+from .segments import Segments
 from .stats import SpeculativeStats
 from .validation import SecureSDConfigError
 from .verifiers import FLy, FSD, MARS, VERIFIERS, BiLD, Lossless, LossySD, SpecCascade, Verifier, VLLMFLy
@@ -27,6 +28,7 @@ __all__ = [
     "Linear",
     "Power",
     "Schedule",
+    "Segments",
     "Verifier",
     "VERIFIERS",
     "Lossless",

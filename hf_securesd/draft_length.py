@@ -28,9 +28,11 @@ from typing import Any, Mapping
 import torch
 from transformers import GenerationConfig
 
+from .schedules import is_integer
 from .validation import SecureSDConfigError
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
+DEFAULT_MAX_MATCHING_NGRAM_SIZE = 2  # HF's prompt lookup default
 SCHEDULES = ("constant", "heuristic", "heuristic_transient")
 _UNSUPPORTED = {
     "assistant_lookbehind": "it re-encodes between two tokenizers (universal assisted decoding), and a verifier "
@@ -55,8 +57,9 @@ class DraftLength:
 
     def __post_init__(self) -> None:
         k = self.num_tokens
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if not is_integer(k) or int(k) < 1:
             raise DraftLengthError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
+        object.__setattr__(self, "num_tokens", int(k))
         if self.schedule not in SCHEDULES:
             raise DraftLengthError(
                 f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {', '.join(map(repr, SCHEDULES))}"
@@ -114,6 +117,38 @@ def resolve_draft_length(
         "confidence_threshold": pick("assistant_confidence_threshold"),
     }
     return DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+
+
+def resolve_prompt_lookup(
+    explicit: Mapping[str, Any], passed_config: GenerationConfig | None, draft: Any, max_matching_ngram_size: Any
+) -> DraftLength:
+    """Draft length of prompt lookup: k = `prompt_lookup_num_tokens` (HF's field), the dynamic schedule
+    as for a draft model; a draft model, `num_assistant_tokens` or a confidence threshold alongside it
+    would be ignored, so they are refused."""
+    if draft is not None:
+        raise DraftLengthError(
+            "prompt_lookup_num_tokens selects prompt lookup drafting, but a draft model (assistant_model=) was "
+            "given too; transformers would silently use prompt lookup only. Pass one of them"
+        )
+    sources = [explicit] + ([_explicit_fields(passed_config)] if passed_config is not None else [])
+
+    def pick(name: str) -> Any:
+        return next((source[name] for source in sources if source.get(name) is not None), None)
+
+    k = pick("prompt_lookup_num_tokens")
+    if not is_integer(k) or int(k) < 1:
+        raise DraftLengthError(f"prompt_lookup_num_tokens (the draft length k) must be an integer >= 1, got {k!r}")
+    ngram = DEFAULT_MAX_MATCHING_NGRAM_SIZE if max_matching_ngram_size is None else max_matching_ngram_size
+    if not is_integer(ngram) or int(ngram) < 1:
+        raise DraftLengthError(f"max_matching_ngram_size must be an integer >= 1, got {ngram!r}")
+    for name, why in (
+        ("num_assistant_tokens", "prompt lookup drafts prompt_lookup_num_tokens tokens; set that instead"),
+        ("assistant_confidence_threshold", "prompt lookup has no draft probabilities to stop on"),
+    ):
+        value = pick(name)
+        if value is not None and value != 0:
+            raise DraftLengthError(f"{name}={value!r} does not apply to prompt lookup: {why}")
+    return DraftLength(num_tokens=int(k), schedule=pick("num_assistant_tokens_schedule") or "constant")
 
 
 def _explicit_fields(config: GenerationConfig) -> dict[str, Any]:

@@ -20,10 +20,20 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
-from .decoding import speculative_decode
-from .draft_length import DraftLength, resolve_draft_length
-from .stats import SpeculativeStats
-from .validation import PROMPT_LOOKUP_MESSAGE, SecureSDConfigError, check_models, check_options, resolve_request
+from .decoding import DecodeSettings, PromptLookup, speculative_decode
+from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
+from .segments import Segments, resolve_boundaries
+from .stats import SegmentStats, SpeculativeStats, segment_statistics
+from .validation import (
+    PROMPT_LOOKUP,
+    SecureSDConfigError,
+    check_models,
+    check_options,
+    check_inputs,
+    check_lengths,
+    check_proposer,
+    resolve_request,
+)
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
@@ -48,10 +58,13 @@ _CACHE_FIELD = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_field
 @dataclass
 class SecureSDGenerateOutput(GenerateDecoderOnlyOutput):
     """`GenerateDecoderOnlyOutput` plus speculative statistics: `speculative_stats` (all rows merged)
-    and `speculative_stats_per_row` (one `SpeculativeStats` per batch row)."""
+    and `speculative_stats_per_row` (one `SpeculativeStats` per batch row); with a `Segments` schedule
+    also `segment_stats` (rows pooled) and `segment_stats_per_row` (`stats.SegmentStats`), else None."""
 
     speculative_stats: SpeculativeStats | None = None
     speculative_stats_per_row: list[SpeculativeStats] | None = None
+    segment_stats: SegmentStats | None = None
+    segment_stats_per_row: list[SegmentStats] | None = None
 
 
 if _CACHE_FIELD != "cache":  # transformers 5.17: also offer the newer name, `out.cache`
@@ -132,18 +145,29 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
         fields = {"verifier": None, "secure_schedule": None}
         return _with_fields(bound, generation_config, fields) if draft is not None else _stripped(args, kwargs)
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
-    if draft is None and "verifier" not in arguments:
-        if options["prompt_lookup_num_tokens"] is not None:
-            raise SecureSDConfigError(PROMPT_LOOKUP_MESSAGE)
-        return _stripped(args, kwargs)  # a configured verifier without a draft: plain decoding
-    draft_length = resolve_draft_length(arguments, generation_config, getattr(draft, "generation_config", None))
+    lookup = options["prompt_lookup_num_tokens"]
+    if draft is None and lookup is None and "verifier" not in arguments:
+        return _stripped(args, kwargs)  # a configured verifier without a proposer: plain decoding
+    if lookup is not None:
+        draft_length = resolve_prompt_lookup(
+            arguments, generation_config, draft, _effective("max_matching_ngram_size", arguments, generation_config, model)
+        )
+    else:
+        draft_length = resolve_draft_length(arguments, generation_config, getattr(draft, "generation_config", None))
     resolved, schedule, k = resolve_request(
         verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens
     )
+    schedule = resolve_boundaries(schedule, arguments.get("tokenizer"))  # text boundaries -> token ids
     options.update({name: arguments.get(name) for name in ("assistant_tokenizer", "streamer", "synced_gpus")})
+    check_lengths(arguments.get("max_new_tokens"), arguments.get("max_length"))
     inputs = arguments.get("inputs", arguments.get("input_ids"))
+    if isinstance(inputs, torch.Tensor) and isinstance(arguments.get("attention_mask"), torch.Tensor):
+        check_inputs(inputs if inputs.ndim == 2 else inputs[None], arguments["attention_mask"])
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
-    check_models(model, draft)
+    if lookup is not None:
+        check_proposer(resolved, PROMPT_LOOKUP)
+    else:
+        check_models(model, draft)
     return _with_fields(
         bound,
         generation_config,
@@ -188,11 +212,9 @@ def _run_speculative(
             f"model inputs {sorted(unsupported)} are not supported with verifier=; "
             "speculative decoding here takes input_ids and attention_mask"
         )
+    check_inputs(input_ids, model_kwargs.get("attention_mask"))
     return_dict = generation_config.return_dict_in_generate
-    result = speculative_decode(
-        model,
-        draft,
-        input_ids,
+    settings = DecodeSettings(
         verifier=generation_config.verifier,
         schedule=generation_config.secure_schedule,
         draft_length=DraftLength.from_generation_config(generation_config),
@@ -202,8 +224,6 @@ def _run_speculative(
         pad_token_id=_as_int(getattr(generation_config, "_pad_token_tensor", None)),
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
-        attention_mask=model_kwargs.get("attention_mask"),
-        target_cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),
         streamer=streamer,
         # Exact TV deviation: closed form at T = 0; at T > 0 a vocabulary-wide pass per round, so opt-in.
         collect_deviation=bool(return_dict)
@@ -211,8 +231,23 @@ def _run_speculative(
         output_scores=bool(return_dict and generation_config.output_scores),
         output_logits=bool(return_dict and generation_config.output_logits),
     )
+    lookup = None
+    if draft is None:
+        lookup = PromptLookup(generation_config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE)
+    result = speculative_decode(
+        model,
+        input_ids,
+        settings,
+        draft=draft,
+        prompt_lookup=lookup,
+        attention_mask=model_kwargs.get("attention_mask"),
+        target_cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),
+    )
     if not return_dict:
         return result.sequences
+    segments = None
+    if isinstance(settings.schedule, Segments):
+        segments = segment_statistics(settings.schedule, result.sequences, input_ids.shape[1], result.row_stats)
     return SecureSDGenerateOutput(
         sequences=result.sequences,
         scores=result.scores,
@@ -220,6 +255,8 @@ def _run_speculative(
         **{_CACHE_FIELD: result.cache},
         speculative_stats=SpeculativeStats.merge(result.row_stats),
         speculative_stats_per_row=result.row_stats,
+        segment_stats=None if segments is None else SegmentStats.merge(segments),
+        segment_stats_per_row=segments,
     )
 
 
@@ -385,6 +422,11 @@ def securesd_generate(
     `assistant_model`, so the draft is passed as `draft=`. On a wrapped or patched model both
     `draft=` and `assistant_model=` work (the call then takes the wrapped path).
     """
+    if generation_config.prompt_lookup_num_tokens is not None:
+        raise SecureSDConfigError(
+            "custom_generate=securesd_generate drafts with draft=; for prompt lookup drafting "
+            "(prompt_lookup_num_tokens) wrap the model (hf_securesd.wrap(model)) and call generate without draft="
+        )
     if draft is None:
         raise SecureSDConfigError(
             "custom_generate=securesd_generate needs a draft model, passed as draft=<draft model>: on a model "
@@ -395,6 +437,7 @@ def securesd_generate(
     # draft's generation_config can set the draft length here.
     draft_length = resolve_draft_length({"num_assistant_tokens": num_assistant_tokens}, None, draft.generation_config)
     resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
+    schedule = resolve_boundaries(schedule, None)  # transformers passes no tokenizer= to a callable
     check_models(model, draft)
     options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
     check_options({**options, "streamer": streamer, "synced_gpus": synced_gpus}, input_ids)

@@ -59,9 +59,11 @@ class TokenBuffer:
     [0, length_b), this round's drafts right after them. `lengths` [B] lives on the device and
     `host_lengths` (numpy-free list of ints) mirrors it, so building views needs no synchronisation."""
 
-    def __init__(self, input_ids: torch.Tensor, capacity: int) -> None:
+    def __init__(self, input_ids: torch.Tensor, room: int) -> None:
+        """room: tokens a round may write after a row's committed ones (k drafts plus one); the buffer
+        starts with space for a few rounds and doubles when a write needs more."""
         batch, prompt_length = input_ids.shape
-        self.tokens = input_ids.new_zeros(batch, capacity)
+        self.tokens = input_ids.new_zeros(batch, prompt_length + 4 * max(room, 1))
         self.tokens[:, :prompt_length] = input_ids
         self.fill = input_ids[:, 0].clone()
         self.lengths = torch.full((batch,), prompt_length, dtype=torch.long, device=input_ids.device)
@@ -70,6 +72,7 @@ class TokenBuffer:
     def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor, every_row: bool) -> None:
         """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A] (`every_row`: rows is
         the whole batch in order, which allows a cheaper in-place scatter)."""
+        self._make_room(max(self.host_lengths) + offset + values.shape[1])
         columns = self.lengths[:, None] + offset if every_row else self.lengths[rows, None] + offset
         if values.shape[1] > 1:
             columns = columns + torch.arange(values.shape[1], device=values.device)
@@ -77,6 +80,14 @@ class TokenBuffer:
             self.tokens.scatter_(1, columns, values)
         else:
             self.tokens[rows[:, None], columns] = values
+
+    def _make_room(self, width: int) -> None:
+        """Grow the buffer (doubling) so that `width` columns fit."""
+        capacity = self.tokens.shape[1]
+        if width > capacity:
+            grown = self.tokens.new_zeros(self.tokens.shape[0], max(width, 2 * capacity))
+            grown[:, :capacity] = self.tokens
+            self.tokens = grown
 
     def advance(self, rows: torch.Tensor, counts: torch.Tensor, host_rows: list[int], host_counts: list[int]) -> None:
         """Commit counts [A] tokens (already written) to rows [A]."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
+from dataclasses import MISSING, asdict, dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any, ClassVar, Sequence
 
@@ -130,6 +130,13 @@ SCHEDULES: dict[str, type[Schedule]] = {"step": Step, "linear": Linear, "power":
 _BUILT_IN = (Step, Linear, Power)
 
 
+def register_schedule(cls: type[Schedule]) -> type[Schedule]:
+    """Class decorator: make `resolve_schedule` turn `{"schedule": cls.name, ...}` into `cls` (used by
+    `segments.Segments`, which builds on this module). Returns the class unchanged."""
+    SCHEDULES[cls.name] = cls
+    return cls
+
+
 def is_integer(value: Any) -> bool:
     """A Python, NumPy or 0-d tensor integer (never a bool)."""
     if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
@@ -183,8 +190,8 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
         return schedule
     if not isinstance(schedule, dict):
         raise TypeError(
-            f"secure_schedule must be Step(L), Linear(L), Power(L, gamma), a dict such as "
-            f"{{'schedule': 'step', 'L': 1}}, or None; got {type(schedule).__name__} {_short(schedule)}"
+            f"secure_schedule must be Step(L), Linear(L), Power(L, gamma), Segments(boundary, before, after), "
+            f"a dict such as {{'schedule': 'step', 'L': 1}}, or None; got {type(schedule).__name__} {_short(schedule)}"
         )
     name = schedule.get("schedule")
     if not isinstance(name, str) or name.lower() not in SCHEDULES:
@@ -198,6 +205,13 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
     unknown = sorted(str(key) for key in options if key not in valid)
     if unknown:
         raise ValueError(f"schedule {name!r} has no option(s) {unknown}; valid options: {valid}")
+    required = [
+        item.name
+        for item in dataclass_fields(cls)
+        if item.init and item.default is MISSING and item.default_factory is MISSING and item.name not in options
+    ]
+    if required:
+        raise ValueError(f"schedule {name!r} needs the option(s) {required}; valid options: {valid}")
     return cls(**options)
 
 

@@ -3,9 +3,15 @@ and the exact per-position deviation TV(out_j, q_j) of the verifier's one-step o
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Any, Iterable, Sequence
+
+if TYPE_CHECKING:
+    import torch
+
+    from .segments import Segments
 
 
 def _grow(values: list, length: int, fill: Any) -> None:
@@ -73,7 +79,10 @@ class SpeculativeStats:
 
     @property
     def position_tv(self) -> list[float]:
-        """Mean TV(out_j, q_j) at each response position j over the rounds that verified it."""
+        """Mean TV(out_j, q_j) at each response position j over the rounds that verified it: each round's
+        value is exact (Theorem 1) given that round's drafted block. For a lookahead rule (FLy) the output
+        at j depends on the later drafts of the block, so this mean of per-block TVs is not the TV of the
+        marginal output at j."""
         return [s / n if n else math.nan for s, n in zip(self.position_tv_sum, self.position_verified)]
 
     @classmethod
@@ -142,3 +151,118 @@ class RoundRecorder:
                 stats[row].record_round(starts[a], kept_drafts, kept_accepted, tv)
                 stats[row].new_tokens += committed[a]
         return stats
+
+
+@dataclass
+class PositionCounts:
+    """Verification outcomes by position within a segment (0 = the segment's first token).
+
+    `verified[s]`: drafted tokens at segment position s that were verified (every accepted draft and
+    the first rejected one of a round; drafts after a rejection are never verified and are not counted,
+    since their segment position depends on tokens that were never committed). `accepted[s]`: those
+    accepted. `tv_verified[s]` / `tv_sum[s]`: how many carry the exact one-step deviation TV(out, q)
+    (Theorem 1) and its sum (collected at T = 0 with `return_dict_in_generate`, at T > 0 with
+    `output_deviation=True`)."""
+
+    verified: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    tv_verified: list[int] = field(default_factory=list)
+    tv_sum: list[float] = field(default_factory=list)
+
+    def add(self, position: int, accepted: bool, tv: float | None) -> None:
+        _grow(self.verified, position + 1, 0)
+        _grow(self.accepted, position + 1, 0)
+        self.verified[position] += 1
+        self.accepted[position] += int(accepted)
+        if tv is not None:
+            _grow(self.tv_verified, position + 1, 0)
+            _grow(self.tv_sum, position + 1, 0.0)
+            self.tv_verified[position] += 1
+            self.tv_sum[position] += tv
+
+    def add_counts(self, other: "PositionCounts") -> None:
+        for name, fill in (("verified", 0), ("accepted", 0), ("tv_verified", 0), ("tv_sum", 0.0)):
+            mine, theirs = getattr(self, name), getattr(other, name)
+            _grow(mine, len(theirs), fill)
+            for index, value in enumerate(theirs):
+                mine[index] += value
+
+    @property
+    def acceptance_rate(self) -> list[float]:
+        """P(accepted | verified) at each segment position (NaN where nothing was verified)."""
+        return [a / n if n else math.nan for a, n in zip(self.accepted, self.verified)]
+
+    @property
+    def tv(self) -> list[float]:
+        """Mean TV(out, q) at each segment position over the verified drafts that carry it."""
+        return [total / n if n else math.nan for total, n in zip(self.tv_sum, self.tv_verified)]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "acceptance_rate": self.acceptance_rate, "tv": self.tv}
+
+
+@dataclass
+class SegmentStats:
+    """Acceptance and deviation by position within the segments of a `Segments` schedule.
+
+    `before`: the first segment (from response position 0); `after`: every segment that follows a
+    boundary, pooled, positions counted from the token after the boundary. `segment_starts[row]`: the
+    response positions at which that row's `after` segments start (just after each boundary; empty
+    when the row never crossed one). One `SegmentStats` per row has one entry there; `merge` pools rows.
+    """
+
+    before: PositionCounts = field(default_factory=PositionCounts)
+    after: PositionCounts = field(default_factory=PositionCounts)
+    segment_starts: list[list[int]] = field(default_factory=list)
+
+    @classmethod
+    def merge(cls, parts: Iterable["SegmentStats"]) -> "SegmentStats":
+        total = cls()
+        for part in parts:
+            total.before.add_counts(part.before)
+            total.after.add_counts(part.after)
+            total.segment_starts += part.segment_starts
+        return total
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "before": self.before.to_dict(),
+            "after": self.after.to_dict(),
+            "segment_starts": [list(starts) for starts in self.segment_starts],
+        }
+
+
+def row_segment_stats(schedule: "Segments", response: Sequence[int], stats: SpeculativeStats) -> SegmentStats:
+    """Segment statistics of one row from its response tokens and its per-round record.
+
+    Rounds are replayed from `stats` (a round starts where the previous one's accepted drafts and
+    next token end); the segment of a verified draft is read from the response, which is exact: every
+    token before a verified draft was committed. `stats.position_tv_sum` holds at most one
+    verification per position of a single row, so it gives each verified draft's deviation."""
+    starts = schedule.segment_starts(response)
+    result = SegmentStats(segment_starts=[starts])
+    round_start = 0
+    for drafted, accepted in zip(stats.drafted_per_round, stats.accepted_per_round):
+        for offset in range(min(accepted + 1, drafted)):
+            position = round_start + offset
+            tv = None
+            if position < len(stats.position_verified) and stats.position_verified[position]:
+                tv = stats.position_tv_sum[position] / stats.position_verified[position]
+            segment = bisect.bisect_right(starts, position)
+            if segment:
+                result.after.add(position - starts[segment - 1], offset < accepted, tv)
+            else:
+                result.before.add(position, offset < accepted, tv)
+        round_start += accepted + 1
+    return result
+
+
+def segment_statistics(
+    schedule: "Segments", sequences: "torch.Tensor", prompt_length: int, row_stats: Sequence[SpeculativeStats]
+) -> list[SegmentStats]:
+    """One `SegmentStats` per row. sequences: [B, prompt_length + new] as `generate` returns them (rows
+    left-padded, so every response starts at column `prompt_length`)."""
+    return [
+        row_segment_stats(schedule, sequences[row, prompt_length : prompt_length + stats.new_tokens].tolist(), stats)
+        for row, stats in enumerate(row_stats)
+    ]

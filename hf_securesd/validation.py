@@ -7,7 +7,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .schedules import Schedule, resolve_schedule
+from .schedules import Schedule, is_integer, resolve_schedule
 from .verifiers import Verifier, resolve_verifier
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
@@ -17,13 +17,7 @@ class SecureSDConfigError(ValueError):
     """A speculative decoding request that cannot run as asked."""
 
 
-PROMPT_LOOKUP_MESSAGE = (
-    "prompt_lookup_num_tokens selects prompt lookup decoding, which drafts by copying n-grams from the prompt: "
-    "it has no draft model and therefore no draft distribution p, and every verifier's acceptance rule "
-    "compares the target's q with p. Pass a draft model instead (assistant_model=<a smaller model sharing the "
-    "target's tokenizer>) and drop prompt_lookup_num_tokens, or pass verifier=None to run transformers' own "
-    "(lossless) prompt lookup decoding"
-)
+PROMPT_LOOKUP = "prompt lookup"
 
 
 def resolve_request(
@@ -38,10 +32,19 @@ def resolve_request(
     resolved = resolve_verifier(verifier)
     schedule = resolve_schedule(secure_schedule)
     k = DEFAULT_NUM_DRAFT_TOKENS if num_assistant_tokens is None else num_assistant_tokens
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    if not is_integer(k) or int(k) < 1:
         raise SecureSDConfigError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
+    k = int(k)
     resolved.check_draft_length(k)
     return resolved, schedule, k
+
+
+def check_proposer(verifier: Verifier, proposer: str) -> None:
+    """Refuse a verifier whose rule reads the draft model's logits when `proposer` has none."""
+    try:
+        verifier.check_proposer(proposer, has_raw_draft_logits=False)
+    except ValueError as error:
+        raise SecureSDConfigError(str(error)) from None
 
 
 def _vocab_size(model: PreTrainedModel) -> int:
@@ -59,6 +62,11 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
             "(or draft=<draft model> when calling through custom_generate)"
         )
     for role, model in (("target", target), ("draft", draft)):
+        if not model.can_generate():
+            raise SecureSDConfigError(
+                f"the {role} model is a {type(model).__name__}, which has no language-model head and cannot "
+                "generate; load it with AutoModelForCausalLM (a decoder-only causal language model)"
+            )
         if model.config.is_encoder_decoder:
             raise SecureSDConfigError(
                 f"the {role} model is an encoder-decoder; speculative decoding with a verifier supports "
@@ -73,10 +81,29 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
         )
 
 
+def check_lengths(max_new_tokens: Any, max_length: Any) -> None:
+    """`max_new_tokens` / `max_length`, when given, must be integers (NumPy and 0-d tensor integers too)."""
+    for name, value in (("max_new_tokens", max_new_tokens), ("max_length", max_length)):
+        if value is not None and (not is_integer(value) or int(value) < 0):
+            raise SecureSDConfigError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+    """The prompt must hold at least one token and the attention mask, if any, its shape."""
+    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+        raise SecureSDConfigError(
+            f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}); speculative decoding needs at least "
+            "one prompt token per row (e.g. the tokenizer's BOS token)"
+        )
+    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+        raise SecureSDConfigError(
+            f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has shape {tuple(input_ids.shape)}; "
+            "pass the mask the tokenizer returned with the same input_ids"
+        )
+
+
 def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> None:
     """Reject generation options that a verifier cannot honour. `options` holds the effective values."""
-    if options.get("prompt_lookup_num_tokens") is not None:
-        raise SecureSDConfigError(PROMPT_LOOKUP_MESSAGE)
     if options.get("assistant_tokenizer") is not None:
         raise SecureSDConfigError(
             "assistant_tokenizer= selects universal assisted decoding (a draft with a different tokenizer): its "

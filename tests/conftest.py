@@ -29,16 +29,6 @@ def qwen_pair():
     return draft, hf_securesd.wrap(target)
 
 
-def random_prompts(count: int, seed: int, low: int = 0, high: int = 256, min_len: int = 3, max_len: int = 12):
-    """`count` prompts [1, L] of byte tokens with lengths in [min_len, max_len]."""
-    generator = torch.Generator().manual_seed(seed)
-    prompts = []
-    for _ in range(count):
-        length = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
-        prompts.append(torch.randint(low, high, (1, length), generator=generator))
-    return prompts
-
-
 @pytest.fixture(scope="module")
 def data_dir() -> Path:
     """The benchmark data directory (resolved): $SECURESD_DATA_DIR, else ../shared/data beside the

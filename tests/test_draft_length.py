@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompts
+from support import random_prompts
 from transformers import GenerationConfig
 
 from hf_securesd import MARS, SecureSDConfigError, Step

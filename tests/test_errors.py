@@ -111,9 +111,17 @@ def test_vocabulary_mismatch(llama_pair, forward_calls):
                  assistant_model=other_draft, verifier="lossless")
 
 
-def test_prompt_lookup_is_rejected(llama_pair, forward_calls):
+def test_prompt_lookup_with_a_draft_model_is_rejected(llama_pair, forward_calls):
     draft, target = llama_pair
-    expect_error(target, forward_calls, "prompt lookup decoding", assistant_model=draft, verifier="mars", prompt_lookup_num_tokens=3)
+    expect_error(target, forward_calls, "was given too; transformers would silently use prompt lookup", assistant_model=draft,
+                 verifier="mars", prompt_lookup_num_tokens=3)
+
+
+@pytest.mark.parametrize("verifier", [FSD(tau=0.3), BiLD(tau_rb=2.0, tau_fb=0.5), SpecCascade(a=0.3, rule="chow")])
+def test_prompt_lookup_refuses_rules_that_read_the_draft_logits(llama_pair, forward_calls, verifier):
+    _, target = llama_pair
+    expect_error(target, forward_calls, "prompt lookup has no draft distribution", verifier=verifier,
+                 prompt_lookup_num_tokens=3)
 
 
 def test_different_tokenizer_assistant_is_rejected(llama_pair, forward_calls):

@@ -67,9 +67,9 @@ def test_assistant_tokenizer_stays_rejected(pair):
 
 def test_prompt_lookup_explains_missing_draft_distribution(pair):
     _, target = pair
-    with pytest.raises(SecureSDConfigError, match="no draft distribution") as error:
-        target.generate(PROMPT, max_new_tokens=4, verifier="mars", prompt_lookup_num_tokens=3)
-    assert "assistant_model=" in str(error.value) and "verifier=None" in str(error.value)
+    with pytest.raises(SecureSDConfigError, match="FSD compares the draft's distribution") as error:
+        target.generate(PROMPT, max_new_tokens=4, verifier="fsd", prompt_lookup_num_tokens=3)
+    assert "assistant_model=" in str(error.value) and "mars" in str(error.value)
 
 
 def _save_with_verifier(target, directory) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompts
+from support import random_prompts
 
 DRAFT_LENGTHS = (1, 3, 5, 8)
 PROMPTS_PER_MODEL = 13  # 13 prompts x 4 draft lengths x 2 architectures = 104 cases

@@ -13,12 +13,9 @@ a relaxed verifier must fail, which shows the test can tell a biased sampler fro
 
 from __future__ import annotations
 
-import itertools
-
-import numpy as np
 import pytest
 import torch
-from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+from support import empirical_tv, exact_joint, noise_floor
 
 import hf_securesd
 from hf_securesd.tiny import TinyPairSpec, tiny_pair
@@ -40,36 +37,6 @@ def small_vocab_pair():
     return draft, hf_securesd.wrap(target)
 
 
-def exact_joint(target) -> dict[tuple[int, ...], float]:
-    warpers = LogitsProcessorList([TemperatureLogitsWarper(SAMPLING["temperature"]), TopKLogitsWarper(SAMPLING["top_k"])])
-    joint = {}
-    with torch.no_grad():
-        for sequence in itertools.product(range(VOCAB), repeat=NEW_TOKENS):
-            probability, ids = 1.0, PROMPT
-            for token in sequence:
-                logits = target(ids).logits[:, -1].float()
-                probability *= float(warpers(ids, logits).softmax(-1)[0, token])
-                ids = torch.cat([ids, torch.tensor([[token]])], dim=-1)
-            joint[sequence] = probability
-    return joint
-
-
-def empirical_tv(exact: dict, samples: list[tuple[int, ...]]) -> float:
-    counts: dict[tuple[int, ...], int] = {}
-    for sample in samples:
-        counts[sample] = counts.get(sample, 0) + 1
-    keys = set(exact) | set(counts)
-    return 0.5 * sum(abs(exact.get(key, 0.0) - counts.get(key, 0) / len(samples)) for key in keys)
-
-
-def noise_floor(exact: dict, samples: int) -> float:
-    keys = list(exact)
-    probabilities = np.array([exact[key] for key in keys])
-    rng = np.random.default_rng(0)
-    tvs = [0.5 * np.abs(rng.multinomial(samples, probabilities) / samples - probabilities).sum() for _ in range(300)]
-    return float(np.quantile(tvs, 0.999))
-
-
 def speculative_samples(draft, target, verifier, count: int, batch: int) -> list[tuple[int, ...]]:
     torch.manual_seed(2024)
     samples = []
@@ -84,7 +51,7 @@ def speculative_samples(draft, target, verifier, count: int, batch: int) -> list
 
 @pytest.fixture(scope="module")
 def exact(small_vocab_pair):
-    joint = exact_joint(small_vocab_pair[1])
+    joint = exact_joint(small_vocab_pair[1], PROMPT, VOCAB, NEW_TOKENS, SAMPLING)
     assert abs(sum(joint.values()) - 1.0) < 1e-5
     return joint
 

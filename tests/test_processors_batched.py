@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompts
+from support import random_prompts
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
 from hf_securesd import FSD, LossySD, NonFiniteLogitsError
@@ -19,17 +19,17 @@ TEXTS = ("hi", "The quick brown fox jumps", "def add(a, b):", "x", "Once upon a 
 @pytest.fixture
 def captured_rounds(monkeypatch):
     """Every verified round's inputs and accepted counts."""
-    from hf_securesd import decoding
+    from hf_securesd import step
 
     rounds = []
-    original = decoding.verify_round
+    original = step.verify_round
 
     def capture(verifier, round_inputs, eta):
         result = original(verifier, round_inputs, eta)
         rounds.append((round_inputs, result[0].clone()))
         return result
 
-    monkeypatch.setattr(decoding, "verify_round", capture)
+    monkeypatch.setattr(step, "verify_round", capture)
     return rounds
 
 
@@ -167,7 +167,7 @@ def test_batched_repetition_penalty_equals_target_greedy_row_for_row(llama_pair)
 
 @pytest.mark.parametrize("every_row", [True, False])
 def test_views_are_right_aligned_own_prefixes(every_row):
-    buffer = TokenBuffer(torch.tensor([[9, 1, 2], [3, 4, 5]]), capacity=8)
+    buffer = TokenBuffer(torch.tensor([[9, 1, 2], [3, 4, 5]]), room=1)
     buffer.write(torch.tensor([0, 1]), 0, torch.tensor([[6, 7], [8, 0]]), every_row=every_row)
     views = buffer.views(torch.tensor([0, 1, 1]), torch.tensor([5, 3, 4]), width=5)
     assert views.tolist() == [[9, 1, 2, 6, 7], [3, 3, 3, 4, 5], [3, 3, 4, 5, 8]]

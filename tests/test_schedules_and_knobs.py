@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import random_prompts
+from support import random_prompts
 
 from hf_securesd import VERIFIERS, Linear, Power, Step
 from hf_securesd.verifiers import RELAXED_VERIFIERS
@@ -79,7 +79,7 @@ def test_acceptance_rate_rises_along_the_knob(llama_pair, name):
     draft, target = llama_pair
     prompts = random_prompts(12, seed=21)
     rates = []
-    for verifier in VERIFIERS[name].sweep(**({"window": 1} if name == "fly" else {})):
+    for verifier in VERIFIERS[name].sweep(**({"window": 1} if name in ("fly", "vllm_fly") else {})):
         accepted = drafted = 0
         for prompt in prompts:
             out = target.generate(

@@ -125,6 +125,20 @@ class RoundInputs:
         """q at the k drafted positions: [B, k, V]."""
         return self.target_probs[:, : self.num_draft_tokens]
 
+    @cached_property
+    def precise_target_probs(self) -> torch.Tensor:
+        """q at the k drafted positions in float64, from the logits: [B, k, V]. Recovery distributions
+        subtract nearly equal probabilities ((q - p)+ where the draft is close to the target), which
+        float32 cannot resolve; they are computed from these and returned in float32."""
+        return _distribution(self.target_logits[:, : self.num_draft_tokens].double(), self.greedy)
+
+    @cached_property
+    def precise_draft_probs(self) -> torch.Tensor:
+        """p in float64, from the logits (one-hot without a draft distribution): [B, k, V]."""
+        if self.draft_logits is None:
+            return self.draft_probs.double()
+        return _distribution(self.draft_logits.double(), self.greedy)
+
     def allowed_at(self, candidates: torch.Tensor) -> torch.Tensor:
         """bool [B, k, C]: whether the target may emit each candidate at its drafted position."""
         return self.target_allowed[:, : self.num_draft_tokens].gather(-1, candidates)
@@ -199,9 +213,12 @@ def residual(minuend: torch.Tensor, draft_probs: torch.Tensor, fallback: torch.T
 
 
 def lossless_recovery(round_inputs: RoundInputs) -> torch.Tensor:
-    """normalize((q - p)+), falling back to q where q == p: [B, k, V]."""
-    q = round_inputs.verified_target_probs()
-    return residual(q, round_inputs.draft_probs, fallback=q)
+    """normalize((q - p)+), falling back to q where q == p: [B, k, V] float32, computed in float64."""
+    if round_inputs.greedy:
+        q = round_inputs.verified_target_probs()
+        return residual(q, round_inputs.draft_probs, fallback=q)
+    q = round_inputs.precise_target_probs
+    return residual(q, round_inputs.precise_draft_probs, fallback=q).to(torch.float32)
 
 
 def is_target_choice(round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:

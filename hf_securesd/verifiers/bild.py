@@ -58,6 +58,8 @@ class BiLD(Verifier):
 
     def _falls_back(self, round_inputs: RoundInputs) -> torch.Tensor:
         """[B, k, 1] True where the draft is not confident enough and the target decides."""
+        if self.tau_fb == 0:  # max p~ < 0 never holds; a proposer without logits needs nothing here
+            return torch.zeros(*round_inputs.draft_tokens.shape, 1, dtype=torch.bool, device=round_inputs.draft_tokens.device)
         return round_inputs.draft_raw_probs.amax(dim=-1, keepdim=True) < self.tau_fb
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,239 @@
+"""Proposers for the `generate` loop: where a round's drafts come from.
+
+A proposer returns, for the active rows [A], up to k draft tokens per row and, if it has one, the
+distribution they were drawn from. Two proposers:
+
+* `DraftModelProposer`: a smaller model sharing the target's vocabulary, drafting autoregressively
+  with its own KV cache (greedy at T = 0, sampled from its processed distribution at T > 0), with
+  HF's confidence early stop (`assistant_confidence_threshold`).
+* `PromptLookupProposer`: HF's prompt lookup (`prompt_lookup_num_tokens`, `max_matching_ngram_size`),
+  per batch row: the continuation of the first earlier occurrence of the row's last n-gram in its own
+  tokens (prompt and response), the longest n first. It has no draft distribution: its drafts are
+  one-hot, which the lossless rule verifies exactly at any temperature.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from .draft_length import DraftLengthController
+from .model_runner import ModelRunner
+from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores
+
+
+@dataclass
+class Proposal:
+    """One round's drafts for the active rows.
+
+    Args:
+        tokens: [A, k] long; entries past a row's count are padding.
+        counts: [A] long drafts per row, or None when every row drafted k.
+        logits: [A, k, V] processed draft logits (what the drafts were sampled from), or None (one-hot).
+        raw_logits: [A, k, V] raw draft logits, or None.
+        confidence: [A, k] draft probability of each drafted token (for the early-stop tuning), or None.
+        host_counts: per active row, its count (host copy).
+    """
+
+    tokens: torch.Tensor
+    counts: torch.Tensor | None
+    logits: torch.Tensor | None
+    raw_logits: torch.Tensor | None
+    confidence: torch.Tensor | None
+    host_counts: list[int]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
+
+
+@dataclass
+class RoundState:
+    """What a proposer may read about the active rows.
+
+    Args:
+        rows: [A] long batch row of each active row (device).
+        host_rows: the same, on the host.
+        pending: [A] the token committed last round, in no cache yet (None before the first round).
+        limits: per active row, the most drafts it may propose this round.
+    """
+
+    rows: torch.Tensor
+    host_rows: list[int]
+    pending: torch.Tensor | None
+    limits: list[int]
+
+
+class Proposer(Protocol):
+    name: str
+    has_draft_distribution: bool
+
+    def propose(self, state: RoundState) -> Proposal: ...
+
+    def after_round(self, accepted: torch.Tensor, host_accepted: list[int], still: list[int], proposal: Proposal) -> None:
+        """Update the proposer's own state after verification (`still`: active rows that go on)."""
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Keep only active rows `keep` [A'] (indices into the current active rows)."""
+
+
+class DraftModelProposer:
+    """Drafts with a model: up to k forwards per round, each feeding the token drafted before."""
+
+    name = "draft model"
+    has_draft_distribution = True
+
+    def __init__(
+        self,
+        draft: PreTrainedModel,
+        input_ids: torch.Tensor,
+        prompt_mask: torch.Tensor | None,
+        buffer: TokenBuffer,
+        processing: RowProcessing,
+        controller: DraftLengthController,
+        health: Health,
+        do_sample: bool,
+    ) -> None:
+        self.runner = ModelRunner(draft, None)
+        self.input_ids, self.prompt_mask = input_ids, prompt_mask
+        self.buffer, self.processing, self.controller, self.health = buffer, processing, controller, health
+        self.do_sample = do_sample
+        self.last_draft: torch.Tensor | None = None  # [A] x_k of rows that accepted all k drafts (else -1)
+        self.all_full = False  # every row accepted all k drafts last round
+        self.first_slot = 0
+
+    def _first_input(self, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """What the draft has not seen yet: the prompt, or [x_k,] pending."""
+        if pending is None:
+            return self.input_ids, self.prompt_mask
+        if self.last_draft is None:
+            return pending[:, None], None
+        tokens = torch.stack([self.last_draft.clamp_min(0), pending], dim=1)
+        if self.all_full:
+            return tokens, None
+        return tokens, torch.stack([self.last_draft >= 0, torch.ones_like(pending, dtype=torch.bool)], dim=1)
+
+    def propose(self, state: RoundState) -> Proposal:
+        k = max(state.limits)
+        controller, active = self.controller, len(state.host_rows)
+        limit = torch.tensor(state.limits, device=state.rows.device) if controller.early_stop or min(state.limits) < k else None
+        tokens_in, mask_in = self._first_input(state.pending)
+        self.first_slot = self.runner.num_slots + tokens_in.shape[1]
+        drafted, raw_steps, processed_steps, confidence = [], [], [], []
+        if controller.early_stop:
+            drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
+        every_row = active == self.buffer.tokens.shape[0]
+        for step in range(k):
+            raw = self.runner.forward(tokens_in, mask_in, keep=1)
+            processed = self.processing(raw, state.rows, state.host_rows, offset=step)[:, 0]
+            if self.processing.processors or self.do_sample:
+                processed = checked_scores(processed, self.do_sample, self.health, "draft")
+            token = torch.multinomial(processed.softmax(-1), 1)[:, 0] if self.do_sample else processed.argmax(-1)
+            if self.processing.processors:
+                self.buffer.write(state.rows, step, token[:, None], every_row=every_row)
+            drafted.append(token)
+            raw_steps.append(raw[:, 0])
+            processed_steps.append(processed)
+            tokens_in, mask_in = token[:, None], None
+            if controller.early_stop:
+                probability = processed.softmax(-1).gather(1, token[:, None])[:, 0]
+                confidence.append(probability)
+                drafted_count += (~stopped & (step < limit)).long()
+                stopped |= probability < controller.thresholds[state.rows]
+                if step + 1 < k and bool((stopped | (step + 1 >= limit)).all()):
+                    break
+        k = len(drafted)
+        counts = drafted_count if controller.early_stop else limit
+        host_counts = counts.tolist() if controller.early_stop else list(state.limits)
+        if not k:
+            empty = self.input_ids.new_zeros(active, 0)
+            return Proposal(empty, counts, None, None, None, host_counts)
+        self.health.flag("draft_model", ~torch.isfinite(torch.stack(raw_steps)).all())
+        return Proposal(
+            torch.stack(drafted, dim=1),
+            counts,
+            torch.stack(processed_steps, dim=1),
+            torch.stack(raw_steps, dim=1),
+            torch.stack(confidence, dim=1) if confidence else None,
+            host_counts,
+        )
+
+    def after_round(self, accepted: torch.Tensor, host_accepted: list[int], still: list[int], proposal: Proposal) -> None:
+        k = proposal.num_tokens
+        if k:
+            self.runner.keep_slots(self.first_slot, [min(n, k - 1) for n in host_accepted])
+        full = [k > 0 and host_accepted[a] == k for a in still]
+        self.last_draft = torch.where(accepted == k, proposal.tokens[:, -1], -1) if any(full) else None
+        self.all_full = all(full)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        if self.last_draft is not None:
+            self.last_draft = self.last_draft[keep]
+        self.runner.select_rows(keep)
+
+
+class PromptLookupProposer:
+    """n-gram lookup in each row's own tokens (HF's `PromptLookupCandidateGenerator`, per row).
+
+    For n = max_matching_ngram_size down to 1: find the first (leftmost) earlier occurrence of the
+    row's last n tokens whose continuation is not empty, and propose up to `limit` tokens of that
+    continuation, cut before the first EOS; no match proposes nothing (the round then commits the
+    target's own token)."""
+
+    name = "prompt lookup"
+    has_draft_distribution = False
+
+    def __init__(
+        self,
+        buffer: TokenBuffer,
+        prompt_mask: torch.Tensor | None,
+        max_ngram: int,
+        eos_token_id: torch.Tensor | None,
+        writes_drafts: bool,
+    ) -> None:
+        """writes_drafts: put the drafts after each row's committed tokens (logits processors read them)."""
+        self.buffer = buffer
+        self.writes_drafts = writes_drafts
+        self.max_ngram = max_ngram
+        self.padding = [0] * buffer.tokens.shape[0] if prompt_mask is None else (~prompt_mask).sum(-1).tolist()
+        self.eos = set(eos_token_id.reshape(-1).tolist()) if eos_token_id is not None else set()
+
+    def lookup(self, tokens: list[int], limit: int) -> list[int]:
+        """Drafts for one row whose tokens so far are `tokens` (padding excluded)."""
+        length = len(tokens)
+        if limit <= 0:
+            return []
+        for size in range(min(self.max_ngram, length - 1), 0, -1):
+            tail = tokens[length - size :]
+            for start in range(length - size):
+                if tokens[start : start + size] == tail:
+                    continuation = tokens[start + size : start + size + limit]
+                    eos = next((index for index, token in enumerate(continuation) if token in self.eos), None)
+                    return continuation if eos is None else continuation[:eos]
+        return []
+
+    def propose(self, state: RoundState) -> Proposal:
+        buffer = self.buffer
+        found = []
+        for row, limit in zip(state.host_rows, state.limits):
+            tokens = buffer.tokens[row, self.padding[row] : buffer.host_lengths[row]].tolist()
+            found.append(self.lookup(tokens, limit))
+        k = max((len(drafts) for drafts in found), default=0)
+        device = state.rows.device
+        host_counts = [len(drafts) for drafts in found]
+        padded = [drafts + [drafts[-1] if drafts else 0] * (k - len(drafts)) for drafts in found]
+        tokens = torch.tensor(padded, dtype=torch.long, device=device).reshape(len(found), k)
+        if k and self.writes_drafts:
+            buffer.write(state.rows, 0, tokens, every_row=len(found) == buffer.tokens.shape[0])
+        counts = torch.tensor(host_counts, device=device) if min(host_counts, default=k) < k else None
+        return Proposal(tokens, counts, None, None, None, host_counts)
+
+    def after_round(self, accepted: torch.Tensor, host_accepted: list[int], still: list[int], proposal: Proposal) -> None:
+        """Nothing to keep: every round looks up afresh."""
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        """Rows are addressed by their batch index: nothing to select."""
+

@@ -1,0 +1,374 @@
+"""Segment schedules: SecureSD weights that restart at boundary token sequences of the response.
+
+A reasoning model writes its reply in segments (`<think> ... </think>` then the answer). `Segments`
+applies one position schedule to the first segment (`before`) and another to every segment that
+follows a boundary (`after`), each counting positions from its own segment's start:
+
+* the first segment starts at response position 0;
+* every time the response tokens so far end with one of the boundaries, a new `after` segment starts
+  at the next token (its position 0). That holds for every occurrence of every boundary: a second
+  `</think>` starts another `after` segment, so the opening of each new segment is verified again.
+  Occurrences may overlap (the boundary `[7, 7]` in `7 7 7` starts segments after the second and the
+  third token). The boundary's own tokens belong to the segment they close.
+
+The eta of the drafted token at response position j reads the tokens before j: the tokens committed
+before the round and the drafts before it in the same round (drafts that are all accepted whenever
+position j is verified at all). A boundary split over several tokens, over two rounds, or completed
+by a recovered or bonus token (committed by the next round) is therefore found exactly where it ends,
+and each row of a batch crosses it at its own round. Boundaries are looked for in the response only:
+a boundary inside the prompt (a chat template that closes the thinking itself) starts nothing.
+
+`before` and `after` each take a position schedule (`Step`, `Linear`, `Power`, or a custom one that
+reads positions only), `None` (the relaxed verifier unchanged, eta = 1) or `"lossless"` (eta = 0 for
+the whole segment). A response in which no boundary occurs is verified exactly as `before` alone.
+
+Example:
+
+```python
+>>> from hf_securesd import Segments, Step
+>>> relax_thinking = Segments("</think>", before=None, after=Step(L=4))   # text: generate(tokenizer=...)
+>>> by_ids = Segments([151668], before=Step(L=1), after="lossless")       # token ids: no tokenizer needed
+>>> by_ids.round_eta(torch.tensor([3]), torch.tensor([[5, 151668, 9, 9]]), responses=[[1, 2, 3]])
+tensor([[1., 1., 0., 0.]])
+```
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, ClassVar, Sequence, Union
+
+import torch
+
+from .schedules import Linear, Power, Schedule, Step, check_weights, is_integer, register_schedule, resolve_schedule
+from .validation import SecureSDConfigError
+
+LOSSLESS = "lossless"
+Boundary = Union[str, tuple[int, ...]]
+SegmentSchedule = Union[Schedule, str, None]
+_POSITION_SCHEDULES = (Step, Linear, Power)  # eta always in [0, 1]; other position schedules are checked
+_BOUNDARY_HELP = (
+    "a boundary is a string (resolved with the tokenizer), a sequence of token ids such as [151668], "
+    "or a list of those (several boundaries)"
+)
+
+
+class BoundaryResolutionError(SecureSDConfigError):
+    """A text boundary that cannot be turned into token ids (no tokenizer, or an unfaithful split)."""
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _token_ids(value: Any) -> tuple[int, ...] | None:
+    """`value` as a tuple of token ids when it is an int or a sequence of ints, else None."""
+    if is_integer(value):
+        return (int(value),)
+    if isinstance(value, torch.Tensor):
+        value = value.tolist() if value.dim() <= 1 else None
+    if isinstance(value, (list, tuple)) and value and all(is_integer(item) for item in value):
+        return tuple(int(item) for item in value)
+    return None
+
+
+def _one_boundary(value: Any) -> Boundary:
+    if isinstance(value, str):
+        if not value:
+            raise ValueError("Segments boundary is an empty string; give the text that ends a segment, e.g. '</think>'")
+        return value
+    ids = _token_ids(value)
+    if ids is None:
+        raise ValueError(f"Segments boundary {_short(value)} is not a boundary; {_BOUNDARY_HELP}")
+    negative = [token for token in ids if token < 0]
+    if negative:
+        raise ValueError(f"Segments boundary {list(ids)} holds the negative token id {negative[0]}; ids are >= 0")
+    return ids
+
+
+def normalize_boundaries(boundary: Any) -> tuple[Boundary, ...]:
+    """One boundary or a list of them -> a non-empty tuple of boundaries (strings or id tuples).
+
+    A flat sequence of ints is one boundary of several tokens; a list whose items are strings or
+    sequences of ints is several boundaries."""
+    if isinstance(boundary, str) or _token_ids(boundary) is not None:
+        return (_one_boundary(boundary),)
+    if isinstance(boundary, (list, tuple)) and boundary:
+        if any(is_integer(item) for item in boundary):
+            raise ValueError(
+                f"Segments boundary {_short(boundary)} mixes token ids with other boundaries; write one "
+                "boundary of several tokens as [id, id, ...] and several boundaries as [[id, ...], '</think>', ...]"
+            )
+        return tuple(_one_boundary(item) for item in boundary)
+    raise ValueError(f"Segments boundary must be given, got {_short(boundary)}; {_BOUNDARY_HELP}")
+
+
+def _segment_schedule(value: Any, side: str) -> SegmentSchedule:
+    """Validate `before` / `after`: None, 'lossless', a position schedule or its dict form."""
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if value.strip().lower() == LOSSLESS:
+            return LOSSLESS
+        raise ValueError(
+            f"Segments {side}={value!r} is not a segment schedule; use None (the relaxed verifier unchanged), "
+            f"'lossless' (eta = 0 for the whole segment) or a position schedule such as Step(L=4)"
+        )
+    if isinstance(value, dict):
+        try:
+            value = resolve_schedule(value)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"Segments {side}: {error}") from None
+    if not isinstance(value, Schedule):
+        raise TypeError(
+            f"Segments {side} must be None, 'lossless' or a position schedule (Step, Linear, Power), "
+            f"got {type(value).__name__} {_short(value)}"
+        )
+    if value.reads_tokens:
+        raise ValueError(
+            f"Segments {side}={type(value).__name__}(...) reads tokens itself; segments do not nest: "
+            "give every boundary to one Segments(boundary=[...]) and a position schedule here"
+        )
+    return value
+
+
+def _segment_dict(value: SegmentSchedule) -> Any:
+    return value.to_dict() if isinstance(value, Schedule) else value
+
+
+def _segment_eta(value: SegmentSchedule, positions: torch.Tensor) -> torch.Tensor:
+    """eta of one segment schedule at segment positions [B, k] -> [B, k] float32."""
+    if value is None:
+        return torch.ones(positions.shape, dtype=torch.float32, device=positions.device)
+    if value == LOSSLESS:
+        return torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
+    eta = value.eta(positions)
+    if type(value) not in _POSITION_SCHEDULES:
+        check_weights(value, eta, tuple(positions.shape))
+    return eta
+
+
+class BoundaryMatcher:
+    """Finds where token-id boundaries end in a token list. All costs are linear in the tokens read;
+    the searches run in C (`list.index` over a reversed copy), not token by token in Python."""
+
+    def __init__(self, patterns: Sequence[tuple[int, ...]]) -> None:
+        self.patterns = tuple(dict.fromkeys(patterns))
+        self.longest = max(len(pattern) for pattern in self.patterns)
+        self._by_last: dict[int, list[tuple[int, ...]]] = {}
+        for pattern in self.patterns:
+            self._by_last.setdefault(pattern[-1], []).append(pattern)
+
+    def ends_at(self, tokens: Sequence[int], stop: int) -> bool:
+        """Whether tokens[:stop] ends with a boundary."""
+        if stop <= 0:
+            return False
+        for pattern in self._by_last.get(tokens[stop - 1], ()):
+            size = len(pattern)
+            if stop >= size and tuple(tokens[stop - size : stop]) == pattern:
+                return True
+        return False
+
+    def last_segment_start(self, tokens: Sequence[int]) -> int | None:
+        """Index just after the last boundary occurrence in `tokens` (where the current segment
+        starts), or None when no boundary occurs."""
+        best: int | None = None
+        for pattern in self.patterns:
+            end = self._last_end(tokens, pattern)
+            if end is not None and (best is None or end > best):
+                best = end
+        return best
+
+    def _last_end(self, tokens: Sequence[int], pattern: tuple[int, ...]) -> int | None:
+        size, last = len(pattern), pattern[-1]
+        reversed_tokens = tokens[::-1] if isinstance(tokens, list) else list(tokens)[::-1]
+        offset = 0
+        while True:
+            try:
+                offset = reversed_tokens.index(last, offset)
+            except ValueError:
+                return None
+            stop = len(tokens) - offset
+            if stop >= size and tuple(tokens[stop - size : stop]) == pattern:
+                return stop
+            offset += 1
+
+    def segment_starts(self, tokens: Sequence[int]) -> list[int]:
+        """Every index at which a new segment starts (just after each boundary occurrence), ascending."""
+        return [stop for stop in range(1, len(tokens) + 1) if self.ends_at(tokens, stop)]
+
+
+@register_schedule
+@dataclass(frozen=True)
+class Segments(Schedule):
+    """A schedule per segment of the response, segments separated by boundary token sequences.
+
+    Args:
+        boundary: a string (resolved with the tokenizer: `generate(tokenizer=...)` or `with_tokenizer`),
+            token ids (`[151668]`, one boundary of one or more tokens), or a list of those (several
+            boundaries; an occurrence of any of them starts a new `after` segment).
+        before: schedule of the first segment (response position 0 up to the first boundary): a position
+            schedule, None (eta = 1, relaxed) or "lossless" (eta = 0).
+        after: schedule of every segment after a boundary, positions counted from the token after the
+            boundary; same choices. The default (`before=None, after="lossless"`) is TensorRT-LLM's
+            policy for reasoning models: relaxed thinking, exact answer.
+
+    See the module docstring for the exact rule.
+    """
+
+    boundary: Any
+    before: SegmentSchedule = None
+    after: SegmentSchedule = LOSSLESS
+    token_boundaries: tuple[tuple[int, ...], ...] | None = field(default=None, init=False, repr=False, compare=False)
+    name: ClassVar[str] = "segments"
+    reads_tokens: ClassVar[bool] = True
+
+    def __post_init__(self) -> None:
+        boundaries = normalize_boundaries(self.boundary)
+        object.__setattr__(self, "boundary", boundaries)
+        object.__setattr__(self, "before", _segment_schedule(self.before, "before"))
+        object.__setattr__(self, "after", _segment_schedule(self.after, "after"))
+        if all(not isinstance(item, str) for item in boundaries):
+            object.__setattr__(self, "token_boundaries", boundaries)
+
+    @property
+    def text_boundaries(self) -> tuple[str, ...]:
+        """The boundaries given as text (they need a tokenizer)."""
+        return tuple(item for item in self.boundary if isinstance(item, str))
+
+    def with_tokenizer(self, tokenizer: Any) -> "Segments":
+        """This schedule with its text boundaries resolved to token ids by `tokenizer` (equal to it and
+        serialised the same way: the text is kept). A string that is one entry of the vocabulary (an
+        added token such as Qwen3's `</think>`) is that token; other text is the tokenizer's split of it
+        alone, refused unless it decodes back to the same text. A model may split the same text
+        differently in context: give those splits as token-id boundaries too."""
+        resolved = tuple(item if not isinstance(item, str) else text_to_ids(tokenizer, item) for item in self.boundary)
+        copy = Segments(self.boundary, self.before, self.after)
+        object.__setattr__(copy, "token_boundaries", resolved)
+        return copy
+
+    def matcher(self) -> BoundaryMatcher:
+        """The token-id boundaries' matcher; raises when a text boundary has not been resolved."""
+        if self.token_boundaries is None:
+            raise BoundaryResolutionError(
+                f"Segments boundary {', '.join(repr(text) for text in self.text_boundaries)} is text and needs the "
+                "model's tokenizer: pass tokenizer=<the target's tokenizer> to generate (or resolve it once with "
+                "schedule.with_tokenizer(tokenizer)), or give the boundary as token ids, e.g. Segments([151668], ...)"
+            )
+        return _matcher(self.token_boundaries)
+
+    def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        raise TypeError(
+            "Segments.eta(positions) is undefined: the weight of a position depends on the tokens before it. "
+            "Use round_eta(starts, drafts, responses) (schedule_weights does)"
+        )
+
+    def round_eta(
+        self, starts: torch.Tensor, drafts: torch.Tensor, responses: Sequence[Sequence[int]] | None = None
+    ) -> torch.Tensor:
+        """eta [B, k] float32 of one round (see `Schedule.round_eta`).
+
+        Args:
+            starts: [B] long, response position of each row's first draft.
+            drafts: [B, k] drafted tokens; entries past a row's draft count may hold anything (their eta
+                is never used, and their tokens only affect the eta of later unused entries).
+            responses: per row, the response tokens committed before the round (required); its last token
+                sits at position starts[b] - 1 (a shorter list is taken to end there too).
+        """
+        segment_start = self.segment_starts_of_round(starts, drafts, responses)
+        positions = starts[:, None] + torch.arange(drafts.shape[1], device=starts.device)
+        starts_tensor = torch.tensor(segment_start, dtype=torch.long, device=starts.device).reshape(positions.shape)
+        in_after = starts_tensor >= 0
+        before = _segment_eta(self.before, positions)
+        if not bool(in_after.any()):
+            return before
+        after = _segment_eta(self.after, (positions - starts_tensor).clamp_min(0))
+        return torch.where(in_after, after, before)
+
+    def segment_starts_of_round(
+        self, starts: torch.Tensor, drafts: torch.Tensor, responses: Sequence[Sequence[int]] | None
+    ) -> list[list[int]]:
+        """[B][k]: response position where the segment of each draft starts, -1 in the first segment."""
+        matcher = self.matcher()
+        batch, k = drafts.shape
+        if responses is None or len(responses) != batch:
+            got = "None" if responses is None else f"{len(responses)} rows"
+            raise ValueError(
+                f"Segments needs responses: the committed response tokens of each of the {batch} rows, got {got}"
+            )
+        host_starts = starts.tolist()
+        host_drafts = drafts.tolist()
+        tail_size = matcher.longest - 1
+        result = []
+        for start, row_drafts, response in zip(host_starts, host_drafts, responses):
+            response = response if isinstance(response, list) else list(response)
+            if len(response) > start:
+                raise ValueError(
+                    f"a row's response holds {len(response)} committed tokens but its first draft sits at position "
+                    f"{start}; responses[b] must be the tokens before position starts[b]"
+                )
+            offset = start - len(response)  # response position of response[0]
+            found = matcher.last_segment_start(response)
+            current = -1 if found is None else offset + found
+            tail = response[len(response) - tail_size :] if tail_size else []
+            window = tail + row_drafts
+            row = []
+            for i in range(k):
+                if i and matcher.ends_at(window, len(tail) + i):
+                    current = start + i
+                row.append(current)
+            result.append(row)
+        return result
+
+    def segment_starts(self, tokens: Sequence[int]) -> list[int]:
+        """Response positions at which the `after` segments of `tokens` (a whole response) start."""
+        return self.matcher().segment_starts(list(tokens))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "schedule": self.name,
+            "boundary": [item if isinstance(item, str) else list(item) for item in self.boundary],
+            "before": _segment_dict(self.before),
+            "after": _segment_dict(self.after),
+        }
+
+
+@lru_cache(maxsize=256)
+def _matcher(patterns: tuple[tuple[int, ...], ...]) -> BoundaryMatcher:
+    return BoundaryMatcher(patterns)
+
+
+def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
+    """Token ids of a text boundary (see `Segments.with_tokenizer`)."""
+    if tokenizer is None:
+        raise BoundaryResolutionError(
+            f"Segments boundary {text!r} is text and needs the model's tokenizer: pass tokenizer= to generate, "
+            "or give the boundary as token ids"
+        )
+    vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    if text in vocabulary:
+        return (int(vocabulary[text]),)
+    ids = tuple(int(token) for token in tokenizer.encode(text, add_special_tokens=False))
+    if not ids:
+        raise BoundaryResolutionError(f"the tokenizer encodes the Segments boundary {text!r} to no tokens")
+    decoded = tokenizer.decode(list(ids))
+    if decoded != text:
+        raise BoundaryResolutionError(
+            f"the tokenizer splits the Segments boundary {text!r} into {list(ids)}, which decodes to {decoded!r}: "
+            "give the boundary as the token ids the model emits, e.g. Segments([id, ...], ...)"
+        )
+    return ids
+
+
+def resolve_boundaries(schedule: Schedule | None, tokenizer: Any) -> Schedule | None:
+    """A `Segments` with text boundaries resolved by `tokenizer` (when one is given); raises
+    `BoundaryResolutionError` naming the fix when text boundaries remain and there is no tokenizer.
+    Any other schedule is returned unchanged."""
+    if not isinstance(schedule, Segments) or not schedule.text_boundaries:
+        return schedule
+    if tokenizer is not None:
+        return schedule.with_tokenizer(tokenizer)
+    schedule.matcher()  # raises unless resolved earlier
+    return schedule

@@ -1,0 +1,198 @@
+"""One verification step for every engine: a ragged round in, accepted counts and the next tokens out.
+
+The `generate` loop (`decoding.py`) and the vLLM plugin (`vllm/sampler.py`) both build a
+`VerificationRound` and call `verify_step`; neither carries a rule of its own. The step owns, once:
+
+* grouping rows by verifier and by greedy/sampled decoding (each group is one `RoundInputs`);
+* the eta default (no schedule = the relaxed verifier unchanged, eta = 1) and the schedules' weights,
+  evaluated once per distinct schedule (`schedules.schedule_weights`);
+* the no-usable-draft rule: a row with 0 usable drafts draws its next token from q at its first
+  position, which is exact (every draft rejected);
+* the bonus policy: once a row's drafts are all accepted, its next token is drawn from q at the
+  position after them (R^ = q for every verifier here), by this step and with the row's generator;
+* per-request random generators: with `RowSpec.generator` set, every draw of that row comes from it.
+
+Example (two rows, different verifiers, one-hot drafts):
+
+```python
+>>> round = VerificationRound(
+...     rows=[RowSpec(MARS(theta=0.5)), RowSpec(Lossless(), Step(L=1))],
+...     draft_tokens=drafts, draft_counts=torch.tensor([3, 1]), starts=torch.tensor([0, 7]),
+...     target_logits=processed, target_raw_logits=raw, greedy=torch.tensor([True, True]))
+>>> out = verify_step(round)
+>>> out.accepted, out.next_tokens
+```
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
+from .schedules import Schedule, schedule_weights
+from .verifiers.base import RoundInputs, Verifier
+
+
+@dataclass(frozen=True, eq=False)
+class RowSpec:
+    """What one row (request) is verified with.
+
+    Args:
+        verifier: the rule.
+        schedule: SecureSD weights by response position (None: the relaxed rule unchanged).
+        generator: the row's own random generator (None: torch's global one).
+    """
+
+    verifier: Verifier
+    schedule: Schedule | None = None
+    generator: torch.Generator | None = None
+
+
+@dataclass(eq=False)
+class VerificationRound:
+    """One ragged round of B rows with up to k drafts each.
+
+    Args:
+        rows: [B] one `RowSpec` per row (the same object for every row is the cheap common case).
+        draft_tokens: [B, k] long; entries past a row's count are ignored.
+        draft_counts: [B] long, drafts each row may keep (0..k); None means k for every row.
+        starts: [B] long, 0-based response position of each row's first draft.
+        target_logits: [B, k+1, V] processed target logits (processors, constraints, temperature,
+            top-k/top-p); index n of row b is where its next token is drawn when it accepts n drafts, so
+            index draft_counts[b] is its bonus position.
+        target_raw_logits: [B, k+1, V] raw target logits (the relaxed rules read them, masked by the
+            constraints of `target_logits`).
+        greedy: [B] bool (or one bool for all rows): temperature 0.
+        draft_logits: [B, k, V] the distribution the drafts were sampled from, or None for a
+            deterministic proposer (one-hot drafts).
+        draft_raw_logits: [B, k, V] raw draft logits, or None when the proposer has none.
+        responses: per row, the response tokens committed before this round; needed only by schedules
+            that read tokens (`Schedule.reads_tokens`, e.g. segment schedules).
+    """
+
+    rows: Sequence[RowSpec]
+    draft_tokens: torch.Tensor
+    draft_counts: torch.Tensor | None
+    starts: torch.Tensor
+    target_logits: torch.Tensor
+    target_raw_logits: torch.Tensor
+    greedy: torch.Tensor | bool
+    draft_logits: torch.Tensor | None = None
+    draft_raw_logits: torch.Tensor | None = None
+    responses: Sequence[Sequence[int]] | None = None
+
+
+@dataclass
+class StepOutput:
+    """What verification decided for each row.
+
+    Args:
+        accepted: [B] long, drafts accepted (0..draft_counts).
+        next_tokens: [B] long, the token that ends the round (recovered at the first rejection, else
+            the bonus token).
+        alpha: [B, k] mixed acceptance probability of each drafted token.
+        eta: [B, k] schedule weight of each drafted position.
+        deviation: [B, k] exact TV(out_i, q_i) of the one-step output (Theorem 1) at each drafted
+            position, when asked for; None otherwise.
+    """
+
+    accepted: torch.Tensor
+    next_tokens: torch.Tensor
+    alpha: torch.Tensor
+    eta: torch.Tensor
+    deviation: torch.Tensor | None = None
+
+
+def round_weights(round_: VerificationRound) -> torch.Tensor:
+    """eta [B, k] of the round, each distinct schedule evaluated once over its rows."""
+    rows = round_.rows
+    first = rows[0].schedule if rows else None
+    if all(spec.schedule is first for spec in rows):
+        return schedule_weights(first, round_.starts, round_.draft_tokens, round_.responses)
+    eta = torch.empty(round_.draft_tokens.shape, dtype=torch.float32, device=round_.starts.device)
+    by_schedule: dict[Schedule | None, list[int]] = defaultdict(list)
+    for index, spec in enumerate(rows):
+        by_schedule[spec.schedule].append(index)
+    for schedule, indices in by_schedule.items():
+        chosen = torch.tensor(indices, device=round_.starts.device)
+        responses = [round_.responses[i] for i in indices] if round_.responses is not None else None
+        eta[chosen] = schedule_weights(schedule, round_.starts[chosen], round_.draft_tokens[chosen], responses)
+    return eta
+
+
+def verify_step(round_: VerificationRound, collect_deviation: bool = False) -> StepOutput:
+    """Verify every row of `round_` with its own verifier, schedule and generator (see the module doc).
+
+    collect_deviation: also return the exact per-position TV deviation (closed form at T = 0; at T > 0
+    a vocabulary-wide evaluation of the rule, so ask only when it is reported)."""
+    batch, k = round_.draft_tokens.shape
+    device = round_.draft_tokens.device
+    eta = round_weights(round_)
+    groups = _groups(round_)
+    if len(groups) == 1:
+        (verifier, greedy), _ = next(iter(groups.items()))
+        return _verify_group(round_, verifier, greedy, None, eta, collect_deviation)
+    accepted = torch.zeros(batch, dtype=torch.long, device=device)
+    next_tokens = torch.zeros(batch, dtype=torch.long, device=device)
+    alpha = torch.zeros(batch, k, dtype=torch.float32, device=device)
+    deviation = torch.zeros(batch, k, dtype=torch.float32, device=device) if collect_deviation else None
+    for (verifier, greedy), indices in groups.items():
+        index = torch.tensor(indices, device=device)
+        part = _verify_group(round_, verifier, greedy, index, eta[index], collect_deviation)
+        accepted[index], next_tokens[index], alpha[index] = part.accepted, part.next_tokens, part.alpha
+        if deviation is not None and part.deviation is not None:
+            deviation[index] = part.deviation.to(deviation.dtype)
+    return StepOutput(accepted, next_tokens, alpha, eta, deviation)
+
+
+def _groups(round_: VerificationRound) -> dict[tuple[Verifier, bool], list[int]]:
+    """Row indices by (verifier, greedy)."""
+    greedy = round_.greedy
+    flags = [greedy] * len(round_.rows) if isinstance(greedy, bool) else [bool(flag) for flag in greedy.tolist()]
+    first = round_.rows[0].verifier
+    if all(spec.verifier is first for spec in round_.rows) and len(set(flags)) == 1:
+        return {(first, flags[0]): list(range(len(round_.rows)))}
+    groups: dict[tuple[Verifier, bool], list[int]] = defaultdict(list)
+    for index, (spec, flag) in enumerate(zip(round_.rows, flags)):
+        groups[(spec.verifier, bool(flag))].append(index)
+    return groups
+
+
+def _verify_group(
+    round_: VerificationRound,
+    verifier: Verifier,
+    greedy: bool,
+    index: torch.Tensor | None,
+    eta: torch.Tensor,
+    collect_deviation: bool,
+) -> StepOutput:
+    """Rows `index` (None: all rows) share a verifier and greedy flag: one RoundInputs for them."""
+
+    def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
+        return tensor if tensor is None or index is None else tensor[index]
+
+    specs = round_.rows if index is None else [round_.rows[i] for i in index.tolist()]
+    generators = [spec.generator for spec in specs]
+    round_inputs = RoundInputs(
+        draft_tokens=pick(round_.draft_tokens),
+        target_logits=pick(round_.target_logits),
+        draft_logits=pick(round_.draft_logits),
+        target_raw_logits=pick(round_.target_raw_logits),
+        draft_raw_logits=pick(round_.draft_raw_logits),
+        greedy=greedy,
+        draft_lengths=pick(round_.draft_counts),
+        generators=generators if any(generator is not None for generator in generators) else None,
+    )
+    accepted, next_tokens, alpha = verify_round(verifier, round_inputs, eta)
+    deviation = None
+    if collect_deviation and round_inputs.num_draft_tokens:
+        deviation = (
+            greedy_deviation(round_inputs, alpha)
+            if greedy
+            else total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
+        )
+    return StepOutput(accepted, next_tokens, alpha, eta, deviation)

@@ -1,0 +1,118 @@
+"""Exact at the numeric edges: huge schedule lengths, bad custom schedules, huge max_new_tokens, and
+inputs HF accepts (int32 ids, NumPy / 0-d tensor integers) or refuses with a clear error."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from transformers import BertConfig, BertModel, StoppingCriteria, StoppingCriteriaList
+
+from hf_securesd import LossySD, Power, SecureSDConfigError, Step
+from hf_securesd.schedules import Schedule, resolve_schedule
+
+PROMPT = torch.tensor([[3, 9, 27, 81]])
+HUGE = [10**30, 18446744073709551621, 2**63, 2**63 - 1, 2**62]
+
+
+@pytest.mark.parametrize("L", HUGE)
+def test_huge_lengths_are_lossless_everywhere_and_never_overflow(L):
+    positions = torch.tensor([0, 1, 5, 2**40, 2**62])
+    assert Step(L=L).eta(positions).tolist() == [0.0] * 5
+    power = Power(L=L, gamma=1.0).eta(positions).double()
+    expected = (positions.double() / float(L)).clamp(max=1.0)
+    assert torch.allclose(power, expected, rtol=1e-6, atol=0) and power[0] == 0
+    assert resolve_schedule({"schedule": "step", "L": L}) == Step(L=L)
+
+
+@pytest.mark.parametrize("L", [2**63, 10**30])
+def test_step_beyond_int64_equals_target_greedy_with_an_accept_everything_verifier(llama_pair, L):
+    draft, target = llama_pair
+    plain = target.generate(PROMPT, max_new_tokens=12, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=12, do_sample=False, assistant_model=draft,
+                           verifier=LossySD(epsilon=1.0), secure_schedule=Step(L=L))
+    assert torch.equal(ours, plain)
+
+
+class Constant(Schedule):
+    def __init__(self, value: float) -> None:
+        object.__setattr__(self, "value", value)
+
+    def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.full(positions.shape, self.value)
+
+
+@pytest.mark.parametrize("value", [2.0, -0.5, math.nan])
+def test_a_custom_schedule_outside_zero_one_is_refused(llama_pair, value):
+    draft, target = llama_pair
+    with pytest.raises(ValueError, match=r"schedule Constant returned eta = .* must lie in \[0, 1\]"):
+        target.generate(PROMPT, max_new_tokens=6, assistant_model=draft, verifier="mars",
+                        secure_schedule=Constant(value))
+
+
+def test_a_custom_schedule_inside_zero_one_runs(llama_pair):
+    draft, target = llama_pair
+    plain = target.generate(PROMPT, max_new_tokens=6, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=6, do_sample=False, assistant_model=draft, verifier="mars",
+                           secure_schedule=Constant(0.0))
+    assert torch.equal(ours, plain)
+
+
+class StopAfter(StoppingCriteria):
+    def __init__(self, length: int) -> None:
+        self.length = length
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+
+def test_a_huge_max_new_tokens_allocates_nothing_up_front(llama_pair):
+    """Buffers grow as tokens arrive: 10**9 new tokens would need 16 GB if they were preallocated."""
+    draft, target = llama_pair
+    stop = StoppingCriteriaList([StopAfter(PROMPT.shape[1] + 10)])
+    out = target.generate(PROMPT, max_new_tokens=10**9, do_sample=False, assistant_model=draft, verifier="lossless",
+                          stopping_criteria=stop)
+    plain = target.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    assert torch.equal(out, plain)
+
+
+def test_integer_types_hf_accepts_are_accepted(llama_pair):
+    draft, target = llama_pair
+    plain = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    for ids, k in ((PROMPT.to(torch.int32), 3), (PROMPT, np.int64(3)), (PROMPT, torch.tensor(3))):
+        out = target.generate(ids, max_new_tokens=8, do_sample=False, assistant_model=draft, verifier="lossless",
+                              num_assistant_tokens=k)
+        assert torch.equal(out, plain)
+    assert Step(L=np.int64(2)).to_dict() == {"schedule": "step", "L": 2}
+    assert Step(L=torch.tensor(2)) == Step(L=2)
+
+
+def test_bad_inputs_get_clear_errors(llama_pair):
+    draft, target = llama_pair
+    cases = [
+        (dict(inputs=PROMPT, max_new_tokens=2.5), "max_new_tokens must be an integer"),
+        (dict(inputs=PROMPT, attention_mask=torch.ones(1, 7, dtype=torch.long)), "attention_mask has shape"),
+        (dict(inputs=torch.zeros(1, 0, dtype=torch.long)), "the prompt is empty"),
+    ]
+    for kwargs, match in cases:
+        kwargs.setdefault("max_new_tokens", 4)
+        with pytest.raises(SecureSDConfigError, match=match):
+            target.generate(assistant_model=draft, verifier="mars", **kwargs)
+    bert = BertModel(BertConfig(vocab_size=259, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                intermediate_size=16))
+    with pytest.raises(SecureSDConfigError, match="the draft model is a BertModel, which has no language-model head"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=bert, verifier="mars")
+
+
+@pytest.mark.parametrize("bad, match", [
+    ({"schedule": {"a": 1}}, "unknown schedule"),
+    ({"schedule": "step", "X": 1}, r"has no option\(s\) \['X'\]"),
+    ({"schedule": "step", "L": -1}, "must be an integer >= 0"),
+    ({"schedule": "power", "L": 2, "gamma": math.nan}, "finite gamma"),
+    ([1], "secure_schedule must be"),
+])
+def test_malformed_schedules_name_the_problem(bad, match):
+    with pytest.raises((TypeError, ValueError), match=match):
+        resolve_schedule(bad)

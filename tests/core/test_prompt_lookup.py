@@ -1,0 +1,139 @@
+"""Prompt lookup as a proposer: one-hot drafts from each row's own tokens, verified by the shared step.
+
+Lossless greedy equals target greedy and HF's own prompt lookup decoding token for token; batched rows
+equal one-at-a-time rows; lossless sampling follows the target's exact joint distribution; every
+generate feature that works with a draft model works with prompt lookup."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from support import empirical_tv, exact_joint, noise_floor
+from transformers import TextIteratorStreamer
+
+import hf_securesd
+from hf_securesd import FSD, MARS, BiLD, LossySD, SecureSDConfigError, SpecCascade, Step
+from hf_securesd.proposers import PromptLookupProposer
+from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
+
+REPEATING = [torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8, 5, 6]]), torch.tensor([[1, 2, 3, 1, 2, 3, 1, 2]]),
+             torch.tensor([[40, 41, 42, 43, 44, 40, 41]]), torch.tensor([[9, 9, 9, 9, 9]]), torch.tensor([[17, 3]])]
+
+
+def test_lookup_matches_hf_rules():
+    proposer = PromptLookupProposer.__new__(PromptLookupProposer)
+    proposer.max_ngram, proposer.eos = 2, {99}
+    assert proposer.lookup([1, 2, 3, 1, 2], 3) == [3, 1, 2]  # bigram [1, 2] first seen at 0
+    assert proposer.lookup([1, 2, 3, 4, 2], 2) == [3, 4]  # no bigram match: unigram [2]
+    assert proposer.lookup([1, 2, 99, 5, 1, 2], 4) == []  # the continuation starts with EOS: nothing
+    assert proposer.lookup([7, 8, 9], 4) == []
+    assert proposer.lookup([1, 2, 1, 2], 0) == []
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+def test_lossless_greedy_equals_target_and_hf_prompt_lookup(llama_pair, k):
+    _, target = llama_pair
+    for prompt in REPEATING:
+        plain = target.generate(prompt, max_new_tokens=20, do_sample=False)
+        hf = target.generate(prompt, max_new_tokens=20, do_sample=False, prompt_lookup_num_tokens=k)
+        ours = target.generate(prompt, max_new_tokens=20, do_sample=False, prompt_lookup_num_tokens=k,
+                               verifier="lossless", return_dict_in_generate=True)
+        assert torch.equal(ours.sequences, plain) and torch.equal(hf, plain)
+        assert ours.speculative_stats.rounds <= 20
+
+
+def test_prompt_lookup_actually_drafts(llama_pair):
+    """A guard against a vacuous suite: on a prompt that repeats, an accept-everything rule keeps drafts."""
+    _, target = llama_pair
+    out = target.generate(REPEATING[0], max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=4,
+                          verifier=LossySD(epsilon=1.0), return_dict_in_generate=True)
+    stats = out.speculative_stats
+    assert sum(stats.drafted_per_round) > 0 and stats.acceptance_rate == 1.0
+    assert stats.rounds < 16
+
+
+@pytest.mark.parametrize("verifier", ["lossless", MARS(theta=0.5), LossySD(epsilon=0.3), BiLD(tau_rb=2.0),
+                                      SpecCascade(a=0.5)], ids=str)
+@pytest.mark.parametrize("schedule", [None, Step(L=2)], ids=["none", "step2"])
+def test_batched_rows_equal_one_at_a_time(llama_pair, verifier, schedule):
+    _, target = llama_pair
+    tokenizer_pad = 0
+    prompts = REPEATING[:4]
+    width = max(p.shape[1] for p in prompts)
+    batch = torch.full((len(prompts), width), tokenizer_pad)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        batch[row, width - prompt.shape[1]:] = prompt[0]
+        mask[row, width - prompt.shape[1]:] = 1
+    kwargs = dict(max_new_tokens=14, do_sample=False, prompt_lookup_num_tokens=3, verifier=verifier,
+                  secure_schedule=schedule, pad_token_id=tokenizer_pad, eos_token_id=None)
+    together = target.generate(batch, attention_mask=mask, **kwargs)
+    for row, prompt in enumerate(prompts):
+        alone = target.generate(prompt, **kwargs)[0, prompt.shape[1]:]
+        assert together[row, width:].tolist() == alone.tolist(), row
+
+
+@pytest.mark.parametrize("verifier", [FSD(tau=0.3), BiLD(tau_rb=1.0, tau_fb=0.5), SpecCascade(a=0.3, rule="chow")],
+                         ids=str)
+def test_rules_that_read_the_draft_logits_are_refused(llama_pair, verifier):
+    _, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match="prompt lookup has no draft distribution"):
+        target.generate(REPEATING[0], max_new_tokens=4, verifier=verifier, prompt_lookup_num_tokens=3)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(prompt_lookup_num_tokens=0), "prompt_lookup_num_tokens"),
+    (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=0), "max_matching_ngram_size"),
+    (dict(prompt_lookup_num_tokens=3, num_assistant_tokens=4), "does not apply to prompt lookup"),
+    (dict(prompt_lookup_num_tokens=3, assistant_confidence_threshold=0.4), "no draft probabilities"),
+])
+def test_options_that_do_not_apply_are_refused(llama_pair, bad, match):
+    _, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match=match):
+        target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", **bad)
+
+
+def test_features_work_with_prompt_lookup(llama_pair):
+    """Processors, stop strings, a streamer, statistics, the dynamic draft length and a cache."""
+    _, target = llama_pair
+    tokenizer = byte_tokenizer()
+    prompt = REPEATING[0]
+    plain = target.generate(prompt, max_new_tokens=16, do_sample=False, repetition_penalty=1.3,
+                            no_repeat_ngram_size=3)
+    ours = target.generate(prompt, max_new_tokens=16, do_sample=False, repetition_penalty=1.3,
+                           no_repeat_ngram_size=3, prompt_lookup_num_tokens=3, verifier="lossless",
+                           num_assistant_tokens_schedule="heuristic_transient")
+    assert torch.equal(ours, plain)
+    streamer = TextIteratorStreamer(tokenizer)
+    streamed = target.generate(prompt, max_new_tokens=8, do_sample=False, prompt_lookup_num_tokens=3,
+                               verifier="lossless", streamer=streamer)
+    assert "".join(streamer) == tokenizer.decode(streamed[0])
+    first = target.generate(prompt, max_new_tokens=6, do_sample=False, prompt_lookup_num_tokens=3,
+                            verifier="lossless", return_dict_in_generate=True)
+    follow = torch.cat([first.sequences, torch.tensor([[7]])], dim=1)
+    continued = target.generate(follow, past_key_values=first.cache, max_new_tokens=6, do_sample=False,
+                                prompt_lookup_num_tokens=3, verifier="lossless")
+    assert torch.equal(continued, target.generate(follow, max_new_tokens=6, do_sample=False))
+
+
+VOCAB = 6
+SAMPLING = dict(do_sample=True, temperature=0.8, top_k=5, top_p=1.0)
+SAMPLED_PROMPT = torch.tensor([[1, 4, 2, 1, 4, 2, 1, 4]])
+
+
+def test_lossless_sampling_with_prompt_lookup_follows_the_target():
+    _, target = tiny_pair(TinyPairSpec(vocab_size=VOCAB, hidden_size=32, initializer_range=0.6, seed=3))
+    target.generation_config.eos_token_id = None
+    target = hf_securesd.wrap(target)
+    exact = exact_joint(target, SAMPLED_PROMPT, VOCAB, 3, SAMPLING)
+    floor = noise_floor(exact, 6000)
+    torch.manual_seed(7)
+    samples, drafted = [], 0
+    for _ in range(30):
+        out = target.generate(SAMPLED_PROMPT.expand(200, -1), max_new_tokens=3, prompt_lookup_num_tokens=2,
+                              verifier="lossless", return_dict_in_generate=True, **SAMPLING)
+        drafted += sum(out.speculative_stats.drafted_per_round)
+        samples += [tuple(row[SAMPLED_PROMPT.shape[1]:].tolist()) for row in out.sequences]
+    assert drafted > 0
+    tv = empirical_tv(exact, samples)
+    assert tv <= floor, f"TV {tv:.4f} above the noise floor {floor:.4f}"

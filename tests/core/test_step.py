@@ -1,0 +1,89 @@
+"""The one verification step every engine calls (`hf_securesd.step.verify_step`)."""
+
+from __future__ import annotations
+
+import torch
+
+from hf_securesd import MARS, Lossless, LossySD, Step
+from hf_securesd import step as core_step
+from hf_securesd.step import RowSpec, VerificationRound, verify_step
+
+V, K = 9, 3
+
+
+def ragged_round(rows: list[RowSpec], counts: list[int], seed: int = 0, greedy: bool = False) -> VerificationRound:
+    generator = torch.Generator().manual_seed(seed)
+    batch = len(rows)
+    target = torch.randn(batch, K + 1, V, generator=generator) * 2
+    draft = torch.randn(batch, K, V, generator=generator) * 2
+    tokens = torch.randint(0, V, (batch, K), generator=generator)
+    return VerificationRound(
+        rows=rows, draft_tokens=tokens, draft_counts=torch.tensor(counts), starts=torch.arange(batch) * 2,
+        target_logits=target, target_raw_logits=target, greedy=greedy, draft_logits=draft, draft_raw_logits=draft,
+    )
+
+
+def test_grouping_by_verifier_equals_verifying_each_row_alone():
+    specs = [RowSpec(MARS(theta=0.5)), RowSpec(Lossless(), Step(L=3)), RowSpec(MARS(theta=0.5), Step(L=1)),
+             RowSpec(LossySD(epsilon=0.4))]
+    whole = ragged_round(specs, [3, 2, 0, 1], greedy=True)
+    together = verify_step(whole, collect_deviation=True)
+    for row, spec in enumerate(specs):
+        alone = VerificationRound(
+            rows=[spec], draft_tokens=whole.draft_tokens[row:row + 1], draft_counts=whole.draft_counts[row:row + 1],
+            starts=whole.starts[row:row + 1], target_logits=whole.target_logits[row:row + 1],
+            target_raw_logits=whole.target_raw_logits[row:row + 1], greedy=True,
+            draft_logits=whole.draft_logits[row:row + 1], draft_raw_logits=whole.draft_raw_logits[row:row + 1],
+        )
+        single = verify_step(alone, collect_deviation=True)
+        assert together.accepted[row] == single.accepted[0] and together.next_tokens[row] == single.next_tokens[0]
+        assert torch.equal(together.eta[row], single.eta[0])
+        assert torch.allclose(together.deviation[row], single.deviation[0])
+
+
+def test_a_row_without_usable_drafts_draws_from_q_at_its_first_position():
+    round_ = ragged_round([RowSpec(LossySD(epsilon=1.0))] * 2, [0, 0], greedy=True)
+    out = verify_step(round_)
+    assert out.accepted.tolist() == [0, 0]
+    assert out.next_tokens.tolist() == round_.target_logits[:, 0].argmax(-1).tolist()
+
+
+def test_per_row_generators_fix_each_rows_draws_whatever_the_batch():
+    def run(seeds: list[int], counts: list[int]) -> list[tuple[int, int]]:
+        specs = [RowSpec(MARS(theta=0.9), generator=torch.Generator().manual_seed(s)) for s in seeds]
+        out = verify_step(ragged_round(specs, counts, seed=4))
+        return list(zip(out.accepted.tolist(), out.next_tokens.tolist()))
+
+    first = run([11, 12, 13], [3, 2, 3])
+    assert run([11, 12, 13], [3, 2, 3]) == first
+    outcomes = {tuple(run([s, 12, 13], [3, 2, 3])[0]) for s in range(40)}
+    assert len(outcomes) > 1  # different seeds give different draws
+    # row 1 alone, with the same generator seed, draws exactly what it drew inside the batch
+    specs = [RowSpec(MARS(theta=0.9), generator=torch.Generator().manual_seed(12))]
+    whole = ragged_round([RowSpec(MARS(theta=0.9))] * 3, [3, 2, 3], seed=4)
+    alone = VerificationRound(
+        rows=specs, draft_tokens=whole.draft_tokens[1:2], draft_counts=whole.draft_counts[1:2],
+        starts=whole.starts[1:2], target_logits=whole.target_logits[1:2], target_raw_logits=whole.target_raw_logits[1:2],
+        greedy=False, draft_logits=whole.draft_logits[1:2], draft_raw_logits=whole.draft_raw_logits[1:2],
+    )
+    out = verify_step(alone)
+    assert (int(out.accepted[0]), int(out.next_tokens[0])) == first[1]
+
+
+def test_generate_goes_through_the_shared_step(llama_pair, monkeypatch):
+    draft, target = llama_pair
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    before = target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=draft, verifier="lossless")
+    calls = []
+    original = core_step.verify_step
+
+    def always_token_seven(round_, collect_deviation=False):
+        calls.append(round_)
+        out = original(round_, collect_deviation)
+        out.accepted.zero_()
+        out.next_tokens.fill_(7)
+        return out
+
+    monkeypatch.setattr(core_step, "verify_step", always_token_seven)
+    after = target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=draft, verifier="lossless")
+    assert calls and after[0, prompt.shape[1]:].tolist() == [7] * 8 and not torch.equal(before, after)

@@ -1,0 +1,53 @@
+"""Helpers shared by test modules in every folder (importable because setup.cfg puts tests/ on the path)."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import torch
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+
+def random_prompts(count: int, seed: int, low: int = 0, high: int = 256, min_len: int = 3, max_len: int = 12):
+    """`count` prompts [1, L] of byte tokens with lengths in [min_len, max_len]."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts = []
+    for _ in range(count):
+        length = int(torch.randint(min_len, max_len + 1, (1,), generator=generator))
+        prompts.append(torch.randint(low, high, (1, length), generator=generator))
+    return prompts
+
+
+def exact_joint(target, prompt: torch.Tensor, vocab: int, new_tokens: int, sampling: dict) -> dict[tuple[int, ...], float]:
+    """The target's exact joint distribution of its next `new_tokens` tokens after `prompt` [1, P], under
+    `sampling`'s temperature and top-k (every sequence enumerated: vocab ** new_tokens of them)."""
+    warpers = LogitsProcessorList([TemperatureLogitsWarper(sampling["temperature"]), TopKLogitsWarper(sampling["top_k"])])
+    joint = {}
+    with torch.no_grad():
+        for sequence in itertools.product(range(vocab), repeat=new_tokens):
+            probability, ids = 1.0, prompt
+            for token in sequence:
+                logits = target(ids).logits[:, -1].float()
+                probability *= float(warpers(ids, logits).softmax(-1)[0, token])
+                ids = torch.cat([ids, torch.tensor([[token]])], dim=-1)
+            joint[sequence] = probability
+    return joint
+
+
+def empirical_tv(exact: dict, samples: list[tuple[int, ...]]) -> float:
+    """TV between an exact distribution over sequences and the empirical one of `samples`."""
+    counts: dict[tuple[int, ...], int] = {}
+    for sample in samples:
+        counts[sample] = counts.get(sample, 0) + 1
+    keys = set(exact) | set(counts)
+    return 0.5 * sum(abs(exact.get(key, 0.0) - counts.get(key, 0) / len(samples)) for key in keys)
+
+
+def noise_floor(exact: dict, samples: int) -> float:
+    """99.9th percentile of the TV of `samples` draws from `exact` itself (300 simulated runs)."""
+    keys = list(exact)
+    probabilities = np.array([exact[key] for key in keys])
+    rng = np.random.default_rng(0)
+    tvs = [0.5 * np.abs(rng.multinomial(samples, probabilities) / samples - probabilities).sum() for _ in range(300)]
+    return float(np.quantile(tvs, 0.999))
