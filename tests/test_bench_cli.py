@@ -13,6 +13,7 @@ import torch
 import hf_securesd.models as models_package
 from hf_securesd.bench import cli_bench, runner
 from hf_securesd.bench.budget import Budget, format_duration
+from hf_securesd.bench.engines.hf import HFEngine
 from hf_securesd.bench.loading import load_study_models
 from hf_securesd.bench.plan import sweep_configs
 from hf_securesd.bench.results import MANIFEST, RUNS, read_jsonl
@@ -27,7 +28,7 @@ from hf_securesd.schedules import Step
 @pytest.fixture(scope="module")
 def tiny_models():
     torch.set_num_threads(1)
-    return load_study_models("tiny", "tiny", dtype="fp32")
+    return HFEngine(load_study_models("tiny", "tiny", dtype="fp32"))
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -188,7 +189,7 @@ def test_run_prints_budget_records_provenance_and_per_example_ar(tmp_path, data_
 
     # a resumed run takes its rates from the journal: no probe
     calls = []
-    monkeypatch.setattr(runner, "generate", lambda *args, **kwargs: calls.append(args) or [])
+    monkeypatch.setattr(HFEngine, "generate", lambda *args, **kwargs: calls.append(args) or [])
     plan = [(c, tasks[0]) for c in (runner.TARGET, runner.DRAFT, *configs)]
     budget = runner.measure_budget(tiny_models, plan, plan,
                                    runner.ResultsDir(tmp_path).generations(), settings)

@@ -13,6 +13,7 @@ import torch
 
 from hf_securesd.bench import cli_bench, cli_calibrate, cli_report, runner
 from hf_securesd.bench.calibrate import calibration_configs, recommend
+from hf_securesd.bench.engines.hf import HFEngine
 from hf_securesd.bench.loading import load_study_models
 from hf_securesd.bench.plan import (
     DRAFT,
@@ -36,7 +37,7 @@ from hf_securesd.verifiers import MARS
 @pytest.fixture(scope="module")
 def tiny_models():
     torch.set_num_threads(1)
-    return load_study_models("tiny", "tiny", dtype="fp32")
+    return HFEngine(load_study_models("tiny", "tiny", dtype="fp32"))
 
 
 def bench_args(*argv: str, command=cli_bench) -> argparse.Namespace:
@@ -158,7 +159,7 @@ def test_killed_run_resumes_without_redoing_examples(tmp_path, data_dir, tiny_mo
     )
     configs = sweep_configs(["mars:0.5"], [None, Step(L=1)])
     total = (2 + len(configs)) * 2 * 2
-    real_generate = runner.generate
+    real_generate = HFEngine.generate
     calls = {"count": 0}
 
     def dying_generate(*args, **kwargs):
@@ -167,13 +168,13 @@ def test_killed_run_resumes_without_redoing_examples(tmp_path, data_dir, tiny_mo
             raise KeyboardInterrupt
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(runner, "generate", dying_generate)
+    monkeypatch.setattr(HFEngine, "generate", dying_generate)
     with pytest.raises(KeyboardInterrupt):
         run_study(settings, tiny_models, tasks, configs, tmp_path, progress=False)
     assert len(read_jsonl(tmp_path / GENERATIONS)) == 7
     with open(tmp_path / GENERATIONS, "a") as handle:  # a write torn by the kill
         handle.write('{"cell": "target|jails')
-    monkeypatch.setattr(runner, "generate", real_generate)
+    monkeypatch.setattr(HFEngine, "generate", real_generate)
 
     outcome = run_study(settings, tiny_models, tasks, configs, tmp_path, progress=False)
     assert outcome.generated == total - 7

@@ -5,6 +5,10 @@
     securesd bench --profile paper --device cuda --out results/paper
     securesd bench --target qwen-1.5b --draft qwen-0.5b --tasks jailbreak gsm8k \\
         --verifiers mars:0.9,0.5 bild --schedules none step:1 step:4 --limit 50 --out results/mine
+    securesd bench --engine openai --base-url http://127.0.0.1:8000/v1 --tokenizer qwen-8b ...
+
+`--engine` picks how answers are generated (`bench/cli_engines.py`): `hf` (default), `vllm` or
+`openai`; results and the report are the same for every engine.
 
 A profile (`bench/profiles.py`) sets every default; the flags override it. Rerunning with the same
 --out resumes: recorded cells and examples are not redone. The report is written at the end
@@ -18,6 +22,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from hf_securesd.bench.cli_engines import add_engine_options, build_engine, endpoint_configs, study_models
+from hf_securesd.bench.engines.base import EngineError
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
 
 
@@ -136,6 +142,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help="schedules: none, step:L, linear:L, power:L:GAMMA (default: none step:1)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
+    add_engine_options(parser)
     accept_underscores(parser)
 
 
@@ -186,15 +193,16 @@ def machine_settings(args: argparse.Namespace, profile: Profile) -> dict[str, An
 
 
 def prepare(args: argparse.Namespace):
-    """Settings, loaded models and prepared tasks for `args` (shared with `calibrate`)."""
-    from hf_securesd.bench.loading import load_study_models
+    """Settings, the engine (its models loaded) and prepared tasks for `args` (shared with
+    `calibrate`, which has no --engine and runs `hf`)."""
     from hf_securesd.bench.runner import StudySettings, prepare_tasks
 
     profile: Profile = get_profile(args.profile)
     machine = machine_settings(args, profile)
+    target, draft = study_models(args, args.target or profile.target, args.draft or profile.draft)
     settings = StudySettings(
-        target=args.target or profile.target,
-        draft=args.draft or profile.draft,
+        target=target,
+        draft=draft,
         device=machine["device"],
         dtype=machine["dtype"],
         num_assistant_tokens=args.num_assistant_tokens or profile.num_assistant_tokens,
@@ -205,17 +213,10 @@ def prepare(args: argparse.Namespace):
         isolation="unsafe-none" if args.unsafe_no_isolation else "auto",
         profile=profile.name,
     )
-    models = load_study_models(
-        settings.target,
-        settings.draft,
-        device=settings.device,
-        dtype=settings.dtype,
-        offline=args.offline,
-        cache_dir=args.cache_dir,
-    )
+    engine = build_engine(args, settings)
     tasks = prepare_tasks(
         args.tasks or profile.tasks,
-        models.tokenizer,
+        engine.tokenizer,
         data_dir=args.data_dir,
         limit=args.limit if args.limit is not None else profile.limit,
         seed=args.seed,
@@ -223,7 +224,7 @@ def prepare(args: argparse.Namespace):
             task.kind, task.max_new_tokens, args.max_new_tokens
         ),
     )
-    return settings, models, tasks
+    return settings, engine, tasks
 
 
 def run(args: argparse.Namespace) -> int:
@@ -235,20 +236,33 @@ def run(args: argparse.Namespace) -> int:
     profile = get_profile(args.profile)
     try:
         schedules = [parse_schedule(spec) for spec in (args.schedules or profile.schedules)]
-        configs = sweep_configs(args.verifiers or profile.verifiers, schedules)
-        settings, models, tasks = prepare(args)
-    except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError is a ValueError
+        # the openai engine sends the plugin's request fields only when asked (an audited deployment
+        # may not have the plugin); the in-process engines run the profile's sweep by default
+        verifiers = args.verifiers if args.engine == "openai" else args.verifiers or profile.verifiers
+        configs = [*endpoint_configs(args), *(sweep_configs(verifiers, schedules) if verifiers else [])]
+        settings, engine, tasks = prepare(args)
+    except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError, EngineError are ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
     notes = {}
     if any(task_run.task.name.startswith("jailbreak") for task_run in tasks):
         notes["judge_agreement"] = judge_agreement(settings.judge, dict(settings.judge_options), args.data_dir)
-    outcome = run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress, notes=notes)
+    try:
+        outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress, notes=notes)
+    except EngineError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
     print(
         f"{outcome.out_dir}: {outcome.cells_finished} cells finished, {outcome.cells_already_done} already "
-        f"recorded, {outcome.generated} generations"
+        f"recorded, {outcome.generated} generations, {outcome.failed} failed prompts"
     )
     if not args.no_report:
         report = write_report(args.out)
         print(f"report: {report}")
+    if outcome.failed:
+        print(f"{outcome.failed} prompts got no answer (see failures.jsonl); rerun the same command to retry "
+              "them", file=sys.stderr)
+        return 1
     return 0

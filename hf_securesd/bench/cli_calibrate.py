@@ -116,11 +116,11 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         configs = calibration_configs(args.verifier, args.lengths)
-        settings, models, tasks = prepare(args)
+        settings, engine, tasks = prepare(args)
     except (KeyError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    run_study(settings, models, tasks, configs, args.out, progress=not args.no_progress)
+    run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
     results = ResultsDir(args.out)
     current = {task_run.baseline_id for task_run in tasks}
     cells = [cell for cell in results.runs() if cell["baseline_id"] in current]

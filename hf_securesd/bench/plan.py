@@ -1,5 +1,6 @@
 """What a study runs: decoding configurations (target-only, draft-only, speculative with a verifier
-and an optional SecureSD schedule), parsed from command-line specs, and their stable keys.
+and an optional SecureSD schedule, or a named endpoint of a deployment under audit), parsed from
+command-line specs, and their stable keys.
 
 Example:
 
@@ -20,22 +21,31 @@ from typing import Any, Literal, Sequence
 from hf_securesd.schedules import Linear, Power, Schedule, Step
 from hf_securesd.verifiers import VERIFIERS, Lossless, Verifier, resolve_verifier
 
-Kind = Literal["target", "draft", "speculative"]
+Kind = Literal["target", "draft", "speculative", "endpoint"]
 SCHEDULES: dict[str, type[Schedule]] = {"step": Step, "linear": Linear, "power": Power}
 
 
 @dataclass(frozen=True)
 class RunConfig:
     """One way of decoding. `verifier` and `schedule` are set only for speculative runs
-    (`schedule` None: the relaxed verifier unchanged)."""
+    (`schedule` None: the relaxed verifier unchanged); `endpoint` only for an ``endpoint`` run: a
+    deployment whose decoding is whatever its server does, known by the name given to it."""
 
     kind: Kind
     verifier: Verifier | None = None
     schedule: Schedule | None = None
+    endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if (self.kind == "endpoint") != (self.endpoint is not None):
+            raise ValueError(f"an endpoint run needs an endpoint name and only it takes one "
+                             f"(kind {self.kind!r}, endpoint {self.endpoint!r})")
 
     @property
     def key(self) -> str:
-        """Stable, human-readable identifier, e.g. ``mars(theta=0.9)+step(L=1)``."""
+        """Stable, human-readable identifier, e.g. ``mars(theta=0.9)+step(L=1)``, ``endpoint:prod``."""
+        if self.kind == "endpoint":
+            return f"endpoint:{self.endpoint}"
         if self.kind != "speculative":
             return self.kind
         return verifier_label(self.verifier) + (
@@ -44,11 +54,12 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON form written to the results files."""
-        return {
+        values = {
             "kind": self.kind,
             "verifier": None if self.verifier is None else self.verifier.to_dict(),
             "schedule": None if self.schedule is None else self.schedule.to_dict(),
         }
+        return values if self.endpoint is None else {**values, "endpoint": self.endpoint}
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "RunConfig":
@@ -58,6 +69,7 @@ class RunConfig:
             kind=values["kind"],
             verifier=None if verifier is None else resolve_verifier(verifier),
             schedule=None if schedule is None else schedule_from_dict(schedule),
+            endpoint=values.get("endpoint"),
         )
 
 

@@ -7,6 +7,8 @@ RESULTS/
   study.json          settings that every record depends on (models, dtype, device, k, seed, judge)
   .lock               held (fcntl.flock) by the one run writing here; holds its pid
   generations.jsonl   one line per generated example: cell, example id, response, seconds, stats
+  failures.jsonl      one line per prompt the engine could not answer (cell, example id, error);
+                      never scored, and retried by the next run (an answer in generations wins)
   runs.jsonl          one line per finished cell (configuration x task): scores, AR, SPD, PRR
   report/             written by `securesd report`
 ```
@@ -27,6 +29,7 @@ from hf_securesd.stats import SpeculativeStats
 MANIFEST = "study.json"
 GENERATIONS = "generations.jsonl"
 RUNS = "runs.jsonl"
+FAILURES = "failures.jsonl"
 LOCK = ".lock"
 # manifest keys that must agree between runs written into the same directory
 BINDING_KEYS = (
@@ -40,7 +43,10 @@ BINDING_KEYS = (
     "judge",
     "judge_options",
     "decoding",
+    "engine",
 )
+# the value a manifest written before a key existed stands for
+BINDING_DEFAULTS = {"engine": "hf"}
 
 
 def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -> str:
@@ -162,10 +168,13 @@ class ResultsDir:
         self.lock()
         if self.manifest_path.is_file():
             existing = self.read_manifest()
-            clashes = [key for key in BINDING_KEYS if existing.get(key) != manifest.get(key)]
+            def setting(values: dict[str, Any], key: str) -> Any:
+                return values.get(key, BINDING_DEFAULTS.get(key))
+
+            clashes = [key for key in BINDING_KEYS if setting(existing, key) != setting(manifest, key)]
             if clashes:
                 detail = "; ".join(
-                    f"{key}: {existing.get(key)!r} there, {manifest.get(key)!r} now" for key in clashes
+                    f"{key}: {setting(existing, key)!r} there, {setting(manifest, key)!r} now" for key in clashes
                 )
                 raise ValueError(
                     f"{self.path} holds results for other settings ({detail}); "
@@ -186,6 +195,18 @@ class ResultsDir:
 
     def add_generation(self, record: dict[str, Any]) -> None:
         append_jsonl(self.path / GENERATIONS, record)
+
+    def add_failure(self, record: dict[str, Any]) -> None:
+        append_jsonl(self.path / FAILURES, record)
+
+    def failures(self) -> dict[str, dict[str, dict[str, Any]]]:
+        """Prompts still without an answer: cell key -> example id -> the last failure record."""
+        answered = self.generations()
+        pending: dict[str, dict[str, dict[str, Any]]] = {}
+        for record in read_jsonl(self.path / FAILURES):
+            if record["example_id"] not in answered.get(record["cell"], {}):
+                pending.setdefault(record["cell"], {})[record["example_id"]] = record
+        return pending
 
     def runs(self) -> list[dict[str, Any]]:
         """Finished cells, the last record of each cell winning."""

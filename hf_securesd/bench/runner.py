@@ -1,7 +1,11 @@
 """Run a study: target-only and draft-only baselines, then every speculative configuration, on
-every task; one generate call per batch of `batch_size` prompts (default 1), greedy decoding.
+every task; one engine call per batch of `batch_size` prompts (default 1), greedy decoding. The
+engine (`hf_securesd.bench.engines`: ``hf``, ``vllm``, ``openai``) generates; nothing here knows
+which one it is.
 
-Each example's generation is journaled as soon as it ends, and each finished cell (configuration
+Each example's generation is journaled as soon as it ends (a prompt the engine could not answer is
+recorded in the failures file instead, never scored, and retried by the next run), and each cell
+whose examples all have answers (configuration
 x task) is scored and written with its AR, wall time, SPD against the target-only cell on the same
 prompts, and PRR against the two baselines (`hf_securesd.metrics` `prr` module). Rerunning into
 the same results directory skips every recorded cell and example. See `results.py` for the files.
@@ -13,12 +17,13 @@ Example:
 
     >>> from hf_securesd.bench.runner import StudySettings, prepare_tasks, run_study
     >>> from hf_securesd.bench.loading import load_study_models
+    >>> from hf_securesd.bench.engines.hf import HFEngine
     >>> from hf_securesd.bench.plan import sweep_configs, parse_schedule
     >>> models = load_study_models("tiny", "tiny", dtype="fp32")                      # doctest: +SKIP
     >>> tasks = prepare_tasks(["gsm8k"], models.tokenizer, limit=3, max_new_tokens=16) # doctest: +SKIP
     >>> configs = sweep_configs(["mars:0.5"], [None, parse_schedule("step:1")])
     >>> settings = StudySettings("tiny", "tiny", dtype="fp32")
-    >>> run_study(settings, models, tasks, configs, "RESULTS")                       # doctest: +SKIP
+    >>> run_study(settings, HFEngine(models), tasks, configs, "RESULTS")             # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -41,14 +46,17 @@ from tqdm.auto import tqdm
 
 from hf_securesd.bench.analysis import aligned, compute_prr, speedup
 from hf_securesd.bench.budget import Budget, format_duration
-from hf_securesd.bench.loading import StudyModels
+from hf_securesd.bench.engines.base import Answer, Engine, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
-from hf_securesd.bench.results import ResultsDir, cell_key, stats_from_dict
+from hf_securesd.bench.results import FAILURES, ResultsDir, cell_key, stats_from_dict
 from hf_securesd.bench.sandbox import Sandbox
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, get_task
 from hf_securesd.judges import check_judge_options
 from hf_securesd.judges.secrets import redact_command, reject_secret_options
 from hf_securesd.stats import SpeculativeStats
+
+__all__ = ["Answer", "Generation", "GenerationFailure", "StudySettings", "TaskRun", "finish_cell",
+           "prepare_tasks", "run_study"]
 
 
 @dataclass(frozen=True)
@@ -74,7 +82,8 @@ class StudySettings:
         reject_secret_options(self.judge_options)
         check_judge_options(self.judge, self.judge_options)  # before anything is generated
 
-    def manifest(self, models: StudyModels) -> dict[str, Any]:
+    def manifest(self, engine: Engine) -> dict[str, Any]:
+        """The binding settings and what the engine says it is (engine, version, models, endpoints)."""
         return {
             "target": self.target,
             "draft": self.draft,
@@ -87,7 +96,7 @@ class StudySettings:
             "decoding": "greedy",
             "batch_size": self.batch_size,
             "profile": self.profile,
-            "models": models.ids,
+            **engine.describe(),
         }
 
     def score_options(self) -> ScoreOptions:
@@ -98,12 +107,17 @@ class StudySettings:
 @dataclass(frozen=True)
 class TaskRun:
     """A task at the size and length of this study, with its chat-templated prompts
-    (`prompts[i]`: text of `examples[i]`)."""
+    (`prompts[i]`: text of `examples[i]`; None where no target tokenizer is at hand, for an engine
+    that takes the chat messages)."""
 
     task: Task
     examples: list[Example]
-    prompts: list[str]
+    prompts: list[str | None]
     max_new_tokens: int
+
+    def prompt(self, index: int) -> Prompt:
+        """Both forms of the prompt of `examples[index]`: its text and its chat messages."""
+        return Prompt(self.prompts[index], self.task.build_prompt(self.examples[index]))
 
     @property
     def baseline_id(self) -> str:
@@ -122,6 +136,7 @@ class StudyOutcome:
     generated: int = 0
     cells_finished: int = 0
     cells_already_done: int = 0
+    failed: int = 0
 
 
 def chat_prompt(tokenizer, messages: list[dict[str, str]]) -> str:
@@ -136,7 +151,7 @@ def chat_prompt(tokenizer, messages: list[dict[str, str]]) -> str:
 
 def prepare_tasks(
     task_names: Sequence[str],
-    tokenizer,
+    tokenizer: Any | None,
     *,
     data_dir: str | os.PathLike | None = None,
     limit: int | float | None = None,
@@ -146,7 +161,8 @@ def prepare_tasks(
     """Load each task's examples and build their prompts. `limit`: the first `limit` examples (an
     int), or the first ceil(limit x size) of each task (a float in (0, 1)), or all (None).
     `max_new_tokens` is a length for every task, or a function of the task, or None for each
-    task's own length."""
+    task's own length. Without a `tokenizer` the prompt texts are None (an engine that sends
+    the chat messages builds them)."""
     if isinstance(limit, float) and not 0 < limit < 1:
         raise ValueError(f"a fractional limit must lie in (0, 1), got {limit}")
     runs = []
@@ -164,7 +180,8 @@ def prepare_tasks(
             if max_new_tokens is None
             else max_new_tokens if isinstance(max_new_tokens, int) else max_new_tokens(task)
         )
-        prompts = [chat_prompt(tokenizer, task.build_prompt(example)) for example in examples]
+        prompts = [None if tokenizer is None else chat_prompt(tokenizer, task.build_prompt(example))
+                   for example in examples]
         runs.append(TaskRun(task, examples, prompts, length))
     return runs
 
@@ -205,90 +222,13 @@ def provenance(command: Sequence[str] | None = None) -> dict[str, Any]:
     }
 
 
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One answer: the response text, its new tokens, the wall and process CPU seconds charged to
-    it (the batch's times split evenly over its rows) and, for speculative runs, its statistics."""
-
-    response: str
-    new_tokens: int
-    seconds: float
-    stats: SpeculativeStats | None
-    cpu_seconds: float | None = None
-
-
-def _trim(tokens: torch.Tensor, pad_token_id: int | None) -> torch.Tensor:
-    """Drop the padding after a finished row: tokens [N] -> [n <= N]."""
-    if pad_token_id is None:
-        return tokens
-    kept = (tokens != pad_token_id).nonzero()
-    return tokens[: int(kept[-1]) + 1] if kept.numel() else tokens[:0]
-
-
-def generate(
-    models: StudyModels,
-    config: RunConfig,
-    prompts: Sequence[str],
-    max_new_tokens: int,
-    num_assistant_tokens: int,
-) -> list[Generation]:
-    """Greedy answers to a batch of prompts, one `generate` call (timed alone).
-
-    Prompts are encoded without extra special tokens (the chat template has them) and left-padded:
-    input_ids and attention_mask [B, P]."""
-    model = models.draft if config.kind == "draft" else models.target
-    inputs = models.tokenizer(list(prompts), return_tensors="pt", padding=True, add_special_tokens=False).to(
-        model.device
-    )
-    options: dict[str, Any] = dict(
-        do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True
-    )
-    if config.kind == "speculative":
-        options.update(
-            assistant_model=models.draft,
-            verifier=config.verifier,
-            secure_schedule=config.schedule,
-            num_assistant_tokens=num_assistant_tokens,
-        )
-    _synchronize(model.device)
-    start, cpu_start = time.perf_counter(), time.process_time()
-    with torch.inference_mode():
-        out = model.generate(**inputs, **options)
-    _synchronize(model.device)
-    seconds = (time.perf_counter() - start) / len(prompts)
-    cpu_seconds = (time.process_time() - cpu_start) / len(prompts)
-    prompt_length = inputs["input_ids"].shape[1]
-    row_stats = getattr(out, "speculative_stats_per_row", None) if config.kind == "speculative" else None
-    if config.kind == "speculative" and row_stats is None:
-        row_stats = [out.speculative_stats]
-    generations = []
-    for row in range(len(prompts)):
-        new_tokens = _trim(out.sequences[row, prompt_length:], models.tokenizer.pad_token_id)
-        stats = None if row_stats is None else row_stats[row]
-        generations.append(
-            Generation(
-                models.tokenizer.decode(new_tokens, skip_special_tokens=True),
-                stats.new_tokens if stats is not None else int(new_tokens.numel()),
-                seconds,
-                stats,
-                cpu_seconds,
-            )
-        )
-    return generations
-
-
 def log(message: str) -> None:
     """A line for the user on stderr (stdout is the command's result)."""
     print(message, file=sys.stderr, flush=True)
 
 
 def measure_budget(
-    models: StudyModels,
+    engine: Engine,
     plan: Sequence[tuple[RunConfig, TaskRun]],
     todo: Sequence[tuple[RunConfig, TaskRun]],
     journal: Mapping[str, Mapping[str, Mapping[str, Any]]],
@@ -298,7 +238,8 @@ def measure_budget(
     """Rates for `todo`: from the journaled generations of `plan`'s cells where a kind has some
     (seconds per example / the cell's max_new_tokens, pooled), else from one timed batch of
     `batch_size` prompts of the first pending task, `probe_tokens` new tokens (a probe charges its
-    prompt processing to fewer tokens, so its rate errs high). Speculative kinds probe lossless."""
+    prompt processing to fewer tokens, so its rate errs high). Speculative kinds probe lossless,
+    endpoint kinds their first endpoint; a probe that gets no answer leaves the kind at rate 0."""
     seconds: dict[str, float] = {}
     tokens: dict[str, float] = {}
     for config, task_run in plan:
@@ -312,19 +253,19 @@ def measure_budget(
     for kind in dict.fromkeys(config.kind for config, _ in todo):
         if kind in rates or first is None:
             continue
+        if not engine.probes_rates:
+            rates[kind], sources[kind] = 0.0, f"not probed (the {engine.name} engine); no estimate"
+            continue
+        probe = probes.get(kind) or next(config for config, _ in todo if config.kind == kind)
         length = max(1, min(probe_tokens, first.max_new_tokens))
-        answers = generate(
-            models, probes[kind], first.prompts[: settings.batch_size], length, settings.num_assistant_tokens
-        )
+        prompts = [first.prompt(index) for index in range(min(settings.batch_size, len(first.examples)))]
+        answers = engine.generate(probe, prompts, length, settings.num_assistant_tokens)
+        if not isinstance(answers[0], Generation):
+            rates[kind], sources[kind] = 0.0, f"probe failed ({answers[0].error[:80]}); no estimate"
+            continue
         rates[kind] = answers[0].seconds / length
         sources[kind] = f"probe of {len(answers)} x {length} tokens"
     return Budget(rates, sources)
-
-
-def warm_up(models: StudyModels, prompt: str, num_assistant_tokens: int) -> None:
-    """One short untimed generation per decoding kind, so first-call costs stay out of the timings."""
-    for config in (TARGET, DRAFT, LOSSLESS):
-        generate(models, config, [prompt], 2, num_assistant_tokens)
 
 
 def _finite(value: float | None) -> float | None:
@@ -386,7 +327,7 @@ def finish_cell(
         target is not None and len(set(target["sessions"]) | set(record["sessions"])) == 1
     )
     draft = finished.get(task_run.cell(DRAFT))
-    if config.kind == "speculative" and target and draft:
+    if config.kind in ("speculative", "endpoint") and target and draft:
         # examples without a score in any of the three cells (a judge verdict excluded by the
         # judge's `unparsed` policy) are left out of the paired comparison
         columns = [scored.per_example, aligned(target, "scores", ids), aligned(draft, "scores", ids)]
@@ -405,7 +346,7 @@ def finish_cell(
 
 def run_study(
     settings: StudySettings,
-    models: StudyModels,
+    engine: Engine,
     tasks: Sequence[TaskRun],
     configs: Sequence[RunConfig],
     out_dir: str | os.PathLike,
@@ -414,8 +355,10 @@ def run_study(
     command: Sequence[str] | None = None,
     notes: Mapping[str, Any] | None = None,
 ) -> StudyOutcome:
-    """Run (or resume) the study into `out_dir`: the baselines of every task first, then each
-    configuration of `configs` on every task. Returns what this call generated and finished.
+    """Run (or resume) the study into `out_dir` with `engine`: the baselines of every task first
+    (those `engine.baseline_configs()` names), then each configuration of `configs` on every task.
+    Returns what this call generated, finished and failed (a cell with a failed prompt is left
+    unfinished, for the next run to complete).
     `command` is the command line recorded for this session (default: `sys.argv`); `notes` are
     extra manifest entries that bind nothing (e.g. the judge's measured agreement)."""
     batch_size = settings.batch_size
@@ -432,10 +375,12 @@ def run_study(
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         **provenance(command),
     }
-    results.open({**settings.manifest(models), **dict(notes or {})}, session)
+    engine.check_configs(configs)
+    results.open({**settings.manifest(engine), **dict(notes or {})}, session)
     finished = {run["cell"]: run for run in results.runs()}
     journal = results.generations()
-    plan = [(config, task_run) for config in dict.fromkeys([TARGET, DRAFT, *configs]) for task_run in tasks]
+    baselines = engine.baseline_configs()
+    plan = [(config, task_run) for config in dict.fromkeys([*baselines, *configs]) for task_run in tasks]
     outcome = StudyOutcome(results.path)
     todo = []
     for config, task_run in plan:
@@ -445,8 +390,8 @@ def run_study(
             todo.append((config, task_run))
     pending_work = {
         task_run.cell(config): [
-            (example, prompt)
-            for example, prompt in zip(task_run.examples, task_run.prompts)
+            (example, task_run.prompt(index))
+            for index, example in enumerate(task_run.examples)
             if example.id not in journal.get(task_run.cell(config), {})
         ]
         for config, task_run in todo
@@ -459,8 +404,9 @@ def run_study(
     budget = None
     if remaining:
         first = next(task_run for config, task_run in todo if pending_work[task_run.cell(config)])
-        warm_up(models, min(first.prompts, key=len), settings.num_assistant_tokens)
-        budget = measure_budget(models, plan, todo, journal, settings)
+        shortest = min(range(len(first.examples)), key=lambda index: len(first.prompts[index] or ""))
+        engine.warm_up(first.prompt(shortest), [config for config, _ in todo], settings.num_assistant_tokens)
+        budget = measure_budget(engine, plan, todo, journal, settings)
         log(budget.describe(list(work.values()), batch_size))
     bar = tqdm(total=remaining, desc="securesd bench", unit="gen", disable=not progress, dynamic_ncols=True)
     try:
@@ -469,20 +415,22 @@ def run_study(
             done = journal.setdefault(key, {})
             pending = pending_work[key]
             cell_start = time.perf_counter()
+            failed_here = 0
             for first in range(0, len(pending), batch_size):
                 batch = pending[first:first + batch_size]
                 if budget is not None:
                     eta = budget.eta([work[task_run.cell(c)] for c, t in todo[position:]])
                     bar.set_postfix_str(f"{config.key} on {task_run.task.name}, ETA {format_duration(eta)}")
                 batch_start = time.perf_counter()
-                answers = generate(
-                    models,
-                    config,
-                    [prompt for _, prompt in batch],
-                    task_run.max_new_tokens,
-                    settings.num_assistant_tokens,
+                answers = engine.generate(
+                    config, [prompt for _, prompt in batch], task_run.max_new_tokens, settings.num_assistant_tokens
                 )
-                for (example, _), answer in zip(batch, answers):
+                for (example, _), answer in zip(batch, answers, strict=True):
+                    if isinstance(answer, GenerationFailure):
+                        results.add_failure({"cell": key, "example_id": example.id, "error": answer.error,
+                                             "attempts": answer.attempts, "session": session["id"]})
+                        failed_here += 1
+                        continue
                     record = {
                         "cell": key,
                         "example_id": example.id,
@@ -495,11 +443,16 @@ def run_study(
                     }
                     results.add_generation(record)
                     done[example.id] = record
-                outcome.generated += len(batch)
+                outcome.generated += sum(isinstance(answer, Generation) for answer in answers)
                 bar.update(len(batch))
                 if budget is not None:
                     budget.record((config.kind, len(batch), task_run.max_new_tokens), time.perf_counter() - batch_start)
                     work[key] = (config.kind, len(pending) - first - len(batch), task_run.max_new_tokens)
+            if failed_here:
+                outcome.failed += failed_here
+                log(f"[{position + 1}/{len(todo)}] {key}: {failed_here} of {len(pending)} prompts got no answer "
+                    f"(recorded in {FAILURES}); the cell stays unfinished: rerun into the same --out to retry them")
+                continue
             run = finish_cell(config, task_run, done, finished, settings)
             results.add_run(run)
             finished[key] = run

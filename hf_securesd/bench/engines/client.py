@@ -1,0 +1,187 @@
+"""A client for OpenAI-compatible servers that survives real ones: the ``openai`` engine's transport.
+
+- every attempt has one deadline for the whole exchange (`hf_securesd.http_deadline`), and the run
+  has a deadline of its own: past it nothing more is sent and every request still waiting fails;
+- HTTP 408/409/429/500/502/503/504, connection errors, timeouts and replies that are not complete
+  JSON objects (garbage, a body cut short) are retried with exponential backoff, waiting what the
+  server's Retry-After asks when it is a finite number of seconds, capped at `max_retry_after_s`;
+- redirects are never followed (a 3xx is a failure, like any other status but 200);
+- replies are capped at `max_response_bytes`; at most `concurrency` requests are in flight;
+- the API key is sent as a bearer token and redacted from every error message.
+
+A request that still fails raises `RequestFailed`; `OpenAIClient.post_many` returns it in place of
+the reply, so one bad prompt never stops the others.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import httpx
+
+from hf_securesd.http_deadline import DeadlineClient, DeadlineExceeded, ReplyTooLarge
+from hf_securesd.judges.secrets import redact, strip_userinfo
+
+RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """Limits of the client. `run_deadline_s` None: no deadline for the run."""
+
+    request_timeout_s: float = 300.0
+    run_deadline_s: float | None = None
+    max_retries: int = 4
+    backoff_s: float = 1.0
+    max_retry_after_s: float = 60.0
+    concurrency: int = 4
+    max_response_bytes: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        checks = {
+            "request timeout": self.request_timeout_s > 0,
+            "run deadline": self.run_deadline_s is None or self.run_deadline_s > 0,
+            "max retries": self.max_retries >= 0,
+            "backoff": self.backoff_s >= 0,
+            "max Retry-After": self.max_retry_after_s >= 0,
+            "concurrency": self.concurrency >= 1,
+            "max response bytes": self.max_response_bytes > 0,
+        }
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ValueError(f"client setting {bad[0]} is out of range: {self}; timeouts, deadline, "
+                             "concurrency and size must be positive, retries and backoff non-negative")
+
+
+class RequestFailed(Exception):
+    """No usable reply after every attempt; `attempts` says how many were made."""
+
+    def __init__(self, message: str, attempts: int) -> None:
+        super().__init__(message)
+        self.attempts = attempts
+
+
+class _NotRetryable(Exception):
+    pass
+
+
+def retry_after_seconds(value: str | None, default: float, cap: float) -> float:
+    """Seconds a Retry-After header asks for: a finite, non-negative number, capped at `cap`;
+    anything else (missing, negative, NaN, infinite, an HTTP date) gives `default`."""
+    try:
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
+        return default
+    if not math.isfinite(seconds) or seconds < 0:
+        return default
+    return min(seconds, cap)
+
+
+def parse_json_object(body: bytes) -> dict[str, Any]:
+    """The reply body as a JSON object; ValueError (with the start of the body) otherwise."""
+    try:
+        value = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"the reply is not complete JSON ({error}): {body[:120]!r}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"the reply is JSON but not an object: {body[:120]!r}")
+    return value
+
+
+class OpenAIClient:
+    """Requests to one OpenAI-compatible base URL (``http://host:port/v1``). Credentials in the
+    URL are refused: give the key through `api_key` (read from the environment by the caller)."""
+
+    def __init__(self, base_url: str, api_key: str | None, settings: ClientSettings,
+                 run_started: float | None = None) -> None:
+        stripped, userinfo = strip_userinfo(base_url)
+        if userinfo is not None:
+            raise ValueError(f"the endpoint URL {redact(base_url)} carries credentials; give the URL "
+                             "without user:password@ and the key with --api-key-env NAME")
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError(f"the endpoint URL must start with http:// or https://, got {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self.settings = settings
+        self._secrets = [api_key] if api_key else []
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = DeadlineClient(self.base_url, headers=headers)
+        started = time.monotonic() if run_started is None else run_started
+        self._run_deadline = None if settings.run_deadline_s is None else started + settings.run_deadline_s
+        self._slots = threading.Semaphore(settings.concurrency)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self._http.close()
+
+    def _remaining(self) -> float:
+        return math.inf if self._run_deadline is None else self._run_deadline - time.monotonic()
+
+    def _attempt(self, method: str, path: str, payload: Any | None) -> tuple[dict[str, Any] | None, str, float]:
+        """One exchange: (reply object or None, the problem, seconds to wait before a retry);
+        `_NotRetryable` for an answer that retrying cannot change."""
+        timeout = min(self.settings.request_timeout_s, self._remaining())
+        try:
+            reply = self._http.exchange(method, path, payload, timeout, self.settings.max_response_bytes)
+        except DeadlineExceeded:
+            return None, f"no complete reply within {timeout:.3g} s", -1.0
+        except ReplyTooLarge as error:
+            raise _NotRetryable(str(error)) from None
+        except httpx.TransportError as error:
+            return None, f"{type(error).__name__}: {redact(str(error), self._secrets)}", -1.0
+        text = redact(reply.body[:200].decode(errors="replace"), self._secrets)
+        if reply.status in RETRYABLE_STATUS:
+            wait = retry_after_seconds(reply.headers.get("retry-after"), -1.0, self.settings.max_retry_after_s)
+            return None, f"HTTP {reply.status}: {text!r}", wait
+        if reply.status != 200:
+            where = f" to {reply.headers.get('location')!r}" if 300 <= reply.status < 400 else ""
+            raise _NotRetryable(f"HTTP {reply.status}{where} (only 200 is an answer; redirects are not "
+                                f"followed): {text!r}")
+        try:
+            return parse_json_object(reply.body), "", -1.0
+        except ValueError as error:
+            return None, redact(str(error), self._secrets), -1.0
+
+    def request(self, method: str, path: str, payload: Any | None = None) -> dict[str, Any]:
+        """The JSON object the server answers, after retries; `RequestFailed` otherwise."""
+        with self._slots:
+            problem = ""
+            for attempt in range(self.settings.max_retries + 1):
+                if self._remaining() <= 0:
+                    raise RequestFailed(f"{method} {self.base_url}{path}: the run deadline of "
+                                        f"{self.settings.run_deadline_s:g} s passed"
+                                        + (f"; last problem: {problem}" if problem else ""), attempt)
+                try:
+                    reply, problem, wait = self._attempt(method, path, payload)
+                except _NotRetryable as error:
+                    raise RequestFailed(f"{method} {self.base_url}{path}: {error}", attempt + 1) from None
+                if reply is not None:
+                    return reply
+                if attempt < self.settings.max_retries:
+                    pause = wait if wait >= 0 else self.settings.backoff_s * 2**attempt
+                    time.sleep(max(0.0, min(pause, self._remaining())))
+            raise RequestFailed(f"{method} {self.base_url}{path} failed after {self.settings.max_retries + 1} "
+                                f"attempts; last problem: {problem}", self.settings.max_retries + 1)
+
+    def post_many(self, path: str, payloads: Sequence[dict[str, Any]]
+                  ) -> list[tuple[dict[str, Any] | RequestFailed, float]]:
+        """POST every payload (at most `concurrency` at once): per payload, the reply or its
+        `RequestFailed`, and the wall seconds it took, in order."""
+
+        def one(payload: dict[str, Any]) -> tuple[dict[str, Any] | RequestFailed, float]:
+            start = time.perf_counter()
+            try:
+                reply: dict[str, Any] | RequestFailed = self.request("POST", path, payload)
+            except RequestFailed as failure:
+                reply = failure
+            return reply, time.perf_counter() - start
+
+        if len(payloads) <= 1 or self.settings.concurrency == 1:
+            return [one(payload) for payload in payloads]
+        with ThreadPoolExecutor(max_workers=min(self.settings.concurrency, len(payloads))) as pool:
+            return list(pool.map(one, payloads))

@@ -1,0 +1,208 @@
+"""`securesd bench --engine openai` against a misbehaving OpenAI-compatible server on 127.0.0.1 that
+this test controls: 429 with Retry-After, 500, a 302, garbage, a truncated body and a reply that
+never comes. No prompt is lost or duplicated, failures are recorded as failures (never scored), a
+rerun completes them without redoing the rest, the run is bounded in time, and the API key given
+through --api-key-env reaches no file of the output folder."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
+from hf_securesd.bench.results import FAILURES, GENERATIONS, MANIFEST, RUNS, read_jsonl
+from hf_securesd.bench.runner import prepare_tasks
+from hf_securesd.cli import main
+from hf_securesd.tiny import byte_tokenizer
+
+FAKE_KEY = "sk-fake-audit-5e1f9a3c7b20d486"
+KEY_VARIABLE = "SECURESD_TEST_AUDIT_KEY"
+LIMIT = 6
+ANSWER = "I'm sorry, but I cannot help with that."
+# what the target cell's prompt i meets on its first attempt in the first run
+TARGET_FAULTS = ["429", "500", "garbage", "truncated", "302", "never"]
+
+
+class FaultServer:
+    """Serves /v1 (target and request-field cells) and /audited/v1 (an endpoint cell)."""
+
+    def __init__(self, prompts: list[str]) -> None:
+        self.index = {prompt: position for position, prompt in enumerate(prompts)}
+        self.healthy = False
+        self.requests: Counter = Counter()
+        self.saw_key = 0
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                server.reply(self, 200, json.dumps({"data": [{"id": "fake-model"}]}).encode())
+
+            def do_POST(self):  # noqa: N802
+                payload = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                try:
+                    server.answer(self, payload)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.http.daemon_threads = True
+        threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.http.server_address[1]}"
+
+    @staticmethod
+    def reply(handler, status: int, body: bytes, **headers: str) -> None:
+        handler.send_response(status)
+        for name, value in {"Content-Length": str(len(body)), **headers}.items():
+            handler.send_header(name, value)
+        handler.end_headers()
+        handler.wfile.write(body)
+
+    def answer(self, handler, payload: dict) -> None:
+        cell = "audited" if handler.path.startswith("/audited") else "xargs" if "vllm_xargs" in payload else "target"
+        position = self.index[payload["prompt"]]
+        auth = handler.headers.get("Authorization", "")
+        with self.lock:
+            self.saw_key += FAKE_KEY in auth
+            self.requests[(cell, position)] += 1
+            attempt = self.requests[(cell, position)]
+        fault = None
+        if not self.healthy:
+            if cell == "target":
+                fault = TARGET_FAULTS[position]
+                fault = fault if attempt == 1 or fault in ("302", "never") else None
+            elif cell == "audited" and position == 0:
+                fault = "garbage"  # every attempt
+        good = json.dumps({"model": "fake-model", "choices": [{"text": ANSWER}],
+                           "usage": {"completion_tokens": 4}}).encode()
+        if fault == "429":
+            self.reply(handler, 429, b'{"error": "slow down"}', **{"Retry-After": "0.2"})
+        elif fault == "500":
+            self.reply(handler, 500, json.dumps({"error": f"crashed serving {auth}"}).encode())
+        elif fault == "302":
+            self.reply(handler, 302, good, Location="http://127.0.0.1:9/v1/completions")
+        elif fault == "garbage":
+            self.reply(handler, 200, b"<html>\x00\xff not json")
+        elif fault == "truncated":
+            handler.send_response(200)
+            handler.send_header("Content-Length", str(len(good)))
+            handler.end_headers()
+            handler.wfile.write(good[: len(good) // 2])
+            handler.wfile.flush()
+            handler.connection.shutdown(2)
+        elif fault == "never":
+            time.sleep(3.0)
+        else:
+            self.reply(handler, 200, good)
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+@pytest.fixture
+def jailbreak_prompts(data_dir) -> list[str]:
+    return prepare_tasks(["jailbreak"], byte_tokenizer(), data_dir=data_dir, limit=LIMIT, max_new_tokens=4)[0].prompts
+
+
+@pytest.fixture
+def fault_server(jailbreak_prompts):
+    server = FaultServer(jailbreak_prompts)
+    yield server
+    server.close()
+
+
+def _files_holding(root: Path, needle: str) -> list[str]:
+    return [str(path) for path in root.rglob("*") if path.is_file() and needle.encode() in path.read_bytes()]
+
+
+def test_faults_are_retried_recorded_and_completed_by_a_rerun(tmp_path, data_dir, fault_server, monkeypatch,
+                                                              capfd):
+    monkeypatch.setenv(KEY_VARIABLE, FAKE_KEY)
+    out = tmp_path / "audit"
+    argv = ["bench", "--engine", "openai", "--base-url", f"{fault_server.url}/v1", "--tokenizer", "tiny",
+            "--endpoint", f"audited={fault_server.url}/audited/v1", "--verifiers", "mars:0.5",
+            "--schedules", "step:1", "--tasks", "jailbreak", "--limit", str(LIMIT), "--max-new-tokens", "4",
+            "--data-dir", str(data_dir), "--batch-size", "3", "--concurrency", "3", "--request-timeout", "1",
+            "--max-retries", "2", "--api-key-env", KEY_VARIABLE, "--out", str(out), "--no-progress"]
+    started = time.monotonic()
+    assert main(argv) == 1  # some prompts got no answer
+    first_run_s = time.monotonic() - started
+    assert first_run_s < 60
+    cells = {"target", "endpoint:audited", "lossless", "mars(theta=0.5)+step(L=1)"}
+    failures = read_jsonl(out / FAILURES)
+    failed = {(record["cell"].split("|")[0], record["example_id"]) for record in failures}
+    assert {cell for cell, _ in failed} == {"target", "endpoint:audited"}
+    assert len(failed) == 3  # the target's 302 and never-answering prompts, the endpoint's garbage
+    assert any("HTTP 302" in record["error"] for record in failures)
+    assert any("no complete reply" in record["error"] for record in failures)
+    assert any("not complete JSON" in record["error"] for record in failures)
+    generated = [(record["cell"].split("|")[0], record["example_id"]) for record in read_jsonl(out / GENERATIONS)]
+    assert len(generated) == len(set(generated)) == len(cells) * LIMIT - 3
+    assert not failed & set(generated)  # a failure is never an answer
+    finished = {run["config_key"] for run in read_jsonl(out / RUNS)}
+    assert finished == cells - {"target", "endpoint:audited"}  # cells with a failure stay unfinished
+    # retried faults: 429 (Retry-After), 500, garbage and a truncated body each cost one extra attempt
+    assert [fault_server.requests[("target", index)] for index in range(4)] == [2, 2, 2, 2]
+    assert fault_server.requests[("target", 4)] == 1  # a redirect is not followed nor retried
+    assert fault_server.requests[("target", 5)] == 3  # never answered: every attempt timed out
+
+    fault_server.healthy = True
+    before = Counter(fault_server.requests)
+    assert main(argv) == 0
+    redone = fault_server.requests - before
+    assert sorted(redone) == sorted((("target", 4), ("target", 5), ("audited", 0)))  # only the failed ones
+    generated = [(record["cell"].split("|")[0], record["example_id"]) for record in read_jsonl(out / GENERATIONS)]
+    assert len(generated) == len(set(generated)) == len(cells) * LIMIT
+    runs = read_jsonl(out / RUNS)
+    assert {run["config_key"] for run in runs} == cells
+    assert all(run["responses"] == [ANSWER] * LIMIT and run["score"] == 1.0 for run in runs)
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["engine"] == "openai"
+    assert manifest["endpoints"] == {"audited": f"{fault_server.url}/audited/v1", "--base-url": f"{fault_server.url}/v1"}
+    assert manifest["server_models"][f"{fault_server.url}/v1"]["server_models"] == ["fake-model"]
+    assert KEY_VARIABLE in manifest["sessions"][0]["command"]  # the variable's name, not its value
+
+    captured = capfd.readouterr()
+    assert fault_server.saw_key > 0  # the key was sent (and the 500s echoed it back)
+    assert _files_holding(tmp_path, FAKE_KEY) == []
+    assert FAKE_KEY not in captured.out and FAKE_KEY not in captured.err
+
+
+def test_retry_after_is_bounded_by_its_cap_and_the_run_deadline(fault_server):
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            FaultServer.reply(self, 429, b"{}", **{"Retry-After": "100000"})
+
+        def log_message(self, *args):
+            pass
+
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        client = OpenAIClient(f"http://127.0.0.1:{http.server_address[1]}/v1", None,
+                              ClientSettings(run_deadline_s=1.5, max_retries=50, max_retry_after_s=30))
+        started = time.monotonic()
+        with pytest.raises(RequestFailed, match="run deadline of 1.5 s passed; last problem: HTTP 429"):
+            client.request("POST", "/completions", {"prompt": "x"})
+        assert time.monotonic() - started < 3.0
+    finally:
+        http.shutdown()
+        http.server_close()
+
+
+def test_credentials_in_an_endpoint_url_are_refused():
+    with pytest.raises(ValueError, match="carries credentials.*--api-key-env") as caught:
+        OpenAIClient(f"http://user:{FAKE_KEY}@127.0.0.1:9/v1", None, ClientSettings())
+    assert FAKE_KEY not in str(caught.value)
