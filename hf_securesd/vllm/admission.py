@@ -3,14 +3,33 @@
 Runs where vLLM validates every request (`InputProcessor._validate_params`, in the front-end process),
 so the error comes back as vLLM's own validation error: HTTP 400 from the server, an exception from
 `LLM.generate`, and the engine keeps serving everything else.
+
+Two things an HTTP client can send never reach that point as a SecureSD request, so they are checked
+where vLLM's OpenAI server turns the request body into engine parameters (`to_sampling_params` /
+`to_beam_search_params` of the completion, chat and responses request classes):
+
+* a top-level `"securesd"` field (or a close misspelling): the server keeps unknown body fields on the
+  request object and never passes them on, so the request would run as plain vLLM;
+* `use_beam_search` on a request that asks for SecureSD (itself or through the server-wide default):
+  vLLM's beam search builds its own parameters without `vllm_xargs` and drafts nothing to verify.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 from ..validation import SecureSDConfigError
-from .request import request_for
+from .request import EXTRA_ARGS_KEY, looks_like_securesd, request_for
+
+logger = logging.getLogger(__name__)
+# vLLM 0.32's OpenAI request classes (module, class) whose body fields become engine parameters.
+HTTP_REQUEST_CLASSES = (
+    ("vllm.entrypoints.openai.completion.protocol", "CompletionRequest"),
+    ("vllm.entrypoints.openai.chat_completion.protocol", "ChatCompletionRequest"),
+    ("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest"),
+)
+HTTP_PARAMETER = "vllm_xargs.securesd"
 
 
 def check_request(params: Any, vllm_config: Any) -> None:
@@ -54,11 +73,37 @@ def check_request(params: Any, vllm_config: Any) -> None:
         ) from None
 
 
+def check_http_body(request: Any) -> None:
+    """Raise SecureSDConfigError when an OpenAI request body carries SecureSD where vLLM drops it: a
+    top-level "securesd" field (or a close misspelling), which the server keeps aside and ignores."""
+    extra = getattr(request, "model_extra", None) or {}
+    for key in extra:
+        if key == EXTRA_ARGS_KEY or looks_like_securesd(key):
+            raise SecureSDConfigError(
+                f"the request body has a top-level field {key!r}, which vLLM's server ignores; SecureSD is "
+                f'selected inside vllm_xargs: "vllm_xargs": {{"securesd": "{{\\"verifier\\": \\"mars\\"}}"}} '
+                "(a JSON string)"
+            )
+
+
+def check_beam_search(request: Any) -> None:
+    """Raise SecureSDConfigError when a beam search request asks for SecureSD (its vllm_xargs, or the
+    server-wide default it did not opt out of): beam search drafts nothing, so nothing would be verified."""
+    check_http_body(request)
+    if request_for(getattr(request, "vllm_xargs", None)) is not None:
+        raise SecureSDConfigError(
+            "use_beam_search cannot run with SecureSD: vLLM's beam search neither drafts nor forwards "
+            "vllm_xargs, so the request would be served as plain beam search. Drop use_beam_search, or send "
+            '"vllm_xargs": {"securesd": "null"} for plain beam search'
+        )
+
+
 def patch_admission(
     input_processor_class: type, sampling_params_class: type, error_class: type[Exception]
 ) -> Callable[[], None]:
     """Wrap `input_processor_class._validate_params` so SecureSD errors in a `sampling_params_class`
-    request surface as `error_class` (vLLM's validation error); returns a function that undoes it."""
+    request surface as `error_class` (vLLM's validation error), and the OpenAI request classes
+    (`HTTP_REQUEST_CLASSES`, see `patch_http_requests`); returns a function that undoes both."""
     original = input_processor_class._validate_params
 
     def _validate_params(self, params: Any, *args: Any, **kwargs: Any):
@@ -71,8 +116,57 @@ def patch_admission(
         return result
 
     input_processor_class._validate_params = _validate_params
+    undo_http = patch_http_requests(_importable(HTTP_REQUEST_CLASSES), error_class)
 
     def undo() -> None:
         input_processor_class._validate_params = original
+        undo_http()
+
+    return undo
+
+
+def _importable(locations: tuple[tuple[str, str], ...]) -> list[type]:
+    """The classes at `locations` that this vLLM has; a missing one is logged (its route is unchecked)."""
+    import importlib
+
+    found = []
+    for module_name, class_name in locations:
+        try:
+            found.append(getattr(importlib.import_module(module_name), class_name))
+        except (ImportError, AttributeError) as error:
+            logger.warning(
+                "hf-securesd: %s.%s not found (%s); its request bodies are not checked",
+                module_name, class_name, error,
+            )
+    return found
+
+
+def patch_http_requests(request_classes: list[type], error_class: type[Exception]) -> Callable[[], None]:
+    """Wrap `to_sampling_params` (top-level field check) and `to_beam_search_params` (beam search check)
+    of each class so a refusal surfaces as `error_class` (HTTP 400); returns a function that undoes it."""
+    originals: list[tuple[type, str, Any]] = []
+
+    def wrap(cls: type, name: str, check: Callable[[Any], None]) -> None:
+        original = cls.__dict__.get(name)
+        if original is None:
+            return
+
+        def checked(self, *args: Any, **kwargs: Any):
+            try:
+                check(self)
+            except SecureSDConfigError as error:
+                raise error_class(str(error), parameter=HTTP_PARAMETER) from None
+            return original(self, *args, **kwargs)
+
+        originals.append((cls, name, original))
+        setattr(cls, name, checked)
+
+    for cls in request_classes:
+        wrap(cls, "to_sampling_params", check_http_body)
+        wrap(cls, "to_beam_search_params", check_beam_search)
+
+    def undo() -> None:
+        for cls, name, original in reversed(originals):
+            setattr(cls, name, original)
 
     return undo

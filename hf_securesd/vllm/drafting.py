@@ -7,8 +7,13 @@ applied to the draft as the `generate` path applies its processors to both model
 draft is argmax(raw). vLLM's own drafting differs: with its default `draft_sample_method="greedy"`
 it drafts argmax(raw) even at T > 0 and verifies against a one-hot p, and with `"probabilistic"` it
 samples from softmax(raw / T) without top-k/top-p and keeps only those probabilities. Penalties,
-bad words and logit bias reach the target only (as in vLLM): they change the acceptance rate, never
-what lossless verification emits. Rows of plain requests keep vLLM's drafting untouched.
+bad words, allowed token ids and min_tokens reach the target only (as in vLLM): they change the
+acceptance rate, never what verification may emit (a token they forbid is never accepted or drawn).
+Rows of plain requests keep vLLM's drafting untouched.
+
+Should drafting SecureSD rows fail, the proposal goes on with vLLM's own drafting and records nothing
+more: the SecureSD rows then verify only the drafts recorded before the failure (their token after
+those comes from the target), which stays exact, and the engine goes on.
 """
 
 from __future__ import annotations
@@ -16,9 +21,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import logging
+
 import torch
 
 from .request import SecureSDRequest
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -30,6 +39,7 @@ class DraftRows:
 
     requests: list[SecureSDRequest | None]
     steps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    failed: bool = False
 
     @property
     def all_securesd(self) -> bool:
@@ -78,13 +88,19 @@ def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], 
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
         rows: DraftRows | None = getattr(self, "securesd_rows", None)
-        if rows is None or not any(request is not None for request in rows.requests):
+        if rows is None or rows.failed or not any(request is not None for request in rows.requests):
             return original(self, hidden_states, sampling_metadata)
-        raw = self.model.compute_logits(hidden_states).to(torch.float32)
-        flags = [request is not None for request in rows.requests]
-        flags = (flags + [False] * raw.shape[0])[: raw.shape[0]]  # rows past the batch (padding) are not ours
-        ours = torch.tensor(flags, device=raw.device)
-        tokens, processed = draft_from_logits(raw, sampling_metadata, ours, top_k_top_p)
+        try:
+            raw = self.model.compute_logits(hidden_states).to(torch.float32)
+            flags = [request is not None for request in rows.requests]
+            # rows past the batch (padding) are not ours
+            flags = (flags + [False] * raw.shape[0])[: raw.shape[0]]
+            ours = torch.tensor(flags, device=raw.device)
+            tokens, processed = draft_from_logits(raw, sampling_metadata, ours, top_k_top_p)
+        except Exception:  # noqa: BLE001 - drafting must not stop the engine (module doc)
+            logger.exception("SecureSD drafting failed; vLLM drafts the rest of this proposal, unrecorded")
+            rows.failed = True
+            return original(self, hidden_states, sampling_metadata)
         rows.steps.append((raw, processed))
         if rows.all_securesd:
             return tokens, None

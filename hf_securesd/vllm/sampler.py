@@ -10,14 +10,23 @@ token that ends the round, then -1 placeholders).
 The bonus token (every draft accepted) is the one vLLM's own sampler drew from the processed target
 distribution q_{n+1} with the request's sampling parameters: SPEC.md §2 draws it from q for every
 verifier here, so this is the same rule, and it keeps vLLM's per-request seeds for that draw.
+
+A failure while verifying (a rule raising on some logits, a schedule failing at some position) never
+leaves this module: the rows that shared the failing call are verified again one by one, and a row that
+still fails gets its token from the target alone, as if every draft were rejected (`target_only_token`).
+That is lossless (the token follows q exactly), so the request goes on with a correct, if slower,
+answer, and the engine and every other request are untouched; the error is logged with the row.
+Failing the request instead is not possible from here: vLLM 0.32's runner has no per-request abort, and
+an exception in the sampler stops the engine core with every request on it.
 Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -27,6 +36,7 @@ from ..verifiers.base import RoundInputs, Verifier
 from .request import SecureSDRequest
 
 PLACEHOLDER = -1
+logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
@@ -103,17 +113,73 @@ def verify_rows(
     for plan in plans:
         n = _usable_drafts(plan, invalid, draft_starts[plan.row], num_draft_tokens[plan.row])
         if n == 0:
-            output_token_ids[plan.row, 0] = _token_without_drafts(
+            output_token_ids[plan.row, 0] = target_only_token(
                 plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
             )
             results.append(RowResult(plan.row, plan.position, 0, 0))
             continue
         groups[(plan.request.verifier, bool(greedy[plan.row]))].append((plan, n))
     for (verifier, is_greedy), members in groups.items():
-        results += _verify_group(
-            verifier, is_greedy, members, output_token_ids, draft_token_ids, draft_starts, num_draft_tokens,
-            target_raw_logits, target_logits, bonus, device,
+
+        def run(chosen: list[tuple[RowPlan, int]], verifier: Verifier = verifier, is_greedy: bool = is_greedy):
+            return _verify_group(
+                verifier, is_greedy, chosen, output_token_ids, draft_token_ids, draft_starts, num_draft_tokens,
+                target_raw_logits, target_logits, bonus, device,
+            )
+
+        def fall_back(plan: RowPlan) -> RowResult:
+            output_token_ids[plan.row] = PLACEHOLDER
+            output_token_ids[plan.row, 0] = target_only_token(
+                plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
+            )
+            return RowResult(plan.row, plan.position, 0, 0)
+
+        results += _isolating_failures(members, run, fall_back)
+    return results
+
+
+def _isolating_failures(
+    members: list[tuple[RowPlan, int]],
+    run: Callable[[list[tuple[RowPlan, int]]], list[RowResult]],
+    fall_back: Callable[[RowPlan], RowResult],
+) -> list[RowResult]:
+    """run(members); if it raises, run each member alone, and fall back for a member that fails alone."""
+    try:
+        return run(members)
+    except Exception as error:  # noqa: BLE001 - one request's failure must not stop the engine (module doc)
+        if len(members) == 1:
+            plan = members[0][0]
+            logger.error(
+                "SecureSD verification of batch row %d (%s) failed: %r; its token comes from the target alone "
+                "(lossless) this step", plan.row, plan.request.to_dict(), error,
+            )
+            return [fall_back(plan)]
+    results: list[RowResult] = []
+    for member in members:
+        results += _isolating_failures([member], run, fall_back)
+    return results
+
+
+def fall_back_rows(
+    plans: Sequence[RowPlan],
+    output_token_ids: torch.Tensor,
+    num_draft_tokens: Sequence[int],
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    greedy: Sequence[bool],
+) -> list[RowResult]:
+    """Every row in `plans` gets its token from the target alone (see the module doc); shapes as in
+    `verify_rows`. For a failure outside one group's verification."""
+    counts = torch.tensor(list(num_draft_tokens), dtype=torch.long)
+    draft_starts = (counts.cumsum(0) - counts).tolist()
+    bonus = bonus_token_ids.reshape(-1)
+    results = []
+    for plan in plans:
+        output_token_ids[plan.row] = PLACEHOLDER
+        output_token_ids[plan.row, 0] = target_only_token(
+            plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
         )
+        results.append(RowResult(plan.row, plan.position, 0, 0))
     return results
 
 
@@ -145,18 +211,20 @@ def _schedule_weights(members: list[tuple[RowPlan, int]], positions: torch.Tenso
     return eta
 
 
-def _token_without_drafts(
+def target_only_token(
     row: int, num_draft_tokens: Sequence[int], draft_starts: list[int], target_logits: torch.Tensor,
     bonus: torch.Tensor, is_greedy: bool,
 ) -> torch.Tensor:
     """The row's next token when no draft can be verified: vLLM's bonus token if nothing was drafted,
-    else a draw from q at the first drafted position (every draft rejected; the output follows q)."""
+    else a draw from q at the first drafted position (every draft rejected; the output follows q).
+    target_logits: [num_tokens, V] processed; bonus: [B]. Never raises on finite or -inf logits."""
     if num_draft_tokens[row] == 0:
         return bonus[row]
     logits = target_logits[draft_starts[row]]
-    if is_greedy:
+    probs = logits.softmax(dim=-1)
+    if is_greedy or not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
         return logits.argmax()
-    return torch.multinomial(logits.softmax(dim=-1), 1)[0]
+    return torch.multinomial(probs, 1)[0]
 
 
 def _verify_group(

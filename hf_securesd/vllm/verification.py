@@ -48,8 +48,11 @@ def request_of(state: Any) -> SecureSDRequest | None:
     params = getattr(state, "sampling_params", None)
     try:
         request = request_for(getattr(params, "extra_args", None)) if params is not None else None
-    except SecureSDConfigError as error:
-        logger.error("SecureSD configuration of request %s ignored: %s", getattr(state, "req_id", "?"), error)
+    except Exception as error:  # noqa: BLE001 - a request must never stop the engine (see sampler's doc)
+        kind = "" if isinstance(error, SecureSDConfigError) else f"{type(error).__name__}: "
+        logger.error(
+            "SecureSD configuration of request %s ignored: %s%s", getattr(state, "req_id", "?"), kind, error
+        )
         request = None
     setattr(state, "_securesd_request", request)
     return request
@@ -209,16 +212,18 @@ def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], N
             output = torch.full(
                 (len(num_draft_tokens), max_spec_len + 1), placeholder, dtype=torch.int32, device=target_logits.device
             )
-        step.results = sampler.verify_rows(
-            step.plans,
-            output,
-            draft_token_ids,
-            num_draft_tokens,
-            step.target_raw_logits,
-            step.target_logits if step.target_logits is not None else target_logits,
-            bonus_token_ids,
-            _greedy_rows(sampling_metadata, len(num_draft_tokens)),
-        )
+        processed = step.target_logits if step.target_logits is not None else target_logits
+        greedy = _greedy_rows(sampling_metadata, len(num_draft_tokens))
+        try:
+            step.results = sampler.verify_rows(
+                step.plans, output, draft_token_ids, num_draft_tokens, step.target_raw_logits, processed,
+                bonus_token_ids, greedy,
+            )
+        except Exception:  # noqa: BLE001 - outside any one group (verify_rows isolates those): every row
+            logger.exception("SecureSD verification failed; this step's SecureSD rows take the target's token")
+            step.results = sampler.fall_back_rows(
+                step.plans, output, num_draft_tokens, processed, bonus_token_ids, greedy
+            )
         return output
 
     module.rejection_sample = rejection_sample

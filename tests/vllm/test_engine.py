@@ -82,7 +82,7 @@ def tokens(outputs) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def engine(pair_dir):
     saved = dict(os.environ)
-    os.environ.update({**engine_environment(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"})
+    os.environ.update({**engine_environment(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SECURESD_VLLM": "1"})
     try:
         from vllm import LLM
 
@@ -311,3 +311,37 @@ def test_server_wide_default_and_opt_out(engine, trace, monkeypatch):
     trace.clear()
     opted_out = tokens(generate(engine, PROMPTS[:1], extra_args={"securesd": None}))
     assert trace == [] and opted_out == [engine.plain_first[0]]
+
+
+def test_step_of_two_to_the_63_is_lossless_for_ever(engine, hf_models):
+    """Step(2^63) with an accept-everything rule: every position is below L, so every reply is target
+    greedy (a wrapped int64 comparison once made it relaxed everywhere)."""
+    got = tokens(generate(engine, PROMPTS, extra_args=securesd(LossySD(epsilon=1.0), Step(L=2**63))))
+    assert got == [cut(hf_generate(hf_models, p, NEW_TOKENS), NEW_TOKENS) for p in PROMPTS]
+
+
+def test_a_failing_verification_spares_the_engine_and_the_other_requests(engine, hf_models, monkeypatch):
+    """A rule that raises inside the engine for one request's configuration: that request is verified
+    losslessly (its tokens come from the target alone: target greedy at T = 0), the plain, lossless and
+    other relaxed requests of the same steps are untouched, and the engine keeps serving."""
+    from vllm import SamplingParams
+
+    poisoned = MARS(theta=0.37)
+    original = MARS.acceptance
+
+    def acceptance(self, round_inputs, candidates):
+        if self == poisoned:
+            raise RuntimeError("a rule failing inside the engine")
+        return original(self, round_inputs, candidates)
+
+    monkeypatch.setattr(MARS, "acceptance", acceptance)
+    relaxed = RELAXED["mars"]
+    kinds = [None, securesd("lossless"), securesd(relaxed), securesd(poisoned)]
+    params = [SamplingParams(max_tokens=NEW_TOKENS, temperature=0, extra_args=extra) for extra in kinds]
+    prompt = PROMPTS[1]
+    outputs = engine.llm.generate([{"prompt_token_ids": prompt}] * len(params), params, use_tqdm=False)
+    plain, lossless, mars, failed = tokens(outputs)
+    greedy = cut(hf_generate(hf_models, prompt, NEW_TOKENS), NEW_TOKENS)
+    assert plain == engine.plain_first[1] and lossless == greedy and failed == greedy
+    assert mars == generate_path_reference(hf_models, prompt, relaxed, None) != greedy
+    assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]

@@ -1,6 +1,7 @@
 """Engine-free tests of what the plugin accepts and refuses: request parsing (the dicts GenerationConfig
-serialises, their JSON string, a bare name), the server-wide default, admission checks against the
-engine's configuration, the vLLM version guard, and statistics from vLLM's per-request metrics."""
+serialises, their JSON string, a bare name), hostile and malformed payloads (each refused naming its
+field), misspelled keys, the HTTP body checks, the server-wide default, admission checks against the
+engine's configuration, the refusal of SecureSD requests, and statistics from vLLM's per-request metrics."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ import json
 from types import SimpleNamespace
 
 import pytest
+import torch
 from vllm_support import requires_vllm
 
 from hf_securesd import MARS, SecureSDConfigError, Step
-from hf_securesd.vllm import DEFAULT_ENV, SUPPORTED_VLLM, parse_request, speculative_stats
-from hf_securesd.vllm.admission import check_request
-from hf_securesd.vllm.compat import patch_refusal, unsupported_version_message
+from hf_securesd.schedules import Schedule
+from hf_securesd.vllm import DEFAULT_ENV, parse_request, speculative_stats
+from hf_securesd.vllm.admission import check_beam_search, check_http_body, check_request
+from hf_securesd.vllm.compat import patch_refusal
 from hf_securesd.vllm.request import request_for
 
 CONFIG = {"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}}
@@ -94,15 +97,10 @@ def test_admission_refuses_what_the_engine_cannot_run(config, message) -> None:
         check_request(params(request), config)
 
 
-def test_version_guard() -> None:
-    assert unsupported_version_message("0.32.0") is None
-    assert unsupported_version_message("0.32.3.dev1+cpu") is None
-    for version in ("0.31.9", "0.33.0", "1.0.0", "unknown"):
-        message = unsupported_version_message(version)
-        assert SUPPORTED_VLLM in message and version in message
+REFUSAL = "hf-securesd's vLLM plugin cannot run SecureSD on this vllm 0.31.0: a symbol does not match"
 
 
-def test_unsupported_version_refuses_securesd_requests_only() -> None:
+def test_refusal_refuses_securesd_requests_only() -> None:
     class FakeSamplingParams:
         def __init__(self, extra_args=None):
             self.extra_args = extra_args
@@ -111,11 +109,11 @@ def test_unsupported_version_refuses_securesd_requests_only() -> None:
         def _verify_args(self):
             return None
 
-    undo = patch_refusal(FakeSamplingParams, unsupported_version_message("0.31.0"))
+    undo = patch_refusal(FakeSamplingParams, REFUSAL)
     try:
         FakeSamplingParams()
         FakeSamplingParams({"securesd": None})
-        with pytest.raises(SecureSDConfigError, match=r"supports vllm >=0\.32\.0,<0\.33 but this server runs vllm 0\.31\.0"):
+        with pytest.raises(SecureSDConfigError, match="cannot run SecureSD on this vllm 0.31.0"):
             FakeSamplingParams({"securesd": CONFIG})
     finally:
         undo()
@@ -139,14 +137,141 @@ def test_statistics_by_response_position_from_vllm_metrics() -> None:
 
 
 @requires_vllm()
-def test_unsupported_version_refusal_on_vllms_own_sampling_params() -> None:
+def test_refusal_on_vllms_own_sampling_params() -> None:
     from vllm import SamplingParams
 
-    undo = patch_refusal(SamplingParams, unsupported_version_message("0.34.0"))
+    undo = patch_refusal(SamplingParams, REFUSAL)
     try:
         SamplingParams(max_tokens=4)
-        with pytest.raises(ValueError, match="but this server runs vllm 0.34.0"):
+        with pytest.raises(ValueError, match="cannot run SecureSD on this vllm 0.31.0"):
             SamplingParams(max_tokens=4, extra_args={"securesd": CONFIG})
     finally:
         undo()
     SamplingParams(max_tokens=4, extra_args={"securesd": CONFIG})
+
+
+HUGE_LENGTHS = [10**30, 2**64 + 5, 2**63]
+
+
+@pytest.mark.parametrize(
+    "schedule",
+    [{"schedule": "step", "L": L} for L in HUGE_LENGTHS] + [{"schedule": "power", "L": 10**30, "gamma": 1.0}],
+    ids=["step-1e30", "step-2^64+5", "step-2^63", "power-1e30"],
+)
+def test_huge_schedule_lengths_are_admitted_and_lossless_everywhere(schedule) -> None:
+    """A length beyond any response is (all but) lossless everywhere, never an overflow in the engine."""
+    text = json.dumps({"verifier": {"verifier": "lossysd", "epsilon": 1.0}, "secure_schedule": schedule})
+    request = parse_request(text)
+    eta = request.schedule.eta(torch.tensor([[0, 1, 2], [2**62, 2**62 + 1, 2**62 + 2]]))
+    if schedule["schedule"] == "step":
+        assert eta.tolist() == [[0.0] * 3] * 2
+    else:  # j / L: below 1e-11 at every position a response can have
+        assert bool((eta >= 0).all()) and float(eta.max()) < 1e-11
+
+
+class ExplodingSchedule(Schedule):
+    """A custom schedule that fails far into a response, as an overflow would."""
+
+    name = "exploding"
+
+    def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        if bool((positions > 2**40).any()):
+            raise OverflowError("int too big to convert")
+        return torch.zeros(positions.shape)
+
+
+class OutOfRangeSchedule(Schedule):
+    name = "out-of-range"
+
+    def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.full(positions.shape, float("nan"))
+
+
+@pytest.mark.parametrize(
+    "schedule, message",
+    [(ExplodingSchedule(), "OverflowError: int too big"), (OutOfRangeSchedule(), "eta = nan")],
+    ids=["raises-late", "nan"],
+)
+def test_a_schedule_is_evaluated_once_on_admission(schedule, message) -> None:
+    """Admission evaluates the schedule at positions up to 2^62: what fails there fails here, not later."""
+    with pytest.raises(SecureSDConfigError, match=rf'\["secure_schedule"\]: .*{message}'):
+        parse_request({"verifier": "mars", "secure_schedule": schedule})
+
+
+NESTED = r'\["verifier"\]\["verifier"\] must be a verifier name'
+MALFORMED = {
+    "verifier-nested-thrice": ({"verifier": {"verifier": {"verifier": "mars"}}}, NESTED),
+    "schedule-name-object": (
+        {"verifier": "mars", "secure_schedule": {"schedule": {"a": 1}}},
+        r'\["schedule"\] must be a schedule name',
+    ),
+    "verifier-without-name": (
+        {"verifier": {"theta": 0.5}},
+        r'\["verifier"\] names no rule: add "verifier": "<name>".*lossless, lossysd',
+    ),
+    "verifier-list": ({"verifier": ["mars"]}, r'\["verifier"\] must be a verifier name'),
+    "schedule-string": ({"verifier": "mars", "secure_schedule": "step"}, r'\["secure_schedule"\]: secure_'),
+    "misspelled-field": (
+        {"verifier": "mars", "schedule": {"schedule": "step"}},
+        r"'schedule' \(did you mean 'secure_schedule'\?\)",
+    ),
+    "huge-theta": ({"verifier": {"verifier": "mars", "theta": 10**400}}, r"\['theta'\] is too large for a"),
+    "huge-gamma": (
+        {"verifier": "mars", "secure_schedule": {"schedule": "power", "gamma": 10**400}},
+        r"\['gamma'\] is too large",
+    ),
+    "nan-theta": (json.dumps({"verifier": {"verifier": "mars", "theta": float("nan")}}), "theta must be in"),
+    "json-1000-deep": ("[" * 1000 + "]" * 1000, "nested more than 4 levels deep"),
+    "json-too-long": ('{"verifier": ' * 300 + '"mars"' + "}" * 300, "characters of JSON"),
+    "name-too-long": ("x" * 5000, "a string of 5000 characters"),
+    "json-true": ("true", "must be an object"),
+}
+
+
+@pytest.mark.parametrize("value, message", list(MALFORMED.values()), ids=list(MALFORMED))
+def test_malformed_requests_name_the_field(value, message) -> None:
+    with pytest.raises(SecureSDConfigError, match=message) as raised:
+        parse_request(value)
+    assert 'extra_args["securesd"]' in str(raised.value)
+
+
+def test_deeply_nested_python_objects_are_refused_without_recursion() -> None:
+    nested: dict = {"verifier": "mars"}
+    for _ in range(5000):
+        nested = {"verifier": nested}
+    with pytest.raises(SecureSDConfigError, match="nested more than 4 levels"):
+        parse_request(nested)
+    cyclic: dict = {"verifier": "mars"}
+    cyclic["secure_schedule"] = {"schedule": "step", "L": 1, "self": cyclic}
+    with pytest.raises(SecureSDConfigError, match="nested more than|more than 64 values"):
+        parse_request(cyclic)
+
+
+@pytest.mark.parametrize("key", ["secure_sd", "SecureSD", "secure-sd", "securesd_", "secursd", "securesdd"])
+def test_a_misspelled_securesd_key_is_refused_with_a_suggestion(key) -> None:
+    with pytest.raises(SecureSDConfigError, match=rf"'{key}', which SecureSD does not read; did you mean"):
+        request_for({key: json.dumps({"verifier": "mars"})})
+
+
+def test_other_extra_args_keys_are_left_alone() -> None:
+    for key in ("session_id", "kv_transfer_params", "seed", "secure", "sd"):
+        assert request_for({key: "x"}) is None
+
+
+def test_http_body_checks() -> None:
+    """A top-level securesd field, and beam search asking for SecureSD, are refused (vLLM drops both)."""
+    check_http_body(SimpleNamespace(model_extra={"other": 1}))
+    for key in ("securesd", "secure_sd"):
+        with pytest.raises(SecureSDConfigError, match=rf"top-level field '{key}'.*inside vllm_xargs"):
+            check_http_body(SimpleNamespace(model_extra={key: "mars"}))
+    check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs=None))
+    check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "null"}))
+    with pytest.raises(SecureSDConfigError, match="use_beam_search cannot run with SecureSD"):
+        check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "mars"}))
+
+
+def test_beam_search_under_a_server_wide_default_is_refused(monkeypatch) -> None:
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": "mars"}))
+    with pytest.raises(SecureSDConfigError, match="use_beam_search cannot run with SecureSD"):
+        check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs=None))
+    check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "null"}))

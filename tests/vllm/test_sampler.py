@@ -21,7 +21,7 @@ from hf_securesd import FSD, MARS, BiLD, FLy, Linear, Lossless, LossySD, Power, 
 from hf_securesd.mixing import one_step_output, verify_round
 from hf_securesd.verifiers.base import RoundInputs
 from hf_securesd.vllm.request import SecureSDRequest
-from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, eta_for, verify_rows
+from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, eta_for, fall_back_rows, verify_rows
 
 N = 8_000
 K = 3
@@ -225,3 +225,55 @@ def test_step_switches_at_the_exact_response_position(L: int, position: int) -> 
     else:
         expected = [3]  # the first draft sits at a lossless position and differs from x*
     assert [t for t in output[0].tolist() if t != PLACEHOLDER] == expected
+
+
+POISON = 9
+
+
+def test_a_failing_row_takes_the_targets_token_and_spares_the_others(monkeypatch) -> None:
+    """A rule that raises on one row's drafts: the group is verified again row by row, the failing row
+    gets its token from the target alone (lossless: argmax q at T = 0) and every other row is verified as
+    if nothing had happened."""
+    original = MARS.acceptance
+
+    def acceptance(self, round_inputs, candidates):
+        if bool((round_inputs.draft_tokens == POISON).any()):
+            raise RuntimeError("a rule failing on these logits")
+        return original(self, round_inputs, candidates)
+
+    monkeypatch.setattr(MARS, "acceptance", acceptance)
+    generator = torch.Generator().manual_seed(11)
+    vocab, n = 12, 3
+    targets = [torch.randn(n + 1, vocab, generator=generator) * 2 for _ in range(4)]
+    draft_logits = [t[:n] + torch.randn(n, vocab, generator=generator) for t in targets]
+    drafts = [t[:n].argmax(-1) for t in targets]
+    drafts[1][0] = POISON
+    requests = [SecureSDRequest(MARS(theta=0.5), None)] * 3 + [SecureSDRequest(Lossless(), Step(L=1))]
+    plans = [RowPlan(row, requests[row], 2, draft_logits[row], draft_logits[row]) for row in range(4)]
+    bonus = torch.tensor([int(t[-1].argmax()) for t in targets])
+    output = torch.full((4, n + 1), 99, dtype=torch.int32)
+    results = verify_rows(
+        plans, output, torch.cat(drafts).to(torch.int32), [n] * 4, torch.cat(targets),
+        torch.cat([t[:n] for t in targets]), bonus, [True] * 4,
+    )
+    for row in (0, 2, 3):
+        expected = one_row_reference(
+            requests[row].verifier, requests[row].schedule, 2, targets[row], targets[row], draft_logits[row],
+            drafts[row], bonus[row], True,
+        )
+        assert [t for t in output[row].tolist() if t != PLACEHOLDER] == expected
+    assert output[1].tolist() == [int(targets[1][0].argmax())] + [PLACEHOLDER] * n
+    assert {result.row: result.verified for result in results} == {0: n, 1: 0, 2: n, 3: n}
+
+
+def test_fall_back_rows_draws_each_row_from_the_target() -> None:
+    """The step-wide fallback: every SecureSD row's token follows q at its first drafted position."""
+    torch.manual_seed(0)
+    rows, n = N, 2
+    target = slot_logits(TARGET, n)
+    plans = [RowPlan(row, SecureSDRequest(MARS(), None), 1, None, None) for row in range(rows)]
+    output = torch.zeros((rows, n + 1), dtype=torch.int32)
+    fall_back_rows(plans, output, [n] * rows, target.repeat(rows, 1), torch.zeros(rows, dtype=torch.long),
+                   [False] * rows)
+    assert (output[:, 1:] == PLACEHOLDER).all()
+    assert_follows(output[:, 0], target[0].softmax(-1))

@@ -1,21 +1,28 @@
 """The OpenAI-compatible server (`vllm serve`) on 127.0.0.1 with the plugin: a request selecting a
 verifier gets SecureSD (with per-request acceptance in the response), a bad one gets HTTP 400 and the
-server keeps serving, a plain one is untouched. One server for the module."""
+server keeps serving, a plain one is untouched; the engine's constraints (allowed token ids, bad words,
+min_tokens) bind every verifier; SecureSD sent where vLLM would drop it is refused; and a bounded fuzz
+run of malformed payloads never stops the engine. One server for the module."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+from fuzz_payloads import payload
 from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vllm
 
-from hf_securesd.vllm import speculative_stats
+from hf_securesd import SecureSDConfigError
+from hf_securesd.vllm import parse_request, speculative_stats
 
 pytestmark = requires_vllm()
 
@@ -46,7 +53,8 @@ def server(pair_dir, tmp_path_factory):
         "--enable-per-request-metrics", "--per-request-spec-decode-metrics", "detailed",
     ]
     with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env={**os.environ, **engine_environment()}, stdout=log, stderr=subprocess.STDOUT)
+        environment = {**os.environ, **engine_environment(), "SECURESD_VLLM": "1"}
+        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + START_TIMEOUT_S
@@ -72,11 +80,12 @@ def server(pair_dir, tmp_path_factory):
             process.wait()
 
 
-def complete(client, securesd=None, model=None):
+def complete(client, securesd=None, model=None, **fields):
+    """POST /v1/completions; `securesd` travels as a JSON string in vllm_xargs, `fields` join the body."""
     body = {"model": model, "prompt": PROMPT, "max_tokens": NEW_TOKENS, "temperature": 0, "return_token_ids": True}
     if securesd is not None:
         body["vllm_xargs"] = {"securesd": securesd if isinstance(securesd, str) else json.dumps(securesd)}
-    return client.post("/v1/completions", json=body)
+    return client.post("/v1/completions", json={**body, **fields})
 
 
 @pytest.fixture(scope="module")
@@ -133,3 +142,179 @@ def test_bad_request_gets_http_400_and_the_server_keeps_serving(server, model_na
     assert response.status_code == 400, response.text
     assert message in response.text
     assert len(choice_tokens(complete(server, model=model_name))) > 1
+
+
+def error_message(response) -> str:
+    """The message of an HTTP 400 (asserting it is one)."""
+    assert response.status_code == 400, response.text
+    return response.json()["error"]["message"]
+
+
+def alive(client, model_name) -> bool:
+    return len(choice_tokens(complete(client, model=model_name, max_tokens=4))) == 4
+
+
+ACCEPT_ALL = {"verifier": "lossysd", "epsilon": 1.0}
+HUGE_SCHEDULES = {
+    "step-1e30": {"schedule": "step", "L": 10**30},
+    "step-2^64+5": {"schedule": "step", "L": 2**64 + 5},
+    "step-2^63": {"schedule": "step", "L": 2**63},
+    "power-1e30": {"schedule": "power", "L": 10**30, "gamma": 1.0},
+}
+
+
+def test_huge_schedule_lengths_are_lossless_and_spare_a_running_request(server, model_name):
+    """A length beyond any response verifies losslessly for ever (accept-everything relaxed rule or not),
+    with no overflow in the engine: a long plain request running alongside completes untouched."""
+    plain = choice_tokens(complete(server, model=model_name))
+    long_body = {"model": model_name, "prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True,
+                 "return_token_ids": True}
+    with ThreadPoolExecutor(max_workers=len(HUGE_SCHEDULES) + 1) as pool:
+        running = pool.submit(server.post, "/v1/completions", json=long_body)
+        time.sleep(0.5)
+        huge = {
+            name: pool.submit(complete, server, {"verifier": ACCEPT_ALL, "secure_schedule": schedule}, model_name)
+            for name, schedule in HUGE_SCHEDULES.items()
+        }
+        long_tokens = choice_tokens(running.result())
+        for name, response in huge.items():
+            assert choice_tokens(response.result()) == plain, name
+    assert len(long_tokens) == 200 and long_tokens[: len(plain)] == plain
+    assert alive(server, model_name)
+
+
+LETTERS = list(range(ord("a"), ord("z") + 1))
+CONSTRAINED = {
+    "mars": ({"verifier": "mars", "theta": 0.5}, None, 0.0),
+    "mars-step4": ({"verifier": "mars", "theta": 0.5}, {"schedule": "step", "L": 4}, 0.0),
+    "mars-T1": ({"verifier": "mars", "theta": 0.5}, None, 1.0),
+    "fsd": ({"verifier": "fsd", "tau": 0.69}, None, 0.0),
+    "bild": ({"verifier": "bild", "tau_rb": 8.0}, None, 0.0),
+    "speccascade": ({"verifier": "speccascade", "a": 0.9}, None, 0.0),
+    "lossysd": (ACCEPT_ALL, None, 0.0),
+    "lossysd-T1": (ACCEPT_ALL, None, 1.0),
+}
+
+
+@pytest.mark.parametrize("verifier, schedule, temperature", list(CONSTRAINED.values()), ids=list(CONSTRAINED))
+def test_allowed_token_ids_bind_every_verifier(server, model_name, verifier, schedule, temperature):
+    """Only a-z may be emitted: no relaxed rule may accept (or recover) a drafted token outside the set,
+    although the unconstrained draft proposes mostly others."""
+    securesd = {"verifier": verifier, "secure_schedule": schedule}
+    free = choice_tokens(complete(server, securesd, model_name, max_tokens=48, temperature=temperature))
+    assert any(token not in LETTERS for token in free)  # the drafts do leave the set
+    constrained = choice_tokens(
+        complete(server, securesd, model_name, max_tokens=48, temperature=temperature, allowed_token_ids=LETTERS)
+    )
+    assert len(constrained) == 48 and [t for t in constrained if t not in LETTERS] == []
+
+
+@pytest.mark.parametrize(
+    "verifier, temperature",
+    [({"verifier": "speccascade", "a": 0.5}, 0.0), ({"verifier": "bild", "tau_rb": 8.0}, 1.0), (ACCEPT_ALL, 0.0)],
+    ids=["speccascade-T0", "bild-T1", "lossysd-T0"],
+)
+def test_bad_words_and_min_tokens_bind_every_verifier(server, model_name, verifier, temperature):
+    """The most frequent tokens of an unconstrained relaxed reply, banned as bad words, never appear; as
+    stop ids with min_tokens = max_tokens (vLLM suppresses them until then), neither."""
+    securesd = {"verifier": verifier}
+    free = choice_tokens(complete(server, securesd, model_name, max_tokens=48, temperature=temperature))
+    # A bad word bans one token only when it is one: an ASCII byte (the tokenizer splits the others).
+    banned = [token for token, _ in Counter(t for t in free if 32 < t < 127).most_common(2)]
+    assert banned, free
+    reply = choice_tokens(complete(server, securesd, model_name, max_tokens=48, temperature=temperature,
+                                   bad_words=[chr(token) for token in banned]))
+    assert len(reply) > 8 and not set(reply) & set(banned)
+    frequent = [token for token, _ in Counter(free).most_common(2)]
+    stopped = choice_tokens(complete(server, securesd, model_name, max_tokens=48, temperature=temperature,
+                                     stop_token_ids=frequent, min_tokens=48))
+    assert len(stopped) == 48 and not set(stopped) & set(frequent)
+
+
+@pytest.mark.parametrize(
+    "securesd, message",
+    [
+        ({"verifier": {"verifier": {"verifier": "mars"}}}, '["verifier"]["verifier"] must be a verifier name'),
+        ({"verifier": "mars", "secure_schedule": {"schedule": {"a": 1}}}, '["schedule"] must be a schedule name'),
+        ({"verifier": {"theta": 0.5}}, 'names no rule: add "verifier": "<name>"'),
+        ("[" * 1000 + "]" * 1000, "nested more than 4 levels deep"),
+        ('{"verifier": ' * 1000 + '"mars"' + "}" * 1000, "characters of JSON"),
+    ],
+    ids=["verifier-nested", "schedule-name-object", "verifier-without-name", "json-1000-deep", "json-long"],
+)
+def test_malformed_payloads_get_a_400_naming_the_field(server, model_name, securesd, message):
+    text = error_message(complete(server, securesd, model=model_name))
+    assert message in text and 'extra_args["securesd"]' in text
+    assert alive(server, model_name)
+
+
+def test_securesd_where_vllm_would_drop_it_is_refused(server, model_name):
+    """A misspelled vllm_xargs key, a top-level "securesd" field and beam search with SecureSD would all
+    be served as plain vLLM: each gets a 400 that says what to do instead."""
+    body = {"model": model_name, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+    misspelled = server.post("/v1/completions", json={**body, "vllm_xargs": {"secure_sd": '{"verifier": "mars"}'}})
+    assert 'did you mean "securesd"' in error_message(misspelled)
+    top_level = server.post("/v1/completions", json={**body, "securesd": '{"verifier": "mars"}'})
+    assert "top-level field 'securesd'" in error_message(top_level)
+    chat = server.post("/v1/chat/completions", json={"model": model_name, "max_tokens": 4, "securesd": "mars",
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert "top-level field 'securesd'" in error_message(chat)
+    beam = {**body, "use_beam_search": True, "n": 1, "max_tokens": 2}
+    refused = server.post("/v1/completions", json={**beam, "vllm_xargs": {"securesd": "mars"}})
+    assert "use_beam_search cannot run with SecureSD" in error_message(refused)
+    assert server.post("/v1/completions", json=beam).status_code == 200  # plain beam search is untouched
+    assert alive(server, model_name)
+
+
+def parses(value: object) -> bool:
+    try:
+        parse_request(value)
+    except SecureSDConfigError:
+        return False
+    return True
+
+
+FUZZ_PAYLOADS = 520
+REFERENCE_EVERY = 10
+
+
+def test_fuzzed_payloads_never_stop_the_engine(server, model_name):
+    """Hundreds of random and malformed securesd payloads, four at a time, interleaved with plain and
+    lossless requests: no 5xx, every refusal a 400 naming extra_args["securesd"] (and agreeing with the
+    engine-free parser), every accepted one served, every plain and lossless reply unchanged."""
+    plain = choice_tokens(complete(server, model=model_name))
+    rng = random.Random(20261201)
+    jobs: list[tuple[str, object]] = []
+    for index in range(FUZZ_PAYLOADS):
+        jobs.append(("fuzz", payload(rng)))
+        if index % REFERENCE_EVERY == 0:
+            jobs.append((rng.choice(["plain", "lossless"]), None))
+    body = {"model": model_name, "prompt": PROMPT, "max_tokens": 4, "temperature": 0, "return_token_ids": True}
+
+    def send(job: tuple[str, object]):
+        kind, value = job
+        if kind == "fuzz":
+            return server.post("/v1/completions", json={**body, "vllm_xargs": {"securesd": value}})
+        return complete(server, None if kind == "plain" else {"verifier": "lossless"}, model_name)
+
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        responses = list(pool.map(send, jobs))
+    statuses = Counter()
+    for (kind, value), response in zip(jobs, responses):
+        assert response.status_code < 500, (value, response.text)
+        statuses[response.status_code] += 1
+        if kind != "fuzz":
+            assert choice_tokens(response) == plain, kind
+            continue
+        if response.status_code == 400:
+            error = response.json()["error"]
+            # vLLM's own bound on extra_args integers (|x| < 2**64) refuses some bare numbers before SecureSD
+            assert "securesd" in error["message"] or error["param"] == "extra_args", (value, response.text)
+            # the engine-free parser refuses it too, or admission does (a rule that cannot run with this k)
+            assert not parses(value) or "k is the engine's num_speculative_tokens" in response.text, response.text
+        else:
+            assert response.status_code == 200 and parses(value), (value, response.text)
+    assert statuses[400] > FUZZ_PAYLOADS // 2 and statuses[200] > 20, statuses
+    assert alive(server, model_name)
+    assert time.monotonic() - started < 150
