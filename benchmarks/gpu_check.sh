@@ -37,6 +37,10 @@ else
 fi
 timeout "${ROUND_COST_TIMEOUT:-200}" python benchmarks/round_cost.py "${round_cost_args[@]}" 2>&1 \
     | grep -v "^\[transformers\]" | tee "$out/round_cost.log" || echo "round cost check failed (see above)"
+# Prompt lookup drafting (one-hot proposer): ours lossless against HF's own prompt lookup and plain
+# greedy, outputs checked token for token (tiny pair; on CPU too, so the path is checked anywhere).
+timeout "${PROMPT_LOOKUP_TIMEOUT:-150}" python benchmarks/prompt_lookup.py --repeats 1 2>&1 \
+    | tee "$out/prompt_lookup.log" || echo "prompt lookup check failed (see above)"
 if [[ "${round_cost_args[1]}" != cuda ]]; then
     echo "no CUDA device: the exactness and speed check of the real pair needs one; skipped"
     exit 0

@@ -90,9 +90,11 @@ def main() -> None:
     parser.add_argument("--k", type=int, default=10, help="prompt_lookup_num_tokens")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     tokenizer, target = load(args.pair, args.dtype)
+    target.to(args.device)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False)
     methods = {
         "plain": dict(),
@@ -101,7 +103,7 @@ def main() -> None:
         "ours_mars_step1": dict(prompt_lookup_num_tokens=args.k, verifier=MARS(theta=0.9), secure_schedule=Step(L=1),
                                 return_dict_in_generate=True),
     }
-    print(f"pair={args.pair} k={args.k} max_new_tokens={args.max_new_tokens} prompts={len(PROMPTS)}")
+    print(f"pair={args.pair} device={args.device} k={args.k} max_new_tokens={args.max_new_tokens} prompts={len(PROMPTS)}")
     print(f"{'method':18} {'wall s':>8} {'tok/s':>7} {'rounds':>7} {'AR':>6}  equals plain")
     reference: list[torch.Tensor] = []
     for name, extra in methods.items():
@@ -109,7 +111,7 @@ def main() -> None:
         for repeat in range(args.repeats):
             wall, tokens, rounds, drafted, accepted = 0.0, 0, 0, 0, 0
             for index, prompt in enumerate(PROMPTS):
-                ids = encode(tokenizer, prompt, args.pair)
+                ids = encode(tokenizer, prompt, args.pair).to(args.device)
                 with CountingLookup() as counter:
                     start = time.perf_counter()
                     out = target.generate(ids, **common, **extra)
