@@ -13,12 +13,14 @@ from __future__ import annotations
 import pytest
 import torch
 
+from hf_securesd.verifiers import VERIFIERS
+
 pytestmark = pytest.mark.slow
 
 MAX_NEW_TOKENS = 20
 DRAFT_TOKENS = 5
 SECURE_PREFIX = 4
-VERIFIER_NAMES = ("lossless", "lossysd", "bild", "speccascade", "fsd", "fly", "mars", "vllm_fly")
+VERIFIER_NAMES = tuple(VERIFIERS)
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",
     "What is 17 * 23? Show your working.",
