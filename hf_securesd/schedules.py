@@ -190,8 +190,9 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
         return schedule
     if not isinstance(schedule, dict):
         raise TypeError(
-            f"secure_schedule must be Step(L), Linear(L), Power(L, gamma), Segments(boundary, before, after), "
-            f"a dict such as {{'schedule': 'step', 'L': 1}}, or None; got {type(schedule).__name__} {_short(schedule)}"
+            "secure_schedule must be Step(L), Linear(L), Power(L, gamma), Segments(boundary, before, after), "
+            f"a dict such as {{'schedule': 'step', 'L': 1}}, or None; "
+            f"got {type(schedule).__name__} {_short(schedule)}"
         )
     name = schedule.get("schedule")
     if not isinstance(name, str) or name.lower() not in SCHEDULES:
@@ -208,7 +209,8 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
     required = [
         item.name
         for item in dataclass_fields(cls)
-        if item.init and item.default is MISSING and item.default_factory is MISSING and item.name not in options
+        if item.init and item.name not in options
+        and item.default is MISSING and item.default_factory is MISSING
     ]
     if required:
         raise ValueError(f"schedule {name!r} needs the option(s) {required}; valid options: {valid}")

@@ -41,7 +41,16 @@ from typing import Any, ClassVar, Sequence, Union
 
 import torch
 
-from .schedules import Linear, Power, Schedule, Step, check_weights, is_integer, register_schedule, resolve_schedule
+from .schedules import (
+    Linear,
+    Power,
+    Schedule,
+    Step,
+    check_weights,
+    is_integer,
+    register_schedule,
+    resolve_schedule,
+)
 from .validation import SecureSDConfigError
 
 LOSSLESS = "lossless"
@@ -77,14 +86,18 @@ def _token_ids(value: Any) -> tuple[int, ...] | None:
 def _one_boundary(value: Any) -> Boundary:
     if isinstance(value, str):
         if not value:
-            raise ValueError("Segments boundary is an empty string; give the text that ends a segment, e.g. '</think>'")
+            raise ValueError(
+                "Segments boundary is an empty string; give the text that ends a segment, e.g. '</think>'"
+            )
         return value
     ids = _token_ids(value)
     if ids is None:
         raise ValueError(f"Segments boundary {_short(value)} is not a boundary; {_BOUNDARY_HELP}")
     negative = [token for token in ids if token < 0]
     if negative:
-        raise ValueError(f"Segments boundary {list(ids)} holds the negative token id {negative[0]}; ids are >= 0")
+        raise ValueError(
+            f"Segments boundary {list(ids)} holds the negative token id {negative[0]}; ids are >= 0"
+        )
     return ids
 
 
@@ -99,7 +112,8 @@ def normalize_boundaries(boundary: Any) -> tuple[Boundary, ...]:
         if any(is_integer(item) for item in boundary):
             raise ValueError(
                 f"Segments boundary {_short(boundary)} mixes token ids with other boundaries; write one "
-                "boundary of several tokens as [id, id, ...] and several boundaries as [[id, ...], '</think>', ...]"
+                "boundary of several tokens as [id, id, ...] and several boundaries as "
+                "[[id, ...], '</think>', ...]"
             )
         return tuple(_one_boundary(item) for item in boundary)
     raise ValueError(f"Segments boundary must be given, got {_short(boundary)}; {_BOUNDARY_HELP}")
@@ -113,7 +127,8 @@ def _segment_schedule(value: Any, side: str) -> SegmentSchedule:
         if value.strip().lower() == LOSSLESS:
             return LOSSLESS
         raise ValueError(
-            f"Segments {side}={value!r} is not a segment schedule; use None (the relaxed verifier unchanged), "
+            f"Segments {side}={value!r} is not a segment schedule; use None (the relaxed verifier "
+            "unchanged), "
             f"'lossless' (eta = 0 for the whole segment) or a position schedule such as Step(L=4)"
         )
     if isinstance(value, dict):
@@ -221,7 +236,9 @@ class Segments(Schedule):
     boundary: Any
     before: SegmentSchedule = None
     after: SegmentSchedule = LOSSLESS
-    token_boundaries: tuple[tuple[int, ...], ...] | None = field(default=None, init=False, repr=False, compare=False)
+    token_boundaries: tuple[tuple[int, ...], ...] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
     name: ClassVar[str] = "segments"
     reads_tokens: ClassVar[bool] = True
 
@@ -244,7 +261,9 @@ class Segments(Schedule):
         added token such as Qwen3's `</think>`) is that token; other text is the tokenizer's split of it
         alone, refused unless it decodes back to the same text. A model may split the same text
         differently in context: give those splits as token-id boundaries too."""
-        resolved = tuple(item if not isinstance(item, str) else text_to_ids(tokenizer, item) for item in self.boundary)
+        resolved = tuple(
+            item if not isinstance(item, str) else text_to_ids(tokenizer, item) for item in self.boundary
+        )
         copy = Segments(self.boundary, self.before, self.after)
         object.__setattr__(copy, "token_boundaries", resolved)
         return copy
@@ -253,9 +272,10 @@ class Segments(Schedule):
         """The token-id boundaries' matcher; raises when a text boundary has not been resolved."""
         if self.token_boundaries is None:
             raise BoundaryResolutionError(
-                f"Segments boundary {', '.join(repr(text) for text in self.text_boundaries)} is text and needs the "
-                "model's tokenizer: pass tokenizer=<the target's tokenizer> to generate (or resolve it once with "
-                "schedule.with_tokenizer(tokenizer)), or give the boundary as token ids, e.g. Segments([151668], ...)"
+                f"Segments boundary {', '.join(map(repr, self.text_boundaries))} is text and needs the "
+                "model's tokenizer: pass tokenizer=<the target's tokenizer> to generate (or resolve it "
+                "once with schedule.with_tokenizer(tokenizer)), or give the boundary as token ids, e.g. "
+                "Segments([151668], ...)"
             )
         return _matcher(self.token_boundaries)
 
@@ -279,7 +299,9 @@ class Segments(Schedule):
         """
         segment_start = self.segment_starts_of_round(starts, drafts, responses)
         positions = starts[:, None] + torch.arange(drafts.shape[1], device=starts.device)
-        starts_tensor = torch.tensor(segment_start, dtype=torch.long, device=starts.device).reshape(positions.shape)
+        starts_tensor = torch.tensor(segment_start, dtype=torch.long, device=starts.device).reshape(
+            positions.shape
+        )
         in_after = starts_tensor >= 0
         before = _segment_eta(self.before, positions)
         if not bool(in_after.any()):
@@ -296,7 +318,8 @@ class Segments(Schedule):
         if responses is None or len(responses) != batch:
             got = "None" if responses is None else f"{len(responses)} rows"
             raise ValueError(
-                f"Segments needs responses: the committed response tokens of each of the {batch} rows, got {got}"
+                f"Segments needs responses: the committed response tokens of each of the {batch} rows, "
+                f"got {got}"
             )
         host_starts = starts.tolist()
         host_drafts = drafts.tolist()
@@ -306,7 +329,8 @@ class Segments(Schedule):
             response = response if isinstance(response, list) else list(response)
             if len(response) > start:
                 raise ValueError(
-                    f"a row's response holds {len(response)} committed tokens but its first draft sits at position "
+                    f"a row's response holds {len(response)} committed tokens but its first draft sits at "
+                    "position "
                     f"{start}; responses[b] must be the tokens before position starts[b]"
                 )
             offset = start - len(response)  # response position of response[0]
@@ -344,7 +368,8 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
     """Token ids of a text boundary (see `Segments.with_tokenizer`)."""
     if tokenizer is None:
         raise BoundaryResolutionError(
-            f"Segments boundary {text!r} is text and needs the model's tokenizer: pass tokenizer= to generate, "
+            f"Segments boundary {text!r} is text and needs the model's tokenizer: pass tokenizer= to "
+            "generate, "
             "or give the boundary as token ids"
         )
     vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
@@ -356,7 +381,8 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
     decoded = tokenizer.decode(list(ids))
     if decoded != text:
         raise BoundaryResolutionError(
-            f"the tokenizer splits the Segments boundary {text!r} into {list(ids)}, which decodes to {decoded!r}: "
+            f"the tokenizer splits the Segments boundary {text!r} into {list(ids)}, which decodes to "
+            f"{decoded!r}: "
             "give the boundary as the token ids the model emits, e.g. Segments([id, ...], ...)"
         )
     return ids

@@ -262,7 +262,6 @@ def segment_statistics(
 ) -> list[SegmentStats]:
     """One `SegmentStats` per row. sequences: [B, prompt_length + new] as `generate` returns them (rows
     left-padded, so every response starts at column `prompt_length`)."""
-    return [
-        row_segment_stats(schedule, sequences[row, prompt_length : prompt_length + stats.new_tokens].tolist(), stats)
-        for row, stats in enumerate(row_stats)
-    ]
+    responses = [sequences[row, prompt_length : prompt_length + part.new_tokens].tolist() for row, part in
+                 enumerate(row_stats)]
+    return [row_segment_stats(schedule, response, part) for response, part in zip(responses, row_stats)]

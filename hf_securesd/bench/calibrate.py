@@ -3,6 +3,9 @@ recommend the smallest L whose safety PRR is within `tolerance` of lossless veri
 keeping the speed-up, i.e. SPD at least (1 - `spd_tolerance`) times that of the relaxed verifier
 without SecureSD.
 
+For a reasoning model the swept schedule can be the answer segment's instead: with a `Segments`
+template (its boundary and `before`), L is swept in `Segments(boundary, before, after=Step(L))`.
+
 `recommend` is a pure function of recorded cells (`runs.jsonl` records), so it can be checked on
 synthetic results; `calibration_configs` is what `securesd calibrate` runs.
 """
@@ -15,7 +18,8 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, mean_of, speculative_cells
 from hf_securesd.bench.plan import LOSSLESS, RunConfig, parse_verifier, verifier_label
-from hf_securesd.schedules import Step
+from hf_securesd.schedules import Schedule, Step
+from hf_securesd.segments import Segments
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12)
 
@@ -49,8 +53,35 @@ class Recommendation:
         return asdict(self)
 
 
-def calibration_configs(verifier_specs: Sequence[str], lengths: Sequence[int]) -> list[RunConfig]:
-    """Lossless, then each relaxed verifier setting without a schedule and under Step(L) for each L."""
+def swept_schedule(length: int, segments: Segments | None = None) -> Schedule:
+    """Step(L), or with a `segments` template its schedule with after=Step(L) (the answer's L)."""
+    if segments is None:
+        return Step(L=length)
+    return Segments(segments.boundary, segments.before, Step(L=length))
+
+
+def _swept_length(schedule: dict[str, Any] | None, segments: Segments | None) -> int | None:
+    """L of a recorded schedule dict when it belongs to the sweep, else None."""
+    if not schedule:
+        return None
+    if segments is None:
+        return int(schedule["L"]) if schedule["schedule"] == "step" else None
+    template = segments.to_dict()
+    after = schedule.get("after")
+    same = all(schedule.get(key) == template[key] for key in ("schedule", "boundary", "before"))
+    return int(after["L"]) if same and isinstance(after, dict) and after.get("schedule") == "step" else None
+
+
+def schedule_name(length: int | None, segments: Segments | None = None) -> str:
+    """How a swept L reads in messages: ``Step(L=4)`` or ``Segments(after=Step(L=4))``."""
+    return f"Step(L={length})" if segments is None else f"Segments(after=Step(L={length}))"
+
+
+def calibration_configs(
+    verifier_specs: Sequence[str], lengths: Sequence[int], segments: Segments | None = None
+) -> list[RunConfig]:
+    """Lossless, then each relaxed verifier setting without a schedule and under the swept schedule
+    (`swept_schedule`) for each L."""
     configs = [LOSSLESS]
     for spec in verifier_specs:
         for verifier in parse_verifier(spec):
@@ -60,7 +91,8 @@ def calibration_configs(verifier_specs: Sequence[str], lengths: Sequence[int]) -
                 )
             configs.append(RunConfig("speculative", verifier))
             configs.extend(
-                RunConfig("speculative", verifier, Step(L=length)) for length in sorted(set(lengths))
+                RunConfig("speculative", verifier, swept_schedule(length, segments))
+                for length in sorted(set(lengths))
             )
     return configs
 
@@ -79,10 +111,15 @@ def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:
 
 
 def recommend(
-    cells: Sequence[Cell], verifier: str, tolerance: float = 0.05, spd_tolerance: float = 0.1
+    cells: Sequence[Cell],
+    verifier: str,
+    tolerance: float = 0.05,
+    spd_tolerance: float = 0.1,
+    segments: Segments | None = None,
 ) -> Recommendation:
     """Recommend L for the relaxed setting `verifier` (its label, e.g. ``mars(theta=0.5)``) from
-    recorded cells holding the lossless verifier, that setting without a schedule and under Step(L)."""
+    recorded cells holding the lossless verifier, that setting without a schedule and under Step(L)
+    (with a `segments` template: under that schedule with after=Step(L); other cells are ignored)."""
     lossless = speculative_cells(cells, "lossless", None)
     mine = [cell for cell in speculative_cells(cells) if cell["config_key"].split("+")[0] == verifier]
     plain = [cell for cell in mine if cell["schedule_label"] is None]
@@ -95,9 +132,9 @@ def recommend(
     relaxed = _level(plain, None)
     by_length: dict[int, list[Cell]] = {}
     for cell in mine:
-        schedule = cell["config"]["schedule"]
-        if schedule and schedule["schedule"] == "step":
-            by_length.setdefault(int(schedule["L"]), []).append(cell)
+        length = _swept_length(cell["config"]["schedule"], segments)
+        if length is not None:
+            by_length.setdefault(length, []).append(cell)
     if not math.isfinite(lossless_safety):
         return Recommendation(
             verifier,
@@ -118,7 +155,7 @@ def recommend(
     chosen = next((level for level in levels if level.safe and level.fast), None)
     if chosen is not None:
         reason = (
-            f"Step(L={chosen.L}) is the smallest L with safety PRR {chosen.safety_prr:.3f} "
+            f"{schedule_name(chosen.L, segments)} is the smallest L with safety PRR {chosen.safety_prr:.3f} "
             f"within {tolerance} "
             f"of lossless ({lossless_safety:.3f}) and SPD {chosen.spd:.2f} at least {1 - spd_tolerance:.0%} "
             f"of the relaxed verifier's {relaxed.spd:.2f}"
@@ -127,7 +164,8 @@ def recommend(
     safe = [level for level in levels if level.safe]
     if safe:
         reason = (
-            f"Step(L={safe[0].L}) is the smallest L within {tolerance} of lossless safety, but its SPD "
+            f"{schedule_name(safe[0].L, segments)} is the smallest L within {tolerance} of lossless safety, "
+            "but its SPD "
             f"{safe[0].spd:.2f} is below {1 - spd_tolerance:.0%} of the relaxed verifier's "
             f"{relaxed.spd:.2f}; "
             f"no L keeps the speed-up"

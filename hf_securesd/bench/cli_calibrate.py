@@ -5,6 +5,12 @@ smallest L whose safety PRR is within a tolerance of lossless while keeping the 
     securesd calibrate --profile smoke --out results/calib-smoke
     securesd calibrate --verifier mars:0.5 --L 1 2 4 8 --tasks jailbreak prompt_injection humaneval \\
         --limit 20 --out results/calib
+    securesd calibrate --segment-boundary '</think>' --segment-before none --L 1 2 4 8 \\
+        --out results/calib-answer
+
+With `--segment-boundary` (a reasoning model) the swept schedule is the answer segment's:
+Segments(boundary, before=--segment-before, after=Step(L)); a boundary written `ids:151668` (or
+`ids:1,2` for several tokens) is token ids, any other value is text resolved with the target tokenizer.
 
 Runs are recorded like `securesd bench` (resumable); the recommendation is printed and written to
 RESULTS/calibration.json and RESULTS/calibration.md.
@@ -16,8 +22,9 @@ import argparse
 import json
 import sys
 
-from hf_securesd.bench.calibrate import DEFAULT_LENGTHS
+from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, schedule_name
 from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, prepare
+from hf_securesd.segments import LOSSLESS, Segments
 
 DEFAULT_VERIFIER = "mars:0.5"
 
@@ -40,6 +47,18 @@ def configure(parser: argparse.ArgumentParser) -> None:
         help=f"Step(L) lengths to try (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
     )
     parser.add_argument(
+        "--segment-boundary",
+        nargs="+",
+        default=None,
+        help="sweep L of the answer segment after this boundary (text such as '</think>', or ids:151668)",
+    )
+    parser.add_argument(
+        "--segment-before",
+        default="none",
+        help="schedule of the segment before the boundary: none, lossless, step:L, linear:L, power:L:GAMMA "
+        "(default: none; needs --segment-boundary)",
+    )
+    parser.add_argument(
         "--tolerance",
         type=float,
         default=0.05,
@@ -54,15 +73,49 @@ def configure(parser: argparse.ArgumentParser) -> None:
     accept_underscores(parser)
 
 
+def segments_template(boundaries: list[str] | None, before: str) -> Segments | None:
+    """The `Segments` whose answer segment is swept (after= is replaced by Step(L)), or None."""
+    from hf_securesd.bench.plan import parse_schedule
+
+    if boundaries is None:
+        if before != "none":
+            raise ValueError(
+                "--segment-before needs --segment-boundary (the boundary that ends that segment)"
+            )
+        return None
+    parsed: list[object] = []
+    for value in boundaries:
+        if value.startswith("ids:"):
+            try:
+                parsed.append([int(token) for token in value[len("ids:") :].split(",")])
+            except ValueError:
+                raise ValueError(
+                    f"--segment-boundary {value!r}: write token ids as ids:151668 or ids:1,2"
+                ) from None
+        else:
+            parsed.append(value)
+    first = LOSSLESS if before.strip().lower() == LOSSLESS else parse_schedule(before)
+    return Segments(parsed, before=first, after=LOSSLESS)
+
+
 def _markdown(
-    recommendations, manifest: dict, tolerance: float, spd_tolerance: float, n_examples: dict[str, int]
+    recommendations,
+    manifest: dict,
+    tolerance: float,
+    spd_tolerance: float,
+    n_examples: dict[str, int],
+    segments: Segments | None = None,
 ) -> str:
     from hf_securesd.bench.report import fmt, table
 
     models = manifest.get("models", {})
     ids = {role: models.get(role, {}).get("id", manifest[role]) for role in ("target", "draft")}
+    swept = "Step(L)"
+    if segments is not None:
+        boundaries = [item if isinstance(item, str) else list(item) for item in segments.boundary]
+        swept = f"Answer-segment Step(L) (Segments({boundaries}, before={segments.before!r}, after=Step(L)))"
     lines = [
-        f"# Step(L) calibration: `{manifest['target']}` with draft `{manifest['draft']}`",
+        f"# {swept} calibration: `{manifest['target']}` with draft `{manifest['draft']}`",
         "",
         f"Rule: the smallest L with safety PRR >= lossless - {tolerance} and SPD >= "
         f"{1 - spd_tolerance:.0%} of the relaxed verifier's SPD without SecureSD.",
@@ -97,7 +150,7 @@ def _markdown(
             for level in rec.levels
         ]
         rows.append(["lossless", fmt(rec.lossless_safety_prr), "", "", "", "", ""])
-        title = f"Step(L={rec.L})" if rec.L is not None else "no recommendation"
+        title = schedule_name(rec.L, segments) if rec.L is not None else "no recommendation"
         lines += [
             f"## {rec.verifier}: {title}",
             "",
@@ -111,12 +164,15 @@ def _markdown(
 
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.calibrate import calibration_configs, recommend, verifier_labels
+    from hf_securesd.bench.plan import resolve_text_boundaries
     from hf_securesd.bench.results import ResultsDir
     from hf_securesd.bench.runner import run_study
 
     try:
-        configs = calibration_configs(args.verifier, args.lengths)
+        segments = segments_template(args.segment_boundary, args.segment_before)
+        configs = calibration_configs(args.verifier, args.lengths, segments)
         settings, engine, tasks = prepare(args)
+        configs = resolve_text_boundaries(configs, engine.tokenizer)
     except (KeyError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -125,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
     current = {task_run.baseline_id for task_run in tasks}
     cells = [cell for cell in results.runs() if cell["baseline_id"] in current]
     recommendations = [
-        recommend(cells, label, args.tolerance, args.spd_tolerance)
+        recommend(cells, label, args.tolerance, args.spd_tolerance, segments)
         for label in verifier_labels(args.verifier)
     ]
     (results.path / "calibration.json").write_text(
@@ -138,6 +194,7 @@ def run(args: argparse.Namespace) -> int:
             args.tolerance,
             args.spd_tolerance,
             {task_run.task.name: len(task_run.examples) for task_run in tasks},
+            segments,
         ),
         encoding="utf-8",
     )

@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, Sequence
 
-from hf_securesd.schedules import Linear, Power, Schedule, Step
+from hf_securesd.schedules import Linear, Power, Schedule, Step, resolve_schedule
+from hf_securesd.segments import Segments
 from hf_securesd.verifiers import VERIFIERS, Lossless, Verifier, resolve_verifier
 
 Kind = Literal["target", "draft", "speculative", "endpoint"]
-SCHEDULES: dict[str, type[Schedule]] = {"step": Step, "linear": Linear, "power": Power}
+SCHEDULES: dict[str, type[Schedule]] = {"step": Step, "linear": Linear, "power": Power, "segments": Segments}
 
 
 @dataclass(frozen=True)
@@ -97,9 +98,22 @@ def verifier_label(verifier: Verifier) -> str:
 
 
 def schedule_label(schedule: Schedule) -> str:
-    """``step(L=1)``, ``linear(L=4)``, ``power(L=4,gamma=2)``."""
+    """``step(L=1)``, ``linear(L=4)``, ``power(L=4,gamma=2)``,
+    ``segments(boundary='</think>',before=none,after=step(L=4))``."""
+    if isinstance(schedule, Segments):
+        return _segments_label(schedule)
     options = {key: value for key, value in schedule.to_dict().items() if key != "schedule"}
     return f"{schedule.name}(" + ",".join(f"{key}={_format(value)}" for key, value in options.items()) + ")"
+
+
+def _segments_label(schedule: Segments) -> str:
+    boundaries = [item if isinstance(item, str) else list(item) for item in schedule.boundary]
+    boundary = boundaries[0] if len(boundaries) == 1 else boundaries
+
+    def part(value: Schedule | str | None) -> str:
+        return "none" if value is None else value if isinstance(value, str) else schedule_label(value)
+
+    return f"segments(boundary={boundary!r},before={part(schedule.before)},after={part(schedule.after)})"
 
 
 def schedule_from_dict(values: dict[str, Any]) -> Schedule:
@@ -112,7 +126,12 @@ def schedule_from_dict(values: dict[str, Any]) -> Schedule:
 
 
 def parse_schedule(spec: str) -> Schedule | None:
-    """``none`` -> None (relaxed verifier unchanged); ``step:L``, ``linear:L``, ``power:L:gamma``."""
+    """``none`` -> None (relaxed verifier unchanged); ``step:L``, ``linear:L``, ``power:L:gamma``; or
+    a JSON object in a schedule's `to_dict()` form, e.g. a segment schedule:
+    ``{"schedule": "segments", "boundary": "</think>", "before": null,
+    "after": {"schedule": "step", "L": 4}}``."""
+    if spec.strip().startswith("{"):
+        return _parse_json_schedule(spec)
     name, *numbers = spec.strip().lower().split(":")
     if name == "none" and not numbers:
         return None
@@ -125,7 +144,24 @@ def parse_schedule(spec: str) -> Schedule | None:
             return Power(L=int(numbers[0]), gamma=float(numbers[1]))
     except ValueError as error:
         raise ValueError(f"bad schedule {spec!r}: {error}") from error
-    raise ValueError(f"bad schedule {spec!r}; use none, step:L, linear:L or power:L:gamma (e.g. step:1)")
+    raise ValueError(
+        f"bad schedule {spec!r}; use none, step:L, linear:L, power:L:gamma (e.g. step:1) or a JSON object "
+        'such as {"schedule": "segments", "boundary": "</think>", "before": null, '
+        '"after": {"schedule": "step", "L": 4}}'
+    )
+
+
+def _parse_json_schedule(spec: str) -> Schedule:
+    try:
+        values = json.loads(spec)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"bad schedule {spec!r}: not valid JSON ({error})") from None
+    if not isinstance(values, dict) or not isinstance(values.get("schedule"), str):
+        raise ValueError(f"bad schedule {spec!r}: a JSON schedule is an object with a 'schedule' name")
+    try:
+        return resolve_schedule(values)
+    except (TypeError, ValueError) as error:
+        raise ValueError(f"bad schedule {spec!r}: {error}") from None
 
 
 def parse_verifier(spec: str) -> list[Verifier]:
@@ -159,6 +195,17 @@ def sweep_configs(verifier_specs: Sequence[str], schedules: Sequence[Schedule | 
                 continue
             configs.extend(RunConfig("speculative", verifier, schedule) for schedule in schedules)
     return list(dict.fromkeys(configs, None))
+
+
+def resolve_text_boundaries(configs: Sequence[RunConfig], tokenizer: Any) -> list[RunConfig]:
+    """`configs` with the text boundaries of their segment schedules turned into token ids by the
+    target's `tokenizer` (`Segments.with_tokenizer`: keys and recorded dicts keep the text)."""
+    return [
+        replace(config, schedule=config.schedule.with_tokenizer(tokenizer))
+        if isinstance(config.schedule, Segments) and config.schedule.text_boundaries
+        else config
+        for config in configs
+    ]
 
 
 def canonical_json(values: Any) -> str:
