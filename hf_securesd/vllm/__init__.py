@@ -16,6 +16,12 @@ Over HTTP the same object travels as a JSON string in `vllm_xargs` (see `request
 sampler untouched. Verification goes through the shared rules (`verifiers/`, `mixing.py`,
 `schedules.py`); this subpackage only adapts vLLM's tensors to them (`sampler`), records the draft
 logits (`drafting`), hooks the runner (`verification`), and checks requests on admission (`admission`).
+
+Nothing changes in vLLM until the operator opts in with `SECURESD_VLLM=1` (or sets
+`SECURESD_VLLM_DEFAULT`): without it a SecureSD request is refused with how to enable the plugin and
+everything else runs as without this package (`compat`). With it, the plugin first checks every vLLM
+symbol it patches or reads (`features`); if one does not match, SecureSD requests are refused naming
+it, and nothing is patched.
 """
 
 from __future__ import annotations
@@ -24,29 +30,44 @@ import logging
 import os
 from typing import Callable
 
-from .compat import SUPPORTED_VLLM, unsupported_version_message
+from .compat import OPT_IN_ENV, opt_in
+from .features import SUPPORTED_RELEASES
 from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, SecureSDRequest, parse_request, server_default
 from .stats import speculative_stats
 
 logger = logging.getLogger(__name__)
 _undo: list[Callable[[], None]] = []
+RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 
 
 def register() -> None:
-    """Entry point of vLLM's `vllm.general_plugins` group. Runs once per process and never raises:
-    on an unsupported vLLM, or if patching fails, SecureSD requests are refused with a clear error
-    and plain requests are served as usual."""
+    """Entry point of vLLM's `vllm.general_plugins` group. Runs once per process and never raises.
+
+    Without the opt-in (`SECURESD_VLLM=1` or `SECURESD_VLLM_DEFAULT`) it only makes SecureSD requests
+    fail validation with how to enable the plugin. With it, and when every symbol in
+    `features.REQUIRED` matches, it selects the V1 model runner (unless `VLLM_USE_V2_MODEL_RUNNER` is
+    set), installs the patches and logs one WARNING line saying so. On a mismatch, or if patching
+    fails, SecureSD requests are refused with the reason and plain requests are served as usual."""
     if _undo:
         return
     import vllm
     from vllm.sampling_params import SamplingParams
 
     from .compat import patch_refusal
+    from .features import check_installed, mismatch_message
 
-    message = unsupported_version_message(vllm.__version__)
-    if message is None:
+    enabled, message = opt_in(os.environ)
+    if not enabled:
+        logger.debug("hf-securesd: vLLM plugin not enabled (%s); nothing patched", OPT_IN_ENV)
+        _undo.append(patch_refusal(SamplingParams, message, include_default=False))
+        return
+    mismatches = check_installed()
+    if mismatches:
+        message = mismatch_message(vllm.__version__, mismatches)
+    else:
         try:
-            _install()
+            changes = _install()
+            logger.warning("hf-securesd vLLM plugin enabled: %s", changes)
             _check_server_default()
             return
         except Exception as error:  # noqa: BLE001 - any failure must leave vLLM serving plain requests
@@ -57,9 +78,9 @@ def register() -> None:
     _undo.append(patch_refusal(SamplingParams, message))
 
 
-def _install() -> None:
-    """Patch vLLM 0.32's V1 model runner path. The V2 runner (vLLM's GPU default where Triton exists)
-    is not patched: the plugin selects the V1 runner unless VLLM_USE_V2_MODEL_RUNNER is set."""
+def _install() -> str:
+    """Select the V1 model runner and patch it (the V2 runner, vLLM's GPU default, is not patched);
+    returns what was changed, for the log."""
     from vllm.exceptions import VLLMValidationError
     from vllm.sampling_params import SamplingParams
     from vllm.v1.engine.input_processor import InputProcessor
@@ -72,13 +93,25 @@ def _install() -> None:
     from .drafting import patch_proposer
     from .verification import patch_rejection_module, patch_runner
 
-    if "VLLM_USE_V2_MODEL_RUNNER" not in os.environ:
-        os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
-        logger.info("hf-securesd: selecting vLLM's V1 model runner (VLLM_USE_V2_MODEL_RUNNER=0), the runner SecureSD patches")
+    if RUNNER_ENV in os.environ:
+        value = os.environ[RUNNER_ENV]
+        runner = (
+            f"{RUNNER_ENV}=0 already set (the V1 runner, which SecureSD patches)" if value.strip() == "0"
+            else f"kept {RUNNER_ENV}={value!r} as set (SecureSD requests need the V1 runner, =0)"
+        )
+    else:
+        os.environ[RUNNER_ENV] = "0"
+        _undo.append(lambda: os.environ.pop(RUNNER_ENV, None))
+        runner = f"selected vLLM's V1 model runner ({RUNNER_ENV}=0), the runner SecureSD patches"
     _undo.append(patch_admission(InputProcessor, SamplingParams, VLLMValidationError))
     _undo.append(patch_proposer(SpecDecodeBaseProposer, apply_top_k_top_p))
     _undo.append(patch_runner(GPUModelRunner))
     _undo.append(patch_rejection_module(rejection_sampler, apply_top_k_top_p))
+    return (
+        f"{runner}; patched GPUModelRunner._sample/propose_draft_token_ids, "
+        "SpecDecodeBaseProposer._sample_draft_tokens, rejection_sampler.rejection_sample/"
+        "apply_sampling_constraints and request validation; requests without \"securesd\" run vLLM's own code"
+    )
 
 
 def _check_server_default() -> None:
@@ -104,7 +137,8 @@ __all__ = [
     "speculative_stats",
     "SecureSDRequest",
     "parse_request",
-    "SUPPORTED_VLLM",
+    "SUPPORTED_RELEASES",
+    "OPT_IN_ENV",
     "DEFAULT_ENV",
     "EXTRA_ARGS_KEY",
 ]

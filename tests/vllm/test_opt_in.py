@@ -1,0 +1,146 @@
+"""No side effects until asked: without SECURESD_VLLM=1 (or SECURESD_VLLM_DEFAULT) the plugin leaves
+vLLM as it is (no patch, no runner selection, no log line) and only refuses a SecureSD request with how
+to enable it; with the opt-in it logs exactly one WARNING saying what it changed.
+
+The `register()` tests call the entry point in this process; one engine test compares a real engine
+with the package installed but not enabled against one without the plugin at all."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from plugin_state import plugin_environment
+from vllm_support import requires_vllm
+
+from hf_securesd.vllm import DEFAULT_ENV, OPT_IN_ENV
+
+pytestmark = requires_vllm()
+
+ASKS = {"securesd": {"verifier": {"verifier": "mars", "theta": 0.5}}}
+
+
+def patched_symbols() -> dict[str, object]:
+    """The vLLM attributes the plugin replaces when it installs, by name."""
+    from vllm.sampling_params import SamplingParams
+    from vllm.v1.engine.input_processor import InputProcessor
+    from vllm.v1.sample import rejection_sampler
+    from vllm.v1.spec_decode.llm_base_proposer import SpecDecodeBaseProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    return {
+        "_sample": GPUModelRunner._sample,
+        "propose_draft_token_ids": GPUModelRunner.propose_draft_token_ids,
+        "_sample_draft_tokens": SpecDecodeBaseProposer._sample_draft_tokens,
+        "rejection_sample": rejection_sampler.rejection_sample,
+        "apply_sampling_constraints": rejection_sampler.apply_sampling_constraints,
+        "_validate_params": InputProcessor._validate_params,
+        "_verify_args": SamplingParams._verify_args,
+    }
+
+
+def plugin_records(caplog) -> list[logging.LogRecord]:
+    return [record for record in caplog.records if record.name.startswith("hf_securesd")]
+
+
+def test_without_opt_in_only_securesd_requests_are_refused(caplog):
+    import os
+
+    from vllm.sampling_params import SamplingParams
+
+    from hf_securesd.vllm import register
+
+    with plugin_environment():
+        original = patched_symbols()
+        caplog.set_level(logging.DEBUG)
+        register()
+        after = patched_symbols()
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+        assert {name: after[name] is original[name] for name in original} == {
+            **{name: True for name in original}, "_verify_args": False
+        }
+        assert not [record for record in plugin_records(caplog) if record.levelno >= logging.INFO]
+        SamplingParams(max_tokens=4)
+        SamplingParams(max_tokens=4, extra_args={"securesd": None})
+        SamplingParams(max_tokens=4, extra_args={"other": 1})
+        with pytest.raises(ValueError, match=r"off in this server: start vLLM with SECURESD_VLLM=1"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
+        with pytest.raises(ValueError, match="SECURESD_VLLM=1"):
+            SamplingParams(max_tokens=4, extra_args={"securesd": "{not json"})
+
+
+def test_explicit_off_keeps_the_default_from_applying():
+    from vllm.sampling_params import SamplingParams
+
+    from hf_securesd.vllm import register
+
+    with plugin_environment(**{OPT_IN_ENV: "0", DEFAULT_ENV: '{"verifier": "mars"}'}):
+        register()
+        SamplingParams(max_tokens=4)  # would inherit the default if the plugin were on
+        with pytest.raises(ValueError, match=r"\(SECURESD_VLLM=0\)"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
+
+
+def test_unknown_opt_in_value_is_refused_by_name():
+    from vllm.sampling_params import SamplingParams
+
+    from hf_securesd.vllm import register
+
+    with plugin_environment(**{OPT_IN_ENV: "yes"}):
+        register()
+        assert patched_symbols()["_sample"].__qualname__ == "GPUModelRunner._sample"
+        with pytest.raises(ValueError, match=r"SECURESD_VLLM='yes' is not understood"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
+
+
+@pytest.mark.parametrize("variables", [{OPT_IN_ENV: "1"}, {DEFAULT_ENV: '{"verifier": "lossless"}'}],
+                         ids=["SECURESD_VLLM=1", "SECURESD_VLLM_DEFAULT"])
+def test_opt_in_patches_selects_the_runner_and_logs_one_warning(caplog, variables):
+    import os
+
+    from hf_securesd.vllm import register, uninstall
+
+    with plugin_environment(**variables):
+        original = patched_symbols()
+        caplog.set_level(logging.DEBUG)
+        register()
+        assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "0"
+        after = patched_symbols()
+        assert all(after[name] is not original[name] for name in original if name != "_verify_args")
+        warnings = [record for record in plugin_records(caplog) if record.levelno >= logging.WARNING]
+        assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
+        assert "VLLM_USE_V2_MODEL_RUNNER=0" in warnings[0].getMessage()
+        assert "GPUModelRunner._sample" in warnings[0].getMessage()
+        uninstall()
+        assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+        assert patched_symbols() == original
+
+
+def test_opt_in_keeps_an_operators_runner_choice(caplog):
+    import os
+
+    from hf_securesd.vllm import register
+
+    with plugin_environment(**{OPT_IN_ENV: "1", "VLLM_USE_V2_MODEL_RUNNER": "1"}):
+        caplog.set_level(logging.WARNING)
+        register()
+        assert os.environ["VLLM_USE_V2_MODEL_RUNNER"] == "1"
+        (warning,) = plugin_records(caplog)
+        assert "kept VLLM_USE_V2_MODEL_RUNNER='1'" in warning.getMessage()
+
+
+def test_engine_without_opt_in_is_vllm_without_the_plugin(pair_dir, probe_without_plugin):
+    """Same tokens as an engine that never loads the plugin, VLLM_USE_V2_MODEL_RUNNER left unset, nothing
+    patched, no line logged by the plugin; a SecureSD request is refused with how to enable it (the
+    engine without the plugin silently serves it as a plain request)."""
+    from conftest import run_engine_probe
+
+    unset = {OPT_IN_ENV: None, DEFAULT_ENV: None, "VLLM_USE_V2_MODEL_RUNNER": None}
+    installed = run_engine_probe(pair_dir, {**unset, "VLLM_PLUGINS": None})
+    assert installed["tokens"] == probe_without_plugin["tokens"]
+    assert all(len(sequence) > 1 for sequence in installed["tokens"])
+    assert installed["runner_env"] is None and probe_without_plugin["runner_env"] is None
+    assert not installed["patched"] and not probe_without_plugin["patched"]
+    assert "start vLLM with SECURESD_VLLM=1" in (installed["refusal"] or "")
+    assert probe_without_plugin["refusal"] is None
+    assert "hf-securesd vLLM plugin enabled" not in installed["stderr"]
