@@ -125,19 +125,14 @@ class RoundInputs:
         """q at the k drafted positions: [B, k, V]."""
         return self.target_probs[:, : self.num_draft_tokens]
 
-    @cached_property
-    def precise_target_probs(self) -> torch.Tensor:
-        """q at the k drafted positions in float64, from the logits: [B, k, V]. Recovery distributions
-        subtract nearly equal probabilities ((q - p)+ where the draft is close to the target), which
-        float32 cannot resolve; they are computed from these and returned in float32."""
-        return _distribution(self.target_logits[:, : self.num_draft_tokens].double(), self.greedy)
-
-    @cached_property
-    def precise_draft_probs(self) -> torch.Tensor:
-        """p in float64, from the logits (one-hot without a draft distribution): [B, k, V]."""
+    def precise_probs(self, index: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(q, p) in float64 from the logits at the drafted positions `index` (rows, positions): [N, V] each."""
+        q = _distribution(self.target_logits[:, : self.num_draft_tokens][index].double(), self.greedy)
         if self.draft_logits is None:
-            return self.draft_probs.double()
-        return _distribution(self.draft_logits.double(), self.greedy)
+            p = self.draft_probs[index].double()
+        else:
+            p = _distribution(self.draft_logits[index].double(), self.greedy)
+        return q, p
 
     def allowed_at(self, candidates: torch.Tensor) -> torch.Tensor:
         """bool [B, k, C]: whether the target may emit each candidate at its drafted position."""
@@ -205,20 +200,39 @@ def lossless_acceptance(round_inputs: RoundInputs, candidates: torch.Tensor) -> 
     return torch.where(p > 0, ratio.clamp(max=1.0), (q > 0).to(q.dtype))
 
 
-def residual(minuend: torch.Tensor, draft_probs: torch.Tensor, fallback: torch.Tensor) -> torch.Tensor:
-    """normalize((minuend - p)+) -> [B, k, V]; rows with no positive mass fall back to `fallback`."""
-    positive = (minuend - draft_probs).clamp_min(0.0)
+# Below this positive mass a float32 difference of probabilities loses too many digits (each entry is
+# off by ~6e-8 of max(q, p), ~1e-7 over the vocabulary): such positions are recomputed in float64.
+PRECISE_BELOW = 1e-2
+
+
+def normalized_positive_part(
+    round_inputs: RoundInputs,
+    difference: Callable[..., torch.Tensor],
+    *extras: torch.Tensor,
+) -> torch.Tensor:
+    """normalize(difference(q, p, *extras)+) at the drafted positions -> [B, k, V] float32, q where it has
+    no positive mass. `difference` is evaluated in float32 and, at positions whose positive mass is below
+    PRECISE_BELOW, again in float64 from the logits, so nearly equal q and p (or a cascade with p(A) ~ 1)
+    cannot lose the distribution to cancellation. extras: [B, k, V] tensors indexed like q and p."""
+    q, p = round_inputs.verified_target_probs(), round_inputs.draft_probs
+    positive = difference(q, p, *extras).clamp_min(0.0)
     mass = positive.sum(dim=-1, keepdim=True)
-    return torch.where(mass > 0, positive / mass.clamp_min(torch.finfo(mass.dtype).tiny), fallback)
+    out = torch.where(mass > 0, positive / mass.clamp_min(torch.finfo(mass.dtype).tiny), q)
+    small = mass[..., 0] < PRECISE_BELOW
+    if bool(small.any()):
+        index = small.nonzero(as_tuple=True)
+        q64, p64 = round_inputs.precise_probs(index)
+        positive64 = difference(q64, p64, *(extra[index].double() for extra in extras)).clamp_min(0.0)
+        mass64 = positive64.sum(dim=-1, keepdim=True)
+        out[index] = torch.where(mass64 > 0, positive64 / mass64.clamp_min(torch.finfo(mass64.dtype).tiny), q64).float()
+    return out
 
 
 def lossless_recovery(round_inputs: RoundInputs) -> torch.Tensor:
-    """normalize((q - p)+), falling back to q where q == p: [B, k, V] float32, computed in float64."""
+    """normalize((q - p)+), falling back to q where q == p: [B, k, V]."""
     if round_inputs.greedy:
-        q = round_inputs.verified_target_probs()
-        return residual(q, round_inputs.draft_probs, fallback=q)
-    q = round_inputs.precise_target_probs
-    return residual(q, round_inputs.precise_draft_probs, fallback=q).to(torch.float32)
+        return round_inputs.verified_target_probs()
+    return normalized_positive_part(round_inputs, lambda q, p: q - p)
 
 
 def is_target_choice(round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:

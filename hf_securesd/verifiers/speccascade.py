@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, is_number, is_target_choice, require
+from .base import Needs, RoundInputs, Verifier, gather, is_number, is_target_choice, normalized_positive_part, require
 
 RULES = ("token", "chow")
 
@@ -21,8 +21,8 @@ class SpecCascade(Verifier):
     * rule "chow": defer to the target iff max p~ <= 1 - a; otherwise pi = p (accept the draft).
 
     The inequalities are strict so that a = 0 is exactly lossless at every temperature. pi - p is
-    computed as eta_c q - p 1[v not in A] (eta_c summed over the complement of A), in float64, so a
-    confident draft (p(A) close to 1) does not lose the recovery distribution to cancellation.
+    computed as eta_c q - p 1[v not in A] (eta_c summed over the complement of A), in float64 where its
+    mass is small, so a confident draft (p(A) close to 1) does not lose the recovery to cancellation.
 
     With a one-hot draft (p = 1_x, token rule): unchanged at T = 0; at T > 0 x in A is accepted, any
     other x with probability q(x), recovering from q (eta_c = 1). The Chow rule reads max p~ and needs
@@ -79,9 +79,8 @@ class SpecCascade(Verifier):
     def sampled_recovery(self, round_inputs: RoundInputs) -> torch.Tensor:
         """normalize((pi - p)+) with pi - p = eta_c q - p 1[v not in A], computed without subtracting
         nearly equal numbers; q where that mass is zero (every draft inside A: never rejected)."""
-        outside = (~self._lenient_set(round_inputs)).double()
-        p, q = round_inputs.precise_draft_probs, round_inputs.precise_target_probs
-        deferred = (p * outside).sum(dim=-1, keepdim=True)
-        positive = (deferred * q - p * outside).clamp_min(0.0)
-        mass = positive.sum(dim=-1, keepdim=True)
-        return torch.where(mass > 0, positive / mass.clamp_min(torch.finfo(mass.dtype).tiny), q).to(torch.float32)
+        def difference(q: torch.Tensor, p: torch.Tensor, outside: torch.Tensor) -> torch.Tensor:
+            return (p * outside).sum(dim=-1, keepdim=True) * q - p * outside
+
+        outside = (~self._lenient_set(round_inputs)).float()
+        return normalized_positive_part(round_inputs, difference, outside)
