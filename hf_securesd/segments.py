@@ -186,31 +186,27 @@ class BoundaryMatcher:
                 return True
         return False
 
-    def last_segment_start(self, tokens: Sequence[int]) -> int | None:
+    def last_segment_start(self, tokens: list[int]) -> int | None:
         """Index just after the last boundary occurrence in `tokens` (where the current segment
-        starts), or None when no boundary occurs."""
+        starts), or None when no boundary occurs. Searches backwards from the end, once per distinct
+        last token of the boundaries, each search stopping at the best end found so far."""
+        reversed_tokens = tokens[::-1]
         best: int | None = None
-        for pattern in self.patterns:
-            end = self._last_end(tokens, pattern)
-            if end is not None and (best is None or end > best):
-                best = end
+        for last in self._by_last:
+            limit = len(tokens) if best is None else len(tokens) - best
+            offset = 0
+            while True:
+                try:
+                    offset = reversed_tokens.index(last, offset, limit)
+                except ValueError:
+                    break
+                if self.ends_at(tokens, len(tokens) - offset):
+                    best = len(tokens) - offset
+                    break
+                offset += 1
         return best
 
-    def _last_end(self, tokens: Sequence[int], pattern: tuple[int, ...]) -> int | None:
-        size, last = len(pattern), pattern[-1]
-        reversed_tokens = tokens[::-1] if isinstance(tokens, list) else list(tokens)[::-1]
-        offset = 0
-        while True:
-            try:
-                offset = reversed_tokens.index(last, offset)
-            except ValueError:
-                return None
-            stop = len(tokens) - offset
-            if stop >= size and tuple(tokens[stop - size : stop]) == pattern:
-                return stop
-            offset += 1
-
-    def segment_starts(self, tokens: Sequence[int]) -> list[int]:
+    def segment_starts(self, tokens: list[int]) -> list[int]:
         """Every index at which a new segment starts (just after each boundary occurrence), ascending."""
         return [stop for stop in range(1, len(tokens) + 1) if self.ends_at(tokens, stop)]
 
