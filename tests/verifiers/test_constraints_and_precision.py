@@ -145,38 +145,34 @@ def softmax64(z: np.ndarray) -> np.ndarray:
     return e / e.sum()
 
 
+def recovery_of(verifier, zt: np.ndarray, zd: np.ndarray) -> np.ndarray:
+    """The library's T > 0 recovery at one drafted position with these (float32) logits: [V] float64."""
+    t = torch.tensor(zt, dtype=torch.float32)[None, None].expand(1, 2, -1)
+    d = torch.tensor(zd, dtype=torch.float32)[None, None]
+    inputs = RoundInputs(d.argmax(-1), t, d, t, d, greedy=False)
+    return verifier.sampled_recovery(inputs)[0, 0].double().numpy()
+
+
+def tv(first: np.ndarray, second: np.ndarray) -> float:
+    return 0.5 * float(np.abs(first - second).sum())
+
+
 @pytest.mark.parametrize("rule", ["token", "chow"])
 def test_speccascade_recovery_has_no_cancellation(rule):
     verifier = SpecCascade(a=0.97 if rule == "chow" else 0.5, rule=rule)
-    worst = 0.0
-    for zt, zd in adversarial_cases():
-        t = torch.tensor(zt, dtype=torch.float32)[None, None].expand(1, 2, -1)
-        d = torch.tensor(zd, dtype=torch.float32)[None, None]
-        inputs = RoundInputs(d.argmax(-1), t, d, t, d, greedy=False)
-        ours = verifier.sampled_recovery(inputs)[0, 0].double().numpy()
-        reference = reference_speccascade_recovery(zt, zd, verifier.a, rule)
-        worst = max(worst, 0.5 * np.abs(ours - reference).sum())
+    worst = max(
+        tv(recovery_of(verifier, zt, zd), reference_speccascade_recovery(zt, zd, verifier.a, rule))
+        for zt, zd in adversarial_cases()
+    )
     assert worst < 1e-6, worst
 
 
 @pytest.mark.parametrize("name", ["lossless", "lossysd", "bild", "mars", "fly"])
 def test_residual_recoveries_match_a_float64_reference(name):
-    verifier = LENIENT[name]
-    worst = 0.0
-    for zt, zd in adversarial_cases():
-        t = torch.tensor(zt, dtype=torch.float32)[None, None].expand(1, 2, -1)
-        d = torch.tensor(zd, dtype=torch.float32)[None, None]
-        inputs = RoundInputs(d.argmax(-1), t, d, t, d, greedy=False)
-        ours = verifier.sampled_recovery(inputs)[0, 0].double().numpy()
-        reference = reference_residual(zt, zd)
-        worst = max(worst, 0.5 * np.abs(ours - reference).sum())
+    worst = max(tv(recovery_of(LENIENT[name], zt, zd), reference_residual(zt, zd)) for zt, zd in adversarial_cases())
     assert worst < 1e-6, worst
 
 
 def test_fsd_recovers_from_q_exactly():
     for zt, zd in adversarial_cases(50):
-        t = torch.tensor(zt, dtype=torch.float32)[None, None].expand(1, 2, -1)
-        d = torch.tensor(zd, dtype=torch.float32)[None, None]
-        inputs = RoundInputs(d.argmax(-1), t, d, t, d, greedy=False)
-        ours = FSD().sampled_recovery(inputs)[0, 0].double().numpy()
-        assert 0.5 * np.abs(ours - softmax64(zt)).sum() < 1e-5
+        assert tv(recovery_of(FSD(), zt, zd), softmax64(zt)) < 1e-5
