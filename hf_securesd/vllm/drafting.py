@@ -3,13 +3,14 @@ proposed token (also at T = 0, where FSD and BiLD read them) and draw the drafts
 `generate` path does.
 
 The draft distribution is p = softmax(top-k/top-p(raw / T)), the request's own sampling parameters
-applied to the draft as the `generate` path applies its processors to both models; at T = 0 the
-draft is argmax(raw). vLLM's own drafting differs: with its default `draft_sample_method="greedy"`
-it drafts argmax(raw) even at T > 0 and verifies against a one-hot p, and with `"probabilistic"` it
-samples from softmax(raw / T) without top-k/top-p and keeps only those probabilities. Penalties,
-bad words, allowed token ids and min_tokens reach the target only (as in vLLM): they change the
-acceptance rate, never what verification may emit (a token they forbid is never accepted or drawn).
-Rows of plain requests keep vLLM's drafting untouched.
+applied to the draft as the `generate` path applies its processors to both models, the draft drawn
+with the request's own generator when it has a `seed`; at T = 0 the draft is argmax(raw). vLLM's own
+drafting differs: with its default `draft_sample_method="greedy"` it drafts argmax(raw) even at T > 0
+and verifies against a one-hot p, and with `"probabilistic"` it samples from softmax(raw / T)
+without top-k/top-p and keeps only those probabilities. Penalties, bad words, allowed token ids and
+min_tokens reach the target only (as in vLLM): they change the acceptance rate, never what
+verification may emit (a token they forbid is never accepted or drawn). Rows of plain requests keep
+vLLM's drafting untouched; its draws for them leave SecureSD rows' generators alone.
 
 Should drafting SecureSD rows fail, the proposal goes on with vLLM's own drafting and records nothing
 more: the SecureSD rows then verify only the drafts recorded before the failure (their token after
@@ -18,8 +19,9 @@ those comes from the target), which stays exact, and the engine goes on.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import logging
 
@@ -69,14 +71,40 @@ def draft_from_logits(
     if not bool(sampled.any()):
         return tokens, raw
     index = sampled.nonzero()[:, 0]
-    top_k = None if sampling_metadata.top_k is None else sampling_metadata.top_k[index.to(sampling_metadata.top_k.device)]
-    top_p = None if sampling_metadata.top_p is None else sampling_metadata.top_p[index.to(sampling_metadata.top_p.device)]
+    top_k, top_p = (
+        None if values is None else values[index.to(values.device)]
+        for values in (sampling_metadata.top_k, sampling_metadata.top_p)
+    )
     scaled = raw[index] / temperature[index.to(temperature.device)].to(raw.device, raw.dtype)[:, None]
     processed_rows = top_k_top_p(scaled, top_k, top_p)
     processed = raw.clone()
     processed[index] = processed_rows
-    tokens[index] = torch.multinomial(processed_rows.softmax(dim=-1), 1)[:, 0]
+    generators = getattr(sampling_metadata, "generators", None)
+    tokens[index] = _draw(processed_rows.softmax(dim=-1), index.tolist(), generators)
     return tokens, processed
+
+
+def _draw(probs: torch.Tensor, rows: list[int], generators: dict[int, torch.Generator] | None
+          ) -> torch.Tensor:
+    """[R'] one token per row of probs [R', V] (batch rows `rows`): with the row's own generator
+    where the request has one (its `seed`), from torch's global generator otherwise."""
+    if not generators or not any(row in generators for row in rows):
+        return torch.multinomial(probs, 1)[:, 0]
+    return torch.stack(
+        [torch.multinomial(probs[i], 1, generator=generators.get(row))[0] for i, row in enumerate(rows)]
+    )
+
+
+def without_generators(sampling_metadata: Any, rows: Iterable[int]) -> Any:
+    """`sampling_metadata` (vLLM's SamplingMetadata) without the generators of batch `rows`, for vLLM's
+    own draws of other rows: a SecureSD row's generator then serves only SecureSD's draws, in the same
+    order whatever else is in the batch, so its `seed` fixes its output."""
+    generators = getattr(sampling_metadata, "generators", None)
+    rows = set(rows)
+    if not generators or not rows & set(generators):
+        return sampling_metadata
+    kept = {row: generator for row, generator in generators.items() if row not in rows}
+    return dataclasses.replace(sampling_metadata, generators=kept)
 
 
 def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], None]:
@@ -104,7 +132,8 @@ def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], 
         rows.steps.append((raw, processed))
         if rows.all_securesd:
             return tokens, None
-        theirs, probs = original(self, hidden_states, sampling_metadata)
+        mine = [row for row, flag in enumerate(flags) if flag]
+        theirs, probs = original(self, hidden_states, without_generators(sampling_metadata, mine))
         return torch.where(ours, tokens.to(theirs.dtype), theirs), probs
 
     proposer_class._sample_draft_tokens = _sample_draft_tokens

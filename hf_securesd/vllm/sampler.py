@@ -1,38 +1,37 @@
-"""SecureSD verification of one vLLM step, on vLLM's flattened tensors, with the shared rules.
+"""SecureSD verification of one vLLM step: vLLM's flattened tensors in, the shared verification step
+(`step.verify_step`) in the middle, vLLM's output buffer out.
 
 vLLM lays a verification step out request by request: B requests, request b with n_b drafted tokens,
-`num_tokens = sum n_b`. This module turns the SecureSD rows of such a step into `RoundInputs`
-(one per verifier and greedy/sampled kind, ragged rows padded and masked by `draft_lengths`), runs
-`mixing.verify_round` on them with the schedule's eta at each drafted token's response position,
-and writes the result into vLLM's output buffer [B, max_spec_len + 1] (accepted drafts, then the
-token that ends the round, then -1 placeholders).
-
-The bonus token (every draft accepted) is the one vLLM's own sampler drew from the processed target
-distribution q_{n+1} with the request's sampling parameters: SPEC.md §2 draws it from q for every
-verifier here, so this is the same rule, and it keeps vLLM's per-request seeds for that draw.
+`num_tokens = sum n_b`. This adapter builds one `VerificationRound` from the SecureSD rows of such a
+step (ragged rows padded, their usable draft counts, response positions, generators and, for schedules
+that read tokens, their committed responses) and writes the `StepOutput` into vLLM's output buffer
+[B, max_spec_len + 1]: accepted drafts, then the token that ends the round, then -1 placeholders.
+Everything else is the core's, once for every engine: grouping rows by verifier, the eta default, the
+no-usable-draft rule, the bonus token (drawn from q at the position after the accepted drafts, with
+the row's generator; vLLM's own bonus token is used only by the fallback below, for a row that
+drafted nothing when the bonus logits are missing) and per-request generators. A row without draft
+logits verifies no draft unless its proposer is one-hot (n-gram, suffix: `RowPlan.one_hot`).
 
 A failure while verifying (a rule raising on some logits, a schedule failing at some position) never
-leaves this module: the rows that shared the failing call are verified again one by one, and a row that
-still fails gets its token from the target alone, as if every draft were rejected (`target_only_token`).
-That is lossless (the token follows q exactly), so the request goes on with a correct, if slower,
-answer, and the engine and every other request are untouched; the error is logged with the row.
-Failing the request instead is not possible from here: vLLM 0.32's runner has no per-request abort, and
-an exception in the sampler stops the engine core with every request on it.
+leaves this module: the round is verified again row by row, and a row that still fails gets its token
+from the target alone, as if every draft were rejected (`target_only_token`). That is lossless (the
+token follows q exactly), so the request goes on with a correct, if slower, answer, and the engine and
+every other request are untouched; the error is logged with the row. Failing the request instead is
+not possible from here: vLLM 0.32's runner has no per-request abort, and an exception in the sampler
+stops the engine core with every request on it.
 Nothing here imports vLLM.
 """
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
-from ..mixing import verify_round
-from ..schedules import Schedule
-from ..verifiers.base import RoundInputs, Verifier
+from .. import step as core_step
+from ..step import RowSpec, StepOutput, VerificationRound
 from .request import SecureSDRequest
 
 PLACEHOLDER = -1
@@ -48,10 +47,13 @@ class RowPlan:
         request: its verifier and schedule.
         position: 0-based response position of its first drafted token.
         draft_raw_logits: [m, V] raw draft logits at the proposed positions (m >= the drafts that
-            reached verification), or None when the drafter kept none (then every draft is rejected
-            and the token is drawn from the target, which is exact).
+            reached verification), or None when the drafter kept none.
         draft_logits: [m, V] the draft logits the drafts were sampled from (raw / T, then top-k/top-p);
             the raw tensor itself for greedy rows.
+        generator: the request's own generator (vLLM's, from its `seed`), or None.
+        response: the response tokens committed before this step (only for schedules that read tokens).
+        one_hot: the proposer gives no draft distribution (n-gram, suffix): the drafts are verified as
+            one-hot proposals. Otherwise a row without draft logits verifies no draft.
     """
 
     row: int
@@ -59,6 +61,9 @@ class RowPlan:
     position: int
     draft_raw_logits: torch.Tensor | None
     draft_logits: torch.Tensor | None
+    generator: torch.Generator | None = None
+    response: Sequence[int] | None = None
+    one_hot: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,13 +76,6 @@ class RowResult:
     accepted: int
 
 
-def eta_for(schedule: Schedule | None, positions: torch.Tensor) -> torch.Tensor:
-    """eta at `positions` (any shape); no schedule means the pure relaxed verifier (eta = 1)."""
-    if schedule is None:
-        return torch.ones(positions.shape, dtype=torch.float32, device=positions.device)
-    return schedule.eta(positions)
-
-
 def verify_rows(
     plans: Sequence[RowPlan],
     output_token_ids: torch.Tensor,
@@ -85,6 +83,7 @@ def verify_rows(
     num_draft_tokens: Sequence[int],
     target_raw_logits: torch.Tensor,
     target_logits: torch.Tensor,
+    bonus_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     greedy: Sequence[bool],
 ) -> list[RowResult]:
@@ -96,68 +95,183 @@ def verify_rows(
         num_draft_tokens: [B] drafts per request.
         target_raw_logits: [num_tokens + B, V] raw target logits, request by request: its n_b drafted
             positions followed by its bonus position.
-        target_logits: [num_tokens, V] processed target logits at the drafted positions (penalties,
-            temperature, top-k/top-p applied; unscaled for greedy rows).
-        bonus_token_ids: [B] or [B, 1] bonus tokens drawn by vLLM's sampler.
+        target_logits: [num_tokens, V] processed target logits at the drafted positions (vLLM's
+            constraints and penalties, then temperature and top-k/top-p; unscaled for greedy rows).
+        bonus_logits: [B, V] processed target logits at each request's bonus position, the same way.
+        bonus_token_ids: [B] (or [B, 1]) vLLM's bonus tokens, used only by a row that falls back
+            (`target_only_token`) having drafted nothing.
         greedy: [B] whether each request decodes at temperature 0.
     """
-    device = target_logits.device
-    counts = torch.tensor(list(num_draft_tokens), dtype=torch.long)
-    draft_starts = (counts.cumsum(0) - counts).tolist()
-    invalid = (draft_token_ids < 0).tolist() if bool((draft_token_ids < 0).any()) else None
-    bonus = bonus_token_ids.reshape(-1)
-    if plans:
-        output_token_ids[torch.tensor([plan.row for plan in plans], device=output_token_ids.device)] = PLACEHOLDER
-    results: list[RowResult] = []
-    groups: dict[tuple[Verifier, bool], list[tuple[RowPlan, int]]] = defaultdict(list)
-    for plan in plans:
-        n = _usable_drafts(plan, invalid, draft_starts[plan.row], num_draft_tokens[plan.row])
-        if n == 0:
-            output_token_ids[plan.row, 0] = target_only_token(
-                plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
-            )
-            results.append(RowResult(plan.row, plan.position, 0, 0))
-            continue
-        groups[(plan.request.verifier, bool(greedy[plan.row]))].append((plan, n))
-    for (verifier, is_greedy), members in groups.items():
-
-        def run(chosen: list[tuple[RowPlan, int]], verifier: Verifier = verifier, is_greedy: bool = is_greedy):
-            return _verify_group(
-                verifier, is_greedy, chosen, output_token_ids, draft_token_ids, draft_starts, num_draft_tokens,
-                target_raw_logits, target_logits, bonus, device,
-            )
-
-        def fall_back(plan: RowPlan) -> RowResult:
-            output_token_ids[plan.row] = PLACEHOLDER
-            output_token_ids[plan.row, 0] = target_only_token(
-                plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
-            )
-            return RowResult(plan.row, plan.position, 0, 0)
-
-        results += _isolating_failures(members, run, fall_back)
-    return results
-
-
-def _isolating_failures(
-    members: list[tuple[RowPlan, int]],
-    run: Callable[[list[tuple[RowPlan, int]]], list[RowResult]],
-    fall_back: Callable[[RowPlan], RowResult],
-) -> list[RowResult]:
-    """run(members); if it raises, run each member alone, and fall back for a member that fails alone."""
+    if not plans:
+        return []
+    layout = _Layout(num_draft_tokens)
+    counts = [_usable_drafts(plan, draft_token_ids, layout) for plan in plans]
+    round_ = _round(
+        plans, counts, layout, draft_token_ids, target_raw_logits, target_logits, bonus_logits, greedy
+    )
     try:
-        return run(members)
+        output = core_step.verify_step(round_)
     except Exception as error:  # noqa: BLE001 - one request's failure must not stop the engine (module doc)
-        if len(members) == 1:
-            plan = members[0][0]
-            logger.error(
-                "SecureSD verification of batch row %d (%s) failed: %r; its token comes from the target alone "
-                "(lossless) this step", plan.row, plan.request.to_dict(), error,
+        if len(plans) == 1:
+            return fall_back_rows(
+                plans, output_token_ids, num_draft_tokens, target_logits, bonus_token_ids, greedy, error,
+                bonus_logits,
             )
-            return [fall_back(plan)]
-    results: list[RowResult] = []
-    for member in members:
-        results += _isolating_failures([member], run, fall_back)
-    return results
+        results = []
+        for plan in plans:
+            results += verify_rows(
+                [plan], output_token_ids, draft_token_ids, num_draft_tokens, target_raw_logits, target_logits,
+                bonus_logits, bonus_token_ids, greedy,
+            )
+        return results
+    return _write(plans, counts, round_, output, output_token_ids)
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where request b's entries sit in vLLM's flattened tensors."""
+
+    counts: list[int]
+    starts: list[int]
+
+    def __init__(self, num_draft_tokens: Sequence[int]) -> None:
+        counts = [int(n) for n in num_draft_tokens]
+        starts, total = [], 0
+        for n in counts:
+            starts.append(total)
+            total += n
+        object.__setattr__(self, "counts", counts)
+        object.__setattr__(self, "starts", starts)
+
+
+def _usable_drafts(plan: RowPlan, draft_token_ids: torch.Tensor, layout: _Layout) -> int:
+    """Drafts of the row that can be verified: up to the first invalid one (-1), no more than it has
+    draft logits for, and none without them unless the proposer is one-hot."""
+    count = layout.counts[plan.row]
+    if count == 0:
+        return 0
+    if not plan.one_hot:
+        if plan.draft_raw_logits is None:
+            return 0
+        count = min(count, plan.draft_raw_logits.shape[0])
+    start = layout.starts[plan.row]
+    invalid = (draft_token_ids[start : start + count] < 0).nonzero()
+    return int(invalid[0, 0]) if invalid.numel() else count
+
+
+def _round(
+    plans: Sequence[RowPlan],
+    counts: list[int],
+    layout: _Layout,
+    draft_token_ids: torch.Tensor,
+    target_raw_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    bonus_logits: torch.Tensor,
+    greedy: Sequence[bool],
+) -> VerificationRound:
+    """The SecureSD rows as one ragged round of G rows, k = max usable drafts.
+
+    Index lists are built in Python (a batch holds few rows) and gathered with one tensor each. Slots
+    past a row's count repeat its last valid entry (the core ignores them). Processed logits at index n
+    (where a row that accepts all n usable drafts draws its next token): the bonus position's when n is
+    every draft the row has, else the drafted position n itself (a row cut short by an invalid draft)."""
+    device = target_logits.device
+    k = max(counts)
+    draft_index: list[int] = []
+    processed_index: list[int] = []  # into cat(target_logits, bonus_logits)
+    raw_index: list[int] = []
+    num_tokens = target_logits.shape[0]
+    for plan, n in zip(plans, counts):
+        start = layout.starts[plan.row]
+        end = num_tokens + plan.row if n == layout.counts[plan.row] else start + n
+        draft_index += [start + min(j, max(n - 1, 0)) for j in range(k)]
+        processed_index += [start + j if j < n else end for j in range(k + 1)]
+        raw_index += [start + plan.row + min(j, n) for j in range(k + 1)]
+    size, vocab = len(plans), target_logits.shape[-1]
+    processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])
+    index = torch.tensor(draft_index + processed_index + raw_index, device=device)
+    draft_at, processed_at, raw_at = index.split([size * k, size * (k + 1), size * (k + 1)])
+    drafts = draft_token_ids.to(device)[draft_at].view(size, k).long().clamp_min(0)
+    with_logits = not plans[0].one_hot
+    return VerificationRound(
+        rows=[RowSpec(plan.request.verifier, plan.request.schedule, plan.generator) for plan in plans],
+        draft_tokens=drafts,
+        draft_counts=torch.tensor(counts, device=device),
+        starts=torch.tensor([plan.position for plan in plans], device=device),
+        target_logits=processed[processed_at].view(size, k + 1, vocab).to(torch.float32),
+        target_raw_logits=target_raw_logits[raw_at].view(size, k + 1, vocab).to(torch.float32),
+        greedy=torch.tensor([bool(greedy[plan.row]) for plan in plans], device=device),
+        draft_logits=_draft_rows(plans, counts, k, vocab, device, True) if with_logits else None,
+        draft_raw_logits=_draft_rows(plans, counts, k, vocab, device, False) if with_logits else None,
+        responses=[list(plan.response or ()) for plan in plans] if _reads_tokens(plans) else None,
+    )
+
+
+def _reads_tokens(plans: Sequence[RowPlan]) -> bool:
+    return any(getattr(plan.request.schedule, "reads_tokens", False) for plan in plans)
+
+
+def _draft_rows(
+    plans: Sequence[RowPlan], counts: list[int], k: int, vocab: int, device: torch.device, processed: bool
+) -> torch.Tensor:
+    """[G, k, V] float32 draft logits of each row's first k proposals (zeros where it has none: a row
+    without logits has 0 usable drafts), its last valid row repeated past its count."""
+    out = torch.zeros(len(plans), k, vocab, dtype=torch.float32, device=device)
+    for i, (plan, n) in enumerate(zip(plans, counts)):
+        logits = plan.draft_logits if processed else plan.draft_raw_logits
+        if logits is None or n == 0:
+            continue
+        rows = logits[torch.arange(k).clamp(max=n - 1)] if n < k else logits[:k]
+        out[i] = rows[:, :vocab].to(device, torch.float32)
+    return out
+
+
+def _write(
+    plans: Sequence[RowPlan],
+    counts: list[int],
+    round_: VerificationRound,
+    output: StepOutput,
+    output_token_ids: torch.Tensor,
+) -> list[RowResult]:
+    """Each row's accepted drafts, then its next token, then placeholders, into vLLM's buffer."""
+    accepted, next_tokens = output.accepted.tolist(), output.next_tokens.tolist()
+    drafts = round_.draft_tokens.tolist()
+    width = output_token_ids.shape[1]
+    written = [
+        (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
+    ]
+    device = output_token_ids.device
+    rows = torch.tensor([plan.row for plan in plans], device=device)
+    output_token_ids[rows] = torch.tensor(written, dtype=output_token_ids.dtype, device=device)
+    return [RowResult(plan.row, plan.position, n, a) for plan, n, a in zip(plans, counts, accepted)]
+
+
+def target_only_token(
+    plan: RowPlan,
+    num_draft_tokens: Sequence[int],
+    target_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
+    is_greedy: bool,
+    bonus_logits: torch.Tensor | None = None,
+) -> int:
+    """The row's next token from the target alone, as if every draft were rejected: drawn from q at its
+    first drafted position with its generator; a row that drafted nothing draws at its bonus position
+    (or takes vLLM's bonus token, drawn there under the same constraints, without `bonus_logits`).
+    Shapes as in `verify_rows`. Never raises on finite or -inf logits (falls back to the argmax)."""
+    layout = _Layout(num_draft_tokens)
+    if layout.counts[plan.row]:
+        logits = target_logits[layout.starts[plan.row]]
+    elif bonus_logits is not None:
+        logits = bonus_logits[plan.row]
+    else:
+        return int(bonus_token_ids.reshape(-1)[plan.row])
+    probs = logits.to(torch.float32).softmax(dim=-1)
+    if is_greedy or not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
+        return int(logits.argmax())
+    generator = plan.generator
+    if generator is not None and generator.device != probs.device:
+        generator = None
+    return int(torch.multinomial(probs, 1, generator=generator)[0])
 
 
 def fall_back_rows(
@@ -167,129 +281,22 @@ def fall_back_rows(
     target_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     greedy: Sequence[bool],
+    error: BaseException | None = None,
+    bonus_logits: torch.Tensor | None = None,
 ) -> list[RowResult]:
-    """Every row in `plans` gets its token from the target alone (see the module doc); shapes as in
-    `verify_rows`. For a failure outside one group's verification."""
-    counts = torch.tensor(list(num_draft_tokens), dtype=torch.long)
-    draft_starts = (counts.cumsum(0) - counts).tolist()
-    bonus = bonus_token_ids.reshape(-1)
+    """Every row in `plans` takes `target_only_token` (see the module doc), the failure `error` logged
+    with each row; shapes as in `verify_rows`."""
     results = []
     for plan in plans:
-        output_token_ids[plan.row] = PLACEHOLDER
-        output_token_ids[plan.row, 0] = target_only_token(
-            plan.row, num_draft_tokens, draft_starts, target_logits, bonus, greedy[plan.row]
+        if error is not None:
+            logger.error(
+                "SecureSD verification of batch row %d (%s) failed: %r; its token comes from the target "
+                "alone (lossless) this step", plan.row, plan.request.to_dict(), error,
+            )
+        token = target_only_token(
+            plan, num_draft_tokens, target_logits, bonus_token_ids, bool(greedy[plan.row]), bonus_logits
         )
+        output_token_ids[plan.row] = PLACEHOLDER
+        output_token_ids[plan.row, 0] = token
         results.append(RowResult(plan.row, plan.position, 0, 0))
     return results
-
-
-def _usable_drafts(plan: RowPlan, invalid: list[bool] | None, start: int, count: int) -> int:
-    """Drafts of the row that can be verified: up to the first invalid one (-1), and none without logits.
-    `invalid`: per flattened draft, whether it is -1 (None when none is)."""
-    if count == 0 or plan.draft_raw_logits is None:
-        return 0
-    count = min(count, plan.draft_raw_logits.shape[0])
-    if invalid is None:
-        return count
-    return next((offset for offset in range(count) if invalid[start + offset]), count)
-
-
-def _leading_rows(tensors: list[torch.Tensor], lengths: list[int], k: int) -> torch.Tensor:
-    """[G, k, V]: each tensor's first k rows, its last valid row repeated past its length."""
-    return torch.stack([t[:k] if n >= k else t[torch.arange(k).clamp(max=n - 1)] for t, n in zip(tensors, lengths)])
-
-
-def _schedule_weights(members: list[tuple[RowPlan, int]], positions: torch.Tensor) -> torch.Tensor:
-    """eta [G, k] at each row's drafted positions [G, k], evaluated once per distinct schedule."""
-    eta = torch.empty(positions.shape, dtype=torch.float32)
-    by_schedule: dict[Schedule | None, list[int]] = defaultdict(list)
-    for index, (plan, _) in enumerate(members):
-        by_schedule[plan.request.schedule].append(index)
-    for schedule, indices in by_schedule.items():
-        chosen = torch.tensor(indices)
-        eta[chosen] = eta_for(schedule, positions[chosen])
-    return eta
-
-
-def target_only_token(
-    row: int, num_draft_tokens: Sequence[int], draft_starts: list[int], target_logits: torch.Tensor,
-    bonus: torch.Tensor, is_greedy: bool,
-) -> torch.Tensor:
-    """The row's next token when no draft can be verified: vLLM's bonus token if nothing was drafted,
-    else a draw from q at the first drafted position (every draft rejected; the output follows q).
-    target_logits: [num_tokens, V] processed; bonus: [B]. Never raises on finite or -inf logits."""
-    if num_draft_tokens[row] == 0:
-        return bonus[row]
-    logits = target_logits[draft_starts[row]]
-    probs = logits.softmax(dim=-1)
-    if is_greedy or not bool(torch.isfinite(probs).all()) or float(probs.sum()) <= 0:
-        return logits.argmax()
-    return torch.multinomial(probs, 1)[0]
-
-
-def _verify_group(
-    verifier: Verifier,
-    is_greedy: bool,
-    members: list[tuple[RowPlan, int]],
-    output_token_ids: torch.Tensor,
-    draft_token_ids: torch.Tensor,
-    draft_starts: list[int],
-    num_draft_tokens: Sequence[int],
-    target_raw_logits: torch.Tensor,
-    target_logits: torch.Tensor,
-    bonus: torch.Tensor,
-    device: torch.device,
-) -> list[RowResult]:
-    """One RoundInputs for rows sharing a verifier and greedy/sampled kind: [G, k] with k = max n.
-
-    Index lists are built in Python (a batch holds few rows) and turned into one tensor, which is
-    cheaper than a dozen small tensor operations per step."""
-    k = max(n for _, n in members)
-    rows = [plan.row for plan, _ in members]
-    counts = [n for _, n in members]
-    draft_index: list[int] = []
-    processed_index: list[int] = []
-    raw_index: list[int] = []
-    complete: list[bool] = []
-    for (plan, n), row in zip(members, rows):
-        start = draft_starts[row]
-        # A row cut short by an invalid draft ends at a drafted position whose processed logits exist;
-        # a complete row ends at the bonus position, whose token vLLM's sampler drew.
-        whole = n == num_draft_tokens[row]
-        end = n - 1 if whole else n
-        complete.append(whole)
-        # Padded slots repeat the row's last valid entry; draft_lengths keeps them out of verification.
-        draft_index += [start + min(j, n - 1) for j in range(k)]
-        processed_index += [start + min(j, end) for j in range(k + 1)]
-        raw_index += [start + row + min(j, n) for j in range(k + 1)]
-    size, vocab = len(rows), target_logits.shape[-1]
-    index = torch.tensor(draft_index + processed_index + raw_index, device=device)
-    draft_at, processed_at, raw_at = index.split([size * k, size * (k + 1), size * (k + 1)])
-    draft_raw = _leading_rows([plan.draft_raw_logits for plan, _ in members], counts, k).to(device, torch.float32)
-    draft_processed = (
-        draft_raw if is_greedy else _leading_rows([plan.draft_logits for plan, _ in members], counts, k).to(device, torch.float32)
-    )
-    drafts = draft_token_ids[draft_at].view(size, k).long()
-    round_inputs = RoundInputs(
-        draft_tokens=drafts,
-        target_logits=target_logits[processed_at].view(size, k + 1, vocab),
-        draft_logits=draft_processed[:, :, :vocab],
-        target_raw_logits=target_raw_logits[raw_at].view(size, k + 1, vocab).to(torch.float32),
-        draft_raw_logits=draft_raw[:, :, :vocab],
-        greedy=is_greedy,
-        draft_lengths=torch.tensor(counts, device=device),
-    )
-    positions = torch.tensor([[plan.position + j for j in range(k)] for plan, _ in members])
-    eta = _schedule_weights(members, positions).to(device)
-    accepted, next_token, _ = verify_round(verifier, round_inputs, eta)
-    accepted_list, next_list = accepted.tolist(), next_token.tolist()
-    bonus_list, draft_list = bonus[torch.tensor(rows, device=bonus.device)].tolist(), drafts.tolist()
-    written = []
-    for i, n in enumerate(counts):
-        a = accepted_list[i]
-        last = bonus_list[i] if a == n and complete[i] else next_list[i]
-        written.append(draft_list[i][:a] + [last] + [PLACEHOLDER] * (k - a))
-    output_token_ids[torch.tensor(rows, device=output_token_ids.device), : k + 1] = torch.tensor(
-        written, dtype=output_token_ids.dtype, device=output_token_ids.device
-    )
-    return [RowResult(plan.row, plan.position, n, accepted_list[i]) for i, (plan, n) in enumerate(members)]

@@ -5,19 +5,25 @@ Hooks (all in vLLM's own process that runs the model):
 
 * `propose_draft_token_ids`: around each proposal, tell the proposer which rows are SecureSD rows
   (`drafting.DraftRows`) and keep what it recorded, by request id, for the next step's verification.
-* `_sample`: around each verification step, build one `RowPlan` per SecureSD row. The response
-  position of a row's first drafted token is derived from token counts: the step feeds the row's
-  last committed token at sequence index `num_computed_tokens`, so its first draft sits at
-  `num_computed_tokens + 1`, response position `num_computed_tokens + 1 - num_prompt_tokens`.
+* `_sample`: around each verification step, build one `RowPlan` per SecureSD row: its response
+  position, its generator (vLLM's, from the request's `seed`) and, for a schedule that reads tokens,
+  its committed response. The response position of a row's first drafted token is derived from token
+  counts: the step feeds the row's last committed token at sequence index `num_computed_tokens`, so
+  its first draft sits at `num_computed_tokens + 1`, response position
+  `num_computed_tokens + 1 - num_prompt_tokens`.
 * `apply_sampling_constraints` (temperature, top-k, top-p on the target logits at the drafted
   positions): SecureSD rows get their own copy, scaled with each request's parameters repeated over
   its drafted positions. vLLM 0.32's CPU build cannot be used here: its replacement for the Triton
   `expand` kernel writes the per-token temperatures into an int64 copy and never copies them back, so
   at T > 0 the target logits are divided by uninitialised memory. That is the source of its
   "token 0" outputs (recovered tokens are the argmax of NaN scores, i.e. token 0).
+* `Sampler.forward` / `Sampler.apply_logits_processors` for the bonus position (vLLM samples its bonus
+  tokens there): keep a copy of the bonus position's logits after vLLM's constraints and penalties,
+  which get the same temperature/top-k/top-p as the drafted positions, so the core draws the bonus
+  token from q itself; vLLM's own draw there leaves SecureSD rows' generators alone.
 * `rejection_sample` (the module function `RejectionSampler.forward` calls with the processed target
-  logits and vLLM's bonus tokens): plain rows go through vLLM's function; SecureSD rows are then
-  overwritten by `verify_rows`. A step without SecureSD rows never leaves vLLM's code.
+  logits): plain rows go through vLLM's function (without SecureSD rows' generators); SecureSD rows are
+  then overwritten by `verify_rows`. A step without SecureSD rows never leaves vLLM's code.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import torch
 
 from ..validation import SecureSDConfigError
 from . import sampler
-from .drafting import DraftRows
+from .drafting import DraftRows, without_generators
 from .request import SecureSDRequest, request_for
 
 logger = logging.getLogger(__name__)
@@ -67,14 +73,20 @@ class DraftStash:
 
 @dataclass
 class StepPlan:
-    """What the patched `rejection_sample` needs for the current step."""
+    """What the patched sampling functions need for the current step."""
 
     plans: list[sampler.RowPlan]
     target_raw_logits: torch.Tensor  # [num_tokens + B, V]
     num_draft_tokens: list[int]  # [B]
     has_plain_rows: bool
     target_logits: torch.Tensor | None = None  # [num_tokens, V] processed for the SecureSD rows
+    bonus_logits: torch.Tensor | None = None  # [B, V] after vLLM's constraints and penalties
+    sampling_bonus: bool = False
     results: list[sampler.RowResult] | None = None
+
+    @property
+    def securesd_rows(self) -> set[int]:
+        return {plan.row for plan in self.plans}
 
 
 _current_step: StepPlan | None = None
@@ -82,6 +94,22 @@ _current_step: StepPlan | None = None
 
 def _batch_requests(runner: Any) -> list[SecureSDRequest | None]:
     return [request_of(runner.requests[req_id]) for req_id in runner.input_batch.req_ids]
+
+
+def _row_plan(
+    runner: Any, row: int, req_id: str, request: SecureSDRequest, stash: DraftStash | None
+) -> sampler.RowPlan:
+    """Batch row `row`'s plan: response position, draft logits, generator, committed response."""
+    batch = runner.input_batch
+    # A row still in prefill (no drafts; its next token is response token 0) would count below 0.
+    position = max(0, int(batch.num_computed_tokens_cpu[row]) + 1 - int(batch.num_prompt_tokens[row]))
+    raw, processed = stash.by_request.get(req_id, (None, None)) if stash is not None else (None, None)
+    generators = getattr(batch.sampling_metadata, "generators", None) or {}
+    response = None
+    if getattr(request.schedule, "reads_tokens", False):
+        response = list(runner.requests[req_id].output_token_ids[:position])
+    one_hot = not hasattr(runner.drafter, "_sample_draft_tokens")  # n-gram / suffix: no draft model
+    return sampler.RowPlan(row, request, position, raw, processed, generators.get(row), response, one_hot)
 
 
 def patch_runner(runner_class: type) -> Callable[[], None]:
@@ -118,17 +146,13 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
         if not any(request is not None for request in requests):
             return original_sample(self, logits, spec_decode_metadata)
         stash: DraftStash | None = getattr(self, "_securesd_drafts", None)
-        batch = self.input_batch
-        plans = []
-        for row, (req_id, request) in enumerate(zip(batch.req_ids, requests)):
-            if request is None:
-                continue
-            position = int(batch.num_computed_tokens_cpu[row]) + 1 - int(batch.num_prompt_tokens[row])
-            raw, processed = stash.by_request.get(req_id, (None, None)) if stash is not None else (None, None)
-            plans.append(sampler.RowPlan(row, request, position, raw, processed))
-        _current_step = StepPlan(
-            plans, logits, list(spec_decode_metadata.num_draft_tokens), has_plain_rows=len(plans) < len(requests)
-        )
+        plans = [
+            _row_plan(self, row, req_id, request, stash)
+            for row, (req_id, request) in enumerate(zip(self.input_batch.req_ids, requests))
+            if request is not None
+        ]
+        counts = list(spec_decode_metadata.num_draft_tokens)
+        _current_step = StepPlan(plans, logits, counts, has_plain_rows=len(plans) < len(requests))
         try:
             output = original_sample(self, logits, spec_decode_metadata)
         finally:
@@ -149,10 +173,11 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
 def target_logits_for_rows(
     logits: torch.Tensor, num_draft_tokens: list[int], sampling_metadata: Any, top_k_top_p: Callable
 ) -> torch.Tensor:
-    """Temperature, then top-k/top-p, of each request applied to its drafted positions (in place).
+    """Temperature, then top-k/top-p, of each request applied to its positions (in place).
 
-    logits: [num_tokens, V] target logits at the drafted positions, request by request; greedy
-    requests are left unscaled (only their argmax is used)."""
+    logits: [sum(num_draft_tokens), V] target logits, request by request (request b has
+    num_draft_tokens[b] rows; [B, V] with all ones for the bonus positions); greedy requests are left
+    unscaled (only their argmax is used)."""
     if sampling_metadata.all_greedy or sampling_metadata.temperature is None or logits.shape[0] == 0:
         return logits
     counts = torch.tensor(num_draft_tokens, device=logits.device)
@@ -161,25 +186,72 @@ def target_logits_for_rows(
     logits.div_(temperature.repeat_interleave(counts).to(logits.dtype)[:, None])
 
     def per_token(values: torch.Tensor | None) -> torch.Tensor | None:
-        return None if values is None else values[: counts.numel()].to(logits.device).repeat_interleave(counts)
+        if values is None:
+            return None
+        return values[: counts.numel()].to(logits.device).repeat_interleave(counts)
 
     return top_k_top_p(logits, per_token(sampling_metadata.top_k), per_token(sampling_metadata.top_p))
 
 
+def patch_bonus_sampler(sampler_class: type) -> Callable[[], None]:
+    """Wrap `sampler_class.forward` and `apply_logits_processors` (vLLM's Sampler) so that, in a step
+    with SecureSD rows, its bonus-token call keeps SecureSD rows' generators untouched and leaves a copy
+    of the bonus logits after vLLM's constraints and penalties on the step; returns the undo."""
+    original_forward = sampler_class.forward
+    original_processors = sampler_class.apply_logits_processors
+
+    def forward(
+        self, logits: torch.Tensor, sampling_metadata: Any, predict_bonus_token: bool = False, *args: Any,
+        **kwargs: Any,
+    ):
+        step = _current_step
+        if not predict_bonus_token or step is None or not step.plans:
+            return original_forward(self, logits, sampling_metadata, predict_bonus_token, *args, **kwargs)
+        step.sampling_bonus = True
+        try:
+            return original_forward(
+                self, logits, without_generators(sampling_metadata, step.securesd_rows), predict_bonus_token,
+                *args, **kwargs,
+            )
+        finally:
+            step.sampling_bonus = False
+
+    def apply_logits_processors(
+        self, logits: torch.Tensor, sampling_metadata: Any, predict_bonus_token: bool
+    ) -> torch.Tensor:
+        processed = original_processors(self, logits, sampling_metadata, predict_bonus_token)
+        step = _current_step
+        if predict_bonus_token and step is not None and step.sampling_bonus:
+            step.bonus_logits = processed.clone()  # vLLM's sampler scales `processed` in place next
+        return processed
+
+    sampler_class.forward = forward
+    sampler_class.apply_logits_processors = apply_logits_processors
+
+    def undo() -> None:
+        sampler_class.forward = original_forward
+        sampler_class.apply_logits_processors = original_processors
+
+    return undo
+
+
 def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], None]:
     """Wrap `module.apply_sampling_constraints` and `module.rejection_sample` (vLLM's v1 rejection
-    sampler module); returns a function that undoes both. `top_k_top_p` is vLLM's top-k/top-p op."""
+    sampler module) and its `Sampler` (`patch_bonus_sampler`); returns a function that undoes all.
+    `top_k_top_p` is vLLM's top-k/top-p op."""
     original = module.rejection_sample
     original_constraints = module.apply_sampling_constraints
     placeholder = module.PLACEHOLDER_TOKEN_ID
+    undo_bonus = patch_bonus_sampler(module.Sampler)
 
-    def apply_sampling_constraints(logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: Any):
+    def apply_sampling_constraints(
+        logits: torch.Tensor, cu_num_draft_tokens: torch.Tensor, sampling_metadata: Any
+    ) -> torch.Tensor:
         step = _current_step
         if step is None or not step.plans:
             return original_constraints(logits, cu_num_draft_tokens, sampling_metadata)
-        ours = target_logits_for_rows(
-            logits.clone() if step.has_plain_rows else logits, step.num_draft_tokens, sampling_metadata, top_k_top_p
-        )
+        copy = logits.clone() if step.has_plain_rows else logits
+        ours = target_logits_for_rows(copy, step.num_draft_tokens, sampling_metadata, top_k_top_p)
         step.target_logits = ours
         if step.has_plain_rows:
             return original_constraints(logits, cu_num_draft_tokens, sampling_metadata)
@@ -206,23 +278,27 @@ def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], N
         if step.has_plain_rows:
             output = original(
                 draft_token_ids, num_draft_tokens, max_spec_len, cu_num_draft_tokens, draft_probs,
-                target_logits, bonus_token_ids, sampling_metadata, *args, **kwargs,
+                target_logits, bonus_token_ids, without_generators(sampling_metadata, step.securesd_rows),
+                *args, **kwargs,
             )
         else:
-            output = torch.full(
-                (len(num_draft_tokens), max_spec_len + 1), placeholder, dtype=torch.int32, device=target_logits.device
-            )
+            shape = (len(num_draft_tokens), max_spec_len + 1)
+            output = torch.full(shape, placeholder, dtype=torch.int32, device=target_logits.device)
         processed = step.target_logits if step.target_logits is not None else target_logits
         greedy = _greedy_rows(sampling_metadata, len(num_draft_tokens))
         try:
+            if step.bonus_logits is None:
+                raise RuntimeError("vLLM's sampler did not process the bonus positions")
+            ones = [1] * len(num_draft_tokens)
+            bonus = target_logits_for_rows(step.bonus_logits, ones, sampling_metadata, top_k_top_p)
             step.results = sampler.verify_rows(
                 step.plans, output, draft_token_ids, num_draft_tokens, step.target_raw_logits, processed,
-                bonus_token_ids, greedy,
+                bonus, bonus_token_ids, greedy,
             )
-        except Exception:  # noqa: BLE001 - outside any one group (verify_rows isolates those): every row
-            logger.exception("SecureSD verification failed; this step's SecureSD rows take the target's token")
+        except Exception as error:  # noqa: BLE001 - outside what verify_rows isolates: every SecureSD row
+            logger.exception("SecureSD verification failed; this step's SecureSD rows take the target's")
             step.results = sampler.fall_back_rows(
-                step.plans, output, num_draft_tokens, processed, bonus_token_ids, greedy
+                step.plans, output, num_draft_tokens, processed, bonus_token_ids, greedy, error
             )
         return output
 
@@ -232,6 +308,7 @@ def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], N
     def undo() -> None:
         module.rejection_sample = original
         module.apply_sampling_constraints = original_constraints
+        undo_bonus()
 
     return undo
 

@@ -345,3 +345,41 @@ def test_a_failing_verification_spares_the_engine_and_the_other_requests(engine,
     assert plain == engine.plain_first[1] and lossless == greedy and failed == greedy
     assert mars == generate_path_reference(hf_models, prompt, relaxed, None) != greedy
     assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
+
+
+def test_a_seed_fixes_the_whole_output_at_temperature_one(engine, trace):
+    """Every SecureSD draw of a seeded request (drafts, acceptance, recovered and bonus tokens) comes
+    from its own generator: the same seed gives the same tokens, in another batch too; another seed
+    gives others."""
+    extra = securesd(MARS(theta=0.5), Step(L=1))
+    prompt = PROMPTS[2]
+
+    def run(seed, companions=0):
+        prompts = [prompt] + [PROMPTS[0]] * companions
+        outputs = generate(engine, prompts, max_tokens=32, temperature=1.0, extra_args=extra, seed=seed)
+        return tokens(outputs)[0]
+
+    first = run(7)
+    assert trace and any(result.verified for results, _, _ in trace for result in results)
+    assert run(7) == first
+    assert run(7, companions=2) == first
+    assert run(8) != first
+
+
+def test_the_engine_verifies_through_the_core_step(engine, monkeypatch):
+    """No private copy of verification in the vLLM adapter: replacing the core step (every draft
+    rejected, token 5) changes what the engine emits (from the first token on where vLLM's prefill step
+    already runs with speculative metadata and the core draws that token too)."""
+    from hf_securesd import step as core_step
+
+    def every_draft_rejected_token_five(round_, collect_deviation=False):
+        rows = round_.draft_tokens.shape[0]
+        return core_step.StepOutput(
+            accepted=torch.zeros(rows, dtype=torch.long), next_tokens=torch.full((rows,), 5),
+            alpha=torch.zeros(round_.draft_tokens.shape), eta=torch.zeros(round_.draft_tokens.shape),
+        )
+
+    before = tokens(generate(engine, PROMPTS[:1], max_tokens=8, extra_args=securesd("lossless")))[0]
+    monkeypatch.setattr(core_step, "verify_step", every_draft_rejected_token_five)
+    after = tokens(generate(engine, PROMPTS[:1], max_tokens=8, extra_args=securesd("lossless")))[0]
+    assert after[1:] == [5] * 7 and after != before

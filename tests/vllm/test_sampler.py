@@ -21,7 +21,7 @@ from hf_securesd import FSD, MARS, BiLD, FLy, Linear, Lossless, LossySD, Power, 
 from hf_securesd.mixing import one_step_output, verify_round
 from hf_securesd.verifiers.base import RoundInputs
 from hf_securesd.vllm.request import SecureSDRequest
-from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, eta_for, fall_back_rows, verify_rows
+from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, fall_back_rows, verify_rows
 
 N = 8_000
 K = 3
@@ -38,6 +38,11 @@ VERIFIERS = {
 }
 TARGET = torch.tensor([3.0, 2.8, 1.0, 0.5, -1.0, -2.0])
 DRAFT = torch.tensor([1.5, 2.9, 2.0, -0.5, 0.3, -1.0])
+
+
+def eta_for(schedule, positions: torch.Tensor) -> torch.Tensor:
+    """eta at `positions`; no schedule is the relaxed verifier unchanged (eta = 1)."""
+    return torch.ones(positions.shape) if schedule is None else schedule.eta(positions)
 
 
 def slot_logits(base: torch.Tensor, slots: int) -> torch.Tensor:
@@ -70,6 +75,7 @@ class Step_:
             [K] * self.rows,
             self.target.repeat(self.rows, 1),
             self.target[:K].repeat(self.rows, 1),
+            self.target[K].expand(self.rows, -1),
             self.bonus[:, None],
             [self.greedy] * self.rows,
         )
@@ -124,7 +130,7 @@ def test_lossless_first_token_follows_target_without_token0_excess() -> None:
     plans = [RowPlan(row, SecureSDRequest(Lossless(), None), 1, draft, draft) for row in range(rows)]
     output = torch.full((rows, K + 1), PLACEHOLDER, dtype=torch.int32)
     verify_rows(plans, output, drafts.reshape(-1).to(torch.int32), [K] * rows, target.repeat(rows, 1),
-                target[:K].repeat(rows, 1), bonus, [False] * rows)
+                target[:K].repeat(rows, 1), target[K].expand(rows, -1), bonus, [False] * rows)
     q = target[0].softmax(-1).double()
     observed_zero = float((output[:, 0] == 0).double().mean())
     assert observed_zero <= float(q[0]) + 5 * math.sqrt(float(q[0]) / rows) + 1e-3
@@ -185,7 +191,8 @@ def test_ragged_greedy_batch_matches_each_row_alone() -> None:
     output = torch.full((len(specs), 5), 99, dtype=torch.int32)
     results = verify_rows(
         plans, output, torch.cat(drafts).to(torch.int32), counts, torch.cat(targets),
-        torch.cat([t[:n] for t, n in zip(targets, counts)]), bonus, [True] * len(specs),
+        torch.cat([t[:n] for t, n in zip(targets, counts)]), torch.stack([t[-1] for t in targets]), bonus,
+        [True] * len(specs),
     )
     for row, (verifier, schedule, position, n) in enumerate(specs):
         if row == 9 or n == 0:
@@ -218,10 +225,10 @@ def test_step_switches_at_the_exact_response_position(L: int, position: int) -> 
     draft = torch.zeros(k, vocab)
     plans = [RowPlan(0, SecureSDRequest(LossySD(epsilon=1.0), Step(L=L)), position, draft, draft)]
     output = torch.full((1, k + 1), PLACEHOLDER, dtype=torch.int32)
-    verify_rows(plans, output, drafts, [k], target, target[:k], torch.tensor([6]), [True])
+    verify_rows(plans, output, drafts, [k], target, target[:k], target[k:], torch.tensor([6]), [True])
     lossless_slots = max(0, L - position)
     if lossless_slots == 0:
-        expected = drafts.tolist() + [6]  # all accepted: vLLM's bonus token
+        expected = drafts.tolist() + [3]  # all accepted: the bonus token, x* at the bonus position
     else:
         expected = [3]  # the first draft sits at a lossless position and differs from x*
     assert [t for t in output[0].tolist() if t != PLACEHOLDER] == expected
@@ -254,7 +261,7 @@ def test_a_failing_row_takes_the_targets_token_and_spares_the_others(monkeypatch
     output = torch.full((4, n + 1), 99, dtype=torch.int32)
     results = verify_rows(
         plans, output, torch.cat(drafts).to(torch.int32), [n] * 4, torch.cat(targets),
-        torch.cat([t[:n] for t in targets]), bonus, [True] * 4,
+        torch.cat([t[:n] for t in targets]), torch.stack([t[-1] for t in targets]), bonus, [True] * 4,
     )
     for row in (0, 2, 3):
         expected = one_row_reference(
@@ -277,3 +284,62 @@ def test_fall_back_rows_draws_each_row_from_the_target() -> None:
                    [False] * rows)
     assert (output[:, 1:] == PLACEHOLDER).all()
     assert_follows(output[:, 0], target[0].softmax(-1))
+
+
+def seeded_run(seed: int, one_hot: bool = False) -> list[list[int]]:
+    """A T = 1 step of 6 MARS rows, each with its own generator seeded `seed` + row."""
+    step = Step_(6, greedy=False, generator=torch.Generator().manual_seed(2))
+    request = SecureSDRequest(MARS(theta=0.5), Step(L=2))
+    plans = [
+        RowPlan(row, request, POSITION, None if one_hot else step.draft, None if one_hot else step.draft,
+                torch.Generator().manual_seed(seed + row), one_hot=one_hot)
+        for row in range(6)
+    ]
+    output = torch.full((6, K + 1), PLACEHOLDER, dtype=torch.int32)
+    verify_rows(plans, output, step.drafts.reshape(-1).to(torch.int32), [K] * 6, step.target.repeat(6, 1),
+                step.target[:K].repeat(6, 1), step.target[K].expand(6, -1), step.bonus, [False] * 6)
+    return output.tolist()
+
+
+def test_per_request_generators_fix_every_draw() -> None:
+    """With each row's generator seeded, the step's output (acceptance draws, recovered and bonus tokens)
+    is the same whatever torch's global generator does; another seed changes it."""
+    torch.manual_seed(1)
+    first = seeded_run(100)
+    torch.manual_seed(2)
+    assert seeded_run(100) == first
+    assert seeded_run(200) != first
+
+
+def test_one_hot_rows_are_verified_without_draft_logits() -> None:
+    """A proposer without a draft distribution (n-gram, suffix): its drafts are verified as one-hot
+    proposals (lossless at T = 0: the drafts that equal x* are kept, then x*)."""
+    vocab, k = 7, 4
+    target = torch.zeros(k + 1, vocab)
+    target[:, 3] = 5.0
+    drafts = torch.tensor([3, 3, 1, 3], dtype=torch.int32)
+    plans = [RowPlan(0, SecureSDRequest(Lossless(), None), 1, None, None, one_hot=True)]
+    output = torch.full((1, k + 1), PLACEHOLDER, dtype=torch.int32)
+    results = verify_rows(plans, output, drafts, [k], target, target[:k], target[k:], torch.tensor([6]), [True])
+    assert [t for t in output[0].tolist() if t != PLACEHOLDER] == [3, 3, 3]
+    assert results[0].verified == k and results[0].accepted == 2
+    assert seeded_run(100, one_hot=True) == seeded_run(100, one_hot=True)
+
+
+def test_the_adapter_verifies_through_the_core_step(monkeypatch) -> None:
+    """The vLLM adapter has no verification of its own: replacing the core step changes its output."""
+    from hf_securesd import step as core_step
+
+    torch.manual_seed(0)
+    before = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(SecureSDRequest(Lossless(), None))
+
+    def every_draft_rejected_token_five(round_, collect_deviation=False):
+        rows = round_.draft_tokens.shape[0]
+        return core_step.StepOutput(
+            accepted=torch.zeros(rows, dtype=torch.long), next_tokens=torch.full((rows,), 5),
+            alpha=torch.zeros(round_.draft_tokens.shape), eta=torch.zeros(round_.draft_tokens.shape),
+        )
+
+    monkeypatch.setattr(core_step, "verify_step", every_draft_rejected_token_five)
+    after = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(SecureSDRequest(Lossless(), None))
+    assert after.tolist() == [[5] + [PLACEHOLDER] * K] * 4 != before.tolist()
