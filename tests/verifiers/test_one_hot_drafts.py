@@ -18,6 +18,7 @@ from hf_securesd import FSD, MARS, BiLD, FLy, Linear, Lossless, LossySD, Power, 
 from hf_securesd.mixing import one_step_output, verify_round
 from hf_securesd.verifiers import VERIFIERS
 from hf_securesd.verifiers.base import RoundInputs
+from hf_securesd.verifiers.vllm_fly import VLLMFLy
 
 N = 20_000
 TARGET = np.array([3.0, 2.8, 1.0, 0.5, -1.0, -2.0])
@@ -28,6 +29,7 @@ ONE_HOT = {
     "speccascade": SpecCascade(a=0.5),
     "fly": FLy(tau=0.3, window=1),
     "mars": MARS(theta=0.9),
+    "vllm_fly": VLLMFLy(entropy_threshold=0.0, window=1),
 }
 SCHEDULES = {"none": None, "step": Step(L=2), "linear": Linear(L=3), "power": Power(L=3, gamma=2.0)}
 POSITION = 1
@@ -51,7 +53,7 @@ def reference(name: str, verifier, x: int, greedy: bool) -> tuple[float, np.ndar
         rest = q.copy()
         rest[x] = max(q[x] - 1.0, 0.0)
         lossless_R = rest / rest.sum() if rest.sum() > 0 else q
-    if name in ("lossless", "fly"):  # FLy cannot forgive the last drafted position: the lossless rule
+    if name in ("lossless", "fly", "vllm_fly"):  # the FLy rules cannot forgive the last drafted position
         return lossless_alpha, lossless_R, lossless_alpha, lossless_R
     if name == "lossysd":
         lenient = q_raw[x] > q_raw.max() - verifier.epsilon
@@ -122,6 +124,7 @@ def test_lossless_with_a_one_hot_draft_is_the_target_at_any_temperature():
 def test_every_registered_verifier_declares_whether_it_needs_the_draft_logits():
     needing = {name for name, cls in VERIFIERS.items() if cls().needs().raw_draft_logits is not None}
     assert "fsd" in needing and not needing & set(ONE_HOT)
+    assert set(VERIFIERS) - needing == set(ONE_HOT)  # every verifier admitted for one-hot drafts is tested above
     for verifier in (FSD(), BiLD(tau_rb=1.0, tau_fb=0.5), SpecCascade(a=0.3, rule="chow")):
         with pytest.raises(ValueError, match="prompt lookup has no draft distribution") as error:
             verifier.check_proposer("prompt lookup", has_raw_draft_logits=False)
