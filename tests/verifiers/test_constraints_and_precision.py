@@ -16,7 +16,9 @@ import torch
 
 from hf_securesd import FSD, MARS, BiLD, FLy, Lossless, LossySD, SpecCascade
 from hf_securesd.mixing import mixed_acceptance, mixed_recovery, one_step_output, verify_round
+from hf_securesd.verifiers import VERIFIERS
 from hf_securesd.verifiers.base import RoundInputs
+from hf_securesd.verifiers.vllm_fly import VLLMFLy
 
 LENIENT = {
     "lossless": Lossless(),
@@ -27,6 +29,7 @@ LENIENT = {
     "fsd": FSD(tau=0.7),
     "fly": FLy(tau=0.0, window=1),
     "mars": MARS(theta=0.01),
+    "vllm_fly": VLLMFLy(entropy_threshold=0.0, window=1),
 }
 mpmath.mp.dps = 50
 V = 12
@@ -64,6 +67,10 @@ def test_no_verifier_accepts_or_recovers_a_forbidden_token(name, greedy, one_hot
     if not greedy:
         out = one_step_output(verifier, inputs, eta)
         assert float(out[..., FORBIDDEN].sum()) < 1e-6
+
+
+def test_every_registered_verifier_is_checked_for_constraints():
+    assert {type(verifier).name for verifier in LENIENT.values()} == set(VERIFIERS)
 
 
 def test_relaxed_rules_read_the_constrained_target():
@@ -167,7 +174,7 @@ def test_speccascade_recovery_has_no_cancellation(rule):
     assert worst < 1e-6, worst
 
 
-@pytest.mark.parametrize("name", ["lossless", "lossysd", "bild", "mars", "fly"])
+@pytest.mark.parametrize("name", ["lossless", "lossysd", "bild", "mars", "fly", "vllm_fly"])
 def test_residual_recoveries_match_a_float64_reference(name):
     worst = max(tv(recovery_of(LENIENT[name], zt, zd), reference_residual(zt, zd)) for zt, zd in adversarial_cases())
     assert worst < 1e-6, worst
