@@ -116,7 +116,9 @@ def normalize_boundaries(boundary: Any) -> tuple[Boundary, ...]:
                 "[[id, ...], '</think>', ...]"
             )
         return tuple(_one_boundary(item) for item in boundary)
-    raise ValueError(f"Segments boundary must be given, got {_short(boundary)}; {_BOUNDARY_HELP}")
+    if boundary is None or isinstance(boundary, (list, tuple)):
+        raise ValueError(f"Segments boundary must be given, got {_short(boundary)}; {_BOUNDARY_HELP}")
+    raise ValueError(f"Segments boundary {_short(boundary)} is not a boundary; {_BOUNDARY_HELP}")
 
 
 def _segment_schedule(value: Any, side: str) -> SegmentSchedule:
@@ -128,8 +130,7 @@ def _segment_schedule(value: Any, side: str) -> SegmentSchedule:
             return LOSSLESS
         raise ValueError(
             f"Segments {side}={value!r} is not a segment schedule; use None (the relaxed verifier "
-            "unchanged), "
-            f"'lossless' (eta = 0 for the whole segment) or a position schedule such as Step(L=4)"
+            "unchanged), 'lossless' (eta = 0 for the whole segment) or a position schedule such as Step(L=4)"
         )
     if isinstance(value, dict):
         try:
@@ -157,7 +158,7 @@ def _segment_eta(value: SegmentSchedule, positions: torch.Tensor) -> torch.Tenso
     """eta of one segment schedule at segment positions [B, k] -> [B, k] float32."""
     if value is None:
         return torch.ones(positions.shape, dtype=torch.float32, device=positions.device)
-    if value == LOSSLESS:
+    if isinstance(value, str):  # "lossless", the only string left after validation
         return torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
     eta = value.eta(positions)
     if type(value) not in _POSITION_SCHEDULES:
@@ -322,7 +323,9 @@ class Segments(Schedule):
         tail_size = matcher.longest - 1
         result = []
         for start, row_drafts, response in zip(host_starts, host_drafts, responses):
-            response = response if isinstance(response, list) else list(response)
+            if isinstance(response, torch.Tensor):
+                response = response.tolist()
+            response = response if isinstance(response, list) else [int(token) for token in response]
             if len(response) > start:
                 raise ValueError(
                     f"a row's response holds {len(response)} committed tokens but its first draft sits at "

@@ -1,5 +1,6 @@
 """Speculative decoding statistics (SPEC.md §5): acceptance per round and per response position,
-and the exact per-position deviation TV(out_j, q_j) of the verifier's one-step output from the target."""
+and the exact per-position deviation TV(out_j, q_j) of the verifier's one-step output from the target;
+for a segment schedule (`segments.Segments`) also both by position within each segment (`SegmentStats`)."""
 
 from __future__ import annotations
 

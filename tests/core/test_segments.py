@@ -153,6 +153,14 @@ def test_draft_entries_past_a_row_count_may_hold_anything():
     assert eta.tolist() == [[1, 1, 1, 0]]
 
 
+def test_responses_as_tensors_or_tuples_read_the_same():
+    schedule = Segments([5, 6], before=None, after="lossless")
+    drafts = torch.tensor([[1, 1]])
+    expected = [[0.0, 0.0]]
+    for response in ([0, 5, 6], torch.tensor([0, 5, 6]), (0, 5, 6)):
+        assert schedule.round_eta(torch.tensor([3]), drafts, [response]).tolist() == expected
+
+
 def test_segment_starts_of_a_whole_response():
     schedule = Segments([[7, 7], [3]], before=None, after="lossless")
     assert schedule.segment_starts([1, 7, 7, 7, 3, 2]) == [3, 4, 5]
@@ -246,6 +254,8 @@ def test_a_text_boundary_whose_split_does_not_decode_back_is_refused():
         (dict(boundary=[-3]), ValueError, "negative token id"),
         (dict(boundary=[[1], 2.5]), ValueError, "is not a boundary"),
         (dict(boundary=[True]), ValueError, "is not a boundary"),
+        (dict(boundary=torch.ones(2, 2, dtype=torch.long)), ValueError, "is not a boundary"),
+        (dict(boundary=3.0), ValueError, "is not a boundary"),
         (dict(boundary="x", before="exact"), ValueError, "'lossless'"),
         (dict(boundary="x", after=3), TypeError, "position schedule"),
         (dict(boundary="x", after=Segments("y")), ValueError, "do not nest"),
