@@ -350,9 +350,11 @@ class Segments(Schedule):
         return self.matcher().segment_starts(list(tokens))
 
     def to_dict(self) -> dict[str, Any]:
+        """JSON-safe form; one boundary is written flat (`"</think>"`, `[151668]`), several as a list."""
+        boundaries = [item if isinstance(item, str) else list(item) for item in self.boundary]
         return {
             "schedule": self.name,
-            "boundary": [item if isinstance(item, str) else list(item) for item in self.boundary],
+            "boundary": boundaries[0] if len(boundaries) == 1 else boundaries,
             "before": _segment_dict(self.before),
             "after": _segment_dict(self.after),
         }

@@ -188,10 +188,12 @@ def test_to_dict_form():
     schedule = Segments("</think>", before=None, after=Step(L=4))
     assert schedule.to_dict() == {
         "schedule": "segments",
-        "boundary": ["</think>"],
+        "boundary": "</think>",
         "before": None,
         "after": {"schedule": "step", "L": 4},
     }
+    assert Segments([151668]).to_dict()["boundary"] == [151668]  # one boundary: flat
+    assert Segments([[1, 2], "x"]).to_dict()["boundary"] == [[1, 2], "x"]
 
 
 def test_generation_config_saves_and_reloads_a_segment_schedule(tmp_path):
