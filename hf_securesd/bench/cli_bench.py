@@ -139,9 +139,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--schedules",
         nargs="+",
         default=None,
-        help="schedules: none, step:L, linear:L, power:L:GAMMA, or a JSON object such as "
-        '\'{"schedule": "segments", "boundary": "</think>", "before": null, "after": "lossless"}\' '
-        "(default: none step:1)",
+        help="schedules: none, step:L, linear:L, power:L:GAMMA (default: none step:1)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     add_engine_options(parser)
@@ -231,7 +229,7 @@ def prepare(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
-    from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
+    from hf_securesd.bench.plan import parse_schedule, sweep_configs
     from hf_securesd.bench.report import write_report
     from hf_securesd.bench.runner import run_study
 
@@ -241,17 +239,18 @@ def run(args: argparse.Namespace) -> int:
         # the openai engine sends the plugin's request fields only when asked (an audited deployment
         # may not have the plugin); the in-process engines run the profile's sweep by default
         verifiers = args.verifiers if args.engine == "openai" else args.verifiers or profile.verifiers
-        configs = [*endpoint_configs(args), *(sweep_configs(verifiers, schedules) if verifiers else [])]
+        sweep = sweep_configs(verifiers, schedules) if verifiers else []
+        configs = [*endpoint_configs(args), *sweep]
         settings, engine, tasks = prepare(args)
-        configs = resolve_text_boundaries(configs, engine.tokenizer)
-    except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError, EngineError are ValueErrors
+    except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError, EngineError: ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
     notes = {}
     if any(task_run.task.name.startswith("jailbreak") for task_run in tasks):
         notes["judge_agreement"] = judge_agreement(settings.judge, dict(settings.judge_options), args.data_dir)
     try:
-        outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress, notes=notes)
+        outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress,
+                            notes=notes)
     except EngineError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -13,7 +13,8 @@ Only the ``openai`` options are new flags; every other flag means what it means 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import json
+from typing import Any, Sequence
 
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
 from hf_securesd.bench.profiles import TINY
@@ -22,40 +23,119 @@ from hf_securesd.bench.profiles import TINY
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
     """Options of the engines (`securesd bench`)."""
     group = parser.add_argument_group("engines")
-    group.add_argument("--engine", choices=engine_names(), default="hf",
-                       help="hf: transformers generate in this process (default); vllm: in-process vllm.LLM "
-                            "with the plugin; openai: any OpenAI-compatible server")
-    group.add_argument("--base-url", default=None,
-                       help="openai: the server (http://host:port/v1); --verifiers/--schedules go to it as "
-                            "the plugin's request fields, and without --baseline it serves the target baseline")
-    group.add_argument("--model", default=None,
-                       help="openai: the model name sent in requests (default: the first the server lists)")
-    group.add_argument("--api-key-env", default=None, metavar="NAME",
-                       help="openai: read the API key from this environment variable (never written anywhere)")
-    group.add_argument("--chat", action="store_true",
-                       help="openai: /chat/completions with the task's messages (the server's chat template)")
-    group.add_argument("--token-ids", action="store_true",
-                       help="openai, vLLM servers: send prompt token ids and decode the returned token ids "
-                            "locally (records equal to the hf and vllm engines')")
-    group.add_argument("--tokenizer", default=None,
-                       help="openai completions: the tokenizer whose chat template builds prompts "
-                            "(default: --target)")
-    group.add_argument("--endpoint", action="append", default=[], metavar="NAME=URL",
-                       help="openai: a deployment to audit, run as configuration endpoint:NAME (repeatable)")
-    group.add_argument("--baseline", default=None, metavar="NAME",
-                       help="openai: the --endpoint serving the target alone (a lossless twin)")
-    group.add_argument("--draft-baseline", default=None, metavar="NAME",
-                       help="openai: the --endpoint serving the draft alone (without it PRR is undefined)")
-    group.add_argument("--request-timeout", type=float, default=300.0,
-                       help="openai: seconds for one whole request, headers and body (default 300)")
-    group.add_argument("--run-deadline", type=float, default=None,
-                       help="openai: seconds for the whole run; requests still waiting then are recorded as "
-                            "failed (a rerun completes them)")
-    group.add_argument("--concurrency", type=int, default=4,
-                       help="openai: requests in flight at once (default 4; at most --batch-size are sent together)")
-    group.add_argument("--max-retries", type=int, default=4,
-                       help="openai: retries of a request after 429/5xx/connection errors/bad replies (default 4)")
-    group.add_argument("--max-model-len", type=int, default=None, help="vllm: the engine's max_model_len")
+    group.add_argument(
+        "--engine",
+        choices=engine_names(),
+        default="hf",
+        help="hf: transformers generate in this process (default); vllm: in-process vllm.LLM "
+        "with the plugin; openai: any OpenAI-compatible server",
+    )
+    group.add_argument(
+        "--base-url",
+        default=None,
+        help="openai: the server (http://host:port/v1); --verifiers/--schedules go to it as "
+        "the plugin's request fields, and without --baseline it serves the target baseline",
+    )
+    group.add_argument(
+        "--model",
+        default=None,
+        help="openai: the model name sent in requests (default: the first the server lists)",
+    )
+    group.add_argument(
+        "--api-key-env",
+        default=None,
+        metavar="NAME",
+        help="openai: read the API key from this environment variable (never written anywhere)",
+    )
+    group.add_argument(
+        "--chat",
+        action="store_true",
+        help="openai: /chat/completions with the task's messages (the server's chat template)",
+    )
+    group.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="openai, vLLM servers: send prompt token ids and decode the returned token ids "
+        "locally (records equal to the hf and vllm engines')",
+    )
+    group.add_argument(
+        "--tokenizer",
+        default=None,
+        help="openai completions: the tokenizer whose chat template builds prompts (default: --target)",
+    )
+    group.add_argument(
+        "--endpoint",
+        action="append",
+        default=[],
+        metavar="NAME=URL",
+        help="openai: a deployment to audit, run as configuration endpoint:NAME (repeatable)",
+    )
+    group.add_argument(
+        "--baseline",
+        default=None,
+        metavar="NAME",
+        help="openai: the --endpoint serving the target alone (a lossless twin)",
+    )
+    group.add_argument(
+        "--draft-baseline",
+        default=None,
+        metavar="NAME",
+        help="openai: the --endpoint serving the draft alone (without it PRR is undefined)",
+    )
+    group.add_argument(
+        "--request-timeout",
+        type=float,
+        default=300.0,
+        help="openai: seconds for one whole request, headers and body (default 300)",
+    )
+    group.add_argument(
+        "--run-deadline",
+        type=float,
+        default=None,
+        help="openai: seconds for the whole run; requests still waiting then are recorded as "
+        "failed (a rerun completes them)",
+    )
+    group.add_argument(
+        "--concurrency",
+        type=int,
+        default=4,
+        help="openai: requests in flight at once (default 4; at most --batch-size are sent together)",
+    )
+    group.add_argument(
+        "--max-retries",
+        type=int,
+        default=4,
+        help="openai: retries of a request after 429/5xx/connection errors/bad replies (default 4)",
+    )
+    group.add_argument(
+        "--vllm-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="vllm: an argument of vllm.LLM (repeatable; VALUE is read as JSON when it parses, "
+        "e.g. enforce_eager=true max_model_len=4096, else as text)",
+    )
+
+
+def vllm_options(pairs: Sequence[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` strings -> vllm.LLM keyword arguments; a VALUE that parses as JSON is taken as
+    such. The engine sets ``model``, ``speculative_config``, ``dtype`` and ``seed`` itself."""
+    reserved = {"model", "speculative_config", "dtype", "seed", "per_request_spec_decode_metrics"}
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        key, separator, value = pair.partition("=")
+        if not separator or not key.isidentifier():
+            raise EngineError(f"--vllm-option takes KEY=VALUE with KEY a vllm.LLM argument, got {pair!r}")
+        if key in reserved:
+            raise EngineError(
+                f"--vllm-option {key} is set by the engine (use --target/--draft/--dtype/--seed/"
+                "--num-assistant-tokens)"
+            )
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
 
 
 def study_models(args: argparse.Namespace, target: str, draft: str) -> tuple[str, str]:
@@ -84,8 +164,12 @@ def _client_settings(args: argparse.Namespace):
     from hf_securesd.bench.engines.client import ClientSettings
 
     try:
-        return ClientSettings(request_timeout_s=args.request_timeout, run_deadline_s=args.run_deadline,
-                              max_retries=args.max_retries, concurrency=args.concurrency)
+        return ClientSettings(
+            request_timeout_s=args.request_timeout,
+            run_deadline_s=args.run_deadline,
+            max_retries=args.max_retries,
+            concurrency=args.concurrency,
+        )
     except ValueError as error:
         raise EngineError(str(error)) from None
 
@@ -97,35 +181,63 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
         from hf_securesd.bench.engines.hf import HFEngine
         from hf_securesd.bench.loading import load_study_models
 
-        return HFEngine(load_study_models(settings.target, settings.draft, device=settings.device,
-                                          dtype=settings.dtype, offline=args.offline, cache_dir=args.cache_dir))
+        return HFEngine(
+            load_study_models(
+                settings.target,
+                settings.draft,
+                device=settings.device,
+                dtype=settings.dtype,
+                offline=args.offline,
+                cache_dir=args.cache_dir,
+            )
+        )
     if name == "vllm":
         from hf_securesd.bench.engines.vllm import VLLMEngine
         from hf_securesd.bench.loading import _describe
         from hf_securesd.models import resolve_model
 
         if TINY in (settings.target, settings.draft):
-            raise EngineError("the vllm engine loads models from folders; save a pair with save_pretrained "
-                              "and pass the folders as --target/--draft")
-        target, draft = (resolve_model(role, offline=args.offline, cache_dir=args.cache_dir)
-                         for role in (settings.target, settings.draft))
-        options = {} if args.max_model_len is None else {"max_model_len": args.max_model_len}
-        return VLLMEngine(target, draft, _tokenizer(target, args.offline, args.cache_dir), dtype=settings.dtype,
-                          num_assistant_tokens=settings.num_assistant_tokens, seed=settings.seed or 0,
-                          engine_options=options,
-                          ids={"target": _describe(settings.target, target), "draft": _describe(settings.draft, draft)})
+            raise EngineError(
+                "the vllm engine loads models from folders; save a pair with save_pretrained "
+                "and pass the folders as --target/--draft"
+            )
+        target, draft = (
+            resolve_model(role, offline=args.offline, cache_dir=args.cache_dir)
+            for role in (settings.target, settings.draft)
+        )
+        options = vllm_options(args.vllm_option)
+        return VLLMEngine(
+            target,
+            draft,
+            _tokenizer(target, args.offline, args.cache_dir),
+            dtype=settings.dtype,
+            num_assistant_tokens=settings.num_assistant_tokens,
+            seed=settings.seed or 0,
+            engine_options=options,
+            ids={"target": _describe(settings.target, target), "draft": _describe(settings.draft, draft)},
+        )
     if name == "openai":
         from hf_securesd.bench.engines.openai import OpenAIEngine, OpenAISettings, parse_endpoints
 
         tokenizer_name = args.tokenizer or args.target
         if not args.chat and tokenizer_name is None:
-            raise EngineError("--engine openai without --chat builds prompts with a tokenizer's chat template: "
-                              "give --tokenizer NAME (or --target), or pass --chat")
-        tokenizer = None if tokenizer_name is None else _tokenizer(tokenizer_name, args.offline, args.cache_dir)
+            raise EngineError(
+                "--engine openai without --chat builds prompts with a tokenizer's chat template: "
+                "give --tokenizer NAME (or --target), or pass --chat"
+            )
+        tokenizer = (
+            None if tokenizer_name is None else _tokenizer(tokenizer_name, args.offline, args.cache_dir)
+        )
         endpoint_settings = OpenAISettings(
-            base_url=args.base_url, model=args.model, api_key_env=args.api_key_env, chat=args.chat,
-            token_ids=args.token_ids, endpoints=parse_endpoints(args.endpoint), baseline=args.baseline,
-            draft_baseline=args.draft_baseline, client=_client_settings(args),
+            base_url=args.base_url,
+            model=args.model,
+            api_key_env=args.api_key_env,
+            chat=args.chat,
+            token_ids=args.token_ids,
+            endpoints=parse_endpoints(args.endpoint),
+            baseline=args.baseline,
+            draft_baseline=args.draft_baseline,
+            client=_client_settings(args),
         )
         return OpenAIEngine(endpoint_settings, tokenizer)
     from hf_securesd.bench.engines import engine_class
@@ -143,4 +255,8 @@ def endpoint_configs(args: argparse.Namespace) -> list:
             raise EngineError("--endpoint needs --engine openai")
         return []
     baselines = {args.baseline, args.draft_baseline}
-    return [RunConfig("endpoint", endpoint=name) for name in parse_endpoints(args.endpoint) if name not in baselines]
+    return [
+        RunConfig("endpoint", endpoint=name)
+        for name in parse_endpoints(args.endpoint)
+        if name not in baselines
+    ]

@@ -174,7 +174,8 @@ class ResultsDir:
             clashes = [key for key in BINDING_KEYS if setting(existing, key) != setting(manifest, key)]
             if clashes:
                 detail = "; ".join(
-                    f"{key}: {setting(existing, key)!r} there, {setting(manifest, key)!r} now" for key in clashes
+                    f"{key}: {setting(existing, key)!r} there, {setting(manifest, key)!r} now"
+                    for key in clashes
                 )
                 raise ValueError(
                     f"{self.path} holds results for other settings ({detail}); "

@@ -423,7 +423,10 @@ def run_study(
                     bar.set_postfix_str(f"{config.key} on {task_run.task.name}, ETA {format_duration(eta)}")
                 batch_start = time.perf_counter()
                 answers = engine.generate(
-                    config, [prompt for _, prompt in batch], task_run.max_new_tokens, settings.num_assistant_tokens
+                    config,
+                    [prompt for _, prompt in batch],
+                    task_run.max_new_tokens,
+                    settings.num_assistant_tokens,
                 )
                 for (example, _), answer in zip(batch, answers, strict=True):
                     if isinstance(answer, GenerationFailure):
@@ -450,8 +453,9 @@ def run_study(
                     work[key] = (config.kind, len(pending) - first - len(batch), task_run.max_new_tokens)
             if failed_here:
                 outcome.failed += failed_here
-                log(f"[{position + 1}/{len(todo)}] {key}: {failed_here} of {len(pending)} prompts got no answer "
-                    f"(recorded in {FAILURES}); the cell stays unfinished: rerun into the same --out to retry them")
+                log(f"[{position + 1}/{len(todo)}] {key}: {failed_here} of {len(pending)} prompts got no "
+                    f"answer (recorded in {FAILURES}); the cell stays unfinished: rerun into the same --out "
+                    "to retry them")
                 continue
             run = finish_cell(config, task_run, done, finished, settings)
             results.add_run(run)

@@ -50,5 +50,5 @@ def check_judge_options(name: str, options: Mapping[str, object]) -> None:
         raise ValueError(f"judge {name!r} options {dict(options)}: {error}") from None
 
 
-__all__ = ["JUDGES", "ExactRefusalPrefixJudge", "Judge", "JudgeError", "RefusalPrefixJudge", "StrongRejectJudge",
-           "Verdict", "check_judge_options", "get_judge"]
+__all__ = ["JUDGES", "ExactRefusalPrefixJudge", "Judge", "JudgeError", "RefusalPrefixJudge",
+           "StrongRejectJudge", "Verdict", "check_judge_options", "get_judge"]

@@ -125,7 +125,8 @@ class OpenAIChatBackend(ChatBackend):
     that drips its headers or its body cannot hold an attempt past it (name resolution excepted,
     which the system resolver bounds). Replies are streamed and abandoned past
     `max_response_bytes`. Only HTTP 200 is an answer; redirects are not followed. Timeouts,
-    connection errors, HTTP 408/409/429/500/502/503/504 and malformed replies are retried `max_retries` times with exponential backoff
+    connection errors, HTTP 408/409/429/500/502/503/504 and malformed replies are retried
+    `max_retries` times with exponential backoff
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
     non-negative number of seconds (capped at `MAX_RETRY_AFTER_S`; other values are ignored);
     then, like any other HTTP status, they raise `JudgeBackendError`.

@@ -68,7 +68,13 @@ class FaultServer:
         handler.wfile.write(body)
 
     def answer(self, handler, payload: dict) -> None:
-        cell = "audited" if handler.path.startswith("/audited") else "xargs" if "vllm_xargs" in payload else "target"
+        cell = (
+            "audited"
+            if handler.path.startswith("/audited")
+            else "xargs"
+            if "vllm_xargs" in payload
+            else "target"
+        )
         position = self.index[payload["prompt"]]
         auth = handler.headers.get("Authorization", "")
         with self.lock:
@@ -82,8 +88,9 @@ class FaultServer:
                 fault = fault if attempt == 1 or fault in ("302", "never") else None
             elif cell == "audited" and position == 0:
                 fault = "garbage"  # every attempt
-        good = json.dumps({"model": "fake-model", "choices": [{"text": ANSWER}],
-                           "usage": {"completion_tokens": 4}}).encode()
+        good = json.dumps(
+            {"model": "fake-model", "choices": [{"text": ANSWER}], "usage": {"completion_tokens": 4}}
+        ).encode()
         if fault == "429":
             self.reply(handler, 429, b'{"error": "slow down"}', **{"Retry-After": "0.2"})
         elif fault == "500":
@@ -111,7 +118,9 @@ class FaultServer:
 
 @pytest.fixture
 def jailbreak_prompts(data_dir) -> list[str]:
-    return prepare_tasks(["jailbreak"], byte_tokenizer(), data_dir=data_dir, limit=LIMIT, max_new_tokens=4)[0].prompts
+    return prepare_tasks(["jailbreak"], byte_tokenizer(), data_dir=data_dir, limit=LIMIT, max_new_tokens=4)[
+        0
+    ].prompts
 
 
 @pytest.fixture
@@ -125,15 +134,47 @@ def _files_holding(root: Path, needle: str) -> list[str]:
     return [str(path) for path in root.rglob("*") if path.is_file() and needle.encode() in path.read_bytes()]
 
 
-def test_faults_are_retried_recorded_and_completed_by_a_rerun(tmp_path, data_dir, fault_server, monkeypatch,
-                                                              capfd):
+def test_faults_are_retried_recorded_and_completed_by_a_rerun(
+    tmp_path, data_dir, fault_server, monkeypatch, capfd
+):
     monkeypatch.setenv(KEY_VARIABLE, FAKE_KEY)
     out = tmp_path / "audit"
-    argv = ["bench", "--engine", "openai", "--base-url", f"{fault_server.url}/v1", "--tokenizer", "tiny",
-            "--endpoint", f"audited={fault_server.url}/audited/v1", "--verifiers", "mars:0.5",
-            "--schedules", "step:1", "--tasks", "jailbreak", "--limit", str(LIMIT), "--max-new-tokens", "4",
-            "--data-dir", str(data_dir), "--batch-size", "3", "--concurrency", "3", "--request-timeout", "1",
-            "--max-retries", "2", "--api-key-env", KEY_VARIABLE, "--out", str(out), "--no-progress"]
+    argv = [
+        "bench",
+        "--engine",
+        "openai",
+        "--base-url",
+        f"{fault_server.url}/v1",
+        "--tokenizer",
+        "tiny",
+        "--endpoint",
+        f"audited={fault_server.url}/audited/v1",
+        "--verifiers",
+        "mars:0.5",
+        "--schedules",
+        "step:1",
+        "--tasks",
+        "jailbreak",
+        "--limit",
+        str(LIMIT),
+        "--max-new-tokens",
+        "4",
+        "--data-dir",
+        str(data_dir),
+        "--batch-size",
+        "3",
+        "--concurrency",
+        "3",
+        "--request-timeout",
+        "1",
+        "--max-retries",
+        "2",
+        "--api-key-env",
+        KEY_VARIABLE,
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
     started = time.monotonic()
     assert main(argv) == 1  # some prompts got no answer
     first_run_s = time.monotonic() - started
@@ -146,7 +187,9 @@ def test_faults_are_retried_recorded_and_completed_by_a_rerun(tmp_path, data_dir
     assert any("HTTP 302" in record["error"] for record in failures)
     assert any("no complete reply" in record["error"] for record in failures)
     assert any("not complete JSON" in record["error"] for record in failures)
-    generated = [(record["cell"].split("|")[0], record["example_id"]) for record in read_jsonl(out / GENERATIONS)]
+    generated = [
+        (record["cell"].split("|")[0], record["example_id"]) for record in read_jsonl(out / GENERATIONS)
+    ]
     assert len(generated) == len(set(generated)) == len(cells) * LIMIT - 3
     assert not failed & set(generated)  # a failure is never an answer
     finished = {run["config_key"] for run in read_jsonl(out / RUNS)}
@@ -161,14 +204,19 @@ def test_faults_are_retried_recorded_and_completed_by_a_rerun(tmp_path, data_dir
     assert main(argv) == 0
     redone = fault_server.requests - before
     assert sorted(redone) == sorted((("target", 4), ("target", 5), ("audited", 0)))  # only the failed ones
-    generated = [(record["cell"].split("|")[0], record["example_id"]) for record in read_jsonl(out / GENERATIONS)]
+    generated = [
+        (record["cell"].split("|")[0], record["example_id"]) for record in read_jsonl(out / GENERATIONS)
+    ]
     assert len(generated) == len(set(generated)) == len(cells) * LIMIT
     runs = read_jsonl(out / RUNS)
     assert {run["config_key"] for run in runs} == cells
     assert all(run["responses"] == [ANSWER] * LIMIT and run["score"] == 1.0 for run in runs)
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["engine"] == "openai"
-    assert manifest["endpoints"] == {"audited": f"{fault_server.url}/audited/v1", "--base-url": f"{fault_server.url}/v1"}
+    assert manifest["endpoints"] == {
+        "audited": f"{fault_server.url}/audited/v1",
+        "--base-url": f"{fault_server.url}/v1",
+    }
     assert manifest["server_models"][f"{fault_server.url}/v1"]["server_models"] == ["fake-model"]
     assert KEY_VARIABLE in manifest["sessions"][0]["command"]  # the variable's name, not its value
 
@@ -191,8 +239,11 @@ def test_retry_after_is_bounded_by_its_cap_and_the_run_deadline(fault_server):
     http.daemon_threads = True
     threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     try:
-        client = OpenAIClient(f"http://127.0.0.1:{http.server_address[1]}/v1", None,
-                              ClientSettings(run_deadline_s=1.5, max_retries=50, max_retry_after_s=30))
+        client = OpenAIClient(
+            f"http://127.0.0.1:{http.server_address[1]}/v1",
+            None,
+            ClientSettings(run_deadline_s=1.5, max_retries=50, max_retry_after_s=30),
+        )
         started = time.monotonic()
         with pytest.raises(RequestFailed, match="run deadline of 1.5 s passed; last problem: HTTP 429"):
             client.request("POST", "/completions", {"prompt": "x"})

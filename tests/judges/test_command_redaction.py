@@ -10,14 +10,17 @@ from hf_securesd.judges.secrets import REDACTED, redact_command
 SECRET = "sk-typed-0a1b2c3d4e5f"
 
 
-@pytest.mark.parametrize("words", [
-    ["--api-key", SECRET],
-    [f"--api-key={SECRET}"],
-    ["--token", SECRET],
-    ["--judge-option", f"api_key={SECRET}"],
-    ["--judge-option", f"password={SECRET}"],
-    ["--base-url", f"http://user:{SECRET}@127.0.0.1:8000/v1"],
-])
+@pytest.mark.parametrize(
+    "words",
+    [
+        ["--api-key", SECRET],
+        [f"--api-key={SECRET}"],
+        ["--token", SECRET],
+        ["--judge-option", f"api_key={SECRET}"],
+        ["--judge-option", f"password={SECRET}"],
+        ["--base-url", f"http://user:{SECRET}@127.0.0.1:8000/v1"],
+    ],
+)
 def test_a_secret_typed_on_the_command_line_is_not_recorded(words):
     recorded = provenance(["securesd", "bench", *words, "--out", "results"])["command"]
     assert SECRET not in recorded and REDACTED in recorded
@@ -27,7 +30,9 @@ def test_a_secret_typed_on_the_command_line_is_not_recorded(words):
 @pytest.mark.parametrize("name", ["MY_SERVICE_KEY", "GITHUB_TOKEN", "DB_PASSWORD", "CLIENT_SECRET_VALUE"])
 def test_the_value_of_a_secret_variable_is_redacted_wherever_it_appears(monkeypatch, name):
     monkeypatch.setenv(name, SECRET)
-    recorded = provenance(["securesd", "bench", "--data-dir", f"/data/{SECRET}/x", "--note", SECRET])["command"]
+    recorded = provenance(["securesd", "bench", "--data-dir", f"/data/{SECRET}/x", "--note", SECRET])[
+        "command"
+    ]
     assert SECRET not in recorded
     assert recorded == f"securesd bench --data-dir /data/{REDACTED}/x --note {REDACTED}"
 

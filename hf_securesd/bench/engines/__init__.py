@@ -63,5 +63,15 @@ def engine_class(name: str) -> type[Engine]:
     return _REGISTRY[name]
 
 
-__all__ = ["Answer", "ENGINE_MODULES", "Engine", "EngineError", "Generation", "GenerationFailure", "Prompt",
-           "engine_class", "engine_names", "register_engine"]
+__all__ = [
+    "Answer",
+    "ENGINE_MODULES",
+    "Engine",
+    "EngineError",
+    "Generation",
+    "GenerationFailure",
+    "Prompt",
+    "engine_class",
+    "engine_names",
+    "register_engine",
+]

@@ -90,8 +90,9 @@ class Engine(ABC):
         ``server_models`` (names the servers report)."""
 
     @abstractmethod
-    def generate(self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int,
-                 num_assistant_tokens: int) -> list[Answer]:
+    def generate(
+        self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int, num_assistant_tokens: int
+    ) -> list[Answer]:
         """Greedy answers to `prompts` under `config`, one per prompt, in order."""
 
     def warm_up(self, prompt: Prompt, configs: Sequence[RunConfig], num_assistant_tokens: int) -> None:

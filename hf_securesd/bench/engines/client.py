@@ -55,8 +55,10 @@ class ClientSettings:
         }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(f"client setting {bad[0]} is out of range: {self}; timeouts, deadline, "
-                             "concurrency and size must be positive, retries and backoff non-negative")
+            raise ValueError(
+                f"client setting {bad[0]} is out of range: {self}; timeouts, deadline, "
+                "concurrency and size must be positive, retries and backoff non-negative"
+            )
 
 
 class RequestFailed(Exception):
@@ -98,12 +100,15 @@ class OpenAIClient:
     """Requests to one OpenAI-compatible base URL (``http://host:port/v1``). Credentials in the
     URL are refused: give the key through `api_key` (read from the environment by the caller)."""
 
-    def __init__(self, base_url: str, api_key: str | None, settings: ClientSettings,
-                 run_started: float | None = None) -> None:
+    def __init__(
+        self, base_url: str, api_key: str | None, settings: ClientSettings, run_started: float | None = None
+    ) -> None:
         stripped, userinfo = strip_userinfo(base_url)
         if userinfo is not None:
-            raise ValueError(f"the endpoint URL {redact(base_url)} carries credentials; give the URL "
-                             "without user:password@ and the key with --api-key-env NAME")
+            raise ValueError(
+                f"the endpoint URL {redact(base_url)} carries credentials; give the URL "
+                "without user:password@ and the key with --api-key-env NAME"
+            )
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the endpoint URL must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -122,7 +127,9 @@ class OpenAIClient:
     def _remaining(self) -> float:
         return math.inf if self._run_deadline is None else self._run_deadline - time.monotonic()
 
-    def _attempt(self, method: str, path: str, payload: Any | None) -> tuple[dict[str, Any] | None, str, float]:
+    def _attempt(
+        self, method: str, path: str, payload: Any | None
+    ) -> tuple[dict[str, Any] | None, str, float]:
         """One exchange: (reply object or None, the problem, seconds to wait before a retry);
         `_NotRetryable` for an answer that retrying cannot change."""
         timeout = min(self.settings.request_timeout_s, self._remaining())
@@ -136,12 +143,15 @@ class OpenAIClient:
             return None, f"{type(error).__name__}: {redact(str(error), self._secrets)}", -1.0
         text = redact(reply.body[:200].decode(errors="replace"), self._secrets)
         if reply.status in RETRYABLE_STATUS:
-            wait = retry_after_seconds(reply.headers.get("retry-after"), -1.0, self.settings.max_retry_after_s)
+            wait = retry_after_seconds(
+                reply.headers.get("retry-after"), -1.0, self.settings.max_retry_after_s
+            )
             return None, f"HTTP {reply.status}: {text!r}", wait
         if reply.status != 200:
             where = f" to {reply.headers.get('location')!r}" if 300 <= reply.status < 400 else ""
-            raise _NotRetryable(f"HTTP {reply.status}{where} (only 200 is an answer; redirects are not "
-                                f"followed): {text!r}")
+            raise _NotRetryable(
+                f"HTTP {reply.status}{where} (only 200 is an answer; redirects are not followed): {text!r}"
+            )
         try:
             return parse_json_object(reply.body), "", -1.0
         except ValueError as error:
@@ -153,9 +163,12 @@ class OpenAIClient:
             problem = ""
             for attempt in range(self.settings.max_retries + 1):
                 if self._remaining() <= 0:
-                    raise RequestFailed(f"{method} {self.base_url}{path}: the run deadline of "
-                                        f"{self.settings.run_deadline_s:g} s passed"
-                                        + (f"; last problem: {problem}" if problem else ""), attempt)
+                    raise RequestFailed(
+                        f"{method} {self.base_url}{path}: the run deadline of "
+                        f"{self.settings.run_deadline_s:g} s passed"
+                        + (f"; last problem: {problem}" if problem else ""),
+                        attempt,
+                    )
                 try:
                     reply, problem, wait = self._attempt(method, path, payload)
                 except _NotRetryable as error:
@@ -165,11 +178,15 @@ class OpenAIClient:
                 if attempt < self.settings.max_retries:
                     pause = wait if wait >= 0 else self.settings.backoff_s * 2**attempt
                     time.sleep(max(0.0, min(pause, self._remaining())))
-            raise RequestFailed(f"{method} {self.base_url}{path} failed after {self.settings.max_retries + 1} "
-                                f"attempts; last problem: {problem}", self.settings.max_retries + 1)
+            raise RequestFailed(
+                f"{method} {self.base_url}{path} failed after {self.settings.max_retries + 1} "
+                f"attempts; last problem: {problem}",
+                self.settings.max_retries + 1,
+            )
 
-    def post_many(self, path: str, payloads: Sequence[dict[str, Any]]
-                  ) -> list[tuple[dict[str, Any] | RequestFailed, float]]:
+    def post_many(
+        self, path: str, payloads: Sequence[dict[str, Any]]
+    ) -> list[tuple[dict[str, Any] | RequestFailed, float]]:
         """POST every payload (at most `concurrency` at once): per payload, the reply or its
         `RequestFailed`, and the wall seconds it took, in order."""
 

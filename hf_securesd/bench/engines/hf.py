@@ -45,23 +45,28 @@ class HFEngine(Engine):
     def check_configs(self, configs: Sequence[RunConfig]) -> None:
         endpoints = [config.key for config in configs if config.kind == "endpoint"]
         if endpoints:
-            raise EngineError(f"the hf engine runs models in this process, not endpoints ({endpoints[0]}); "
-                              "use --engine openai for --endpoint")
+            raise EngineError(
+                f"the hf engine runs models in this process, not endpoints ({endpoints[0]}); "
+                "use --engine openai for --endpoint"
+            )
 
     def describe(self) -> dict[str, Any]:
         import transformers
 
         return {"engine": self.name, "engine_version": transformers.__version__, "models": self.models.ids}
 
-    def generate(self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int,
-                 num_assistant_tokens: int) -> list[Answer]:
+    def generate(
+        self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int, num_assistant_tokens: int
+    ) -> list[Answer]:
         models = self.models
         model = models.draft if config.kind == "draft" else models.target
         texts = [prompt.text for prompt in prompts]
         inputs = models.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(
             model.device
         )
-        options: dict[str, Any] = dict(do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True)
+        options: dict[str, Any] = dict(
+            do_sample=False, max_new_tokens=max_new_tokens, return_dict_in_generate=True
+        )
         if config.kind == "speculative":
             options.update(
                 assistant_model=models.draft,
@@ -84,13 +89,15 @@ class HFEngine(Engine):
         for row in range(len(prompts)):
             new_tokens = _trim(out.sequences[row, prompt_length:], models.tokenizer.pad_token_id)
             stats = None if row_stats is None else row_stats[row]
-            answers.append(Generation(
-                models.tokenizer.decode(new_tokens, skip_special_tokens=True),
-                stats.new_tokens if stats is not None else int(new_tokens.numel()),
-                seconds,
-                stats,
-                cpu_seconds,
-            ))
+            answers.append(
+                Generation(
+                    models.tokenizer.decode(new_tokens, skip_special_tokens=True),
+                    stats.new_tokens if stats is not None else int(new_tokens.numel()),
+                    seconds,
+                    stats,
+                    cpu_seconds,
+                )
+            )
         return answers
 
     def warm_up(self, prompt: Prompt, configs: Sequence[RunConfig], num_assistant_tokens: int) -> None:

