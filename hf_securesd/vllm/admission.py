@@ -20,7 +20,7 @@ import logging
 from typing import Any, Callable
 
 from ..validation import SecureSDConfigError
-from .request import EXTRA_ARGS_KEY, looks_like_securesd, request_for
+from .request import EXTRA_ARGS_KEY, SecureSDRequest, looks_like_securesd, request_for
 
 logger = logging.getLogger(__name__)
 # vLLM 0.32's OpenAI request classes (module, class) whose body fields become engine parameters.
@@ -30,6 +30,27 @@ HTTP_REQUEST_CLASSES = (
     ("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest"),
 )
 HTTP_PARAMETER = "vllm_xargs.securesd"
+
+
+# vLLM's speculative methods the plugin verifies: those whose proposer samples from a draft
+# distribution over the target's vocabulary (the plugin records its logits), and those that propose
+# deterministically (one-hot drafts, no draft logits).
+WITH_DRAFT_DISTRIBUTION = ("draft_model", "eagle", "eagle3")
+ONE_HOT = ("ngram", "suffix")
+_PARALLEL = "drafts every position in one pass (parallel drafting), whose logits the plugin does not record"
+NOT_VERIFIED = {
+    "mtp": "MTP drafting has not been run with the plugin (no model with MTP layers runs in its CPU test "
+    "environment), so its response positions and draft logits are unverified",
+    "medusa": "Medusa drafts from several heads at once, not token by token, and has not been run with it",
+    "mlp_speculator": "the MLP speculator has not been run with the plugin",
+    "dflash": f"DFlash {_PARALLEL}",
+    "dspark": f"DSpark {_PARALLEL}",
+    "ngram_gpu": "the GPU n-gram proposer has not been run with the plugin (use method \"ngram\")",
+}
+_START_HINT = (
+    "start it with --speculative-config '{\"method\": \"draft_model\", \"model\": \"<draft>\", "
+    "\"num_speculative_tokens\": 5}' (or ngram, eagle, eagle3)"
+)
 
 
 def check_request(params: Any, vllm_config: Any) -> None:
@@ -42,14 +63,9 @@ def check_request(params: Any, vllm_config: Any) -> None:
     if speculative is None:
         raise SecureSDConfigError(
             "this request asks for SecureSD verification but the engine runs without speculative decoding; "
-            "start it with --speculative-config '{\"method\": \"draft_model\", \"model\": \"<draft>\", "
-            "\"num_speculative_tokens\": 5}' (or send the request without \"securesd\")"
+            f"{_START_HINT} (or send the request without \"securesd\")"
         )
-    if not speculative.uses_draft_model():
-        raise SecureSDConfigError(
-            f"SecureSD verification needs a draft model's logits, but the engine drafts with method "
-            f"{speculative.method!r}; start it with --speculative-config '{{\"method\": \"draft_model\", ...}}'"
-        )
+    check_proposer(request, speculative)
     if getattr(speculative, "use_heterogeneous_vocab", False):
         raise SecureSDConfigError(
             "SecureSD verification compares both models token by token and needs a draft with the target's "
@@ -62,15 +78,42 @@ def check_request(params: Any, vllm_config: Any) -> None:
         )
     if vllm_config.use_v2_model_runner:
         raise SecureSDConfigError(
-            "SecureSD verification runs on vLLM's GPUModelRunner (the V1 runner); this engine uses Model Runner V2. "
-            "Start it with VLLM_USE_V2_MODEL_RUNNER=0 (the plugin sets this when the variable is unset)"
+            "SecureSD verification runs on vLLM's GPUModelRunner (the V1 runner); this engine uses Model "
+            "Runner V2. Start it with VLLM_USE_V2_MODEL_RUNNER=0 (the plugin sets this when it is unset)"
         )
     try:
         request.verifier.check_draft_length(speculative.num_speculative_tokens)
     except ValueError as error:
+        raise SecureSDConfigError(f"{error} (k is the engine's num_speculative_tokens here)") from None
+
+
+def check_proposer(request: SecureSDRequest, speculative: Any) -> None:
+    """Raise SecureSDConfigError unless the engine's speculative method can feed the request's verifier:
+    a method the plugin verifies, and, for a one-hot proposer, a rule that needs no draft distribution
+    (`Verifier.needs`, read through `Verifier.check_proposer`)."""
+    method = speculative.method
+    if getattr(speculative, "parallel_drafting", False):
         raise SecureSDConfigError(
-            f"{error} (k is the engine's num_speculative_tokens here)"
-        ) from None
+            f"SecureSD verification cannot run with parallel drafting (method {method!r} with "
+            "parallel_drafting): the drafter proposes every position in one pass, whose logits the plugin "
+            f"does not record per request; {_START_HINT}"
+        )
+    if method in ONE_HOT:
+        try:
+            request.verifier.check_proposer(f"vLLM's {method} proposer", has_raw_draft_logits=False)
+        except ValueError as error:
+            raise SecureSDConfigError(
+                f"{error}. Here: start the engine with a draft model (--speculative-config "
+                "'{\"method\": \"draft_model\", ...}', or eagle/eagle3), or send another verifier"
+            ) from None
+        return
+    if method in WITH_DRAFT_DISTRIBUTION:
+        return
+    reason = NOT_VERIFIED.get(method, f"the plugin does not verify speculative method {method!r}")
+    raise SecureSDConfigError(
+        f"SecureSD verification cannot run on this engine: {reason}. Methods it verifies: "
+        f"{', '.join(WITH_DRAFT_DISTRIBUTION + ONE_HOT)}; {_START_HINT}"
+    )
 
 
 def check_http_body(request: Any) -> None:

@@ -105,8 +105,8 @@ def _build(constructor: Any, value: Any, origin: str) -> Any:
         _refuse_huge_options(value, origin)
     try:
         return constructor(value)
-    except SecureSDConfigError:
-        raise
+    except SecureSDConfigError as error:
+        raise SecureSDConfigError(f"{origin}: {_clip(str(error), 400)}") from None
     except Exception as error:  # noqa: BLE001 - see the docstring
         kind = "" if isinstance(error, (ValueError, TypeError)) else f"{type(error).__name__}: "
         raise SecureSDConfigError(f"{origin}: {kind}{_clip(str(error), 400)}") from None

@@ -383,3 +383,21 @@ def test_the_engine_verifies_through_the_core_step(engine, monkeypatch):
     monkeypatch.setattr(core_step, "verify_step", every_draft_rejected_token_five)
     after = tokens(generate(engine, PROMPTS[:1], max_tokens=8, extra_args=securesd("lossless")))[0]
     assert after[1:] == [5] * 7 and after != before
+
+
+def test_a_segment_schedule_reads_each_rows_committed_response(engine, hf_models):
+    """Segments (a schedule that reads tokens) gets each row's committed response: with the first
+    response token as the boundary, everything after it is in the exact segment (target greedy under an
+    accept-everything rule); with a boundary that never appears, everything is relaxed."""
+    from hf_securesd.segments import Segments
+
+    prompt = PROMPTS[1]
+    accept_all = LossySD(epsilon=1.0)
+    greedy = cut(hf_generate(hf_models, prompt, NEW_TOKENS), NEW_TOKENS)
+    relaxed = tokens(generate(engine, [prompt], extra_args=securesd(accept_all)))[0]
+    assert relaxed != greedy
+    exact_after_first = Segments([greedy[0]], before=None, after="lossless")
+    assert tokens(generate(engine, [prompt], extra_args=securesd(accept_all, exact_after_first)))[0] == greedy
+    absent = next(t for t in range(256) if t not in relaxed)
+    never = Segments([absent], before=None, after="lossless")
+    assert tokens(generate(engine, [prompt], extra_args=securesd(accept_all, never)))[0] == relaxed

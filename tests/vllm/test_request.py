@@ -85,16 +85,51 @@ def test_admission_accepts_runnable_requests_and_plain_ones() -> None:
     "config, message",
     [
         (engine_config(speculative=False), "without speculative decoding"),
-        (engine_config(method="ngram"), "drafts with method 'ngram'"),
+        (engine_config(method="mtp"), "MTP drafting has not been run with the plugin"),
+        (engine_config(method="medusa"), "Medusa drafts from several heads"),
+        (engine_config(method="dflash"), "parallel drafting"),
         (engine_config(v2=True), "Model Runner V2"),
         (engine_config(k=2), "FLy window W=3 needs W <= k-1"),
     ],
-    ids=["no-speculative-decoding", "ngram", "v2-runner", "fly-window"],
+    ids=["no-speculative-decoding", "mtp", "medusa", "dflash", "v2-runner", "fly-window"],
 )
 def test_admission_refuses_what_the_engine_cannot_run(config, message) -> None:
     request = {"securesd": {"verifier": {"verifier": "fly", "window": 3}}} if "FLy" in message else {"securesd": CONFIG}
     with pytest.raises(SecureSDConfigError, match=message):
         check_request(params(request), config)
+
+
+@pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "ngram", "suffix"])
+def test_admission_accepts_every_proposer_for_rules_that_read_only_the_target(method) -> None:
+    for verifier in ("lossless", "lossysd", "bild", "speccascade", "fly", "mars"):
+        check_request(params({"securesd": {"verifier": verifier}}), engine_config(method=method, k=5))
+
+
+@pytest.mark.parametrize("method", ["ngram", "suffix"])
+@pytest.mark.parametrize(
+    "verifier, reason",
+    [
+        ("fsd", "FSD compares the draft's distribution"),
+        ({"verifier": "bild", "tau_fb": 0.5}, "BiLD's fallback"),
+        ({"verifier": "speccascade", "rule": "chow"}, "rule='chow'"),
+    ],
+    ids=["fsd", "bild-fallback", "speccascade-chow"],
+)
+def test_one_hot_proposers_refuse_rules_that_read_the_draft_distribution(method, verifier, reason) -> None:
+    """The refusal names the rule's reason, the proposer and the fix; a proposer with a distribution
+    (draft model, EAGLE) runs the same rules."""
+    no_distribution = rf"{reason}.*vLLM's {method} proposer has no draft distribution"
+    with pytest.raises(SecureSDConfigError, match=no_distribution):
+        check_request(params({"securesd": {"verifier": verifier}}), engine_config(method=method))
+    for other in ("draft_model", "eagle"):
+        check_request(params({"securesd": {"verifier": verifier}}), engine_config(method=other))
+
+
+def test_parallel_drafting_is_refused() -> None:
+    config = engine_config(method="eagle")
+    config.speculative_config.parallel_drafting = True
+    with pytest.raises(SecureSDConfigError, match="parallel drafting"):
+        check_request(params({"securesd": CONFIG}), config)
 
 
 REFUSAL = "hf-securesd's vLLM plugin cannot run SecureSD on this vllm 0.31.0: a symbol does not match"
