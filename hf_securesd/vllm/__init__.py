@@ -110,7 +110,8 @@ def _install() -> str:
     return (
         f"{runner}; patched GPUModelRunner._sample/propose_draft_token_ids, "
         "SpecDecodeBaseProposer._sample_draft_tokens, rejection_sampler.rejection_sample/"
-        "apply_sampling_constraints and request validation; requests without \"securesd\" run vLLM's own code"
+        "apply_sampling_constraints, the bonus Sampler.forward/apply_logits_processors and request "
+        "validation; requests without \"securesd\" run vLLM's own code"
     )
 
 

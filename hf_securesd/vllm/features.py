@@ -93,7 +93,7 @@ REQUIRED: tuple[Symbol, ...] = (
     Symbol("vllm.v1.engine.input_processor", "InputProcessor", "class", fields=("vllm_config",)),
     Symbol("vllm.config.vllm", "VllmConfig", "class", fields=("speculative_config", "use_v2_model_runner")),
     Symbol("vllm.config.speculative", "SpeculativeConfig", "class",
-           fields=("method", "num_speculative_tokens", "uses_draft_model")),
+           fields=("method", "num_speculative_tokens")),
     Symbol("vllm.envs", "VLLM_USE_V2_MODEL_RUNNER", "constant"),
     *(Symbol(module, f"{cls}.to_sampling_params", "callable") for module, cls, _ in _HTTP),
     *(Symbol(module, f"{cls}.to_beam_search_params", "callable") for module, cls, beam in _HTTP if beam),
@@ -102,7 +102,7 @@ REQUIRED: tuple[Symbol, ...] = (
     Symbol(_RUNNER, "GPUModelRunner.propose_draft_token_ids", "callable"),
     Symbol(_RUNNER, "GPUModelRunner", "class", fields=("requests", "input_batch", "drafter")),
     Symbol("vllm.v1.worker.gpu_input_batch", "InputBatch", "class",
-           fields=("req_ids", "num_computed_tokens_cpu", "num_prompt_tokens")),
+           fields=("req_ids", "num_computed_tokens_cpu", "num_prompt_tokens", "sampling_metadata")),
     Symbol("vllm.v1.worker.gpu_input_batch", "CachedRequestState", "class", fields=("sampling_params",)),
     Symbol("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata", "class", fields=("num_draft_tokens",)),
     Symbol("vllm.v1.sample.metadata", "SamplingMetadata", "class",
@@ -114,6 +114,10 @@ REQUIRED: tuple[Symbol, ...] = (
     Symbol(_REJECTION, "PLACEHOLDER_TOKEN_ID", "constant"),
     Symbol(_REJECTION, "RejectionSampler.forward", "callable",
            uses=("rejection_sample", "apply_sampling_constraints")),
+    # verification.patch_bonus_sampler: the Sampler the rejection module draws bonus tokens with
+    Symbol(_REJECTION, "Sampler.forward", "callable", ("logits", "sampling_metadata", "predict_bonus_token")),
+    Symbol(_REJECTION, "Sampler.apply_logits_processors", "callable",
+           ("logits", "sampling_metadata", "predict_bonus_token"), "none"),
     # drafting.patch_proposer, and the top-k/top-p op the plugin calls itself
     Symbol("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._sample_draft_tokens", "callable",
            ("hidden_states", "sampling_metadata"), "none"),
