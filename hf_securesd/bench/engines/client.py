@@ -186,17 +186,15 @@ class OpenAIClient:
 
     def post_many(
         self, path: str, payloads: Sequence[dict[str, Any]]
-    ) -> list[tuple[dict[str, Any] | RequestFailed, float]]:
-        """POST every payload (at most `concurrency` at once): per payload, the reply or its
-        `RequestFailed`, and the wall seconds it took, in order."""
+    ) -> list[dict[str, Any] | RequestFailed]:
+        """POST every payload (at most `concurrency` at once): per payload, in order, the reply or
+        its `RequestFailed`."""
 
-        def one(payload: dict[str, Any]) -> tuple[dict[str, Any] | RequestFailed, float]:
-            start = time.perf_counter()
+        def one(payload: dict[str, Any]) -> dict[str, Any] | RequestFailed:
             try:
-                reply: dict[str, Any] | RequestFailed = self.request("POST", path, payload)
+                return self.request("POST", path, payload)
             except RequestFailed as failure:
-                reply = failure
-            return reply, time.perf_counter() - start
+                return failure
 
         if len(payloads) <= 1 or self.settings.concurrency == 1:
             return [one(payload) for payload in payloads]

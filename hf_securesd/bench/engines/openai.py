@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -244,8 +245,11 @@ class OpenAIEngine(Engine):
         url = self._url_for(config)
         path = "/chat/completions" if self.settings.chat else "/completions"
         payloads = [self._payload(config, prompt, url, max_new_tokens) for prompt in prompts]
+        start = time.perf_counter()
+        replies = self._clients[url].post_many(path, payloads)
+        seconds = (time.perf_counter() - start) / len(prompts)  # the batch's time, split evenly over its rows
         answers: list[Answer] = []
-        for reply, seconds in self._clients[url].post_many(path, payloads):
+        for reply in replies:
             if isinstance(reply, RequestFailed):
                 answers.append(GenerationFailure(str(reply), reply.attempts))
             else:
