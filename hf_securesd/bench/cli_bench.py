@@ -139,7 +139,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--schedules",
         nargs="+",
         default=None,
-        help="schedules: none, step:L, linear:L, power:L:GAMMA (default: none step:1)",
+        help="schedules: none, step:L, linear:L, power:L:GAMMA, or a JSON object such as "
+        '\'{"schedule": "segments", "boundary": "</think>", "before": null, "after": "lossless"}\' '
+        "(default: none step:1)",
     )
     parser.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     add_engine_options(parser)
@@ -229,7 +231,7 @@ def prepare(args: argparse.Namespace):
 
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
-    from hf_securesd.bench.plan import parse_schedule, sweep_configs
+    from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
     from hf_securesd.bench.report import write_report
     from hf_securesd.bench.runner import run_study
 
@@ -242,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
         sweep = sweep_configs(verifiers, schedules) if verifiers else []
         configs = [*endpoint_configs(args), *sweep]
         settings, engine, tasks = prepare(args)
+        configs = resolve_text_boundaries(configs, engine.tokenizer)
     except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError, EngineError: ValueErrors
         print(f"error: {error}", file=sys.stderr)
         return 2
