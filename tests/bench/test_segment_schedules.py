@@ -126,3 +126,40 @@ def test_calibrate_command_line_takes_the_segment_options():
         ["--out", "unused", "--segment-boundary", "</think>", "--segment-before", "step:1", "--L", "2", "4"]
     )
     assert segments_template(args.segment_boundary, args.segment_before) == Segments("</think>", Step(L=1))
+
+
+def _read_runs(path):
+    import json
+
+    return [json.loads(line) for line in (path / "runs.jsonl").read_text().splitlines() if line.strip()]
+
+
+def test_bench_and_calibrate_run_a_text_boundary_end_to_end(tmp_path, data_dir, capsys):
+    """Through the command lines on the tiny pair: the text boundary is resolved with the target
+    tokenizer (a run without it would refuse every segment cell), the recorded key keeps the text."""
+    from hf_securesd.bench import cli_bench
+
+    common = ["--profile", "smoke", "--tasks", "gsm8k", "--limit", "2", "--no-progress"]
+    common += ["--data-dir", str(data_dir)]
+    parser = argparse.ArgumentParser()
+    cli_bench.configure(parser)
+    spec = '{"schedule": "segments", "boundary": "e", "before": null, "after": "lossless"}'
+    bench = parser.parse_args(
+        [*common, "--verifiers", "mars:0.5", "--schedules", spec, "--no-report", "--out", str(tmp_path / "b")]
+    )
+    assert cli_bench.run(bench) == 0
+    keys = {run["config_key"]: run for run in _read_runs(tmp_path / "b")}
+    cell = keys["mars(theta=0.5)+segments(boundary='e',before=none,after=lossless)"]
+    assert cell["n"] == 2 and cell["config"]["schedule"]["boundary"] == "e"
+
+    parser = argparse.ArgumentParser()
+    cli_calibrate.configure(parser)
+    calibrate = parser.parse_args(
+        [*common, "--verifier", "mars:0.5", "--segment-boundary", "e", "--L", "1", "2"]
+        + ["--out", str(tmp_path / "c")]
+    )
+    assert cli_calibrate.run(calibrate) == 0
+    swept = [run["config"]["schedule"] for run in _read_runs(tmp_path / "c") if run["schedule_label"]]
+    assert sorted(schedule["after"]["L"] for schedule in swept) == [1, 2]
+    assert all(schedule["boundary"] == "e" and schedule["before"] is None for schedule in swept)
+    assert "Answer-segment Step(L)" in (tmp_path / "c" / "calibration.md").read_text()
