@@ -20,10 +20,9 @@ those comes from the target), which stays exact, and the engine goes on.
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
-
-import logging
 
 import torch
 

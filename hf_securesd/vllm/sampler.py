@@ -248,7 +248,7 @@ def _write(
 
 def target_only_token(
     plan: RowPlan,
-    num_draft_tokens: Sequence[int],
+    layout: _Layout,
     target_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     is_greedy: bool,
@@ -257,8 +257,8 @@ def target_only_token(
     """The row's next token from the target alone, as if every draft were rejected: drawn from q at its
     first drafted position with its generator; a row that drafted nothing draws at its bonus position
     (or takes vLLM's bonus token, drawn there under the same constraints, without `bonus_logits`).
-    Shapes as in `verify_rows`. Never raises on finite or -inf logits (falls back to the argmax)."""
-    layout = _Layout(num_draft_tokens)
+    Shapes as in `verify_rows`; `layout` is the step's `_Layout`. Never raises on finite or -inf logits
+    (falls back to the argmax)."""
     if layout.counts[plan.row]:
         logits = target_logits[layout.starts[plan.row]]
     elif bonus_logits is not None:
@@ -286,6 +286,7 @@ def fall_back_rows(
 ) -> list[RowResult]:
     """Every row in `plans` takes `target_only_token` (see the module doc), the failure `error` logged
     with each row; shapes as in `verify_rows`."""
+    layout = _Layout(num_draft_tokens)
     results = []
     for plan in plans:
         if error is not None:
@@ -294,7 +295,7 @@ def fall_back_rows(
                 "alone (lossless) this step", plan.row, plan.request.to_dict(), error,
             )
         token = target_only_token(
-            plan, num_draft_tokens, target_logits, bonus_token_ids, bool(greedy[plan.row]), bonus_logits
+            plan, layout, target_logits, bonus_token_ids, bool(greedy[plan.row]), bonus_logits
         )
         output_token_ids[plan.row] = PLACEHOLDER
         output_token_ids[plan.row, 0] = token

@@ -13,10 +13,12 @@ import math
 import random
 from typing import Any
 
-NAMES = ["lossless", "lossysd", "bild", "speccascade", "fsd", "fly", "mars", "MARS", "mars ", "márs", "", "none"]
+NAMES = ["lossless", "lossysd", "bild", "speccascade", "fsd", "fly", "mars",
+         "MARS", "mars ", "márs", "", "none"]
 KNOBS = ["theta", "epsilon", "tau", "tau_rb", "tau_fb", "a", "window", "rule", "divergence", "gamma", "L"]
 SCHEDULES = ["step", "linear", "power", "cosine", "", "STEP"]
-STRINGS = ["", " ", "null", "mars", "🙂", "\u202e", "\x00", "{", "}", "[", "\\", '"', "é" * 300, "x" * 5000]
+STRINGS = ["", " ", "null", "mars", "🙂", "\u202e", "\x00", "{", "}", "[", "\\", '"',
+           "é" * 300, "x" * 5000]
 
 
 def weird_number(rng: random.Random) -> Any:
@@ -37,8 +39,8 @@ def weird_value(rng: random.Random, depth: int = 0) -> Any:
     if kind == 3:
         return [weird_value(rng, depth + 1) for _ in range(rng.randrange(4))]
     if kind == 4:
-        return {rng.choice(KNOBS + ["verifier", "schedule", "secure_schedule", "🙂"]): weird_value(rng, depth + 1)
-                for _ in range(rng.randrange(4))}
+        keys = KNOBS + ["verifier", "schedule", "secure_schedule", "🙂"]
+        return {rng.choice(keys): weird_value(rng, depth + 1) for _ in range(rng.randrange(4))}
     if kind == 5:
         return {"verifier": weird_value(rng, depth + 1)}
     return {"schedule": rng.choice(SCHEDULES), "L": weird_number(rng)}
@@ -83,5 +85,6 @@ def payload(rng: random.Random) -> Any:
     if kind == 8:
         # A bare number: finite, as the body's JSON must be, and no bool (vLLM's schema makes it an int).
         value = weird_number(rng)
-        return -1 if isinstance(value, bool) or not (isinstance(value, int) or math.isfinite(value)) else value
+        finite = isinstance(value, int) or math.isfinite(value)
+        return -1 if isinstance(value, bool) or not finite else value
     return [rng.choice(["mars", "lossless", 1, 2.5])]

@@ -82,7 +82,9 @@ def tokens(outputs) -> list[list[int]]:
 @pytest.fixture(scope="module")
 def engine(pair_dir):
     saved = dict(os.environ)
-    os.environ.update({**engine_environment(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SECURESD_VLLM": "1"})
+    os.environ.update(
+        {**engine_environment(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "SECURESD_VLLM": "1"}
+    )
     try:
         from vllm import LLM
 
@@ -397,7 +399,8 @@ def test_a_segment_schedule_reads_each_rows_committed_response(engine, hf_models
     relaxed = tokens(generate(engine, [prompt], extra_args=securesd(accept_all)))[0]
     assert relaxed != greedy
     exact_after_first = Segments([greedy[0]], before=None, after="lossless")
-    assert tokens(generate(engine, [prompt], extra_args=securesd(accept_all, exact_after_first)))[0] == greedy
+    exact = tokens(generate(engine, [prompt], extra_args=securesd(accept_all, exact_after_first)))[0]
+    assert exact == greedy
     absent = next(t for t in range(256) if t not in relaxed)
     never = Segments([absent], before=None, after="lossless")
     assert tokens(generate(engine, [prompt], extra_args=securesd(accept_all, never)))[0] == relaxed

@@ -28,7 +28,7 @@ import pytest
 import torch
 from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vllm
 
-from hf_securesd import FLy, LossySD, MARS, BiLD, SpecCascade, Step
+from hf_securesd import MARS, BiLD, FLy, LossySD, SpecCascade, Step
 from hf_securesd.mixing import verify_round
 from hf_securesd.verifiers.base import RoundInputs
 

@@ -265,8 +265,8 @@ def test_a_failing_row_takes_the_targets_token_and_spares_the_others(monkeypatch
     )
     for row in (0, 2, 3):
         expected = one_row_reference(
-            requests[row].verifier, requests[row].schedule, 2, targets[row], targets[row], draft_logits[row],
-            drafts[row], bonus[row], True,
+            requests[row].verifier, requests[row].schedule, 2, targets[row], targets[row],
+            draft_logits[row], drafts[row], bonus[row], True,
         )
         assert [t for t in output[row].tolist() if t != PLACEHOLDER] == expected
     assert output[1].tolist() == [int(targets[1][0].argmax())] + [PLACEHOLDER] * n
@@ -320,7 +320,9 @@ def test_one_hot_rows_are_verified_without_draft_logits() -> None:
     drafts = torch.tensor([3, 3, 1, 3], dtype=torch.int32)
     plans = [RowPlan(0, SecureSDRequest(Lossless(), None), 1, None, None, one_hot=True)]
     output = torch.full((1, k + 1), PLACEHOLDER, dtype=torch.int32)
-    results = verify_rows(plans, output, drafts, [k], target, target[:k], target[k:], torch.tensor([6]), [True])
+    results = verify_rows(
+        plans, output, drafts, [k], target, target[:k], target[k:], torch.tensor([6]), [True]
+    )
     assert [t for t in output[0].tolist() if t != PLACEHOLDER] == [3, 3, 3]
     assert results[0].verified == k and results[0].accepted == 2
     assert seeded_run(100, one_hot=True) == seeded_run(100, one_hot=True)
@@ -331,7 +333,8 @@ def test_the_adapter_verifies_through_the_core_step(monkeypatch) -> None:
     from hf_securesd import step as core_step
 
     torch.manual_seed(0)
-    before = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(SecureSDRequest(Lossless(), None))
+    lossless = SecureSDRequest(Lossless(), None)
+    before = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(lossless)
 
     def every_draft_rejected_token_five(round_, collect_deviation=False):
         rows = round_.draft_tokens.shape[0]
@@ -341,5 +344,5 @@ def test_the_adapter_verifies_through_the_core_step(monkeypatch) -> None:
         )
 
     monkeypatch.setattr(core_step, "verify_step", every_draft_rejected_token_five)
-    after = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(SecureSDRequest(Lossless(), None))
+    after = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(lossless)
     assert after.tolist() == [[5] + [PLACEHOLDER] * K] * 4 != before.tolist()
