@@ -24,7 +24,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from hf_securesd.verifiers import RELAXED_VERIFIERS
+# The six relaxed verifiers of the paper (SPEC.md §4); the registry also holds vLLM 0.33's FLy rule.
+PAPER_VERIFIERS = ("lossysd", "bild", "speccascade", "fsd", "fly", "mars")
 
 TINY = "tiny"  # model name of the tiny random pair
 
@@ -103,7 +104,7 @@ PROFILES: dict[str, Profile] = {
             target="qwen-1.5b",
             draft="qwen-0.5b",
             tasks=ALL_TASKS,
-            verifiers=RELAXED_VERIFIERS,
+            verifiers=PAPER_VERIFIERS,
             schedules=("none", "step:1"),
             limit=None,
             max_new_tokens=None,
