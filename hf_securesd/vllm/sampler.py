@@ -181,10 +181,13 @@ def _round(
     processed_index: list[int] = []  # into cat(target_logits, bonus_logits)
     raw_index: list[int] = []
     num_tokens = target_logits.shape[0]
+    last_draft = draft_token_ids.shape[0] - 1  # >= 0: k > 0 means some row drafted
     for plan, n in zip(plans, counts):
         start = layout.starts[plan.row]
         end = num_tokens + plan.row if n == layout.counts[plan.row] else start + n
-        draft_index += [start + min(j, max(n - 1, 0)) for j in range(k)]
+        # A row without usable drafts (possibly the batch's last, whose start is past every draft) points
+        # its ignored slots at any real draft.
+        draft_index += [min(start + min(j, max(n - 1, 0)), last_draft) for j in range(k)]
         processed_index += [start + j if j < n else end for j in range(k + 1)]
         raw_index += [start + plan.row + min(j, n) for j in range(k + 1)]
     size, vocab = len(plans), target_logits.shape[-1]

@@ -213,6 +213,27 @@ def test_ragged_greedy_batch_matches_each_row_alone() -> None:
     assert by_row[8].verified == 1 and by_row[9].verified == 0
 
 
+def test_a_last_row_without_drafts_is_verified_with_the_others() -> None:
+    """The batch's last request drafted nothing (its start lies past every draft): it draws from q at its
+    bonus position, and the row before it is verified as alone (vLLM's batch 8, k = 3 layout)."""
+    generator = torch.Generator().manual_seed(9)
+    vocab = 7
+    targets = [torch.randn(3, vocab, generator=generator) * 2, torch.randn(1, vocab, generator=generator) * 2]
+    draft_logits = targets[0][:2] + torch.randn(2, vocab, generator=generator)
+    drafts = targets[0][:2].argmax(-1)
+    plans = [
+        RowPlan(0, SecureSDRequest(MARS(theta=0.5), None), 1, draft_logits, draft_logits),
+        RowPlan(1, SecureSDRequest(Lossless(), None), 1, None, None),
+    ]
+    output = torch.full((2, 3), 99, dtype=torch.int32)
+    verify_rows(
+        plans, output, drafts.to(torch.int32), [2, 0], torch.cat(targets), targets[0][:2],
+        torch.stack([targets[0][-1], targets[1][0]]), torch.tensor([0, 0]), [True, True],
+    )
+    assert [t for t in output[0].tolist() if t != PLACEHOLDER] == drafts.tolist() + [int(targets[0][-1].argmax())]
+    assert [t for t in output[1].tolist() if t != PLACEHOLDER] == [int(targets[1][0].argmax())]
+
+
 @pytest.mark.parametrize("L", [1, 2, 3])
 @pytest.mark.parametrize("position", [0, 1, 2, 4])
 def test_step_switches_at_the_exact_response_position(L: int, position: int) -> None:
