@@ -39,10 +39,11 @@ from ..verifiers import VERIFIERS, Verifier, resolve_verifier
 EXTRA_ARGS_KEY = "securesd"
 DEFAULT_ENV = "SECURESD_VLLM_DEFAULT"
 _FIELDS = ("verifier", "secure_schedule")
-# A request is at most two objects deep ({"verifier": {"verifier": "mars", "theta": 0.5}}) and a few
-# hundred characters long; these bounds leave room and stop hostile input before any parsing.
+# A request is at most two objects deep ({"verifier": {"verifier": "mars", "theta": 0.5}}), four with a
+# segments schedule over several multi-token boundaries ({"secure_schedule": {"boundary": [[1, 2], [3]]}}),
+# and a few hundred characters long; these bounds leave room and stop hostile input before any parsing.
 MAX_JSON_CHARS = 4096
-MAX_DEPTH = 4
+MAX_DEPTH = 5
 MAX_VALUES = 64
 MAX_STRING_CHARS = 256
 # Response positions the schedule is evaluated at on admission: the first ones and one far beyond any

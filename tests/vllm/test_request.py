@@ -256,7 +256,7 @@ MALFORMED = {
         r"\['gamma'\] is too large",
     ),
     "nan-theta": (json.dumps({"verifier": {"verifier": "mars", "theta": float("nan")}}), "theta must be in"),
-    "json-1000-deep": ("[" * 1000 + "]" * 1000, "nested more than 4 levels deep"),
+    "json-1000-deep": ("[" * 1000 + "]" * 1000, "nested more than 5 levels deep"),
     "json-too-long": ('{"verifier": ' * 300 + '"mars"' + "}" * 300, "characters of JSON"),
     "name-too-long": ("x" * 5000, "a string of 5000 characters"),
     "json-true": ("true", "must be an object"),
@@ -270,11 +270,18 @@ def test_malformed_requests_name_the_field(value, message) -> None:
     assert 'extra_args["securesd"]' in str(raised.value)
 
 
+def test_a_segments_schedule_over_several_multi_token_boundaries_fits() -> None:
+    request = parse_request(json.dumps({"verifier": "mars", "secure_schedule": {
+        "schedule": "segments", "boundary": [[104, 105], [106]], "before": None,
+        "after": {"schedule": "step", "L": 2}}}))
+    assert request.schedule.boundary == ((104, 105), (106,))
+
+
 def test_deeply_nested_python_objects_are_refused_without_recursion() -> None:
     nested: dict = {"verifier": "mars"}
     for _ in range(5000):
         nested = {"verifier": nested}
-    with pytest.raises(SecureSDConfigError, match="nested more than 4 levels"):
+    with pytest.raises(SecureSDConfigError, match="nested more than 5 levels"):
         parse_request(nested)
     cyclic: dict = {"verifier": "mars"}
     cyclic["secure_schedule"] = {"schedule": "step", "L": 1, "self": cyclic}
