@@ -27,7 +27,7 @@ def main() -> None:
     reference = target.generate(**inputs, max_new_tokens=32, do_sample=False)
     print(f"target greedy: {reference[0, prompt_length:].tolist()[:12]}...")
 
-    print(f"\n{'verifier':<34} {'schedule':<10} {'AR':>5} {'same as target':>15} {'mean TV, first 4 positions':>28}")
+    print(f"\n{'verifier':<62} {'schedule':<10} {'AR':>5} {'same as target':>15} {'mean TV, first 4 positions':>28}")
     for name, verifier_class in VERIFIERS.items():
         lossy = verifier_class.sweep()[-1]  # the most lenient setting of the knob
         for schedule in (None, Step(L=4)):
@@ -38,7 +38,7 @@ def main() -> None:
             stats = out.speculative_stats
             same = torch.equal(out.sequences, reference)
             tv = " ".join(f"{value:.2f}" for value in stats.position_tv[:4])
-            print(f"{str(lossy):<34} {str(schedule):<10} {stats.acceptance_rate:5.2f} {str(same):>15} {tv:>28}")
+            print(f"{str(lossy):<62} {str(schedule):<10} {stats.acceptance_rate:5.2f} {str(same):>15} {tv:>28}")
             if name == "lossless":
                 break
 
