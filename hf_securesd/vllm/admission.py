@@ -16,11 +16,14 @@ where vLLM's OpenAI server turns the request body into engine parameters (`to_sa
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from typing import Any, Callable
 
+from ..segments import Segments
 from ..validation import SecureSDConfigError
-from .request import EXTRA_ARGS_KEY, SecureSDRequest, looks_like_securesd, request_for
+from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, SecureSDRequest, looks_like_securesd, parse_request, request_for
 
 logger = logging.getLogger(__name__)
 # vLLM 0.32's OpenAI request classes (module, class) whose body fields become engine parameters.
@@ -141,6 +144,22 @@ def check_beam_search(request: Any) -> None:
         )
 
 
+def resolve_text_boundaries(params: Any, tokenizer: Any) -> None:
+    """A segments schedule with text boundaries (the request's own, or the server-wide default) resolved
+    with the model's tokenizer, written back into `params.extra_args["securesd"]` as token ids, so vLLM's
+    workers, which hold no tokenizer, verify with the same boundaries. Other requests are left as they are."""
+    extra_args = getattr(params, "extra_args", None) or {}
+    own = EXTRA_ARGS_KEY in extra_args
+    raw = extra_args[EXTRA_ARGS_KEY] if own else os.environ.get(DEFAULT_ENV, "").strip() or None
+    if raw is None or tokenizer is None:
+        return
+    origin = f'extra_args["{EXTRA_ARGS_KEY}"]' if own else f"the server-wide default {DEFAULT_ENV}"
+    request = parse_request(raw, origin=origin, tokenizer=tokenizer)
+    schedule = request.schedule if request is not None else None
+    if isinstance(schedule, Segments) and schedule.text_boundaries:
+        params.extra_args = {**extra_args, EXTRA_ARGS_KEY: json.dumps(request.with_token_ids())}
+
+
 def patch_admission(
     input_processor_class: type, sampling_params_class: type, error_class: type[Exception]
 ) -> Callable[[], None]:
@@ -153,6 +172,7 @@ def patch_admission(
         result = original(self, params, *args, **kwargs)
         if isinstance(params, sampling_params_class):
             try:
+                resolve_text_boundaries(params, getattr(self, "tokenizer", None))
                 check_request(params, self.vllm_config)
             except SecureSDConfigError as error:
                 raise error_class(str(error), parameter="extra_args.securesd") from None

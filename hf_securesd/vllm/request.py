@@ -33,6 +33,7 @@ from typing import Any, Iterable, Mapping
 import torch
 
 from ..schedules import Schedule, check_weights, resolve_schedule, schedule_weights
+from ..segments import Segments
 from ..validation import SecureSDConfigError
 from ..verifiers import VERIFIERS, Verifier, resolve_verifier
 
@@ -66,9 +67,21 @@ class SecureSDRequest:
             "secure_schedule": None if self.schedule is None else self.schedule.to_dict(),
         }
 
+    def with_token_ids(self) -> dict[str, Any]:
+        """`to_dict()` with a segments schedule's resolved text boundaries written as their token ids, so
+        that a process without the tokenizer (vLLM's workers) reads the same boundaries."""
+        form = self.to_dict()
+        if isinstance(self.schedule, Segments) and self.schedule.token_boundaries is not None:
+            boundaries = [list(ids) for ids in self.schedule.token_boundaries]
+            form["secure_schedule"]["boundary"] = boundaries[0] if len(boundaries) == 1 else boundaries
+        return form
 
-def parse_request(value: Any, origin: str = f'extra_args["{EXTRA_ARGS_KEY}"]') -> SecureSDRequest | None:
+
+def parse_request(
+    value: Any, origin: str = f'extra_args["{EXTRA_ARGS_KEY}"]', tokenizer: Any = None
+) -> SecureSDRequest | None:
     """`extra_args["securesd"]` (dict, JSON string, verifier name, or None/False) -> request or None.
+    `tokenizer` (the model's, at admission) resolves a segments schedule's text boundaries.
 
     Raises SecureSDConfigError naming `origin` (and the field inside it) and the fix for anything it
     cannot use; it never raises anything else, whatever `value` is."""
@@ -91,6 +104,8 @@ def parse_request(value: Any, origin: str = f'extra_args["{EXTRA_ARGS_KEY}"]') -
     resolved = _build(resolve_verifier, verifier, f'{origin}["verifier"]')
     schedule_origin = f'{origin}["secure_schedule"]'
     resolved_schedule = _build(resolve_schedule, _schedule_form(schedule, origin), schedule_origin)
+    if tokenizer is not None and isinstance(resolved_schedule, Segments) and resolved_schedule.text_boundaries:
+        resolved_schedule = _build(resolved_schedule.with_tokenizer, tokenizer, schedule_origin)
     if resolved_schedule is not None:
         _build(_evaluate_once, resolved_schedule, schedule_origin)
     return SecureSDRequest(resolved, resolved_schedule)

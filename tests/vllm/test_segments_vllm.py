@@ -166,3 +166,18 @@ def test_no_boundary_is_before_alone(engine, relaxed_runs):
     assert vllm_tokens(engine, prompts, Segments([absent], before=Step(L=2))) == vllm_tokens(
         engine, prompts, Step(L=2)
     )
+
+
+def test_a_text_boundary_is_resolved_with_the_models_tokenizer(engine, relaxed_runs, pair_dir):
+    """Admission resolves a text boundary with the engine's tokenizer and hands the workers its ids: the
+    same tokens as the token-id boundary."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(pair_dir / "target")
+    base = relaxed_runs[0]
+    token = next(t for t in base[3:] if tokenizer.decode([t]) and tokenizer.convert_ids_to_tokens(t) == tokenizer.decode([t]))
+    text = tokenizer.decode([token])
+    prompts = PROMPTS[:2]
+    by_text = vllm_tokens(engine, prompts, Segments(text, before=None, after=Step(L=3)))
+    by_ids = vllm_tokens(engine, prompts, Segments([token], before=None, after=Step(L=3)))
+    assert by_text == by_ids
