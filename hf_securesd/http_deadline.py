@@ -16,6 +16,7 @@ Connections are not kept alive, so every exchange has its own socket for the wat
 
 from __future__ import annotations
 
+import math
 import socket
 import threading
 import time
@@ -130,3 +131,15 @@ class DeadlineClient:
             raise
         finally:
             watchdog.cancel()
+
+
+def retry_after_seconds(value: str | None, default: float, cap: float) -> float:
+    """Seconds a Retry-After header asks for: a finite, non-negative number, capped at `cap`;
+    anything else (missing, negative, NaN, infinite, an HTTP date) gives `default`."""
+    try:
+        seconds = float(value) if value is not None else math.nan
+    except ValueError:
+        return default
+    if not math.isfinite(seconds) or seconds < 0:
+        return default
+    return min(seconds, cap)

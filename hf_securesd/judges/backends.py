@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import json
-import math
 import os
 import time
 from abc import ABC, abstractmethod
@@ -21,7 +20,13 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
-from hf_securesd.http_deadline import DeadlineClient, DeadlineExceeded, Reply, ReplyTooLarge
+from hf_securesd.http_deadline import (
+    DeadlineClient,
+    DeadlineExceeded,
+    Reply,
+    ReplyTooLarge,
+    retry_after_seconds,
+)
 from hf_securesd.judges.base import JudgeError
 from hf_securesd.judges.secrets import redact, strip_userinfo
 
@@ -253,13 +258,7 @@ def retry_after(value: str | None, default: float) -> float:
     """Seconds to wait from a Retry-After header: a finite, non-negative number of seconds, capped
     at `MAX_RETRY_AFTER_S`; anything else (missing, negative, NaN, infinite, an HTTP date) gives
     `default`."""
-    try:
-        seconds = float(value) if value is not None else math.nan
-    except ValueError:
-        return default
-    if not math.isfinite(seconds) or seconds < 0:
-        return default
-    return min(seconds, MAX_RETRY_AFTER_S)
+    return retry_after_seconds(value, default, MAX_RETRY_AFTER_S)
 
 
 def _reply_text(body: bytes) -> str:

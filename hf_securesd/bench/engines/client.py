@@ -25,7 +25,7 @@ from typing import Any, Sequence
 
 import httpx
 
-from hf_securesd.http_deadline import DeadlineClient, DeadlineExceeded, ReplyTooLarge
+from hf_securesd.http_deadline import DeadlineClient, DeadlineExceeded, ReplyTooLarge, retry_after_seconds
 from hf_securesd.judges.secrets import redact, strip_userinfo
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
@@ -71,18 +71,6 @@ class RequestFailed(Exception):
 
 class _NotRetryable(Exception):
     pass
-
-
-def retry_after_seconds(value: str | None, default: float, cap: float) -> float:
-    """Seconds a Retry-After header asks for: a finite, non-negative number, capped at `cap`;
-    anything else (missing, negative, NaN, infinite, an HTTP date) gives `default`."""
-    try:
-        seconds = float(value) if value is not None else math.nan
-    except ValueError:
-        return default
-    if not math.isfinite(seconds) or seconds < 0:
-        return default
-    return min(seconds, cap)
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
