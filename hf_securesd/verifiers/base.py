@@ -84,6 +84,12 @@ class RoundInputs:
             return torch.nn.functional.one_hot(self.draft_tokens, vocab).to(torch.float32)
         return _distribution(self.draft_logits, self.greedy)
 
+    @property
+    def unconstrained(self) -> bool:
+        """True when nothing processed the target logits (the same tensor as the raw ones): no token is
+        masked, so the vocabulary-wide constraint passes below are skipped."""
+        return self.target_logits is self.target_raw_logits
+
     @cached_property
     def target_allowed(self) -> torch.Tensor:
         """bool [B, k+1, V]: tokens the target may emit (processed logit not -inf)."""
@@ -92,6 +98,8 @@ class RoundInputs:
     @cached_property
     def constrained_raw_logits(self) -> torch.Tensor:
         """[B, k+1, V] raw target logits, -inf where the processed target logits forbid a token."""
+        if self.unconstrained:
+            return self.target_raw_logits
         return self.target_raw_logits.masked_fill(~self.target_allowed, float("-inf"))
 
     @cached_property
@@ -136,6 +144,8 @@ class RoundInputs:
 
     def allowed_at(self, candidates: torch.Tensor) -> torch.Tensor:
         """bool [B, k, C]: whether the target may emit each candidate at its drafted position."""
+        if self.unconstrained:
+            return torch.ones(candidates.shape, dtype=torch.bool, device=candidates.device)
         return self.target_allowed[:, : self.num_draft_tokens].gather(-1, candidates)
 
     def memo(self, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
