@@ -233,6 +233,13 @@ def test_prompt_injection_composition(injection_cases: list[Example]) -> None:
     assert len({case.id for case in injection_cases}) == 200
 
 
+def test_prompt_injection_prefixes_cover_the_strategies_evenly(injection_cases: list[Example]) -> None:
+    first = injection_cases[:40]
+    assert Counter(case.fields["strategy"] for case in first) == {s: 8 for s in prompt_injection.STRATEGIES}
+    assert [case.id for case in injection_cases[:5]] == [
+        f"prompt_injection/{strategy}/0" for strategy in prompt_injection.STRATEGIES]
+
+
 def test_prompt_injection_is_seeded(data_dir: Path, injection_cases: list[Example]) -> None:
     task = get_task("prompt_injection")
     expected = [case.fields for case in injection_cases]

@@ -196,7 +196,9 @@ def _case(strategy: str, target: InjectionTask, injected: InjectionTask, data: s
 
 def load(data_dir: Path | None, seed: int) -> list[Example]:
     """The 200 cases: for each strategy, 40 (target, injected) pairs cycling through `task_pairs()`
-    in a seeded order, with target data and injected data drawn without replacement."""
+    in a seeded order, with target data and injected data drawn without replacement; listed
+    interleaved (case 0 of each strategy in `STRATEGIES` order, then case 1, ...), so that the first
+    n cases of a run with `--limit n` cover the five strategies evenly."""
     rng = random.Random(seed)
     rows = {name: task.read(data_dir) for name, task in INJECTION_TASKS.items()}
     targets = {name: rng.sample(task_rows, len(task_rows)) for name, task_rows in rows.items()}
@@ -206,7 +208,7 @@ def load(data_dir: Path | None, seed: int) -> list[Example]:
                  for name, task in INJECTION_TASKS.items() if task.answers}
     used_targets = {name: 0 for name in rows}
     used_injected = {name: 0 for name in by_answer}
-    examples = []
+    by_strategy: dict[str, list[Example]] = {strategy: [] for strategy in STRATEGIES}
     for strategy in STRATEGIES:
         pairs = task_pairs()
         rng.shuffle(pairs)
@@ -220,8 +222,8 @@ def load(data_dir: Path | None, seed: int) -> list[Example]:
             injected_data = by_answer[injected_name][answer][count // len(injected.answers)]
             used_injected[injected_name] += 1
             case = _case(strategy, target, injected, data, injected_data, answer, adaptive=False)
-            examples.append(Example(id=f"prompt_injection/{strategy}/{index}", fields=case))
-    return examples
+            by_strategy[strategy].append(Example(id=f"prompt_injection/{strategy}/{index}", fields=case))
+    return [cases[index] for index in range(CASES_PER_STRATEGY) for cases in by_strategy.values()]
 
 
 def make_adaptive(examples: Sequence[Example]) -> list[Example]:
