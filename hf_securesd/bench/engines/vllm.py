@@ -29,7 +29,14 @@ import time
 from typing import Any, Sequence
 
 from hf_securesd.bench.engines import register_engine
-from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generation, Prompt
+from hf_securesd.bench.engines.base import (
+    Answer,
+    Engine,
+    EngineError,
+    Generation,
+    GenerationFailure,
+    Prompt,
+)
 from hf_securesd.bench.engines.openai import securesd_fields
 from hf_securesd.bench.plan import RunConfig
 
@@ -143,7 +150,16 @@ class VLLMEngine(Engine):
             for prompt in prompts
         ]
         start = time.perf_counter()
-        outputs = llm.generate(inputs, params, use_tqdm=False)
+        try:
+            outputs = llm.generate(inputs, params, use_tqdm=False)
+        except Exception as error:
+            if not _engine_dead(llm, error):
+                raise
+            # a dead engine core (a worker killed, e.g. for memory) fails this batch's prompts: they
+            # are recorded as failures, and the next batch (or a rerun) builds a fresh engine
+            self.close()
+            reason = f"the vLLM engine died ({type(error).__name__}: {error}); see vLLM's log above"
+            return [GenerationFailure(reason) for _ in prompts]
         seconds = (time.perf_counter() - start) / len(prompts)
         answers: list[Answer] = []
         for output in outputs:
@@ -162,7 +178,22 @@ class VLLMEngine(Engine):
         return answers
 
     def close(self) -> None:
+        """Shut the engine's processes down, so that their memory is free before the next build
+        (dropping the last reference alone leaves the engine core running until collected)."""
         if self._llm is not None:
-            self._llm = None
-            self._llm_kind = None
+            llm, self._llm, self._llm_kind = self._llm, None, None
+            engine_core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+            shutdown = getattr(engine_core, "shutdown", None)
+            if callable(shutdown):
+                shutdown()
+            del llm
             gc.collect()
+
+
+def _engine_dead(llm: Any, error: BaseException) -> bool:
+    """Whether `error` from `llm.generate` means the engine core died (vLLM raises EngineDeadError,
+    or the executor's RuntimeError while its client marks the engine dead)."""
+    if type(error).__name__ == "EngineDeadError":
+        return True
+    resources = getattr(getattr(getattr(llm, "llm_engine", None), "engine_core", None), "resources", None)
+    return bool(getattr(resources, "engine_dead", False))
