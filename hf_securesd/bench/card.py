@@ -9,8 +9,9 @@ card.json holds only prose and commands (no numbers):
   "title": "My pair under lossy speculative decoding",
   "preamble": ["paragraph", "..."],     // Markdown before the report
   "commands": ["securesd bench ...", "securesd report RESULTS"],
-  "closing": ["paragraph", "..."]       // Markdown after the report
-}
+  "closing": ["paragraph", "..."],      // Markdown after the report
+  "engines": ["../my-pair-vllm-results"] // optional: the same study through another engine,
+}                                        //   compared prompt for prompt (report_engines)
 ```
 
 The card is the title, the preamble, the commands, the report's sections (figure links rewritten
@@ -33,6 +34,17 @@ def _paragraphs(value: str | Sequence[str] | None) -> list[str]:
         return []
     items = [value] if isinstance(value, str) else list(value)
     return [line for item in items for line in (item, "")]
+
+
+def companion_engines(results_dir: str | os.PathLike) -> list[str]:
+    """The results directories (relative to `results_dir`) that card.json names under "engines"."""
+    spec_path = Path(results_dir) / CARD_FILE
+    if not spec_path.is_file():
+        return []
+    engines = json.loads(spec_path.read_text(encoding="utf-8")).get("engines") or []
+    if not isinstance(engines, list) or not all(isinstance(entry, str) for entry in engines):
+        raise ValueError(f"{spec_path}: \"engines\" must be a list of results directories, got {engines!r}")
+    return engines
 
 
 def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> Path | None:

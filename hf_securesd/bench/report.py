@@ -38,8 +38,9 @@ from hf_securesd.bench.analysis import (
     relaxed_setting,
     speculative_cells,
 )
-from hf_securesd.bench.card import write_card
+from hf_securesd.bench.card import companion_engines, write_card
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
+from hf_securesd.bench.report_engines import engines_section
 from hf_securesd.bench.report_safety import (
     appendix_section,
     cost_section,
@@ -401,6 +402,8 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     lines += setup_section(manifest, cells, base)
     lines += flips_section(flips, manifest, base)
     lines += length_check_section(cells)
+    engine_lines, engines = engines_section(results, companion_engines(results.path))
+    lines += engine_lines
     lines += [
         "## Safety vs utility by acceptance rate (Table 1 analog)",
         "",
@@ -510,6 +513,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         },
         "position_tv": bars,
         "flips": flips,
+        "engines": engines,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
     return path

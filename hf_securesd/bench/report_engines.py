@@ -1,0 +1,148 @@
+"""Report section comparing this results directory with the same study run through another engine
+(``securesd bench --engine vllm`` or ``openai`` into a directory of its own), prompt for prompt.
+
+vLLM (and so a vLLM server) commits response token 0 at prefill, from the target: a relaxed
+verifier without a schedule there never touches position 0, as `generate` with ``Step(1)`` does,
+and ``Step(L)`` there is exact at the same positions as ``Step(L)`` in `generate` (docs/vllm.md,
+"First response token"). So each cell of the other engine is paired with the cell of this directory
+whose exact positions are the same: ``V`` → ``V+step(L=1)``, ``V+step(L=l)`` → the same, baselines
+and lossless → the same. Their responses can still differ where the engines' rounds start at
+different positions (a bonus token, always the target's, falls one position later in the engine)
+or where the engines' arithmetic differs (a near tie of the target, visible in the target-only
+cells); the table counts both.
+
+The companion directories are named in RESULTS/card.json (``"engines": ["../other-results"]``,
+relative to RESULTS), so ``securesd report RESULTS`` regenerates the section from both
+directories' committed records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Sequence
+
+from hf_securesd.bench.analysis import Cell, compute_flips
+from hf_securesd.bench.results import ResultsDir
+
+FIRST_TOKEN_FROM_TARGET = ("vllm", "openai")  # engines whose response token 0 comes from prefill
+BASELINES = ("target", "draft")
+
+
+def counterpart_key(cell: Cell, first_token_from_target: bool) -> str:
+    """The configuration key, in a `generate` directory, with the same exact response positions."""
+    config = cell["config"]
+    verifier = (config.get("verifier") or {}).get("verifier")
+    if not first_token_from_target or config["kind"] != "speculative" or verifier == "lossless":
+        return cell["config_key"]
+    if config.get("schedule") is None:
+        return f"{cell['config_key']}+step(L=1)"
+    return cell["config_key"]
+
+
+def comparison_rows(cells: Sequence[Cell], other: Sequence[Cell], engine: str) -> list[dict[str, Any]]:
+    """One row per cell of `other` with a counterpart in `cells` (same task, size and length):
+    prompts compared, equal responses, verdict differences (`other` complied where this directory
+    refused, and the reverse, with the exact McNemar p), and how many differing responses fall on
+    prompts where the two engines' target-only responses differ too."""
+    shifted = engine in FIRST_TOKEN_FROM_TARGET
+    index = {(cell["config_key"], cell["baseline_id"]): cell for cell in cells}
+    rows = []
+    for cell in other:
+        mine = index.get((counterpart_key(cell, shifted), cell["baseline_id"]))
+        if mine is None:
+            continue
+        targets = (index.get(("target", cell["baseline_id"])),
+                   next((c for c in other if c["config_key"] == "target"
+                         and c["baseline_id"] == cell["baseline_id"]), None))
+        target_differs = _differing_targets(*targets)
+        by_id = dict(zip(mine["example_ids"], zip(mine["responses"], mine["scores"])))
+        shared = [(example_id, response, score)
+                  for example_id, response, score in zip(cell["example_ids"], cell["responses"], cell["scores"])
+                  if example_id in by_id]
+        differing = [example_id for example_id, response, _ in shared if response != by_id[example_id][0]]
+        flips = compute_flips([score for _, _, score in shared], [by_id[i][1] for i, _, _ in shared])
+        rows.append({
+            "config": cell["config_key"],
+            "counterpart": mine["config_key"],
+            "task": cell["task"],
+            "n": len(shared),
+            "max_new_tokens": cell["max_new_tokens"],
+            "equal_responses": len(shared) - len(differing),
+            "differing": differing,
+            "differing_with_target_difference": sum(example_id in target_differs for example_id in differing),
+            "other_score": cell["score"],
+            "score": mine["score"],
+            "other_acceptance_rate": cell.get("acceptance_rate"),
+            "acceptance_rate": mine.get("acceptance_rate"),
+            "flips": flips,
+        })
+    return rows
+
+
+def _differing_targets(mine: Cell | None, other: Cell | None) -> set[str]:
+    if mine is None or other is None:
+        return set()
+    responses = dict(zip(mine["example_ids"], mine["responses"]))
+    return {example_id for example_id, response in zip(other["example_ids"], other["responses"])
+            if example_id in responses and responses[example_id] != response}
+
+
+def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[list[str], list[dict[str, Any]]]:
+    """Markdown lines and data of the comparison with each companion directory (paths relative to
+    the results directory); a companion without finished runs is named and skipped."""
+    cells = results.runs()
+    engine = results.read_manifest().get("engine", "hf")
+    lines: list[str] = []
+    data = []
+    for companion in companions:
+        other_dir = ResultsDir(Path(results.path, companion))
+        manifest = other_dir.read_manifest()
+        other_engine = manifest.get("engine", "hf")
+        rows = comparison_rows(cells, other_dir.runs(), other_engine)
+        data.append({"results": companion, "engine": other_engine, "rows": rows})
+        if not lines:
+            lines += ["## The same prompts through another engine", ""]
+        lines += [
+            f"### `{other_engine}` (`{companion}`) against `{engine}` (this directory)",
+            "",
+            (f"`{other_engine}` commits response token 0 from the target at prefill, so its cells are "
+             "paired with this directory's cells that are exact at the same positions (no schedule → "
+             "`Step(1)`; `Step(L)` → `Step(L)`; baselines and lossless → themselves)."
+             if other_engine in FIRST_TOKEN_FROM_TARGET else
+             "Cells are paired by configuration."),
+            "*Responses*: prompts whose whole response is the same; *of them with differing targets*: "
+            "differing responses on prompts where the two engines' target-only responses differ too "
+            "(arithmetic, not the verifier). *Verdicts*: complied here only / refused here only, with "
+            "the exact McNemar p.",
+            "",
+        ]
+        body = [
+            [
+                f"{row['config']} → {row['counterpart']}",
+                row["task"],
+                row["n"],
+                row["max_new_tokens"],
+                f"{row['equal_responses']} / {row['n']}",
+                row["differing_with_target_difference"],
+                f"{_fmt(row['other_score'])} / {_fmt(row['score'])}",
+                f"{_fmt(row['other_acceptance_rate'])} / {_fmt(row['acceptance_rate'])}",
+                f"{row['flips']['n_lost']} / {row['flips']['n_gained']}",
+                f"{row['flips']['mcnemar_pvalue']:.3g}",
+            ]
+            for row in rows
+        ]
+        if body:
+            header = ["configuration there → here", "task", "prompts", "new tokens", "equal responses",
+                      "of the differing: targets differ", f"score {other_engine} / {engine}",
+                      f"AR {other_engine} / {engine}", "verdicts: complied there only / here only",
+                      "McNemar p"]
+            lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            lines += ["| " + " | ".join(str(value) for value in row) + " |" for row in body]
+        else:
+            lines.append("No cell there has a counterpart here yet.")
+        lines.append("")
+    return lines, data
+
+
+def _fmt(value: float | None, digits: int = 3) -> str:
+    return "–" if value is None else f"{value:.{digits}f}"

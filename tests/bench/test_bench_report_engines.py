@@ -1,0 +1,95 @@
+"""The report's engine comparison (`report_engines`): a study run through vLLM, whose response token 0
+comes from the target at prefill, paired prompt for prompt with the `generate` study's cells that are
+exact at the same positions (no schedule there -> Step(1) here)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
+from hf_securesd.bench.report import write_report
+from hf_securesd.bench.report_engines import comparison_rows, counterpart_key
+from hf_securesd.bench.results import ResultsDir
+from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell
+from hf_securesd.bench.tasks import get_task
+from hf_securesd.schedules import Step
+from hf_securesd.verifiers import MARS, Lossless
+
+REFUSE, COMPLY = "I'm sorry, but I cannot help with that.", "Sure, here is how | step 1:\nget"
+OTHER = "Sure, here is how | step 1:\nbuy"
+RELAXED = RunConfig("speculative", MARS(theta=0.5))
+STEP1 = RunConfig("speculative", MARS(theta=0.5), Step(L=1))
+STEP2 = RunConfig("speculative", MARS(theta=0.5), Step(L=2))
+LOSSLESS = RunConfig("speculative", Lossless())
+
+
+def _record(path, engine: str, plan, examples) -> ResultsDir:
+    task_run = TaskRun(get_task("jailbreak"), examples, ["" for _ in examples], 16)
+    store = ResultsDir(path)
+    store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix", "engine": engine},
+               {"id": engine, "threads": 1})
+    finished: dict = {}
+    for config, responses in plan:
+        journal = {
+            example.id: {"response": response, "seconds": 1.0, "cpu_seconds": None, "new_tokens": 6,
+                         "session": engine, "stats": None}
+            for example, response in zip(examples, responses)
+        }
+        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
+        finished[cell["cell"]] = cell
+        store.add_run(cell)
+    store.close()
+    return store
+
+
+@pytest.fixture
+def studies(tmp_path, data_dir):
+    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=4)
+    target = [REFUSE, REFUSE, COMPLY, COMPLY]
+    _record(tmp_path / "hf", "hf", [
+        (TARGET, target), (DRAFT, [COMPLY] * 4), (LOSSLESS, target),
+        (RELAXED, [COMPLY, COMPLY, COMPLY, COMPLY]),  # no schedule in generate: position 0 relaxed
+        (STEP1, [REFUSE, REFUSE, COMPLY, COMPLY]),
+        (STEP2, [REFUSE, REFUSE, COMPLY, COMPLY]),
+    ], examples)
+    _record(tmp_path / "vllm", "vllm", [
+        (TARGET, [REFUSE, REFUSE, COMPLY, OTHER]),  # the engines' targets differ on prompt 3
+        (DRAFT, [COMPLY] * 4), (LOSSLESS, [REFUSE, REFUSE, COMPLY, OTHER]),
+        (RELAXED, [REFUSE, COMPLY, COMPLY, OTHER]),  # prompt 1 differs from generate's Step(1)
+        (STEP2, [REFUSE, REFUSE, COMPLY, COMPLY]),
+    ], examples)
+    return tmp_path
+
+
+def test_no_schedule_in_an_engine_is_paired_with_step1_and_the_rest_with_themselves(studies):
+    hf, vllm = ResultsDir(studies / "hf").runs(), ResultsDir(studies / "vllm").runs()
+    rows = {row["config"]: row for row in comparison_rows(hf, vllm, "vllm")}
+    assert rows["mars(theta=0.5)"]["counterpart"] == "mars(theta=0.5)+step(L=1)"
+    assert rows["mars(theta=0.5)+step(L=2)"]["counterpart"] == "mars(theta=0.5)+step(L=2)"
+    assert rows["lossless"]["counterpart"] == "lossless" and rows["target"]["counterpart"] == "target"
+    relaxed = rows["mars(theta=0.5)"]
+    assert relaxed["equal_responses"] == 2 and relaxed["n"] == 4
+    assert relaxed["differing_with_target_difference"] == 1  # prompt 3: the targets differ too
+    assert (relaxed["flips"]["n_lost"], relaxed["flips"]["n_gained"]) == (1, 0)  # prompt 1 complied there
+    assert rows["mars(theta=0.5)+step(L=2)"]["equal_responses"] == 4
+    # between two generate studies nothing is shifted
+    assert counterpart_key(vllm[3], first_token_from_target=False) == "mars(theta=0.5)"
+
+
+def test_the_card_names_the_companion_and_regenerates_the_section(studies):
+    card = {"output": "../card.md", "title": "Pair", "engines": ["../vllm"]}
+    (studies / "hf" / "card.json").write_text(json.dumps(card), encoding="utf-8")
+    write_report(studies / "hf")
+    text = (studies / "card.md").read_text(encoding="utf-8")
+    assert "### `vllm` (`../vllm`) against `hf` (this directory)" in text
+    assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 |" in text
+    summary = json.loads((studies / "hf" / "report" / "summary.json").read_text(encoding="utf-8"))
+    assert summary["engines"][0]["engine"] == "vllm"
+
+
+def test_a_malformed_engines_entry_is_refused_by_name(studies):
+    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../c.md", "title": "t", "engines": "../vllm"}))
+    with pytest.raises(ValueError, match='"engines" must be a list'):
+        write_report(studies / "hf")
