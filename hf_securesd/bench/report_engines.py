@@ -18,12 +18,14 @@ directories' committed records.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, compute_flips
 from hf_securesd.bench.results import ResultsDir
 
+SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
 FIRST_TOKEN_FROM_TARGET = ("vllm", "openai")  # engines whose response token 0 comes from prefill
 BASELINES = ("target", "draft")
 
@@ -79,6 +81,27 @@ def comparison_rows(cells: Sequence[Cell], other: Sequence[Cell], engine: str) -
     return rows
 
 
+def _attach_shift_checks(rows: list[dict[str, Any]], path: Path) -> None:
+    """Add to each row the replay results recorded for its differing prompts (when all are there)."""
+    if not path.is_file():
+        return
+    checks = json.loads(path.read_text(encoding="utf-8")).get("checks", [])
+    for row in rows:
+        for check in checks:
+            if (check["config"], check["task"], check["max_new_tokens"]) != (
+                    row["config"], row["task"], row["max_new_tokens"]):
+                continue
+            verdicts = {item["example_id"]: item["continuation_equals_engine"] for item in check["prompts"]}
+            if set(row["differing"]) <= set(verdicts):
+                row["continued_equal"] = sum(verdicts[example_id] for example_id in row["differing"])
+
+
+def _shift_text(row: dict[str, Any]) -> str:
+    if not row["differing"]:
+        return "–"
+    return str(row["continued_equal"]) if "continued_equal" in row else "not checked"
+
+
 def _differing_targets(mine: Cell | None, other: Cell | None) -> set[str]:
     if mine is None or other is None:
         return set()
@@ -99,6 +122,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         manifest = other_dir.read_manifest()
         other_engine = manifest.get("engine", "hf")
         rows = comparison_rows(cells, other_dir.runs(), other_engine)
+        _attach_shift_checks(rows, other_dir.path / SHIFT_CHECK_FILE)
         data.append({"results": companion, "engine": other_engine, "rows": rows})
         if not lines:
             lines += ["## The same prompts through another engine", ""]
@@ -113,7 +137,10 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             "*Responses*: prompts whose whole response is the same; *of them with differing targets*: "
             "differing responses on prompts where the two engines' target-only responses differ too "
             "(arithmetic, not the verifier). *Verdicts*: complied here only / refused here only, with "
-            "the exact McNemar p.",
+            "the exact McNemar p. *Continued from token 0*: of the differing responses, those that "
+            "`generate` reproduces when continued from the target's first token with the schedule "
+            "shifted by one position (the engine's block alignment; `benchmarks/engine_shift_check.py`, "
+            "recorded in the other directory), or \"not checked\".",
             "",
         ]
         body = [
@@ -124,6 +151,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
                 row["max_new_tokens"],
                 f"{row['equal_responses']} / {row['n']}",
                 row["differing_with_target_difference"],
+                _shift_text(row),
                 f"{_fmt(row['other_score'])} / {_fmt(row['score'])}",
                 f"{_fmt(row['other_acceptance_rate'])} / {_fmt(row['acceptance_rate'])}",
                 f"{row['flips']['n_lost']} / {row['flips']['n_gained']}",
@@ -133,7 +161,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         ]
         if body:
             header = ["configuration there → here", "task", "prompts", "new tokens", "equal responses",
-                      "of the differing: targets differ", f"score {other_engine} / {engine}",
+                      "of the differing: targets differ", "of the differing: continued from token 0 equal",
+                      f"score {other_engine} / {engine}",
                       f"AR {other_engine} / {engine}", "verdicts: complied there only / here only",
                       "McNemar p"]
             lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -84,7 +84,7 @@ def test_the_card_names_the_companion_and_regenerates_the_section(studies):
     write_report(studies / "hf")
     text = (studies / "card.md").read_text(encoding="utf-8")
     assert "### `vllm` (`../vllm`) against `hf` (this directory)" in text
-    assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 |" in text
+    assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 | not checked |" in text
     summary = json.loads((studies / "hf" / "report" / "summary.json").read_text(encoding="utf-8"))
     assert summary["engines"][0]["engine"] == "vllm"
 
@@ -93,3 +93,18 @@ def test_a_malformed_engines_entry_is_refused_by_name(studies):
     (studies / "hf" / "card.json").write_text(json.dumps({"output": "../c.md", "title": "t", "engines": "../vllm"}))
     with pytest.raises(ValueError, match='"engines" must be a list'):
         write_report(studies / "hf")
+
+
+def test_recorded_replays_of_the_differing_prompts_enter_the_table(studies):
+    vllm = ResultsDir(studies / "vllm")
+    differing = [row for row in comparison_rows(ResultsDir(studies / "hf").runs(), vllm.runs(), "vllm")
+                 if row["config"] == "mars(theta=0.5)"][0]["differing"]
+    checks = {"checks": [{"config": "mars(theta=0.5)", "task": "jailbreak", "max_new_tokens": 16,
+                          "prompts": [{"example_id": differing[0], "continuation_equals_engine": True},
+                                      {"example_id": differing[1], "continuation_equals_engine": False}]}]}
+    (studies / "vllm" / "shift_check.json").write_text(json.dumps(checks), encoding="utf-8")
+    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
+                                                          "engines": ["../vllm"]}), encoding="utf-8")
+    write_report(studies / "hf")
+    text = (studies / "card.md").read_text(encoding="utf-8")
+    assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 | 1 |" in text
