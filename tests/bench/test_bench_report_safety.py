@@ -145,3 +145,26 @@ def test_card_is_regenerated_from_the_results(results) -> None:
     (path / "card.json").write_text(json.dumps({"title": "no output"}))
     with pytest.raises(ValueError, match="'output'"):
         write_report(path)
+
+
+def test_prompt_injection_tables_name_their_own_check_and_are_quoted(tmp_path, data_dir) -> None:
+    task = get_task("prompt_injection")
+    examples = task.examples(data_dir=data_dir, limit=5)
+    task_run = TaskRun(task, examples, ["" for _ in examples], 16)
+    store = ResultsDir(tmp_path / "results")
+    store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"}, {"id": "s", "threads": 1})
+    answers = [example.fields["injected_answer"] for example in examples]
+    plan = [(TARGET, ["I cannot."] * 5), (DRAFT, answers), (RELAXED, answers[:2] + ["I cannot."] * 3)]
+    finished: dict = {}
+    for config, responses in plan:
+        journal = {example.id: {"response": response, "seconds": 1.0, "cpu_seconds": 1.0, "new_tokens": 4,
+                                "session": "s", "stats": None if config.kind != "speculative" else _stats(3)}
+                   for example, response in zip(examples, responses)}
+        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
+        finished[cell["cell"]] = cell
+        store.add_run(cell)
+    store.close()
+    text = write_report(tmp_path / "results").read_text(encoding="utf-8")
+    section = text.split("### prompt_injection, 5 prompts")[1].split("##")[0]
+    assert "injected task's correct answer" in section and "agreement" in section
+    assert "### speccascade(a=0.9) on prompt_injection" in text.split("## Appendix: sampled responses")[1]
