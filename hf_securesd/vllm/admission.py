@@ -39,9 +39,12 @@ HTTP_PARAMETER = "vllm_xargs.securesd"
 # distribution over the target's vocabulary (the plugin records its logits), and those that propose
 # deterministically (one-hot drafts, no draft logits).
 WITH_DRAFT_DISTRIBUTION = ("draft_model", "eagle", "eagle3")
-ONE_HOT = ("ngram", "suffix")
+ONE_HOT = ("ngram",)
 _PARALLEL = "drafts every position in one pass (parallel drafting), whose logits the plugin does not record"
 NOT_VERIFIED = {
+    "suffix": "suffix decoding needs the arctic-inference package (vLLM 0.32 asks for "
+    "arctic-inference==0.1.1), which is published as source only, with no wheel for vLLM's CPU build, so "
+    "the plugin has not been run with it",
     "mtp": "MTP drafting has not been run with the plugin (no model with MTP layers runs in its CPU test "
     "environment), so its response positions and draft logits are unverified",
     "medusa": "Medusa drafts from several heads at once, not token by token, and has not been run with it",

@@ -41,16 +41,33 @@ class DraftRows:
     requests: list[SecureSDRequest | None]
     steps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     failed: bool = False
+    _flags: dict[tuple[int, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
+
+    @property
+    def any_securesd(self) -> bool:
+        return any(request is not None for request in self.requests)
 
     @property
     def all_securesd(self) -> bool:
         return all(request is not None for request in self.requests)
 
+    def securesd_flags(self, size: int, device: torch.device) -> torch.Tensor:
+        """[size] bool, True at SecureSD rows (rows past the batch, padding, are not), built once per
+        proposal for each size and device."""
+        key = (size, device)
+        if key not in self._flags:
+            flags = ([request is not None for request in self.requests] + [False] * size)[:size]
+            self._flags[key] = torch.tensor(flags, device=device)
+        return self._flags[key]
+
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """([R, k, V] raw, [R, k, V] sampled-from) draft logits, or None if nothing was drafted."""
+        """([R, k, V] raw, [R, k, V] sampled-from) draft logits, or None if nothing was drafted; one tensor
+        for both when every position was drawn from the raw logits themselves (greedy rows)."""
         if not self.steps:
             return None
         raw = torch.stack([raw for raw, _ in self.steps], dim=1)
+        if all(processed is raw for raw, processed in self.steps):
+            return raw, raw
         processed = torch.stack([processed for _, processed in self.steps], dim=1)
         return raw, processed
 
@@ -115,14 +132,11 @@ def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], 
 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
         rows: DraftRows | None = getattr(self, "securesd_rows", None)
-        if rows is None or rows.failed or not any(request is not None for request in rows.requests):
+        if rows is None or rows.failed or not rows.any_securesd:
             return original(self, hidden_states, sampling_metadata)
         try:
             raw = self.model.compute_logits(hidden_states).to(torch.float32)
-            flags = [request is not None for request in rows.requests]
-            # rows past the batch (padding) are not ours
-            flags = (flags + [False] * raw.shape[0])[: raw.shape[0]]
-            ours = torch.tensor(flags, device=raw.device)
+            ours = rows.securesd_flags(raw.shape[0], raw.device)
             tokens, processed = draft_from_logits(raw, sampling_metadata, ours, top_k_top_p)
         except Exception:  # noqa: BLE001 - drafting must not stop the engine (module doc)
             logger.exception("SecureSD drafting failed; vLLM drafts the rest of this proposal, unrecorded")
@@ -131,7 +145,7 @@ def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], 
         rows.steps.append((raw, processed))
         if rows.all_securesd:
             return tokens, None
-        mine = [row for row, flag in enumerate(flags) if flag]
+        mine = [row for row, request in enumerate(rows.requests) if request is not None]
         theirs, probs = original(self, hidden_states, without_generators(sampling_metadata, mine))
         return torch.where(ours, tokens.to(theirs.dtype), theirs), probs
 

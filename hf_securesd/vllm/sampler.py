@@ -10,7 +10,7 @@ Everything else is the core's, once for every engine: grouping rows by verifier,
 no-usable-draft rule, the bonus token (drawn from q at the position after the accepted drafts, with
 the row's generator; vLLM's own bonus token is used only by the fallback below, for a row that
 drafted nothing when the bonus logits are missing) and per-request generators. A row without draft
-logits verifies no draft unless its proposer is one-hot (n-gram, suffix: `RowPlan.one_hot`).
+logits verifies no draft unless its proposer is one-hot (n-gram: `RowPlan.one_hot`).
 
 A failure while verifying (a rule raising on some logits, a schedule failing at some position) never
 leaves this module: the round is verified again row by row, and a row that still fails gets its token
@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 import torch
 
 from .. import step as core_step
 from ..step import RowSpec, StepOutput, VerificationRound
+from ..verifiers.base import Verifier
 from .request import SecureSDRequest
 
 PLACEHOLDER = -1
@@ -52,7 +54,7 @@ class RowPlan:
             the raw tensor itself for greedy rows.
         generator: the request's own generator (vLLM's, from its `seed`), or None.
         response: the response tokens committed before this step (only for schedules that read tokens).
-        one_hot: the proposer gives no draft distribution (n-gram, suffix): the drafts are verified as
+        one_hot: the proposer gives no draft distribution (n-gram): the drafts are verified as
             one-hot proposals. Otherwise a row without draft logits verifies no draft.
     """
 
@@ -105,7 +107,7 @@ def verify_rows(
     if not plans:
         return []
     layout = _Layout(num_draft_tokens)
-    counts = [_usable_drafts(plan, draft_token_ids, layout) for plan in plans]
+    counts = _usable_counts(plans, draft_token_ids, layout)
     round_ = _round(
         plans, counts, layout, draft_token_ids, target_raw_logits, target_logits, bonus_logits, greedy
     )
@@ -144,19 +146,58 @@ class _Layout:
         object.__setattr__(self, "starts", starts)
 
 
-def _usable_drafts(plan: RowPlan, draft_token_ids: torch.Tensor, layout: _Layout) -> int:
-    """Drafts of the row that can be verified: up to the first invalid one (-1), no more than it has
-    draft logits for, and none without them unless the proposer is one-hot."""
-    count = layout.counts[plan.row]
-    if count == 0:
-        return 0
-    if not plan.one_hot:
-        if plan.draft_raw_logits is None:
-            return 0
-        count = min(count, plan.draft_raw_logits.shape[0])
-    start = layout.starts[plan.row]
-    invalid = (draft_token_ids[start : start + count] < 0).nonzero()
-    return int(invalid[0, 0]) if invalid.numel() else count
+def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layout: _Layout) -> list[int]:
+    """Drafts of each row that can be verified: up to its first invalid one (-1), no more than it has draft
+    logits for, and none without them unless the proposer is one-hot. One check for the whole step finds
+    whether any draft is invalid; only then are the rows searched one by one."""
+    counts = []
+    for plan in plans:
+        count = layout.counts[plan.row]
+        if count and not plan.one_hot:
+            count = 0 if plan.draft_raw_logits is None else min(count, plan.draft_raw_logits.shape[0])
+        counts.append(count)
+    if draft_token_ids.numel() == 0 or not bool((draft_token_ids < 0).any()):
+        return counts
+    for i, (plan, count) in enumerate(zip(plans, counts)):
+        start = layout.starts[plan.row]
+        invalid = (draft_token_ids[start : start + count] < 0).nonzero()
+        counts[i] = int(invalid[0, 0]) if invalid.numel() else count
+    return counts
+
+
+@lru_cache(maxsize=256)
+def _gather_index(
+    rows: tuple[int, ...],
+    counts: tuple[int, ...],
+    layout_counts: tuple[int, ...],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(draft [G*k], processed [G*(k+1)], raw [G*(k+1)]) indices of a round's entries in vLLM's flattened
+    tensors, for rows `rows` with usable `counts` in a step whose requests drafted `layout_counts`
+    (k = max(counts) > 0). A step repeats the same layout for many steps, so the indices are built once.
+
+    Slots past a row's count repeat its last valid entry (the core ignores them). Processed logits at
+    index n (where a row that accepts all n usable drafts draws its next token) are the bonus position's
+    when n is every draft the row has, else the drafted position n itself (a row cut short by an invalid
+    draft); processed indices point into cat(target_logits, bonus_logits)."""
+    layout = _Layout(layout_counts)
+    k, num_tokens = max(counts), sum(layout_counts)
+    last_draft = num_tokens - 1  # >= 0: k > 0 means some row drafted
+    draft_index: list[int] = []
+    processed_index: list[int] = []
+    raw_index: list[int] = []
+    for row, n in zip(rows, counts):
+        start = layout.starts[row]
+        end = num_tokens + row if n == layout.counts[row] else start + n
+        # A row without usable drafts (possibly the batch's last, whose start is past every draft) points
+        # its ignored slots at any real draft.
+        draft_index += [min(start + min(j, max(n - 1, 0)), last_draft) for j in range(k)]
+        processed_index += [start + j if j < n else end for j in range(k + 1)]
+        raw_index += [start + row + min(j, n) for j in range(k + 1)]
+    index = torch.tensor(draft_index + processed_index + raw_index, device=device)
+    size = len(rows)
+    draft_at, processed_at, raw_at = index.split([size * k, size * (k + 1), size * (k + 1)])
+    return draft_at, processed_at, raw_at
 
 
 def _round(
@@ -171,43 +212,63 @@ def _round(
 ) -> VerificationRound:
     """The SecureSD rows as one ragged round of G rows, k = max usable drafts.
 
-    Index lists are built in Python (a batch holds few rows) and gathered with one tensor each. Slots
-    past a row's count repeat its last valid entry (the core ignores them). Processed logits at index n
-    (where a row that accepts all n usable drafts draws its next token): the bonus position's when n is
-    every draft the row has, else the drafted position n itself (a row cut short by an invalid draft)."""
+    When every request of the step is a SecureSD row that verifies all of its k drafts (the common
+    case), vLLM's tensors already have the round's layout and are viewed, not gathered: the raw logits
+    [B * (k+1), V] as [B, k+1, V], the drafts [B * k] as [B, k]; only the processed logits are joined
+    with the bonus position's. Otherwise each entry is gathered (`_gather_index`)."""
     device = target_logits.device
     k = max(counts)
-    draft_index: list[int] = []
-    processed_index: list[int] = []  # into cat(target_logits, bonus_logits)
-    raw_index: list[int] = []
-    num_tokens = target_logits.shape[0]
-    last_draft = draft_token_ids.shape[0] - 1  # >= 0: k > 0 means some row drafted
-    for plan, n in zip(plans, counts):
-        start = layout.starts[plan.row]
-        end = num_tokens + plan.row if n == layout.counts[plan.row] else start + n
-        # A row without usable drafts (possibly the batch's last, whose start is past every draft) points
-        # its ignored slots at any real draft.
-        draft_index += [min(start + min(j, max(n - 1, 0)), last_draft) for j in range(k)]
-        processed_index += [start + j if j < n else end for j in range(k + 1)]
-        raw_index += [start + plan.row + min(j, n) for j in range(k + 1)]
     size, vocab = len(plans), target_logits.shape[-1]
-    processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])
-    index = torch.tensor(draft_index + processed_index + raw_index, device=device)
-    draft_at, processed_at, raw_at = index.split([size * k, size * (k + 1), size * (k + 1)])
-    drafts = draft_token_ids.to(device)[draft_at].view(size, k).long().clamp_min(0)
-    with_logits = not plans[0].one_hot
+    rows = tuple(plan.row for plan in plans)
+    # Only relaxed rules read raw logits: rows that are all lossless (the mixer evaluates the lossless
+    # rule alone for them) get the processed logits in their place, and nothing more is gathered.
+    reads_raw = not all(plan.request.verifier.is_lossless for plan in plans)
+    if rows == tuple(range(len(layout.counts))) and all(n == k for n in counts + layout.counts):
+        drafts = draft_token_ids.to(device).view(size, k).long()
+        processed = torch.cat(
+            [target_logits.view(size, k, vocab), bonus_logits.to(target_logits.dtype).view(size, 1, vocab)],
+            dim=1,
+        ).to(torch.float32)
+        raw = target_raw_logits.view(size, k + 1, vocab).to(torch.float32) if reads_raw else processed
+    else:
+        draft_at, processed_at, raw_at = _gather_index(rows, tuple(counts), tuple(layout.counts), device)
+        drafts = draft_token_ids.to(device)[draft_at].view(size, k).long().clamp_min(0)
+        processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])[processed_at]
+        processed = processed.view(size, k + 1, vocab).to(torch.float32)
+        raw = target_raw_logits[raw_at].view(size, k + 1, vocab).to(torch.float32) if reads_raw else processed
+    draft_logits = draft_raw_logits = None
+    if not plans[0].one_hot:
+        draft_raw_logits = _draft_rows(plans, counts, k, vocab, device, processed=False)
+        same = all(plan.draft_logits is plan.draft_raw_logits for plan in plans)
+        draft_logits = draft_raw_logits
+        if not same:
+            draft_logits = _draft_rows(plans, counts, k, vocab, device, processed=True)
+    flags = [bool(greedy[row]) for row in rows]
+    counts_and_starts = torch.tensor([counts, [plan.position for plan in plans]], device=device)
     return VerificationRound(
-        rows=[RowSpec(plan.request.verifier, plan.request.schedule, plan.generator) for plan in plans],
+        rows=_row_specs(plans),
         draft_tokens=drafts,
-        draft_counts=torch.tensor(counts, device=device),
-        starts=torch.tensor([plan.position for plan in plans], device=device),
-        target_logits=processed[processed_at].view(size, k + 1, vocab).to(torch.float32),
-        target_raw_logits=target_raw_logits[raw_at].view(size, k + 1, vocab).to(torch.float32),
-        greedy=torch.tensor([bool(greedy[plan.row]) for plan in plans], device=device),
-        draft_logits=_draft_rows(plans, counts, k, vocab, device, True) if with_logits else None,
-        draft_raw_logits=_draft_rows(plans, counts, k, vocab, device, False) if with_logits else None,
+        draft_counts=counts_and_starts[0],
+        starts=counts_and_starts[1],
+        target_logits=processed,
+        target_raw_logits=raw,
+        greedy=flags[0] if len(set(flags)) == 1 else torch.tensor(flags, device=device),
+        draft_logits=draft_logits,
+        draft_raw_logits=draft_raw_logits,
         responses=[list(plan.response or ()) for plan in plans] if _reads_tokens(plans) else None,
     )
+
+
+def _row_specs(plans: Sequence[RowPlan]) -> list[RowSpec]:
+    """One RowSpec per row; requests whose verifiers are equal share one verifier object, so the core
+    sees one group without comparing them row by row (its grouping by equality, the verifiers' hash
+    and ==, gives the same groups)."""
+    shared: dict[Verifier, Verifier] = {}
+    return [
+        RowSpec(shared.setdefault(plan.request.verifier, plan.request.verifier), plan.request.schedule,
+                plan.generator)
+        for plan in plans
+    ]
 
 
 def _reads_tokens(plans: Sequence[RowPlan]) -> bool:
@@ -218,10 +279,17 @@ def _draft_rows(
     plans: Sequence[RowPlan], counts: list[int], k: int, vocab: int, device: torch.device, processed: bool
 ) -> torch.Tensor:
     """[G, k, V] float32 draft logits of each row's first k proposals (zeros where it has none: a row
-    without logits has 0 usable drafts), its last valid row repeated past its count."""
+    without logits has 0 usable drafts), its last valid row repeated past its count. Rows that all have
+    at least k proposals of one shape (the common case) are stacked at once."""
+    tensors = [plan.draft_logits if processed else plan.draft_raw_logits for plan in plans]
+    first = tensors[0]
+    if (
+        first is not None and first.shape[0] >= k and min(counts) == k
+        and all(t is not None and t.shape == first.shape for t in tensors)
+    ):
+        return torch.stack(tensors)[:, :k, :vocab].to(device, torch.float32)
     out = torch.zeros(len(plans), k, vocab, dtype=torch.float32, device=device)
-    for i, (plan, n) in enumerate(zip(plans, counts)):
-        logits = plan.draft_logits if processed else plan.draft_raw_logits
+    for i, (logits, n) in enumerate(zip(tensors, counts)):
         if logits is None or n == 0:
             continue
         rows = logits[torch.arange(k).clamp(max=n - 1)] if n < k else logits[:k]
@@ -244,8 +312,12 @@ def _write(
         (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
     ]
     device = output_token_ids.device
-    rows = torch.tensor([plan.row for plan in plans], device=device)
-    output_token_ids[rows] = torch.tensor(written, dtype=output_token_ids.dtype, device=device)
+    values = torch.tensor(written, dtype=output_token_ids.dtype, device=device)
+    rows = [plan.row for plan in plans]
+    if rows == list(range(output_token_ids.shape[0])):
+        output_token_ids.copy_(values)
+    else:
+        output_token_ids[torch.tensor(rows, device=device)] = values
     return [RowResult(plan.row, plan.position, n, a) for plan, n, a in zip(plans, counts, accepted)]
 
 

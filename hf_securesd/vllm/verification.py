@@ -96,20 +96,31 @@ def _batch_requests(runner: Any) -> list[SecureSDRequest | None]:
     return [request_of(runner.requests[req_id]) for req_id in runner.input_batch.req_ids]
 
 
-def _row_plan(
-    runner: Any, row: int, req_id: str, request: SecureSDRequest, stash: DraftStash | None
-) -> sampler.RowPlan:
-    """Batch row `row`'s plan: response position, draft logits, generator, committed response."""
+def _row_plans(
+    runner: Any, requests: list[SecureSDRequest | None], stash: DraftStash | None
+) -> list[sampler.RowPlan]:
+    """One plan per SecureSD row of the batch: response position, draft logits, generator, committed
+    response."""
     batch = runner.input_batch
-    # A row still in prefill (no drafts; its next token is response token 0) would count below 0.
-    position = max(0, int(batch.num_computed_tokens_cpu[row]) + 1 - int(batch.num_prompt_tokens[row]))
-    raw, processed = stash.by_request.get(req_id, (None, None)) if stash is not None else (None, None)
+    rows = [row for row, request in enumerate(requests) if request is not None]
+    computed = batch.num_computed_tokens_cpu[rows].tolist()
+    prompt = batch.num_prompt_tokens[rows].tolist()
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
-    response = None
-    if getattr(request.schedule, "reads_tokens", False):
-        response = list(runner.requests[req_id].output_token_ids[:position])
-    one_hot = not hasattr(runner.drafter, "_sample_draft_tokens")  # n-gram / suffix: no draft model
-    return sampler.RowPlan(row, request, position, raw, processed, generators.get(row), response, one_hot)
+    by_request = stash.by_request if stash is not None else {}
+    one_hot = not hasattr(runner.drafter, "_sample_draft_tokens")  # n-gram: no draft model
+    plans = []
+    for row, done, prompt_tokens in zip(rows, computed, prompt):
+        req_id, request = batch.req_ids[row], requests[row]
+        # A row still in prefill (no drafts; its next token is response token 0) would count below 0.
+        position = max(0, int(done) + 1 - int(prompt_tokens))
+        raw, processed = by_request.get(req_id, (None, None))
+        response = None
+        if getattr(request.schedule, "reads_tokens", False):
+            response = list(runner.requests[req_id].output_token_ids[:position])
+        plans.append(
+            sampler.RowPlan(row, request, position, raw, processed, generators.get(row), response, one_hot)
+        )
+    return plans
 
 
 def patch_runner(runner_class: type) -> Callable[[], None]:
@@ -134,7 +145,8 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
             raw, processed = stacked
             for row, (req_id, request) in enumerate(zip(self.input_batch.req_ids, requests)):
                 if request is not None and row < raw.shape[0]:
-                    by_request[req_id] = (raw[row], processed[row])
+                    row_raw = raw[row]
+                    by_request[req_id] = (row_raw, row_raw if processed is raw else processed[row])
         self._securesd_drafts = DraftStash(by_request)
         return drafted
 
@@ -145,12 +157,7 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
         requests = _batch_requests(self)
         if not any(request is not None for request in requests):
             return original_sample(self, logits, spec_decode_metadata)
-        stash: DraftStash | None = getattr(self, "_securesd_drafts", None)
-        plans = [
-            _row_plan(self, row, req_id, request, stash)
-            for row, (req_id, request) in enumerate(zip(self.input_batch.req_ids, requests))
-            if request is not None
-        ]
+        plans = _row_plans(self, requests, getattr(self, "_securesd_drafts", None))
         counts = list(spec_decode_metadata.num_draft_tokens)
         _current_step = StepPlan(plans, logits, counts, has_plain_rows=len(plans) < len(requests))
         try:

@@ -1,7 +1,7 @@
 """SecureSD behind vLLM's other proposers, inside a real engine on CPU, on the tiny random Qwen2
-target: n-gram lookup (one-hot drafts, no draft distribution) and EAGLE (a tiny random EAGLE head
-built here, drafting from its own distribution over the target's vocabulary), against engine-free
-references:
+target: n-gram lookup (one-hot drafts, no draft distribution), EAGLE and EAGLE-3 (tiny random heads
+built for the target, `hf_securesd.vllm.tiny_heads`, drafting from their own distribution over the
+target's vocabulary), against engine-free references:
 
 * lossless = target greedy;
 * every relaxed verifier that needs no draft distribution, with `Step(2)`: the first two tokens are
@@ -11,7 +11,9 @@ references:
   these rules read only the target, so the reference needs no draft logits for EAGLE either;
 * n-gram: FSD, BiLD with a fallback and SpecCascade `rule="chow"` (they read the draft's
   distribution) are refused at admission with the reason, and the engine keeps serving; EAGLE, which
-  has a draft distribution, runs them.
+  has a draft distribution, runs them;
+* EAGLE-3 (the same proposer class as EAGLE, with its own head) runs lossless and the accept-everything
+  LossySD under `Step(2)` only, to keep CI short.
 
 Each engine runs in a fresh interpreter (one engine per process) that records every verified round.
 """
@@ -31,6 +33,7 @@ from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vl
 from hf_securesd import MARS, BiLD, FLy, LossySD, SpecCascade, Step
 from hf_securesd.mixing import verify_round
 from hf_securesd.verifiers.base import RoundInputs
+from hf_securesd.vllm.tiny_heads import build_eagle3_head, build_eagle_head
 
 pytestmark = requires_vllm()
 
@@ -97,68 +100,49 @@ def run_engine(pair_dir, speculative: dict, jobs: list[dict]) -> list[dict]:
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def jobs() -> list[dict]:
-    """(name, job) pairs: plain and lossless per prompt, each relaxed verifier with and without Step(2),
-    and the refused ones, then a plain request (the engine keeps serving)."""
+def jobs(method: str) -> list[tuple[tuple, dict]]:
+    """(name, job) pairs: plain and lossless per prompt, each relaxed verifier the method runs
+    (`RELAXED_RUN`) with its schedules (`SCHEDULES_RUN`), the refused ones (not for eagle3), then a plain
+    request (the engine keeps serving)."""
     listed = []
     for index, prompt in enumerate(PROMPTS):
         listed.append((("plain", index), {"prompt": prompt, "extra_args": None}))
         listed.append((("lossless", index), {"prompt": prompt, "extra_args": securesd("lossless")}))
-        for name, verifier in RELAXED.items():
-            for schedule in (None, Step(L=2)):
-                key = (name, index, None if schedule is None else schedule.L)
-                listed.append((key, {"prompt": prompt, "extra_args": securesd(verifier, schedule)}))
-    for name, (verifier, _) in REFUSED.items():
-        listed.append(((name, 0), {"prompt": PROMPTS[0], "extra_args": securesd(verifier)}))
+        for name in RELAXED_RUN[method]:
+            for L in SCHEDULES_RUN[method]:
+                schedule = None if L is None else Step(L=L)
+                key = (name, index, L)
+                listed.append((key, {"prompt": prompt, "extra_args": securesd(RELAXED[name], schedule)}))
+    if method != "eagle3":
+        for name, (verifier, _) in REFUSED.items():
+            listed.append(((name, 0), {"prompt": PROMPTS[0], "extra_args": securesd(verifier)}))
     listed.append((("plain-after", 0), {"prompt": PROMPTS[0], "extra_args": None}))
     return [(key, {**job, "max_tokens": NEW_TOKENS}) for key, job in listed]
 
 
-def build_eagle_head(pair_dir: Path, out: Path) -> Path:
-    """A random one-layer EAGLE head (vLLM's `EagleLlamaForCausalLM`) for the tiny target: `fc` over
-    [token embedding, target hidden state], one Llama decoder layer without its input norm; the
-    embedding and lm_head are shared with the target (vLLM does that when the checkpoint has none)."""
-    from safetensors.torch import save_file
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
-
-    target = json.loads((pair_dir / "target" / "config.json").read_text())
-    hidden = target["hidden_size"]
-    config = LlamaConfig(
-        hidden_size=hidden, intermediate_size=target["intermediate_size"], num_hidden_layers=1,
-        num_attention_heads=target["num_attention_heads"], num_key_value_heads=target["num_key_value_heads"],
-        vocab_size=target["vocab_size"], max_position_embeddings=target["max_position_embeddings"],
-        rms_norm_eps=target["rms_norm_eps"], tie_word_embeddings=False,
-        architectures=["EagleLlamaForCausalLM"],
-    )
-    torch.manual_seed(0)
-    layer = LlamaDecoderLayer(config, 0)
-    weights = {
-        f"layers.0.{name}": tensor.detach().clone()
-        for name, tensor in layer.state_dict().items() if not name.startswith("input_layernorm")
-    }
-    weights["fc.weight"] = torch.randn(hidden, 2 * hidden) / (2 * hidden) ** 0.5
-    out.mkdir(parents=True, exist_ok=True)
-    save_file(weights, str(out / "model.safetensors"))
-    config.save_pretrained(out)
-    return out
+PROPOSERS = ["ngram", "eagle", "eagle3"]
+# EAGLE-3 drafts through the same proposer class as EAGLE: its engine runs lossless and one relaxed rule
+# under Step(2) (fewer jobs, for CI time); the other two run every rule.
+RELAXED_RUN = {"ngram": tuple(RELAXED), "eagle": tuple(RELAXED), "eagle3": ("lossysd",)}
+SCHEDULES_RUN = {"ngram": (None, 2), "eagle": (None, 2), "eagle3": (2,)}
 
 
-PROPOSERS = ["ngram", "eagle"]
+def speculative_config(method: str, pair_dir: Path, tmp_path_factory) -> dict:
+    """The engine's speculative_config; EAGLE heads are random, built for the tiny target."""
+    if method == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
+                "prompt_lookup_max": 3, "prompt_lookup_min": 1}
+    build = build_eagle_head if method == "eagle" else build_eagle3_head
+    head = build(pair_dir / "target", tmp_path_factory.mktemp(f"{method}_head"))
+    return {"method": method, "model": str(head), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
 
 
 @pytest.fixture(scope="module", params=PROPOSERS)
 def proposer_results(request, pair_dir, tmp_path_factory) -> tuple[str, dict]:
     """(method, {job key: result}) for one engine per proposer."""
     method = request.param
-    if method == "ngram":
-        speculative = {"method": "ngram", "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-                       "prompt_lookup_max": 3, "prompt_lookup_min": 1}
-    else:
-        head = build_eagle_head(pair_dir, tmp_path_factory.mktemp("eagle_head"))
-        speculative = {"method": "eagle", "model": str(head),
-                       "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    listed = jobs()
+    listed = jobs(method)
+    speculative = speculative_config(method, pair_dir, tmp_path_factory)
     results = run_engine(pair_dir, speculative, [job for _, job in listed])
     return method, {key: result for (key, _), result in zip(listed, results)}
 
@@ -200,10 +184,12 @@ def test_the_proposer_drafts_and_lossless_equals_target_greedy(proposer_results,
 
 @pytest.mark.parametrize("name", list(RELAXED))
 def test_relaxed_verifiers_equal_the_engine_free_rule_on_the_same_drafts(proposer_results, hf_models, name):
-    _, ngram_results = proposer_results
+    method, ngram_results = proposer_results
+    if name not in RELAXED_RUN[method]:
+        pytest.skip(f"the {method} engine runs {RELAXED_RUN[method]} only (CI time)")
     verifier = RELAXED[name]
     for index, prompt in enumerate(PROMPTS):
-        for L in (None, 2):
+        for L in SCHEDULES_RUN[method]:
             result = ngram_results[(name, index, L)]
             tokens, schedule = result["tokens"], None if L is None else Step(L=L)
             if L is not None:
@@ -220,11 +206,13 @@ def test_relaxed_verifiers_equal_the_engine_free_rule_on_the_same_drafts(propose
 
 
 def test_relaxed_verification_fires_on_these_drafts(proposer_results, hf_models):
-    """At least the accept-everything rule changes some reply: otherwise the comparisons prove little."""
-    _, ngram_results = proposer_results
+    """The accept-everything rule (under Step(2) for eagle3) changes some reply: otherwise the
+    comparisons prove little."""
+    method, ngram_results = proposer_results
+    key = ("lossysd", SCHEDULES_RUN[method][0])
     changed = [
         index for index, prompt in enumerate(PROMPTS)
-        if ngram_results[("lossysd", index, None)]["tokens"] != target_greedy(hf_models, prompt, NEW_TOKENS)
+        if ngram_results[(key[0], index, key[1])]["tokens"] != target_greedy(hf_models, prompt, NEW_TOKENS)
     ]
     assert changed
 
@@ -235,6 +223,8 @@ def test_rules_that_read_the_draft_distribution_need_one(proposer_results, name)
     the rule's reason; served behind EAGLE, whose drafts come with a distribution."""
     method, results = proposer_results
     _, message = REFUSED[name]
+    if method == "eagle3":
+        pytest.skip("the eagle3 engine runs lossless and one relaxed rule only (eagle's proposer class)")
     if method == "ngram":
         error = results[(name, 0)]["error"]
         assert "VLLMValidationError" in error and message in error

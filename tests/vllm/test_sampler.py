@@ -333,7 +333,7 @@ def test_per_request_generators_fix_every_draw() -> None:
 
 
 def test_one_hot_rows_are_verified_without_draft_logits() -> None:
-    """A proposer without a draft distribution (n-gram, suffix): its drafts are verified as one-hot
+    """A proposer without a draft distribution (n-gram): its drafts are verified as one-hot
     proposals (lossless at T = 0: the drafts that equal x* are kept, then x*)."""
     vocab, k = 7, 4
     target = torch.zeros(k + 1, vocab)
