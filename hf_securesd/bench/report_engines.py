@@ -19,15 +19,16 @@ directories' committed records.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any, Sequence
 
-from hf_securesd.bench.analysis import Cell, compute_flips
+from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
 from hf_securesd.bench.results import ResultsDir
 
 SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
 FIRST_TOKEN_FROM_TARGET = ("vllm", "openai")  # engines whose response token 0 comes from prefill
-BASELINES = ("target", "draft")
+POSITIONS = 6  # response positions shown in the per-position acceptance columns
 
 
 def counterpart_key(cell: Cell, first_token_from_target: bool) -> str:
@@ -170,8 +171,52 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         else:
             lines.append("No cell there has a counterpart here yet.")
         lines.append("")
+        own = own_target_rows(other_dir.runs())
+        data[-1]["own_target"] = own
+        if own:
+            lines += [
+                f"Within `{other_engine}`: each configuration's flips against `{other_engine}`'s own "
+                "target-only run (*lost* = the target refused and the configuration complied), and the "
+                f"acceptance rate of drafts by response position from the engine's own per-request "
+                f"statistics (positions 0–{POSITIONS - 1}; – = nothing drafted there).",
+                "",
+                "| configuration | task | prompts | AR | lost / gained | McNemar p | "
+                + " | ".join(f"acc. {position}" for position in range(POSITIONS)) + " |",
+                "|" + "---|" * (6 + POSITIONS),
+            ]
+            for row in own:
+                rates = [_fmt(rate, 2) for rate in row["position_acceptance"]]
+                lines.append(
+                    f"| {row['config']} | {row['task']} | {row['n']} | {_fmt(row['acceptance_rate'])} | "
+                    f"{row['flips']['n_lost']} / {row['flips']['n_gained']} | "
+                    f"{row['flips']['mcnemar_pvalue']:.3g} | " + " | ".join(rates) + " |"
+                )
+            lines.append("")
     return lines, data
 
 
+def own_target_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:
+    """Per speculative cell of one directory: flips against that directory's target-only cell on the
+    same prompts, AR, and the per-position acceptance rate (first `POSITIONS` positions)."""
+    targets = {cell["baseline_id"]: cell for cell in cells if cell["config_key"] == "target"}
+    rows = []
+    for cell in cells:
+        target = targets.get(cell["baseline_id"])
+        if cell["config"]["kind"] != "speculative" or target is None or cell["task_kind"] != "safety":
+            continue
+        scores = dict(zip(target["example_ids"], target["scores"]))
+        stats = merged_stats([cell])
+        rates = list(stats.position_acceptance_rate[:POSITIONS]) if stats else []
+        rows.append({
+            "config": cell["config_key"],
+            "task": cell["task"],
+            "n": cell["n"],
+            "acceptance_rate": cell.get("acceptance_rate"),
+            "flips": compute_flips(cell["scores"], [scores[example_id] for example_id in cell["example_ids"]]),
+            "position_acceptance": rates + [None] * (POSITIONS - len(rates)),
+        })
+    return rows
+
+
 def _fmt(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None else f"{value:.{digits}f}"
+    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"

@@ -108,3 +108,12 @@ def test_recorded_replays_of_the_differing_prompts_enter_the_table(studies):
     write_report(studies / "hf")
     text = (studies / "card.md").read_text(encoding="utf-8")
     assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 | 1 |" in text
+
+
+def test_the_engine_s_own_flips_and_position_acceptance_are_tabled(studies):
+    from hf_securesd.bench.report_engines import own_target_rows
+
+    rows = {row["config"]: row for row in own_target_rows(ResultsDir(studies / "vllm").runs())}
+    assert (rows["mars(theta=0.5)"]["flips"]["n_lost"], rows["mars(theta=0.5)"]["flips"]["n_gained"]) == (1, 0)
+    assert rows["mars(theta=0.5)+step(L=2)"]["flips"]["n_lost"] == 0
+    assert rows["lossless"]["position_acceptance"] == [None] * 6  # no statistics recorded here
