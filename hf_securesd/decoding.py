@@ -33,7 +33,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from .draft_length import DraftLength, DraftLengthController
 from .model_runner import ModelRunner
-from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops
+from .prefixes import Health, RowProcessing, TokenBuffer, all_finite, checked_scores, first_stops
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
 from .schedules import Schedule
 from .stats import RoundRecorder, SpeculativeStats
@@ -179,7 +179,7 @@ class SpeculativeLoop:
             tokens, mask = torch.cat([self.pending[:, None], drafts], dim=1), None
             first_kept = self.target.num_slots
         raw = self.target.forward(tokens, mask, keep=k + 1)
-        self.health.flag("target_model", ~torch.isfinite(raw).all())
+        self.health.flag("target_model", ~all_finite(raw))
         processed = self.processing(raw, self.rows, self.host_rows, offset=0)
         if self.processing.processors:
             vocab = raw.shape[-1]

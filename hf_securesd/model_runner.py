@@ -14,35 +14,66 @@ from transformers import DynamicCache, PreTrainedModel
 
 
 class ModelRunner:
-    """One model, its KV cache and, once a slot is a hole, the validity mask of the slots ([B, S] bool).
+    """One model, its KV cache and, once a slot is a hole, the validity of each slot.
 
     While every slot is valid (always for a single row) no mask is kept: positions are a plain range
-    and attention gets no mask, exactly as in plain decoding."""
+    and attention gets no mask, exactly as in plain decoding. Once there are holes, the slots' validity
+    lives in a [B, capacity] int64 buffer (its first `num_slots` columns are the attention mask, grown
+    by doubling) and each row's number of valid slots in `_valid` [B, 1], so a forward appends its
+    columns and reads the positions without re-reducing the whole mask."""
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache | None, cached_mask: torch.Tensor | None = None) -> None:
         self.model = model
         self.device = model.device
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         self.num_slots = self.cache.get_seq_length() if cache is not None else 0
-        self.slot_mask = cached_mask
+        self._mask: torch.Tensor | None = None  # [B, capacity] long: 1 = valid slot, 0 = hole
+        self._valid: torch.Tensor | None = None  # [B, 1] long: valid slots per row
+        if cached_mask is not None:
+            self._begin_mask(cached_mask.to(self.device).long())
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         self._keeps_logits = "logits_to_keep" in parameters
+
+    def _begin_mask(self, slots: torch.Tensor) -> None:
+        """Start tracking holes with slots [B, num_slots] long (the current slots' validity)."""
+        batch = slots.shape[0]
+        self._mask = torch.ones(batch, 2 * self.num_slots + 16, dtype=torch.long, device=self.device)
+        self._mask[:, : self.num_slots] = slots
+        self._valid = slots.sum(dim=-1, keepdim=True)
+
+    def _reserve(self, width: int) -> None:
+        """Grow the mask buffer (doubling) so that `width` slots fit."""
+        capacity = self._mask.shape[1]
+        if width > capacity:
+            rows, size = self._mask.shape[0], max(width, 2 * capacity)
+            grown = torch.ones(rows, size, dtype=torch.long, device=self.device)
+            grown[:, : self.num_slots] = self._mask[:, : self.num_slots]
+            self._mask = grown
 
     def forward(self, tokens: torch.Tensor, token_mask: torch.Tensor | None, keep: int) -> torch.Tensor:
         """Feed new slots. tokens: [B, m]; token_mask: [B, m] (False = a hole) or None (all valid)
         -> float32 logits of the last `keep` slots [B, keep, V]."""
         device = self.device
         batch, width = tokens.shape
-        if self.slot_mask is None and token_mask is None:
+        if self._mask is None and token_mask is None:
             positions = torch.arange(self.num_slots, self.num_slots + width, device=device).expand(batch, -1)
             attention_mask = None
         else:
-            previous = self.slot_mask if self.slot_mask is not None else torch.ones(batch, self.num_slots, dtype=torch.bool, device=device)
-            new = token_mask.to(device) if token_mask is not None else torch.ones(batch, width, dtype=torch.bool, device=device)
-            positions = (previous.sum(-1, keepdim=True) + new.long().cumsum(-1) - 1).clamp_min(0)
-            self.slot_mask = torch.cat([previous, new], dim=-1)
-            attention_mask = self.slot_mask.long()
+            if self._mask is None:
+                self._begin_mask(torch.ones(batch, self.num_slots, dtype=torch.long, device=device))
+            end = self.num_slots + width
+            self._reserve(end)
+            if token_mask is None:
+                self._mask[:, self.num_slots : end] = 1
+                positions = self._valid + torch.arange(width, device=device)
+                self._valid = self._valid + width
+            else:
+                new = token_mask.to(device).long()
+                self._mask[:, self.num_slots : end] = new
+                positions = (self._valid + new.cumsum(-1) - 1).clamp_min(0)
+                self._valid = self._valid + new.sum(dim=-1, keepdim=True)
+            attention_mask = self._mask[:, :end]
         kwargs = {self._cache_argument: self.cache, "use_cache": True, "position_ids": positions, "attention_mask": attention_mask}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
@@ -53,28 +84,28 @@ class ModelRunner:
     def keep_slots(self, start: int, kept: list[int]) -> None:
         """Of the slots from `start` on, row b keeps its first kept[b]; the rest become holes. The slot
         before `start` is valid in some row, so the cache is cropped to start + max(kept)."""
-        if self.slot_mask is None and min(kept) == max(kept):
+        if self._mask is None and min(kept) == max(kept):
             self._crop_to(start + kept[0])
             return
         device = self.device
-        if self.slot_mask is None:
-            self.slot_mask = torch.ones(len(kept), self.num_slots, dtype=torch.bool, device=device)
+        if self._mask is None:
+            self._begin_mask(torch.ones(len(kept), self.num_slots, dtype=torch.long, device=device))
         offsets = torch.arange(self.num_slots - start, device=device)
-        self.slot_mask[:, start:] &= offsets[None] < torch.tensor(kept, device=device)[:, None]
+        self._mask[:, start : self.num_slots] *= offsets[None] < torch.tensor(kept, device=device)[:, None]
         self._crop_to(start + max(kept))
+        self._valid = self._mask[:, : self.num_slots].sum(dim=-1, keepdim=True)
 
     def _crop_to(self, length: int) -> None:
         if length < self.num_slots:
             self.cache.crop(length - self.num_slots)
-            if self.slot_mask is not None:
-                self.slot_mask = self.slot_mask[:, :length]
             self.num_slots = length
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.batch_select_indices(rows.to(self.device))
-        if self.slot_mask is not None:
-            self.slot_mask = self.slot_mask[rows.to(self.slot_mask.device)]
+        if self._mask is not None:
+            rows = rows.to(self.device)
+            self._mask, self._valid = self._mask[rows], self._valid[rows]
 
     @property
     def has_holes(self) -> bool:
-        return self.slot_mask is not None
+        return self._mask is not None

@@ -22,6 +22,8 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.generation import logits_process
 
+from .fused_warpers import TopKTopP, fuse_top_k_top_p
+
 _SCORES_ONLY = tuple(
     getattr(logits_process, name)
     for name in (
@@ -65,7 +67,6 @@ class TokenBuffer:
         batch, prompt_length = input_ids.shape
         self.tokens = input_ids.new_zeros(batch, prompt_length + 4 * max(room, 1))
         self.tokens[:, :prompt_length] = input_ids
-        self.fill = input_ids[:, 0].clone()
         self.lengths = torch.full((batch,), prompt_length, dtype=torch.long, device=input_ids.device)
         self.host_lengths = [prompt_length] * batch
 
@@ -91,7 +92,10 @@ class TokenBuffer:
 
     def advance(self, rows: torch.Tensor, counts: torch.Tensor, host_rows: list[int], host_counts: list[int]) -> None:
         """Commit counts [A] tokens (already written) to rows [A]."""
-        self.lengths[rows] += counts
+        if len(host_rows) == len(self.host_lengths):  # every row, in order
+            self.lengths += counts
+        else:
+            self.lengths[rows] += counts
         for row, count in zip(host_rows, host_counts):
             self.host_lengths[row] += count
 
@@ -102,8 +106,9 @@ class TokenBuffer:
         row's first token after them instead, so they add nothing to the row's set of tokens."""
         source = torch.arange(width, device=rows.device)[None] - (width - prefix_lengths)[:, None]
         if hidden is None:
-            taken = self.tokens[rows[:, None], source.clamp_min(0)]
-            return torch.where(source >= 0, taken, self.fill[rows][:, None])
+            # Column 0 holds the row's first token (`fill`; writes land after the prompt), so clamping the
+            # positions before the prefix to 0 fills them with it.
+            return self.tokens[rows[:, None], source.clamp_min(0)]
         start = hidden.to(rows.device)[rows][:, None]
         return self.tokens[rows[:, None], torch.maximum(source, start)]
 
@@ -155,6 +160,12 @@ class Health:
         return self.MESSAGES[order[hits[0]]] if hits else None
 
 
+def all_finite(values: torch.Tensor) -> torch.Tensor:
+    """0-dim bool: every entry of `values` is finite (`torch.isfinite(values).all()`, without the
+    vocabulary-sized bool tensor: 0 * x is 0 for a finite x and NaN for an infinite or NaN one)."""
+    return (values * 0).sum().isfinite()
+
+
 def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: str) -> torch.Tensor:
     """Validate processed scores [N, V] on the device and make them safe to sample from.
 
@@ -182,6 +193,8 @@ class RowProcessing:
         self.processors = list(processors)
         self.buffer = buffer
         self.row_independent = all(row_independent(processor) for processor in self.processors)
+        # What `_all_rows_at_once` calls: HF's top-k + top-p pair fused (the same scores, no sort).
+        self._batched = fuse_top_k_top_p(self.processors)
         self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor] = {}
 
     def __call__(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
@@ -202,9 +215,9 @@ class RowProcessing:
         flat_rows = rows.repeat_interleave(n) if n > 1 else rows
         scores = raw.reshape(active * n, vocab)
         ids = unread = flat_rows[:, None]  # processors that read only the scores get a stand-in
-        for processor in self.processors:
+        for processor in self._batched:
             ignored = getattr(processor, "prompt_ignore_length", None)
-            if type(processor) in _SCORES_ONLY:
+            if type(processor) in _SCORES_ONLY or type(processor) is TopKTopP:
                 scores = processor(unread, scores)
             elif isinstance(ignored, torch.Tensor):
                 # The penalty skips each batch row's left padding: show those positions as a real token

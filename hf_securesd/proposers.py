@@ -22,7 +22,8 @@ from transformers import PreTrainedModel
 
 from .draft_length import DraftLengthController
 from .model_runner import ModelRunner
-from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores
+from .draws import draw_rows
+from .prefixes import Health, RowProcessing, TokenBuffer, all_finite, checked_scores
 
 
 @dataclass
@@ -127,19 +128,23 @@ class DraftModelProposer:
             drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
         every_row = active == self.buffer.tokens.shape[0]
         for step in range(k):
-            raw = self.runner.forward(tokens_in, mask_in, keep=1)
-            processed = self.processing(raw, state.rows, state.host_rows, offset=step)[:, 0]
+            logits = self.runner.forward(tokens_in, mask_in, keep=1)
+            raw_step = logits[:, 0]
+            processed = raw_step
+            if self.processing.processors:
+                processed = self.processing(logits, state.rows, state.host_rows, offset=step)[:, 0]
             if self.processing.processors or self.do_sample:
                 processed = checked_scores(processed, self.do_sample, self.health, "draft")
-            token = torch.multinomial(processed.softmax(-1), 1)[:, 0] if self.do_sample else processed.argmax(-1)
+            probabilities = processed.softmax(-1) if self.do_sample or controller.early_stop else None
+            token = draw_rows(probabilities) if self.do_sample else processed.argmax(-1)
             if self.processing.processors:
                 self.buffer.write(state.rows, step, token[:, None], every_row=every_row)
             drafted.append(token)
-            raw_steps.append(raw[:, 0])
+            raw_steps.append(raw_step)
             processed_steps.append(processed)
             tokens_in, mask_in = token[:, None], None
             if controller.early_stop:
-                probability = processed.softmax(-1).gather(1, token[:, None])[:, 0]
+                probability = probabilities.gather(1, token[:, None])[:, 0]
                 confidence.append(probability)
                 drafted_count += (~stopped & (step < limit)).long()
                 stopped |= probability < controller.thresholds[state.rows]
@@ -151,12 +156,14 @@ class DraftModelProposer:
         if not k:
             empty = self.input_ids.new_zeros(active, 0)
             return Proposal(empty, counts, None, None, None, host_counts)
-        self.health.flag("draft_model", ~torch.isfinite(torch.stack(raw_steps)).all())
+        raw = torch.stack(raw_steps, dim=1)
+        self.health.flag("draft_model", ~all_finite(raw))
+        unprocessed = all(step is raw_step for step, raw_step in zip(processed_steps, raw_steps))
         return Proposal(
             torch.stack(drafted, dim=1),
             counts,
-            torch.stack(processed_steps, dim=1),
-            torch.stack(raw_steps, dim=1),
+            raw if unprocessed else torch.stack(processed_steps, dim=1),
+            raw,
             torch.stack(confidence, dim=1) if confidence else None,
             host_counts,
         )

@@ -40,11 +40,12 @@ class SpeculativeStats:
         `tv`: the one-step TV deviation at each verified position (accepted ones plus the rejected one)."""
         self.drafted_per_round.append(drafted)
         self.accepted_per_round.append(accepted)
-        _grow(self.position_drafted, start + drafted, 0)
-        _grow(self.position_accepted, start + drafted, 0)
-        for offset in range(drafted):
-            self.position_drafted[start + offset] += 1
-            self.position_accepted[start + offset] += int(offset < accepted)
+        end, accepted_end = start + drafted, start + min(max(accepted, 0), drafted)
+        _grow(self.position_drafted, end, 0)
+        _grow(self.position_accepted, end, 0)
+        self.position_drafted[start:end] = [count + 1 for count in self.position_drafted[start:end]]
+        accepted_counts = self.position_accepted[start:accepted_end]
+        self.position_accepted[start:accepted_end] = [count + 1 for count in accepted_counts]
         if tv is not None:
             deviations = list(tv)
             _grow(self.position_verified, start + len(deviations), 0)

@@ -22,6 +22,8 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
+from ..draws import draw_rows
+
 
 @dataclass(eq=False)
 class RoundInputs:
@@ -179,12 +181,8 @@ class RoundInputs:
         return out
 
     def sample_rows(self, probs: torch.Tensor) -> torch.Tensor:
-        """probs [B, V] -> [B] long, one draw per row (with its own generator when set)."""
-        if self.generators is None:
-            return torch.multinomial(probs, 1)[:, 0]
-        return torch.stack(
-            [torch.multinomial(probs[row], 1, generator=generator)[0] for row, generator in enumerate(self.generators)]
-        )
+        """probs [B, V] -> [B] long, one draw per row (with its own generator when set; `draws.draw_rows`)."""
+        return draw_rows(probs, self.generators)
 
 
 def _distribution(logits: torch.Tensor, greedy: bool) -> torch.Tensor:
