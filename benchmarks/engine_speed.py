@@ -5,9 +5,12 @@ Per engine and configuration it prints prompts/s (prompts / the cell's generatio
 runs.jsonl: model loading and engine builds excluded) and CPU-seconds per prompt (user + system
 time of every process of the run — the bench process and its children, and for `openai` the
 server's process tree — sampled from /proc over the whole run and divided by all prompts of all
-cells, so it includes loading; both servers of `openai` — the target alone as the baseline and the
-pair with the plugin — run during its whole bench). It also checks that the engines' target-only and lossless
-responses agree. Linux only (/proc).
+cells, so it includes loading). `openai` runs its two servers one after the other — the target
+alone for the baseline cell, then the pair with the plugin for the request-field cells (naming
+itself as the finished baseline) — because two fp32 servers of the real pair do not fit a 24 GB
+machine. It also checks that the engines' target-only and lossless
+responses agree. Linux only (/proc). An engine that finished in --out is not run again (its figures
+are read back), so a run that failed late resumes with the engines still to do.
 
     python benchmarks/engine_speed.py --target DIR --draft DIR --task jailbreak --limit 4 \\
         --max-new-tokens 16 --batch-size 4 --engines hf vllm openai --out /tmp/engine_speed
@@ -171,11 +174,15 @@ def bench_command(args: argparse.Namespace, engine: str, out: Path, urls: dict[s
     if args.data_dir:
         command += ["--data-dir", args.data_dir]
     if engine == "openai":
+        # one server at a time (two fp32 servers do not fit a 24 GB machine): the target-alone
+        # server runs the baseline cell; then the pair's server runs the request-field cells, with
+        # itself named as the (already finished) baseline
+        server = urls.get("speculative") or urls["target"]
+        command = command[: command.index("--verifiers")] if "speculative" not in urls else command
         return command + [
-            "--base-url",
-            urls["speculative"],
+            *(["--base-url", server] if "speculative" in urls else []),
             "--endpoint",
-            f"twin={urls['target']}",
+            f"twin={server}",
             "--baseline",
             "twin",
             "--tokenizer",
@@ -194,32 +201,38 @@ def bench_command(args: argparse.Namespace, engine: str, out: Path, urls: dict[s
 
 def run_engine(args: argparse.Namespace, engine: str) -> dict[str, object]:
     out = Path(args.out) / engine
-    servers: dict[str, subprocess.Popen] = {}
-    urls: dict[str, str] = {}
-    try:
-        if engine == "openai":  # the target alone (the baseline) and the pair with the plugin
-            for role in ("target", "speculative"):
-                servers[role], urls[role] = start_server(
+    finished = out / "engine_speed.json"  # a finished engine's figures: a rerun reuses them
+    if finished.is_file():
+        return json.loads(finished.read_text())
+    cpu = 0.0
+    # openai: the target alone (the baseline), then the pair with the plugin, one server at a time
+    for role in ("target", "speculative") if engine == "openai" else (None,):
+        server, urls = None, {}
+        try:
+            if role is not None:
+                server, urls[role] = start_server(
                     args, Path(args.out) / f"vllm_serve_{role}.log", speculative=role == "speculative"
                 )
-        process = subprocess.Popen(
-            bench_command(args, engine, out, urls), env={**os.environ, "HF_HUB_OFFLINE": "1"}
-        )
-        meter = CpuMeter([process.pid, *(server.pid for server in servers.values())])
-        code = process.wait()
-        cpu = meter.total()
-    finally:
-        for server in servers.values():
-            server.terminate()
-            server.wait(timeout=60)
-    if code != 0:
-        raise RuntimeError(f"securesd bench --engine {engine} exited with {code}")
+            process = subprocess.Popen(
+                bench_command(args, engine, out, urls), env={**os.environ, "HF_HUB_OFFLINE": "1"}
+            )
+            meter = CpuMeter([process.pid, *([server.pid] if server else [])])
+            code = process.wait()
+            cpu += meter.total()
+        finally:
+            if server is not None:
+                server.terminate()
+                server.wait(timeout=60)
+        if code != 0:
+            raise RuntimeError(f"securesd bench --engine {engine} exited with {code}")
     runs = {}
     for line in (out / "runs.jsonl").read_text().splitlines():
         run = json.loads(line)
         runs[run["config_key"]] = run
     prompts = sum(run["n"] for run in runs.values())
-    return {"runs": runs, "cpu_per_prompt": cpu / prompts}
+    result = {"runs": runs, "cpu_per_prompt": cpu / prompts}
+    finished.write_text(json.dumps(result))
+    return result
 
 
 def main() -> None:
