@@ -21,7 +21,7 @@ from hf_securesd import FSD, MARS, BiLD, FLy, Linear, Lossless, LossySD, Power, 
 from hf_securesd.mixing import one_step_output, verify_round
 from hf_securesd.verifiers.base import RoundInputs
 from hf_securesd.vllm.request import SecureSDRequest
-from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, fall_back_rows, verify_rows
+from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, _Layout, _round, fall_back_rows, verify_rows
 
 N = 8_000
 K = 3
@@ -367,3 +367,37 @@ def test_the_adapter_verifies_through_the_core_step(monkeypatch) -> None:
     monkeypatch.setattr(core_step, "verify_step", every_draft_rejected_token_five)
     after = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(lossless)
     assert after.tolist() == [[5] + [PLACEHOLDER] * K] * 4 != before.tolist()
+
+
+@pytest.mark.parametrize("verifier", ["lossless", "mars"])
+def test_viewed_and_gathered_layouts_build_the_same_round(verifier) -> None:
+    """A step whose requests all verify all their drafts is viewed in vLLM's layout; the same rows in
+    another order are gathered. Both rounds hold the same tensors row for row (a lossless round reuses
+    the processed logits for the raw ones, which it never reads), and verify to the same tokens."""
+    generator = torch.Generator().manual_seed(5)
+    rows, vocab = 4, 11
+    target_raw = torch.randn(rows * (K + 1), vocab, generator=generator)
+    processed = target_raw.view(rows, K + 1, vocab) / 0.7  # stands for vLLM's processing
+    drafts = torch.randint(0, vocab, (rows * K,), generator=generator, dtype=torch.int32)
+    draft_logits = torch.randn(rows, K, vocab, generator=generator)
+    request = SecureSDRequest(VERIFIERS[verifier], Step(L=2))
+    plans = [RowPlan(row, request, 3 + row, draft_logits[row], draft_logits[row]) for row in range(rows)]
+    layout = _Layout([K] * rows)
+    step = (drafts, target_raw, processed[:, :K].reshape(-1, vocab), processed[:, K], [True] * rows)
+    viewed = _round(plans, [K] * rows, layout, *step)
+    order = list(reversed(range(rows)))
+    gathered = _round([plans[row] for row in order], [K] * rows, layout, *step)
+    back = torch.tensor(order).argsort()
+    for name in ("draft_tokens", "target_logits", "target_raw_logits", "draft_logits", "draft_raw_logits",
+                 "draft_counts", "starts"):
+        assert torch.equal(getattr(viewed, name), getattr(gathered, name)[back]), name
+    assert torch.equal(viewed.target_logits, processed)
+    expected_raw = processed if verifier == "lossless" else target_raw.view(rows, K + 1, vocab)
+    assert torch.equal(viewed.target_raw_logits, expected_raw)
+    outputs = []
+    for chosen in (plans, [plans[row] for row in order]):
+        output = torch.full((rows, K + 1), PLACEHOLDER, dtype=torch.int32)
+        bonus_ids = step[3].argmax(-1)
+        verify_rows(chosen, output, drafts, [K] * rows, target_raw, step[2], step[3], bonus_ids, step[4])
+        outputs.append(output)
+    assert torch.equal(outputs[0], outputs[1])
