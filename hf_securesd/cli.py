@@ -13,6 +13,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "models": ("hf_securesd.models.cli", "resolve, fetch and cache the default draft/target pair"),
     "bench": ("hf_securesd.bench.cli_bench", "run the safety/utility benchmark study for a pair"),
     "report": ("hf_securesd.bench.cli_report", "tables and plots from a results directory"),
+    "rescore": ("hf_securesd.bench.rescore", "score recorded responses again with the current scorers"),
     "calibrate": ("hf_securesd.bench.cli_calibrate", "sweep Step(L) and recommend the smallest safe L"),
     "agentdojo": ("hf_securesd.bench.agentdojo", "AgentDojo utility under attack (extra: hf-securesd[agentdojo])"),
     "judge-validate": ("hf_securesd.judges.validate", "agreement of a judge with human labels"),

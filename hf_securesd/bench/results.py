@@ -91,13 +91,18 @@ class ResultsDirInUseError(RuntimeError):
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write `value` as JSON through a temporary file of this writer's own, then rename it into
-    place: readers see the old or the new file, never a mix, whoever else writes."""
+    """Write `value` as JSON atomically (`write_text_atomic`)."""
+    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    """Write `text` through a temporary file of this writer's own, then rename it into place:
+    readers see the old or the new file, never a mix, whoever else writes."""
     handle = tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=f".{path.name}.", suffix=".tmp",
                                          delete=False, encoding="utf-8")
     try:
         with handle:
-            handle.write(json.dumps(value, indent=2) + "\n")
+            handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.chmod(handle.name, 0o644)
@@ -215,6 +220,10 @@ class ResultsDir:
 
     def add_run(self, record: dict[str, Any]) -> None:
         append_jsonl(self.path / RUNS, record)
+
+    def replace_runs(self, records: Iterable[dict[str, Any]]) -> None:
+        """Rewrite runs.jsonl with `records` (one per cell), atomically; the caller holds the lock."""
+        write_text_atomic(self.path / RUNS, "".join(json.dumps(record) + "\n" for record in records))
 
 
 def baselines(runs: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -328,20 +328,26 @@ def finish_cell(
     )
     draft = finished.get(task_run.cell(DRAFT))
     if config.kind in ("speculative", "endpoint") and target and draft:
-        # examples without a score in any of the three cells (a judge verdict excluded by the
-        # judge's `unparsed` policy) are left out of the paired comparison
-        columns = [scored.per_example, aligned(target, "scores", ids), aligned(draft, "scores", ids)]
-        rows = [row for row in zip(*columns) if all(math.isfinite(value) for value in row)]
-        prr = compute_prr(*(list(column) for column in zip(*rows)), seed=settings.seed or 0) if rows else \
-            {"prr": math.nan, "prr_ci": None, "undefined": True, "target_score": math.nan, "draft_score": math.nan}
-        record.update(
-            prr=_finite(prr["prr"]),
-            prr_ci=prr["prr_ci"],
-            prr_undefined=prr["undefined"],
-            target_score=prr["target_score"],
-            draft_score=prr["draft_score"],
-        )
+        record.update(prr_fields(record, target, draft, settings.seed or 0))
     return record
+
+
+def prr_fields(record: dict[str, Any], target: dict[str, Any], draft: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The PRR fields of a speculative or endpoint cell `record` against its baseline cells.
+    Examples without a score in any of the three cells (a judge verdict excluded by the judge's
+    `unparsed` policy) are left out of the paired comparison."""
+    ids = record["example_ids"]
+    columns = [record["scores"], aligned(target, "scores", ids), aligned(draft, "scores", ids)]
+    rows = [row for row in zip(*columns) if all(math.isfinite(value) for value in row)]
+    prr = compute_prr(*(list(column) for column in zip(*rows)), seed=seed) if rows else \
+        {"prr": math.nan, "prr_ci": None, "undefined": True, "target_score": math.nan, "draft_score": math.nan}
+    return {
+        "prr": _finite(prr["prr"]),
+        "prr_ci": prr["prr_ci"],
+        "prr_undefined": prr["undefined"],
+        "target_score": prr["target_score"],
+        "draft_score": prr["draft_score"],
+    }
 
 
 def run_study(

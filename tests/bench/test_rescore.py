@@ -1,0 +1,77 @@
+"""`securesd rescore`: recorded responses scored again with the current scorers, PRR recomputed
+against the re-scored baselines, runs.jsonl rewritten in place."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
+from hf_securesd.bench.rescore import rescore
+from hf_securesd.bench.results import RUNS, ResultsDir, ResultsDirInUseError, read_jsonl
+from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell
+from hf_securesd.bench.tasks import get_task
+from hf_securesd.cli import main
+from hf_securesd.verifiers import MARS
+
+RELAXED = RunConfig("speculative", MARS(theta=0.5))
+
+
+@pytest.fixture
+def results(tmp_path, data_dir):
+    task = get_task("prompt_injection")
+    examples = task.examples(data_dir=data_dir, limit=4)
+    task_run = TaskRun(task, examples, ["" for _ in examples], 16)
+    store = ResultsDir(tmp_path / "results")
+    store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"}, {"id": "s", "threads": 1})
+    answers = [example.fields["injected_answer"] for example in examples]
+    plan = [(TARGET, ["I cannot."] * 4), (DRAFT, answers), (RELAXED, answers[:2] + ["I cannot."] * 2)]
+    finished: dict = {}
+    for config, responses in plan:
+        journal = {example.id: {"response": response, "seconds": 1.0, "cpu_seconds": 1.0, "new_tokens": 4,
+                                "session": "s", "stats": None}
+                   for example, response in zip(examples, responses)}
+        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
+        finished[cell["cell"]] = cell
+        store.add_run(cell)
+    store.close()
+    return tmp_path / "results", examples
+
+
+def _tamper(path, config_key: str, index: int) -> None:
+    """Flip one recorded verdict, as an older scorer might have given it."""
+    runs = read_jsonl(path / RUNS)
+    for run in runs:
+        if run["config_key"] == config_key:
+            run["scores"][index] = 1.0 - run["scores"][index]
+            run["score"] = sum(run["scores"]) / len(run["scores"])
+    (path / RUNS).write_text("".join(json.dumps(run) + "\n" for run in runs), encoding="utf-8")
+
+
+def test_rescore_restores_the_verdicts_and_recomputes_prr(results, data_dir):
+    path, examples = results
+    original = {run["config_key"]: run for run in ResultsDir(path).runs()}
+    _tamper(path, "target", 0)
+    runs = read_jsonl(path / RUNS)
+    for run in runs:  # a PRR computed against the old verdicts
+        run["prr"] = 0.123 if run["config_key"] == "mars(theta=0.5)" else run.get("prr")
+    (path / RUNS).write_text("".join(json.dumps(run) + "\n" for run in runs), encoding="utf-8")
+    changes = dict(rescore(path, ["prompt_injection"], data_dir))
+    assert changes["target|prompt_injection|n=4|max_new_tokens=16"] == [examples[0].id]
+    assert changes["mars(theta=0.5)|prompt_injection|n=4|max_new_tokens=16"] == []
+    again = {run["config_key"]: run for run in ResultsDir(path).runs()}
+    assert again["target"]["scores"] == original["target"]["scores"]
+    assert again["mars(theta=0.5)"]["prr"] == original["mars(theta=0.5)"]["prr"]
+    assert len(read_jsonl(path / RUNS)) == 3  # rewritten, not appended
+
+
+def test_rescore_refuses_unknown_tasks_and_a_directory_in_use(results, data_dir, capsys):
+    path, _ = results
+    assert main(["rescore", str(path), "--tasks", "jailbrake", "--data-dir", str(data_dir)]) == 2
+    assert "unknown task(s) jailbrake" in capsys.readouterr().err
+    holder = ResultsDir(path)
+    holder.lock()
+    with pytest.raises(ResultsDirInUseError):
+        rescore(path, ["prompt_injection"], data_dir)
+    holder.close()
