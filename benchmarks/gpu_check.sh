@@ -55,7 +55,7 @@ timeout 450 python benchmarks/gpu_check.py --device cuda --prompts 10 --max-new-
 if python -c "import sys, vllm; sys.exit(0 if vllm.__version__.startswith('0.32') else 1)" >/dev/null 2>&1; then
     timeout 420 python -m pytest -q -p no:cacheprovider tests/vllm/test_sampler.py tests/vllm/test_engine.py \
         2>&1 | tail -15 | tee "$out/vllm_plugin_tests.log" || echo "vLLM plugin tests failed (see above)"
-    timeout 300 python benchmarks/vllm_overhead.py --json "$out/vllm_overhead.json" 2>&1 | tail -6 \
+    timeout 300 python benchmarks/vllm_overhead.py --json "$out/vllm_overhead.json" 2>&1 | tail -24 \
         | tee "$out/vllm_overhead.log" || echo "vLLM overhead benchmark failed (see above)"
 else
     echo "vLLM plugin check skipped: vLLM 0.32 is not installed on this machine"
