@@ -51,3 +51,25 @@ def noise_floor(exact: dict, samples: int) -> float:
     rng = np.random.default_rng(0)
     tvs = [0.5 * np.abs(rng.multinomial(samples, probabilities) / samples - probabilities).sum() for _ in range(300)]
     return float(np.quantile(tvs, 0.999))
+
+
+def record_cells(store, task_run, plan, finished: dict | None = None, *, speculative_stats: dict | None = None,
+                 seconds: float = 1.0, cpu_seconds: float | None = 1.0, new_tokens: int = 6,
+                 session: str = "s") -> dict:
+    """Finish and record one cell per (configuration, one response per example) of `plan` through the
+    runner's own `finish_cell`, as a study would; `speculative_stats` (a SpeculativeStats dict) goes
+    with each speculative configuration's responses. Returns the finished cells by name."""
+    from hf_securesd.bench.runner import StudySettings, finish_cell
+
+    finished = {} if finished is None else finished
+    for config, responses in plan:
+        stats = speculative_stats if config.kind == "speculative" else None
+        journal = {
+            example.id: {"response": response, "seconds": seconds, "cpu_seconds": cpu_seconds,
+                         "new_tokens": new_tokens, "session": session, "stats": stats}
+            for example, response in zip(task_run.examples, responses, strict=True)
+        }
+        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
+        finished[cell["cell"]] = cell
+        store.add_run(cell)
+    return finished

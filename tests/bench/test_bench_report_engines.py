@@ -7,12 +7,13 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import record_cells
 
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.report import write_report
 from hf_securesd.bench.report_engines import comparison_rows, counterpart_key
 from hf_securesd.bench.results import ResultsDir
-from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell
+from hf_securesd.bench.runner import TaskRun
 from hf_securesd.bench.tasks import get_task
 from hf_securesd.schedules import Step
 from hf_securesd.verifiers import MARS, Lossless
@@ -30,16 +31,7 @@ def _record(path, engine: str, plan, examples) -> ResultsDir:
     store = ResultsDir(path)
     store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix", "engine": engine},
                {"id": engine, "threads": 1})
-    finished: dict = {}
-    for config, responses in plan:
-        journal = {
-            example.id: {"response": response, "seconds": 1.0, "cpu_seconds": None, "new_tokens": 6,
-                         "session": engine, "stats": None}
-            for example, response in zip(examples, responses)
-        }
-        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
-        finished[cell["cell"]] = cell
-        store.add_run(cell)
+    record_cells(store, task_run, plan, cpu_seconds=None, session=engine)
     store.close()
     return store
 

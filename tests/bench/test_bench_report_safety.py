@@ -7,11 +7,12 @@ import json
 
 import pytest
 from scipy.stats import binomtest
+from support import record_cells
 
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.report import write_report
 from hf_securesd.bench.results import ResultsDir
-from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell
+from hf_securesd.bench.runner import TaskRun
 from hf_securesd.bench.tasks import get_task
 from hf_securesd.schedules import Step
 from hf_securesd.stats import SpeculativeStats
@@ -38,25 +39,6 @@ def _stats(accepted: int) -> dict:
     return stats.to_dict()
 
 
-def _record(store: ResultsDir, task_run: TaskRun, plan, finished: dict) -> None:
-    """Finish and record one cell per (configuration, per-example refusals) of `plan`."""
-    for config, refused in plan:
-        journal = {
-            example.id: {
-                "response": REFUSE if value else COMPLY,
-                "seconds": 2.0,
-                "cpu_seconds": 1.5,
-                "new_tokens": 6,
-                "session": "s",
-                "stats": None if config.kind != "speculative" else _stats(4),
-            }
-            for example, value in zip(task_run.examples, refused)
-        }
-        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
-        finished[cell["cell"]] = cell
-        store.add_run(cell)
-
-
 @pytest.fixture
 def results(tmp_path, data_dir):
     jailbreak = get_task("jailbreak")
@@ -69,7 +51,8 @@ def results(tmp_path, data_dir):
                              "labels": "human majority", "match": "start"}},
         {"id": "s", "threads": 1},
     )
-    _record(store, task_run, PLAN, {})
+    plan = [(config, [REFUSE if value else COMPLY for value in refused]) for config, refused in PLAN]
+    record_cells(store, task_run, plan, speculative_stats=_stats(4), seconds=2.0, cpu_seconds=1.5)
     return store.path, examples
 
 
@@ -98,7 +81,9 @@ def test_a_longer_rerun_on_a_sample_is_a_length_check_not_a_second_study(results
     sample = TaskRun(get_task("jailbreak"), examples[:4], ["" for _ in examples[:4]], 32)
     # at 32 tokens the target keeps its verdicts; RELAXED turns prompt 3 from refusal to compliance
     # and prompt 1 the other way
-    _record(ResultsDir(path), sample, [(TARGET, [1, 1, 1, 1]), (DRAFT, [0, 0, 0, 1]), (RELAXED, [0, 1, 0, 0])], {})
+    plan = [(TARGET, [1, 1, 1, 1]), (DRAFT, [0, 0, 0, 1]), (RELAXED, [0, 1, 0, 0])]
+    responses = [(config, [REFUSE if value else COMPLY for value in refused]) for config, refused in plan]
+    record_cells(ResultsDir(path), sample, responses, speculative_stats=_stats(4), seconds=2.0, cpu_seconds=1.5)
     write_report(path)
     text = (path / "report" / "report.md").read_text()
     stability = text.split("## Verdict stability with a longer reply")[1].split("\n## ")[0]
@@ -155,14 +140,7 @@ def test_prompt_injection_tables_name_their_own_check_and_are_quoted(tmp_path, d
     store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"}, {"id": "s", "threads": 1})
     answers = [example.fields["injected_answer"] for example in examples]
     plan = [(TARGET, ["I cannot."] * 5), (DRAFT, answers), (RELAXED, answers[:2] + ["I cannot."] * 3)]
-    finished: dict = {}
-    for config, responses in plan:
-        journal = {example.id: {"response": response, "seconds": 1.0, "cpu_seconds": 1.0, "new_tokens": 4,
-                                "session": "s", "stats": None if config.kind != "speculative" else _stats(3)}
-                   for example, response in zip(examples, responses)}
-        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
-        finished[cell["cell"]] = cell
-        store.add_run(cell)
+    record_cells(store, task_run, plan, speculative_stats=_stats(3), new_tokens=4)
     store.close()
     text = write_report(tmp_path / "results").read_text(encoding="utf-8")
     section = text.split("### prompt_injection, 5 prompts")[1].split("##")[0]

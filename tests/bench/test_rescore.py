@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from support import record_cells
 
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.rescore import rescore
 from hf_securesd.bench.results import RUNS, ResultsDir, ResultsDirInUseError, read_jsonl
-from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell
+from hf_securesd.bench.runner import TaskRun
 from hf_securesd.bench.tasks import get_task
 from hf_securesd.cli import main
 from hf_securesd.verifiers import MARS
@@ -27,14 +28,7 @@ def results(tmp_path, data_dir):
     store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"}, {"id": "s", "threads": 1})
     answers = [example.fields["injected_answer"] for example in examples]
     plan = [(TARGET, ["I cannot."] * 4), (DRAFT, answers), (RELAXED, answers[:2] + ["I cannot."] * 2)]
-    finished: dict = {}
-    for config, responses in plan:
-        journal = {example.id: {"response": response, "seconds": 1.0, "cpu_seconds": 1.0, "new_tokens": 4,
-                                "session": "s", "stats": None}
-                   for example, response in zip(examples, responses)}
-        cell = finish_cell(config, task_run, journal, finished, StudySettings("t", "d"))
-        finished[cell["cell"]] = cell
-        store.add_run(cell)
+    record_cells(store, task_run, plan, new_tokens=4)
     store.close()
     return tmp_path / "results", examples
 
