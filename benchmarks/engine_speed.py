@@ -4,8 +4,9 @@ vLLM server started here) on the same prompts, for target alone, lossless and on
 Per engine and configuration it prints prompts/s (prompts / the cell's generation wall time, from
 runs.jsonl: model loading and engine builds excluded) and CPU-seconds per prompt (user + system
 time of every process of the run — the bench process and its children, and for `openai` the
-server's process tree — sampled from /proc over the whole run and divided by all prompts of all
-cells, so it includes loading). `openai` runs its two servers one after the other — the target
+server's process tree — sampled from /proc and divided by all prompts of all cells; it includes
+model loading and, for `vllm`, the engine builds, but a server's CPU counts only from when it
+answers /health, so `openai`'s figure excludes the servers' own loading and builds). `openai` runs its two servers one after the other — the target
 alone for the baseline cell, then the pair with the plugin for the request-field cells (naming
 itself as the finished baseline) — because two fp32 servers of the real pair do not fit a 24 GB
 machine. It also checks that the engines' target-only and lossless
