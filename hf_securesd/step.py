@@ -66,24 +66,29 @@ class VerificationRound:
             index draft_counts[b] is its bonus position.
         target_raw_logits: [B, k+1, V] raw target logits (the relaxed rules read them, masked by the
             constraints of `target_logits`).
+            Both may be None when every row is greedy and verified losslessly (that rule reads the
+            target's argmax x* alone) and `target_argmax` is given; any other row then raises.
         greedy: [B] bool (or one bool for all rows): temperature 0.
         draft_logits: [B, k, V] the distribution the drafts were sampled from, or None for a
             deterministic proposer (one-hot drafts).
         draft_raw_logits: [B, k, V] raw draft logits, or None when the proposer has none.
         responses: per row, the response tokens committed before this round; needed only by schedules
             that read tokens (`Schedule.reads_tokens`, e.g. segment schedules).
+        target_argmax: [B, k+1] long, the argmax of `target_logits` over the vocabulary when the engine
+            has it (it is not recomputed), or None.
     """
 
     rows: Sequence[RowSpec]
     draft_tokens: torch.Tensor
     draft_counts: torch.Tensor | None
     starts: torch.Tensor
-    target_logits: torch.Tensor
-    target_raw_logits: torch.Tensor
+    target_logits: torch.Tensor | None
+    target_raw_logits: torch.Tensor | None
     greedy: torch.Tensor | bool
     draft_logits: torch.Tensor | None = None
     draft_raw_logits: torch.Tensor | None = None
     responses: Sequence[Sequence[int]] | None = None
+    target_argmax: torch.Tensor | None = None
 
 
 @dataclass
@@ -175,6 +180,13 @@ def _verify_group(
     def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return tensor if tensor is None or index is None else tensor[index]
 
+    argmax_alone = greedy and verifier.is_lossless and round_.target_argmax is not None
+    if round_.target_logits is None and not argmax_alone:
+        raise ValueError(
+            f"VerificationRound.target_logits is None, but rows verified with {verifier.to_dict()} "
+            f"(greedy={greedy}) read the target's distribution: give target_logits and target_raw_logits "
+            "(only greedy lossless rows may be verified from target_argmax alone)"
+        )
     specs = round_.rows if index is None else [round_.rows[i] for i in index.tolist()]
     generators = [spec.generator for spec in specs]
     round_inputs = RoundInputs(
@@ -186,6 +198,7 @@ def _verify_group(
         greedy=greedy,
         draft_lengths=pick(round_.draft_counts),
         generators=generators if any(generator is not None for generator in generators) else None,
+        given_target_argmax=pick(round_.target_argmax),
     )
     accepted, next_tokens, alpha = verify_round(verifier, round_inputs, eta)
     deviation = None

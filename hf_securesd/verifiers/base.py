@@ -46,6 +46,9 @@ class RoundInputs:
             draw of row b (acceptance uniforms, a verifier's own samples, the token that ends the round)
             comes from its own generator, in a fixed order and of the row's own draft length, so a
             row's output does not depend on the other rows of the batch.
+        given_target_argmax: [B, k+1] long, x* computed by the engine (the argmax of target_logits), or
+            None (computed here). With it, target_logits and target_raw_logits may be None in a greedy
+            lossless round, whose rule reads x* alone (`step.verify_step` checks that).
 
     Constraints: a token whose processed target logit is -inf (masked by a processor or an engine's
     constraint: allowed ids, bad words, min-tokens EOS suppression, top-k/top-p) can never be emitted
@@ -55,13 +58,14 @@ class RoundInputs:
     """
 
     draft_tokens: torch.Tensor
-    target_logits: torch.Tensor
+    target_logits: torch.Tensor | None
     draft_logits: torch.Tensor | None
-    target_raw_logits: torch.Tensor
+    target_raw_logits: torch.Tensor | None
     draft_raw_logits: torch.Tensor | None
     greedy: bool
     draft_lengths: torch.Tensor | None = None
     generators: Sequence[torch.Generator | None] | None = None
+    given_target_argmax: torch.Tensor | None = None
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -123,6 +127,8 @@ class RoundInputs:
     @cached_property
     def target_argmax(self) -> torch.Tensor:
         """x*: [B, k+1] argmax of the processed target logits (the target's greedy choice)."""
+        if self.given_target_argmax is not None:
+            return self.given_target_argmax
         return self.target_logits.argmax(dim=-1)
 
     def row_draft_lengths(self) -> torch.Tensor:
