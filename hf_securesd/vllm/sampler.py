@@ -27,8 +27,9 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
+import numpy as np
 import torch
 
 from .. import step as core_step
@@ -68,9 +69,9 @@ class RowPlan:
     one_hot: bool = False
 
 
-@dataclass(frozen=True)
-class RowResult:
-    """What verification did for one row: drafts it verified and how many it accepted."""
+class RowResult(NamedTuple):
+    """What verification did for one row: drafts it verified and how many it accepted (a tuple, built for
+    every row of every step)."""
 
     row: int
     position: int
@@ -156,7 +157,7 @@ def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layo
         if count and not plan.one_hot:
             count = 0 if plan.draft_raw_logits is None else min(count, plan.draft_raw_logits.shape[0])
         counts.append(count)
-    if draft_token_ids.numel() == 0 or not bool((draft_token_ids < 0).any()):
+    if draft_token_ids.numel() == 0 or int(draft_token_ids.min()) >= 0:
         return counts
     for i, (plan, count) in enumerate(zip(plans, counts)):
         start = layout.starts[plan.row]
@@ -215,36 +216,49 @@ def _round(
     When every request of the step is a SecureSD row that verifies all of its k drafts (the common
     case), vLLM's tensors already have the round's layout and are viewed, not gathered: the raw logits
     [B * (k+1), V] as [B, k+1, V], the drafts [B * k] as [B, k]; only the processed logits are joined
-    with the bonus position's. Otherwise each entry is gathered (`_gather_index`)."""
+    with the bonus position's. Otherwise each entry is gathered (`_gather_index`).
+
+    A round whose rows are all greedy and lossless (the rule reads the target's argmax x* alone) gets
+    x* [G, k+1] instead of logits: one argmax over vLLM's processed logits [num_tokens, V] and the bonus
+    logits [B, V], arranged like the logits would be, and no draft logits (the rule never reads p)."""
     device = target_logits.device
     k = max(counts)
     size, vocab = len(plans), target_logits.shape[-1]
     rows = tuple(plan.row for plan in plans)
-    # Only relaxed rules read raw logits: rows that are all lossless (the mixer evaluates the lossless
-    # rule alone for them) get the processed logits in their place, and nothing more is gathered.
-    reads_raw = not all(plan.request.verifier.is_lossless for plan in plans)
-    if rows == tuple(range(len(layout.counts))) and all(n == k for n in counts + layout.counts):
-        drafts = draft_token_ids.to(device).view(size, k).long()
+    flags = [bool(greedy[row]) for row in rows]
+    viewed = rows == tuple(range(len(layout.counts))) and all(n == k for n in counts + layout.counts)
+    index = None if viewed else _gather_index(rows, tuple(counts), tuple(layout.counts), device)
+    drafts = draft_token_ids.to(device)
+    if index is not None:
+        drafts = drafts.index_select(0, index[0]).clamp_min(0)
+    drafts = drafts.view(size, k).long()
+    argmax = processed = raw = None
+    if all(flags) and all(plan.request.verifier.is_lossless for plan in plans):
+        argmax = _target_argmax(target_logits, bonus_logits, size, k, index)
+    elif index is None:
         processed = torch.cat(
             [target_logits.view(size, k, vocab), bonus_logits.to(target_logits.dtype).view(size, 1, vocab)],
             dim=1,
         ).to(torch.float32)
-        raw = target_raw_logits.view(size, k + 1, vocab).to(torch.float32) if reads_raw else processed
     else:
-        draft_at, processed_at, raw_at = _gather_index(rows, tuple(counts), tuple(layout.counts), device)
-        drafts = draft_token_ids.to(device)[draft_at].view(size, k).long().clamp_min(0)
-        processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])[processed_at]
+        processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])[index[1]]
         processed = processed.view(size, k + 1, vocab).to(torch.float32)
-        raw = target_raw_logits[raw_at].view(size, k + 1, vocab).to(torch.float32) if reads_raw else processed
+    if processed is not None:
+        # Only relaxed rules read raw logits: rows that are all lossless (the mixer evaluates the lossless
+        # rule alone for them) get the processed logits in their place, and nothing more is gathered.
+        raw = processed
+        if not all(plan.request.verifier.is_lossless for plan in plans):
+            raw_rows = target_raw_logits if index is None else target_raw_logits[index[2]]
+            raw = raw_rows.view(size, k + 1, vocab).to(torch.float32)
     draft_logits = draft_raw_logits = None
-    if not plans[0].one_hot:
+    if argmax is None and not plans[0].one_hot:
         draft_raw_logits = _draft_rows(plans, counts, k, vocab, device, processed=False)
         same = all(plan.draft_logits is plan.draft_raw_logits for plan in plans)
         draft_logits = draft_raw_logits
         if not same:
             draft_logits = _draft_rows(plans, counts, k, vocab, device, processed=True)
-    flags = [bool(greedy[row]) for row in rows]
-    counts_and_starts = torch.tensor([counts, [plan.position for plan in plans]], device=device)
+    # Small host lists become tensors through NumPy: torch.tensor(list) costs several times more.
+    counts_and_starts = torch.from_numpy(np.array([counts, [plan.position for plan in plans]])).to(device)
     return VerificationRound(
         rows=_row_specs(plans),
         draft_tokens=drafts,
@@ -256,7 +270,25 @@ def _round(
         draft_logits=draft_logits,
         draft_raw_logits=draft_raw_logits,
         responses=[list(plan.response or ()) for plan in plans] if _reads_tokens(plans) else None,
+        target_argmax=argmax,
     )
+
+
+def _target_argmax(
+    target_logits: torch.Tensor,
+    bonus_logits: torch.Tensor,
+    size: int,
+    k: int,
+    index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> torch.Tensor:
+    """x* [G, k+1] long: the argmax of the processed logits the round would hold, taken over vLLM's
+    tensors (target_logits [num_tokens, V], bonus_logits [B, V]) before arranging, so no [G, k+1, V]
+    tensor is built. index: `_gather_index`'s, or None for the viewed layout."""
+    at_drafts = target_logits.argmax(dim=-1)
+    at_bonus = bonus_logits.to(target_logits.dtype).argmax(dim=-1)
+    if index is None:
+        return torch.cat([at_drafts.view(size, k), at_bonus.view(size, 1)], dim=1)
+    return torch.cat([at_drafts, at_bonus])[index[1]].view(size, k + 1)
 
 
 def _row_specs(plans: Sequence[RowPlan]) -> list[RowSpec]:
@@ -312,7 +344,7 @@ def _write(
         (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
     ]
     device = output_token_ids.device
-    values = torch.tensor(written, dtype=output_token_ids.dtype, device=device)
+    values = torch.from_numpy(np.array(written)).to(device, output_token_ids.dtype)
     rows = [plan.row for plan in plans]
     if rows == list(range(output_token_ids.shape[0])):
         output_token_ids.copy_(values)

@@ -372,8 +372,9 @@ def test_the_adapter_verifies_through_the_core_step(monkeypatch) -> None:
 @pytest.mark.parametrize("verifier", ["lossless", "mars"])
 def test_viewed_and_gathered_layouts_build_the_same_round(verifier) -> None:
     """A step whose requests all verify all their drafts is viewed in vLLM's layout; the same rows in
-    another order are gathered. Both rounds hold the same tensors row for row (a lossless round reuses
-    the processed logits for the raw ones, which it never reads), and verify to the same tokens."""
+    another order are gathered. Both rounds hold the same tensors row for row (a greedy lossless round
+    holds the target's argmax in place of every logit tensor, the only thing its rule reads), and verify
+    to the same tokens."""
     generator = torch.Generator().manual_seed(5)
     rows, vocab = 4, 11
     target_raw = torch.randn(rows * (K + 1), vocab, generator=generator)
@@ -388,12 +389,17 @@ def test_viewed_and_gathered_layouts_build_the_same_round(verifier) -> None:
     order = list(reversed(range(rows)))
     gathered = _round([plans[row] for row in order], [K] * rows, layout, *step)
     back = torch.tensor(order).argsort()
-    for name in ("draft_tokens", "target_logits", "target_raw_logits", "draft_logits", "draft_raw_logits",
-                 "draft_counts", "starts"):
+    held = ("target_argmax",) if verifier == "lossless" else (
+        "target_logits", "target_raw_logits", "draft_logits", "draft_raw_logits"
+    )
+    for name in ("draft_tokens", *held, "draft_counts", "starts"):
         assert torch.equal(getattr(viewed, name), getattr(gathered, name)[back]), name
-    assert torch.equal(viewed.target_logits, processed)
-    expected_raw = processed if verifier == "lossless" else target_raw.view(rows, K + 1, vocab)
-    assert torch.equal(viewed.target_raw_logits, expected_raw)
+    if verifier == "lossless":
+        assert viewed.target_logits is None and viewed.target_raw_logits is None
+        assert torch.equal(viewed.target_argmax, processed.argmax(-1))
+    else:
+        assert torch.equal(viewed.target_logits, processed)
+        assert torch.equal(viewed.target_raw_logits, target_raw.view(rows, K + 1, vocab))
     outputs = []
     for chosen in (plans, [plans[row] for row in order]):
         output = torch.full((rows, K + 1), PLACEHOLDER, dtype=torch.int32)

@@ -1,0 +1,121 @@
+"""The adapter's greedy lossless rounds (`hf_securesd.vllm.sampler`): built from the target's argmax over
+vLLM's tensors, with no [G, k+1, V] logits and no draft logits, and writing exactly target greedy in the
+layouts vLLM's proposers give (n-gram: ragged one-hot rows, some without drafts; EAGLE and draft models:
+every request with all its drafts and their draft logits; a step with plain rows beside ours).
+These tests need neither vLLM nor a model, so they also run in the main environment."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_securesd import MARS, Lossless, Step
+from hf_securesd.vllm.request import SecureSDRequest
+from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, _Layout, _round, _usable_counts, verify_rows
+
+VOCAB, K = 13, 5
+LOSSLESS = SecureSDRequest(Lossless(), None)
+# eta = 0 at every position reached here: the lossless rule, evaluated through the logits.
+LOSSLESS_THROUGH_LOGITS = SecureSDRequest(MARS(theta=0.5), Step(L=1_000))
+LAYOUTS = {  # name -> (draft counts per request, the SecureSD rows, one-hot proposer)
+    "ngram": ([5, 0, 3, 5, 1, 0, 2, 4], list(range(8)), True),
+    "eagle": ([K] * 8, list(range(8)), False),
+    "with_plain_rows": ([3, 5, 0, 2], [1, 2, 3], True),
+}
+
+
+class VllmStep:
+    """A greedy step laid out as vLLM lays it out: drafts equal to the target's argmax about 60% of the
+    time, request 0's third draft invalid (-1) where it has one."""
+
+    def __init__(self, counts: list[int], seed: int) -> None:
+        generator = torch.Generator().manual_seed(seed)
+        self.counts = counts
+        num_tokens, batch = sum(counts), len(counts)
+        self.raw = torch.randn(num_tokens + batch, VOCAB, generator=generator)
+        starts = [sum(counts[:row]) for row in range(batch)]
+        drafted = [start + row + j for row, start in enumerate(starts) for j in range(counts[row])]
+        self.target = self.raw[drafted] * 1.5  # stands for vLLM's processing
+        self.bonus = self.raw[[start + row + counts[row] for row, start in enumerate(starts)]] * 1.5
+        argmax = self.target.argmax(-1)
+        others = torch.randint(0, VOCAB, argmax.shape, generator=generator)
+        self.drafts = torch.where(torch.rand(argmax.shape, generator=generator) < 0.6, argmax, others)
+        self.drafts = self.drafts.to(torch.int32)
+        if counts[0] >= 3:
+            self.drafts[2] = -1
+        self.draft_logits = torch.randn(batch, K, VOCAB, generator=generator)
+
+    def plans(self, rows: list[int], request: SecureSDRequest, one_hot: bool) -> list[RowPlan]:
+        logits = [None if one_hot else self.draft_logits[row] for row in rows]
+        return [
+            RowPlan(row, request, 2 * row, logit, logit, one_hot=one_hot) for row, logit in zip(rows, logits)
+        ]
+
+    def run(self, plans: list[RowPlan]) -> torch.Tensor:
+        output = torch.full((len(self.counts), max(self.counts) + 1), 77, dtype=torch.int32)
+        verify_rows(plans, output, self.drafts, self.counts, self.raw, self.target, self.bonus,
+                    self.bonus.argmax(-1).to(torch.int32)[:, None], [True] * len(self.counts))
+        return output
+
+    def target_greedy(self, row: int) -> list[int]:
+        """Row `row`'s tokens under greedy lossless verification, from the logits directly."""
+        start = sum(self.counts[:row])
+        tokens = []
+        for j in range(self.counts[row]):
+            best, draft = int(self.target[start + j].argmax()), int(self.drafts[start + j])
+            if draft < 0:
+                return tokens + [best]
+            tokens.append(best)
+            if draft != best:
+                return tokens
+        return tokens + [int(self.bonus[row].argmax())]
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+@pytest.mark.parametrize("seed", range(4))
+def test_greedy_lossless_writes_target_greedy(layout: str, seed: int) -> None:
+    counts, rows, one_hot = LAYOUTS[layout]
+    step = VllmStep(counts, seed)
+    output = step.run(step.plans(rows, LOSSLESS, one_hot))
+    through_logits = step.run(step.plans(rows, LOSSLESS_THROUGH_LOGITS, one_hot))
+    assert torch.equal(output, through_logits)
+    for row in range(len(counts)):
+        written = output[row].tolist()
+        if row not in rows:
+            assert written == [77] * len(written)  # a plain row: vLLM's, untouched
+            continue
+        expected = step.target_greedy(row)
+        assert written == expected + [PLACEHOLDER] * (len(written) - len(expected)), f"row {row}"
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_a_greedy_lossless_round_holds_the_argmax_and_no_logits(layout: str) -> None:
+    """The round carries x* [G, k+1] arranged as the logits round would hold its logits, and no logits."""
+    counts, rows, one_hot = LAYOUTS[layout]
+    step = VllmStep(counts, seed=7)
+    layout_ = _Layout(counts)
+    tensors = (step.drafts, step.raw, step.target, step.bonus, [True] * len(counts))
+
+    def build(request: SecureSDRequest):
+        plans = step.plans(rows, request, one_hot)
+        usable = _usable_counts(plans, step.drafts, layout_)
+        return _round(plans, usable, layout_, *tensors)
+
+    ours, with_logits = build(LOSSLESS), build(LOSSLESS_THROUGH_LOGITS)
+    assert ours.target_logits is None and ours.target_raw_logits is None
+    assert ours.draft_logits is None and ours.draft_raw_logits is None
+    assert torch.equal(ours.target_argmax, with_logits.target_logits.argmax(-1))
+    for name in ("draft_tokens", "draft_counts", "starts"):
+        assert torch.equal(getattr(ours, name), getattr(with_logits, name)), name
+
+
+def test_a_sampled_row_keeps_the_logits() -> None:
+    """A step with one row at T > 0 reads q: its round holds the processed logits."""
+    counts = [K, K]
+    step = VllmStep(counts, seed=3)
+    plans = step.plans([0, 1], LOSSLESS, one_hot=False)
+    layout = _Layout(counts)
+    round_ = _round(plans, _usable_counts(plans, step.drafts, layout), layout, step.drafts, step.raw,
+                    step.target, step.bonus, [True, False])
+    assert round_.target_logits is not None and round_.target_argmax is None
+    assert round_.draft_logits is not None
