@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
-from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vllm
+from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, openai_server, requires_vllm
 
 from hf_securesd.bench.results import MANIFEST, RUNS, read_jsonl
 from hf_securesd.bench.runner import prepare_tasks
@@ -29,7 +25,6 @@ pytestmark = requires_vllm()
 LIMIT = 3
 NEW_TOKENS = 10
 RELAXED = "mars(theta=0.5)+step(L=2)"
-START_TIMEOUT_S = 420
 
 
 def bench(engine: str, out: Path, pair_dir: Path, data_dir: Path, *extra: str) -> dict[str, dict]:
@@ -137,76 +132,14 @@ def test_vllm_relaxed_step2_equals_hf_shifted_by_vllms_first_token(vllm_cells, h
     assert vllm_cells[RELAXED]["acceptance_rate"] is not None
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def server_url(pair_dir, tmp_path_factory):
-    import httpx
-
-    port = free_port()
+    """The pair's vLLM server with the plugin and per-request speculative metrics; yields its /v1 URL."""
     log_path = tmp_path_factory.mktemp("bench_server") / "vllm_serve.log"
-    speculative = {
-        "method": "draft_model",
-        "model": str(pair_dir / "draft"),
-        "num_speculative_tokens": NUM_SPECULATIVE_TOKENS,
-        "draft_sample_method": "probabilistic",
-    }
-    command = [
-        sys.executable,
-        "-m",
-        "vllm.entrypoints.openai.api_server",
-        "--model",
-        str(pair_dir / "target"),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--speculative-config",
-        json.dumps(speculative),
-        "--max-model-len",
-        "256",
-        "--max-num-seqs",
-        "4",
-        "--enforce-eager",
-        "--dtype",
-        "float32",
-        "--seed",
-        "0",
-        "--enable-per-request-metrics",
-        "--per-request-spec-decode-metrics",
-        "detailed",
-    ]
-    environment = {**os.environ, **engine_environment(), "SECURESD_VLLM": "1"}
-    with open(log_path, "w") as log:
-        process = subprocess.Popen(command, env=environment, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while True:
-            if process.poll() is not None:
-                pytest.fail(f"vllm serve exited with {process.returncode}:\n{log_path.read_text()[-4000:]}")
-            try:
-                if httpx.get(f"{base}/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"vllm serve did not start in {START_TIMEOUT_S} s:\n{log_path.read_text()[-4000:]}"
-                )
-            time.sleep(2)
-        yield f"{base}/v1"
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+    metrics = ("--enable-per-request-metrics", "--per-request-spec-decode-metrics", "detailed")
+    draws = {"draft_sample_method": "probabilistic"}
+    with openai_server(pair_dir, log_path, {"SECURESD_VLLM": "1"}, metrics, draws) as client:
+        yield str(client.base_url).rstrip("/") + "/v1"
 
 
 def test_openai_engine_on_a_vllm_server_equals_the_vllm_engine(

