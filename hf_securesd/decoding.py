@@ -33,7 +33,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from .draft_length import DraftLength, DraftLengthController
 from .model_runner import ModelRunner
-from .prefixes import Health, RowProcessing, TokenBuffer, all_finite, checked_scores, first_stops
+from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
 from .schedules import Schedule
 from .stats import RoundRecorder, SpeculativeStats
@@ -110,6 +110,19 @@ class Committed:
     deviation: list[list[float]] | None
 
 
+def _read_back(
+    accepted: torch.Tensor, count: torch.Tensor, finished: torch.Tensor, deviation: torch.Tensor | None
+) -> Committed:
+    """A round's outcome on the host in one transfer: accepted, count, finished [A] and deviation [A, k]."""
+    outcome = torch.stack([accepted, count, finished])  # [3, A] long
+    if deviation is None:
+        return Committed(*outcome.tolist(), None)
+    active, k = deviation.shape
+    values = torch.cat([outcome.flatten().double(), deviation.flatten().double()]).tolist()
+    counts = ([int(v) for v in values[i * active : (i + 1) * active]] for i in range(3))
+    return Committed(*counts, [values[3 * active + a * k : 3 * active + (a + 1) * k] for a in range(active)])
+
+
 def _only_length_and_eos(stopping_criteria: StoppingCriteriaList) -> bool:
     return all(isinstance(criterion, (MaxLengthCriteria, EosTokenCriteria)) for criterion in stopping_criteria)
 
@@ -157,7 +170,13 @@ class SpeculativeLoop:
         self.raw_logits: tuple[torch.Tensor, ...] | None = () if settings.output_logits else None
         self.rows = torch.arange(batch, device=self.device)  # batch row of each row still decoding
         self.host_rows = list(range(batch))
-        self.pending: torch.Tensor | None = None  # [A] last committed token, in neither cache yet
+        self.pending: torch.Tensor | None = None  # [A, 1] last committed token, in neither cache yet
+
+    def active_lengths(self) -> torch.Tensor:
+        """[A] committed tokens of each active row (device)."""
+        if len(self.host_rows) == self.batch:  # every row, in order: no gather
+            return self.buffer.lengths
+        return self.buffer.lengths[self.rows]
 
     def state(self) -> RoundState:
         budgets = [self.settings.max_length - self.buffer.host_lengths[row] - 1 for row in self.host_rows]
@@ -176,10 +195,10 @@ class SpeculativeLoop:
                 mask = torch.cat([self.prompt_mask[:, self.cached :], drafted], dim=1)
             first_kept = self.target.num_slots + self.prompt_length - self.cached
         else:
-            tokens, mask = torch.cat([self.pending[:, None], drafts], dim=1), None
+            tokens, mask = torch.cat([self.pending, drafts], dim=1), None
             first_kept = self.target.num_slots
         raw = self.target.forward(tokens, mask, keep=k + 1)
-        self.health.flag("target_model", ~all_finite(raw))
+        self.health.flag_nonfinite("target_model", raw)
         processed = self.processing(raw, self.rows, self.host_rows, offset=0)
         if self.processing.processors:
             vocab = raw.shape[-1]
@@ -200,7 +219,7 @@ class SpeculativeLoop:
             rows=[self.spec] * len(self.host_rows),
             draft_tokens=proposal.tokens,
             draft_counts=proposal.counts,
-            starts=self.buffer.lengths[self.rows] - self.prompt_length,
+            starts=self.active_lengths() - self.prompt_length,
             target_logits=scored.processed,
             target_raw_logits=scored.raw,
             greedy=not self.settings.do_sample,
@@ -215,8 +234,10 @@ class SpeculativeLoop:
         reading the round's outcome back to the host once. Returns it and the tokens [A, k+1]."""
         drafts, k, active = proposal.tokens, proposal.num_tokens, len(self.host_rows)
         accepted, next_token = outcome.accepted, outcome.next_tokens
-        new_tokens = torch.cat([drafts, drafts.new_zeros(active, 1)], dim=1).scatter(1, accepted[:, None], next_token[:, None])
-        room = self.settings.max_length - self.buffer.lengths[self.rows]
+        # The next token goes at index `accepted`; what follows it is never committed.
+        next_column = next_token[:, None]
+        new_tokens = torch.cat([drafts, next_column], dim=1).scatter_(1, accepted[:, None], next_column)
+        room = self.settings.max_length - self.active_lengths()
         count = torch.minimum(accepted + 1, room)
         finished = count >= room
         if self.eos is not None:
@@ -225,22 +246,15 @@ class SpeculativeLoop:
             count = torch.where(hit, hits.long().argmax(dim=-1) + 1, count)
             finished |= hit
         self.buffer.write(self.rows, 0, new_tokens, every_row=active == self.batch)
-        parts = [torch.stack([accepted, count, finished.long()]).flatten().double()]
-        if outcome.deviation is not None:
-            parts.append(outcome.deviation.flatten().double())
-        values = torch.cat(parts).tolist() if len(parts) > 1 else parts[0].tolist()
-        accepted_h, count_h, finished_h = ([int(v) for v in values[i * active : (i + 1) * active]] for i in range(3))
-        deviation_h = None
-        if outcome.deviation is not None:
-            deviation_h = [values[3 * active + a * k : 3 * active + (a + 1) * k] for a in range(active)]
+        done = _read_back(accepted, count, finished, outcome.deviation)
         if self.check_each_token:
-            stops = first_stops(self.settings.stopping_criteria, self.buffer, self.host_rows, count_h)
+            stops = first_stops(self.settings.stopping_criteria, self.buffer, self.host_rows, done.count)
             for a, stop in enumerate(stops):
                 if stop is not None:
-                    count_h[a], finished_h[a] = stop, 1
-            count = torch.tensor(count_h, device=self.device)
-        self.buffer.advance(self.rows, count, self.host_rows, count_h)
-        return Committed(accepted_h, count_h, finished_h, deviation_h), new_tokens
+                    done.count[a], done.finished[a] = stop, 1
+            count = torch.tensor(done.count, device=self.device)
+        self.buffer.advance(self.rows, count, self.host_rows, done.count)
+        return done, new_tokens
 
     def report(
         self, proposal: Proposal, scored: Scored, outcome: StepOutput, done: Committed, starts: list[int],
@@ -268,7 +282,7 @@ class SpeculativeLoop:
         first_round = self.pending is None
         kept = [min(n, c - 1) + (0 if first_round else 1) for n, c in zip(done.accepted, done.count)]
         self.target.keep_slots(first_kept, kept)
-        self.pending = outcome.next_tokens
+        self.pending = outcome.next_tokens[:, None]
         still = [a for a in range(len(self.host_rows)) if not done.finished[a]]
         proposer.after_round(outcome.accepted, done.accepted, still, proposal)
         if len(still) < len(self.host_rows):

@@ -104,12 +104,17 @@ def verify_round(
     target's argmax x*, so the token is read off x* without vocabulary-sized work.
     """
     k = round_inputs.num_draft_tokens
-    lengths = round_inputs.row_draft_lengths()
+    if round_inputs.greedy and verifier.is_lossless:
+        # alpha = 1[x = x*] is 0 or 1, so u < alpha is alpha itself: no uniforms to draw.
+        matches = round_inputs.draft_tokens == round_inputs.target_argmax[:, :k]
+        accepted = _within_lengths(round_inputs, matches.cumprod(dim=-1).sum(dim=-1))
+        return accepted, round_inputs.target_argmax.gather(1, accepted[:, None])[:, 0], matches.float()
     alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
-    accepted = (round_inputs.uniforms() < alpha).long().cumprod(dim=-1).sum(dim=-1)
-    accepted = torch.minimum(accepted, lengths)
+    passed = round_inputs.uniforms() < alpha
+    accepted = _within_lengths(round_inputs, passed.long().cumprod(dim=-1).sum(dim=-1))
     if round_inputs.greedy:
         return accepted, round_inputs.target_argmax.gather(1, accepted[:, None])[:, 0], alpha
+    lengths = round_inputs.row_draft_lengths()
     bonus = bonus_distribution(round_inputs)
     if k == 0 or bool((accepted == lengths).all()):
         distribution = bonus
@@ -118,6 +123,13 @@ def verify_round(
         at_rejection = recovery.gather(1, accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, recovery.shape[-1]))[:, 0]
         distribution = torch.where((accepted < lengths)[:, None], at_rejection, bonus)
     return accepted, round_inputs.sample_rows(distribution), alpha
+
+
+def _within_lengths(round_inputs: RoundInputs, accepted: torch.Tensor) -> torch.Tensor:
+    """accepted [B] capped at each row's draft length (nothing to cap when every row keeps all k)."""
+    if round_inputs.draft_lengths is None:
+        return accepted
+    return torch.minimum(accepted, round_inputs.draft_lengths)
 
 
 def greedy_deviation(round_inputs: RoundInputs, alpha: torch.Tensor) -> torch.Tensor:

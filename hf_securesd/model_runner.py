@@ -29,6 +29,7 @@ class ModelRunner:
         self.num_slots = self.cache.get_seq_length() if cache is not None else 0
         self._mask: torch.Tensor | None = None  # [B, capacity] long: 1 = valid slot, 0 = hole
         self._valid: torch.Tensor | None = None  # [B, 1] long: valid slots per row
+        self._position_table: torch.Tensor | None = None  # [B, capacity] long: 0, 1, 2, ... in every row
         if cached_mask is not None:
             self._begin_mask(cached_mask.to(self.device).long())
         parameters = inspect.signature(model.forward).parameters
@@ -57,7 +58,7 @@ class ModelRunner:
         device = self.device
         batch, width = tokens.shape
         if self._mask is None and token_mask is None:
-            positions = torch.arange(self.num_slots, self.num_slots + width, device=device).expand(batch, -1)
+            positions = self._plain_positions(batch, width)
             attention_mask = None
         else:
             if self._mask is None:
@@ -77,9 +78,22 @@ class ModelRunner:
         kwargs = {self._cache_argument: self.cache, "use_cache": True, "position_ids": positions, "attention_mask": attention_mask}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
-        logits = self.model(input_ids=tokens.to(device), **kwargs).logits[:, -keep:].to(torch.float32)
+        logits = self.model(input_ids=tokens.to(device), **kwargs).logits
+        if logits.shape[1] != keep:  # the model kept more positions than asked (or has no logits_to_keep)
+            logits = logits[:, -keep:]
+        if logits.dtype != torch.float32:
+            logits = logits.float()
         self.num_slots += width
         return logits
+
+    def _plain_positions(self, batch: int, width: int) -> torch.Tensor:
+        """[batch, width] positions num_slots .. num_slots + width - 1 of every row, sliced from a cached
+        [batch, capacity] range (one operation instead of building and expanding a range per forward)."""
+        end = self.num_slots + width
+        table = self._position_table
+        if table is None or table.shape[0] != batch or table.shape[1] < end:
+            self._position_table = table = torch.arange(2 * end + 16, device=self.device).expand(batch, -1)
+        return table[:, self.num_slots : end]
 
     def keep_slots(self, start: int, kept: list[int]) -> None:
         """Of the slots from `start` on, row b keeps its first kept[b]; the rest become holes. The slot

@@ -18,6 +18,8 @@ step (or verified position) their prefixes differ in length. Two ways to call a 
 
 from __future__ import annotations
 
+import math
+
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.generation import logits_process
@@ -69,14 +71,18 @@ class TokenBuffer:
         self.tokens[:, :prompt_length] = input_ids
         self.lengths = torch.full((batch,), prompt_length, dtype=torch.long, device=input_ids.device)
         self.host_lengths = [prompt_length] * batch
+        self._steps: dict[tuple[int, int], torch.Tensor] = {}  # (offset, n) -> [n] offset .. offset + n - 1
 
     def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor, every_row: bool) -> None:
         """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A] (`every_row`: rows is
         the whole batch in order, which allows a cheaper in-place scatter)."""
-        self._make_room(max(self.host_lengths) + offset + values.shape[1])
-        columns = self.lengths[:, None] + offset if every_row else self.lengths[rows, None] + offset
-        if values.shape[1] > 1:
-            columns = columns + torch.arange(values.shape[1], device=values.device)
+        width = values.shape[1]
+        self._make_room(max(self.host_lengths) + offset + width)
+        steps = self._steps.get((offset, width))
+        if steps is None:
+            steps = torch.arange(offset, offset + width, device=self.tokens.device)
+            self._steps[offset, width] = steps
+        columns = (self.lengths if every_row else self.lengths[rows])[:, None] + steps
         if every_row:
             self.tokens.scatter_(1, columns, values)
         else:
@@ -143,18 +149,32 @@ class Health:
     def __init__(self) -> None:
         self._names: list[str] = []
         self._conditions: list[torch.Tensor] = []
+        self._checked_names: list[str] = []
+        self._finite: list[torch.Tensor] = []
 
     def flag(self, name: str, condition: torch.Tensor) -> None:
         """Remember a 0-dim bool tensor that is True when `name`'s problem occurred."""
         self._names.append(name)
         self._conditions.append(condition)
 
+    def flag_nonfinite(self, name: str, values: torch.Tensor) -> None:
+        """Remember that `name`'s problem occurred if `values` holds a NaN or an infinity (`all_finite`,
+        read with the other flags and negated on the host)."""
+        self._checked_names.append(name)
+        self._finite.append(all_finite(values))
+
     def problem(self) -> str | None:
         """The message of the first raised flag since the last call (one synchronisation), or None."""
-        if not self._conditions:
+        if not self._conditions and not self._finite:
             return None
-        raised = torch.stack(self._conditions).tolist()
-        names, self._names, self._conditions = self._names, [], []
+        parts = [torch.stack(self._conditions)] if self._conditions else []
+        if self._finite:
+            parts.append(torch.stack(self._finite))
+        values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
+        flagged = len(self._conditions)
+        raised = values[:flagged] + [not finite for finite in values[flagged:]]
+        names = self._names + self._checked_names
+        self._names, self._conditions, self._checked_names, self._finite = [], [], [], []
         order = list(self.MESSAGES)
         hits = sorted(order.index(name) for name, up in zip(names, raised) if up)
         return self.MESSAGES[order[hits[0]]] if hits else None
@@ -162,8 +182,10 @@ class Health:
 
 def all_finite(values: torch.Tensor) -> torch.Tensor:
     """0-dim bool: every entry of `values` is finite (`torch.isfinite(values).all()`, without the
-    vocabulary-sized bool tensor: 0 * x is 0 for a finite x and NaN for an infinite or NaN one)."""
-    return (values * 0).sum().isfinite()
+    vocabulary-sized bool tensor: 0 * x is 0 for a finite x and NaN for an infinite or NaN one, so the
+    sum is 0 or NaN, and NaN is the one value not equal to itself)."""
+    marker = (values * 0).sum()
+    return marker == marker
 
 
 def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: str) -> torch.Tensor:
@@ -173,8 +195,10 @@ def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: s
     softmax); a row with several is flagged. Rows with a NaN or no finite maximum are flagged and,
     for sampling, replaced by zeros so that drawing cannot fail before the round's check raises."""
     peak = scores.amax(dim=-1, keepdim=True)
-    if scores.device.type == "cpu" and bool(torch.isfinite(peak).all()):
-        return scores  # reading a CPU tensor costs no synchronisation: nothing to flag or repair
+    if scores.device.type == "cpu" and math.isfinite(float(peak.sum())):
+        # Every row's peak is finite (a sum that overflows only takes the careful path below). Reading a
+        # CPU tensor costs no synchronisation: nothing to flag or repair.
+        return scores
     broken = peak.isnan() | (peak == float("-inf"))
     health.flag(f"{who}_processors", broken.any())
     if not do_sample:
@@ -196,6 +220,7 @@ class RowProcessing:
         # What `_all_rows_at_once` calls: HF's top-k + top-p pair fused (the same scores, no sort).
         self._batched = fuse_top_k_top_p(self.processors)
         self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor] = {}
+        self._hidden: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (prompt_ignore_length, hides any)
 
     def __call__(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
         """raw [A, n, V]: logits for the tokens that follow each row's committed tokens plus its first
@@ -209,12 +234,10 @@ class RowProcessing:
 
     def _all_rows_at_once(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
         active, n, vocab = raw.shape
-        steps = torch.arange(n, device=raw.device)
-        prefix_lengths = (self.buffer.lengths[rows, None] + offset + steps).reshape(-1)
-        width = max(self.buffer.host_lengths[row] for row in host_rows) + offset + n - 1
-        flat_rows = rows.repeat_interleave(n) if n > 1 else rows
         scores = raw.reshape(active * n, vocab)
-        ids = unread = flat_rows[:, None]  # processors that read only the scores get a stand-in
+        flat_rows = rows.repeat_interleave(n) if n > 1 else rows
+        unread = flat_rows[:, None]  # processors that read only the scores get a stand-in
+        ids = None
         for processor in self._batched:
             ignored = getattr(processor, "prompt_ignore_length", None)
             if type(processor) in _SCORES_ONLY or type(processor) is TopKTopP:
@@ -222,13 +245,45 @@ class RowProcessing:
             elif isinstance(ignored, torch.Tensor):
                 # The penalty skips each batch row's left padding: show those positions as a real token
                 # of the row instead, and apply the plain penalty to all B*n rows at once.
-                hidden_ids = self.buffer.views(flat_rows, prefix_lengths, width, hidden=ignored)
+                hidden_ids = self._prefix_ids(rows, flat_rows, host_rows, offset, n, hidden=ignored)
                 scores = self._plain_penalty(processor)(hidden_ids, scores)
             else:
-                if ids is unread:
-                    ids = self.buffer.views(flat_rows, prefix_lengths, width)
+                if ids is None:
+                    ids = self._prefix_ids(rows, flat_rows, host_rows, offset, n)
                 scores = processor(ids, scores)
         return scores.reshape(active, n, vocab)
+
+    def _prefix_ids(
+        self,
+        rows: torch.Tensor,
+        flat_rows: torch.Tensor,
+        host_rows: list[int],
+        offset: int,
+        n: int,
+        hidden: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """[A*n, width] `TokenBuffer.views` of rows [A] (flat_rows [A*n]: each repeated n times) at their
+        committed tokens plus offset + i drafts (i = 0..n-1), width the longest. When every row is active,
+        at the same length and shows all its tokens (n = 1, no hidden padding), each prefix is a whole row
+        of the buffer: a slice, bitwise the same ids."""
+        buffer = self.buffer
+        lengths = buffer.host_lengths
+        width = max(lengths[row] for row in host_rows) + offset + n - 1
+        whole_rows = n == 1 and len(host_rows) == len(lengths) and min(lengths) == max(lengths)
+        if whole_rows and not self._hides(hidden):
+            return buffer.tokens[:, :width]
+        steps = torch.arange(n, device=rows.device)
+        prefix_lengths = (buffer.lengths[rows, None] + offset + steps).reshape(-1)
+        return buffer.views(flat_rows, prefix_lengths, width, hidden)
+
+    def _hides(self, hidden: torch.Tensor | None) -> bool:
+        """Whether `hidden` [B] (a penalty's `prompt_ignore_length`) hides any position; read once."""
+        if hidden is None:
+            return False
+        known = self._hidden.get(id(hidden))
+        if known is None or known[0] is not hidden:
+            known = self._hidden[id(hidden)] = (hidden, bool(hidden.any()))
+        return known[1]
 
     def _plain_penalty(self, processor) -> logits_process.RepetitionPenaltyLogitsProcessor:
         plain = self._plain.get(id(processor))

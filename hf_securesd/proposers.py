@@ -23,7 +23,7 @@ from transformers import PreTrainedModel
 from .draft_length import DraftLengthController
 from .model_runner import ModelRunner
 from .draws import draw_rows
-from .prefixes import Health, RowProcessing, TokenBuffer, all_finite, checked_scores
+from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores
 
 
 @dataclass
@@ -58,7 +58,7 @@ class RoundState:
     Args:
         rows: [A] long batch row of each active row (device).
         host_rows: the same, on the host.
-        pending: [A] the token committed last round, in no cache yet (None before the first round).
+        pending: [A, 1] the token committed last round, in no cache yet (None before the first round).
         limits: per active row, the most drafts it may propose this round.
     """
 
@@ -102,20 +102,20 @@ class DraftModelProposer:
         self.input_ids, self.prompt_mask = input_ids, prompt_mask
         self.buffer, self.processing, self.controller, self.health = buffer, processing, controller, health
         self.do_sample = do_sample
-        self.last_draft: torch.Tensor | None = None  # [A] x_k of rows that accepted all k drafts (else -1)
+        self.last_draft: torch.Tensor | None = None  # [A, 1] x_k of rows that accepted all k (else -1)
         self.all_full = False  # every row accepted all k drafts last round
         self.first_slot = 0
 
     def _first_input(self, pending: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """What the draft has not seen yet: the prompt, or [x_k,] pending."""
+        """What the draft has not seen yet: the prompt, or [x_k,] pending ([A, 1] or [A, 2])."""
         if pending is None:
             return self.input_ids, self.prompt_mask
         if self.last_draft is None:
-            return pending[:, None], None
-        tokens = torch.stack([self.last_draft.clamp_min(0), pending], dim=1)
+            return pending, None
         if self.all_full:
-            return tokens, None
-        return tokens, torch.stack([self.last_draft >= 0, torch.ones_like(pending, dtype=torch.bool)], dim=1)
+            return torch.cat([self.last_draft, pending], dim=1), None
+        tokens = torch.cat([self.last_draft.clamp_min(0), pending], dim=1)
+        return tokens, torch.cat([self.last_draft >= 0, torch.ones_like(pending, dtype=torch.bool)], dim=1)
 
     def propose(self, state: RoundState) -> Proposal:
         k = max(state.limits)
@@ -127,24 +127,29 @@ class DraftModelProposer:
         if controller.early_stop:
             drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
         every_row = active == self.buffer.tokens.shape[0]
+        # Greedy drafting without processors or early stop picks each token straight from the logits.
+        reads_scores = bool(self.processing.processors) or self.do_sample or controller.early_stop
         for step in range(k):
-            logits = self.runner.forward(tokens_in, mask_in, keep=1)
-            raw_step = logits[:, 0]
-            processed = raw_step
+            logits = self.runner.forward(tokens_in, mask_in, keep=1)  # [A, 1, V]
+            raw_step = logits[:, 0] if reads_scores else None
+            scores = raw_step  # [A, V] what the token is drawn from
             if self.processing.processors:
-                processed = self.processing(logits, state.rows, state.host_rows, offset=step)[:, 0]
+                scores = self.processing(logits, state.rows, state.host_rows, offset=step)[:, 0]
             if self.processing.processors or self.do_sample:
-                processed = checked_scores(processed, self.do_sample, self.health, "draft")
-            probabilities = processed.softmax(-1) if self.do_sample or controller.early_stop else None
-            token = draw_rows(probabilities) if self.do_sample else processed.argmax(-1)
+                scores = checked_scores(scores, self.do_sample, self.health, "draft")
+            probabilities = scores.softmax(-1) if self.do_sample or controller.early_stop else None
+            if self.do_sample:
+                token = draw_rows(probabilities)[:, None]
+            else:
+                token = logits.argmax(-1) if scores is None else scores.argmax(-1, keepdim=True)  # [A, 1]
             if self.processing.processors:
-                self.buffer.write(state.rows, step, token[:, None], every_row=every_row)
+                self.buffer.write(state.rows, step, token, every_row=every_row)
             drafted.append(token)
-            raw_steps.append(raw_step)
-            processed_steps.append(processed)
-            tokens_in, mask_in = token[:, None], None
+            raw_steps.append(logits)
+            processed_steps.append(None if scores is raw_step else scores)
+            tokens_in, mask_in = token, None
             if controller.early_stop:
-                probability = probabilities.gather(1, token[:, None])[:, 0]
+                probability = probabilities.gather(1, token)[:, 0]
                 confidence.append(probability)
                 drafted_count += (~stopped & (step < limit)).long()
                 stopped |= probability < controller.thresholds[state.rows]
@@ -156,13 +161,17 @@ class DraftModelProposer:
         if not k:
             empty = self.input_ids.new_zeros(active, 0)
             return Proposal(empty, counts, None, None, None, host_counts)
-        raw = torch.stack(raw_steps, dim=1)
-        self.health.flag("draft_model", ~all_finite(raw))
-        unprocessed = all(step is raw_step for step, raw_step in zip(processed_steps, raw_steps))
+        raw = torch.cat(raw_steps, dim=1)
+        self.health.flag_nonfinite("draft_model", raw)
+        processed = raw
+        if any(step is not None for step in processed_steps):
+            processed = torch.stack(
+                [raw[:, i] if step is None else step for i, step in enumerate(processed_steps)], dim=1
+            )
         return Proposal(
-            torch.stack(drafted, dim=1),
+            torch.cat(drafted, dim=1),
             counts,
-            raw if unprocessed else torch.stack(processed_steps, dim=1),
+            processed,
             raw,
             torch.stack(confidence, dim=1) if confidence else None,
             host_counts,
@@ -173,8 +182,13 @@ class DraftModelProposer:
         if k:
             self.runner.keep_slots(self.first_slot, [min(n, k - 1) for n in host_accepted])
         full = [k > 0 and host_accepted[a] == k for a in still]
-        self.last_draft = torch.where(accepted == k, proposal.tokens[:, -1], -1) if any(full) else None
         self.all_full = all(full)
+        if not any(full):
+            self.last_draft = None
+        elif self.all_full:
+            self.last_draft = proposal.tokens[:, -1:]
+        else:
+            self.last_draft = torch.where(accepted[:, None] == k, proposal.tokens[:, -1:], -1)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         if self.last_draft is not None:
