@@ -229,7 +229,9 @@ def patch_bonus_sampler(sampler_class: type) -> Callable[[], None]:
         processed = original_processors(self, logits, sampling_metadata, predict_bonus_token)
         step = _current_step
         if predict_bonus_token and step is not None and step.sampling_bonus:
-            step.bonus_logits = processed.clone()  # vLLM's sampler scales `processed` in place next
+            # vLLM's sampler scales `processed` in place next, unless every row is greedy (it then only
+            # takes the argmax), so the copy is needed only then.
+            step.bonus_logits = processed if sampling_metadata.all_greedy else processed.clone()
         return processed
 
     sampler_class.forward = forward
