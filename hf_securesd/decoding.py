@@ -66,6 +66,7 @@ class DecodeSettings:
         collect_deviation: also compute the exact per-position TV deviation (Theorem 1). Closed form at
             T = 0; at T > 0 it evaluates the acceptance rule over the whole vocabulary each round.
         output_scores / output_logits: single row only: processed / raw target logits per token.
+        collect_stats: record each row's `SpeculativeStats` (off when only the sequences are returned).
     """
 
     verifier: Verifier
@@ -81,12 +82,13 @@ class DecodeSettings:
     collect_deviation: bool = False
     output_scores: bool = False
     output_logits: bool = False
+    collect_stats: bool = True
 
 
 @dataclass
 class DecodeResult:
     sequences: torch.Tensor
-    row_stats: list[SpeculativeStats]
+    row_stats: list[SpeculativeStats] | None  # None unless settings.collect_stats
     scores: tuple[torch.Tensor, ...] | None
     raw_logits: tuple[torch.Tensor, ...] | None
     cache: DynamicCache | None
@@ -161,7 +163,7 @@ class SpeculativeLoop:
         self.buffer = TokenBuffer(input_ids, room=settings.draft_length.num_tokens + 1)
         self.processing = RowProcessing(settings.logits_processor, self.buffer)
         self.controller = DraftLengthController(settings.draft_length, batch, self.device)
-        self.recorder = RoundRecorder(batch)
+        self.recorder = RoundRecorder(batch) if settings.collect_stats else None
         self.health = Health()
         self.check_each_token = not _only_length_and_eos(settings.stopping_criteria)
         self.eos = settings.eos_token_id.to(self.device) if settings.eos_token_id is not None else None
@@ -261,9 +263,10 @@ class SpeculativeLoop:
         new_tokens: torch.Tensor,
     ) -> None:
         """Statistics, the draft-length controller, scores/logits and the streamer for one round."""
-        self.recorder.record(
-            self.host_rows, starts, proposal.host_counts, done.accepted, done.count, done.finished, done.deviation
-        )
+        if self.recorder is not None:
+            self.recorder.record(
+                self.host_rows, starts, proposal.host_counts, done.accepted, done.count, done.finished, done.deviation
+            )
         self.controller.record(
             self.rows, self.host_rows, proposal.host_counts, done.accepted, proposal.confidence, outcome.accepted,
             proposal.counts,
@@ -306,7 +309,7 @@ class SpeculativeLoop:
             self.settings.streamer.end()
         return DecodeResult(
             self.buffer.sequences(self.settings.pad_token_id),
-            self.recorder.finish(),
+            self.recorder.finish() if self.recorder is not None else None,
             self.scores,
             self.raw_logits,
             None if self.target.has_holes or self.batch > 1 else self.target.cache,

@@ -230,6 +230,7 @@ def _run_speculative(
         and (not generation_config.do_sample or bool(getattr(generation_config, "output_deviation", None))),
         output_scores=bool(return_dict and generation_config.output_scores),
         output_logits=bool(return_dict and generation_config.output_logits),
+        collect_stats=bool(return_dict),
     )
     lookup = None
     if draft is None:

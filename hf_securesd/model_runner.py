@@ -19,8 +19,9 @@ class ModelRunner:
     While every slot is valid (always for a single row) no mask is kept: positions are a plain range
     and attention gets no mask, exactly as in plain decoding. Once there are holes, the slots' validity
     lives in a [B, capacity] int64 buffer (its first `num_slots` columns are the attention mask, grown
-    by doubling) and each row's number of valid slots in `_valid` [B, 1], so a forward appends its
-    columns and reads the positions without re-reducing the whole mask."""
+    by doubling; every column from `num_slots` on holds 1, so a forward of valid slots writes nothing)
+    and each row's number of valid slots in `_valid` [B, 1], so a forward appends its columns and reads
+    the positions without re-reducing the whole mask."""
 
     def __init__(self, model: PreTrainedModel, cache: DynamicCache | None, cached_mask: torch.Tensor | None = None) -> None:
         self.model = model
@@ -30,6 +31,7 @@ class ModelRunner:
         self._mask: torch.Tensor | None = None  # [B, capacity] long: 1 = valid slot, 0 = hole
         self._valid: torch.Tensor | None = None  # [B, 1] long: valid slots per row
         self._position_table: torch.Tensor | None = None  # [B, capacity] long: 0, 1, 2, ... in every row
+        self._steps: dict[int, torch.Tensor] = {}  # width -> [width] long 0 .. width - 1
         if cached_mask is not None:
             self._begin_mask(cached_mask.to(self.device).long())
         parameters = inspect.signature(model.forward).parameters
@@ -65,9 +67,11 @@ class ModelRunner:
                 self._begin_mask(torch.ones(batch, self.num_slots, dtype=torch.long, device=device))
             end = self.num_slots + width
             self._reserve(end)
-            if token_mask is None:
-                self._mask[:, self.num_slots : end] = 1
-                positions = self._valid + torch.arange(width, device=device)
+            if token_mask is None:  # the new columns already hold 1
+                steps = self._steps.get(width)
+                if steps is None:
+                    steps = self._steps[width] = torch.arange(width, device=device)
+                positions = self._valid + steps
                 self._valid = self._valid + width
             else:
                 new = token_mask.to(device).long()
@@ -104,9 +108,12 @@ class ModelRunner:
         device = self.device
         if self._mask is None:
             self._begin_mask(torch.ones(len(kept), self.num_slots, dtype=torch.long, device=device))
-        offsets = torch.arange(self.num_slots - start, device=device)
-        self._mask[:, start : self.num_slots] *= offsets[None] < torch.tensor(kept, device=device)[:, None]
-        self._crop_to(start + max(kept))
+        end = start + max(kept)
+        offsets = torch.arange(end - start, device=device)
+        self._mask[:, start:end] *= offsets[None] < torch.tensor(kept, device=device)[:, None]
+        if end < self.num_slots:
+            self._mask[:, end : self.num_slots] = 1  # cropped away: fresh columns again
+        self._crop_to(end)
         self._valid = self._mask[:, : self.num_slots].sum(dim=-1, keepdim=True)
 
     def _crop_to(self, length: int) -> None:
