@@ -111,12 +111,13 @@ class TokenBuffer:
         hidden: optional [B] count of leading positions per batch row (its left padding) shown as the
         row's first token after them instead, so they add nothing to the row's set of tokens."""
         source = torch.arange(width, device=rows.device)[None] - (width - prefix_lengths)[:, None]
+        picked = self.tokens.index_select(0, rows)  # [N, C]; a gather is cheaper than 2-d advanced indexing
         if hidden is None:
             # Column 0 holds the row's first token (`fill`; writes land after the prompt), so clamping the
             # positions before the prefix to 0 fills them with it.
-            return self.tokens[rows[:, None], source.clamp_min(0)]
+            return picked.gather(1, source.clamp_min(0))
         start = hidden.to(rows.device)[rows][:, None]
-        return self.tokens[rows[:, None], torch.maximum(source, start)]
+        return picked.gather(1, torch.maximum(source, start))
 
     def sequences(self, pad_token_id: int | None) -> torch.Tensor:
         """[B, max length] committed tokens, rows that stopped early right-filled with the pad token."""
