@@ -107,14 +107,12 @@ def plugin_call(module: ModuleType, inputs: StepInputs) -> Callable[[], torch.Te
     request = SecureSDRequest(Lossless(), None)
     one_hot = inputs.draft_logits is None
     width = max(inputs.num_draft_tokens) + 1
+    # The runner keeps each request's recorded draft logits as a view of one stacked tensor.
+    recorded = [None if one_hot else inputs.draft_logits[row] for row in range(BATCH)]
 
     def call() -> torch.Tensor:
         plans = [
-            module.RowPlan(
-                row, request, inputs.positions[row],
-                None if one_hot else inputs.draft_logits[row], None if one_hot else inputs.draft_logits[row],
-                one_hot=one_hot,
-            )
+            module.RowPlan(row, request, inputs.positions[row], recorded[row], recorded[row], one_hot=one_hot)
             for row in range(BATCH)
         ]
         output = torch.full((BATCH, width), module.PLACEHOLDER, dtype=torch.int32)

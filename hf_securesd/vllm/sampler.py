@@ -219,8 +219,8 @@ def _round(
     with the bonus position's. Otherwise each entry is gathered (`_gather_index`).
 
     A round whose rows are all greedy and lossless (the rule reads the target's argmax x* alone) gets
-    x* [G, k+1] instead of logits: one argmax over vLLM's processed logits [num_tokens, V] and the bonus
-    logits [B, V], arranged like the logits would be, and no draft logits (the rule never reads p)."""
+    x* [G, k+1] instead of logits: the argmax of vLLM's processed logits [num_tokens, V] and of the bonus
+    logits [B, V], arranged as the logits would be, and no draft logits (the rule never reads p)."""
     device = target_logits.device
     k = max(counts)
     size, vocab = len(plans), target_logits.shape[-1]
