@@ -101,7 +101,8 @@ def verify_round(
     u_i < alpha_mix(x_i) for all i up to it; at the first rejection the token comes from R_mix
     there, and once a row's drafts (k, or its `draft_lengths` entry) are all accepted it is the
     bonus token from q. At T = 0 every recovery distribution and the bonus are one-hot on the
-    target's argmax x*, so the token is read off x* without vocabulary-sized work.
+    target's argmax x*, so the token is read off x* without vocabulary-sized work; the lossless rule
+    there accepts x_i iff x_i = x*_i and draws no uniform (alpha is 0 or 1).
     """
     k = round_inputs.num_draft_tokens
     if round_inputs.greedy and verifier.is_lossless:
