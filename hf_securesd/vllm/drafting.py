@@ -42,6 +42,7 @@ class DraftRows:
     steps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     failed: bool = False
     _flags: dict[tuple[int, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
+    _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
 
     @property
     def any_securesd(self) -> bool:
@@ -62,14 +63,32 @@ class DraftRows:
 
     def stacked(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """([R, k, V] raw, [R, k, V] sampled-from) draft logits, or None if nothing was drafted; one tensor
-        for both when every position was drawn from the raw logits themselves (greedy rows)."""
+        for both when every position was drawn from the raw logits themselves (greedy rows). Stacked on
+        the first call and kept: a verification round that reads no draft logits (greedy lossless) never
+        calls it, so no [R, k, V] copy is made for it."""
         if not self.steps:
             return None
-        raw = torch.stack([raw for raw, _ in self.steps], dim=1)
-        if all(processed is raw for raw, processed in self.steps):
-            return raw, raw
-        processed = torch.stack([processed for _, processed in self.steps], dim=1)
-        return raw, processed
+        if self._stacked is None or self._stacked[0].shape[1] != len(self.steps):
+            raw = torch.stack([raw for raw, _ in self.steps], dim=1)
+            processed = raw
+            if not all(processed is raw for raw, processed in self.steps):
+                processed = torch.stack([processed for _, processed in self.steps], dim=1)
+            self._stacked = raw, processed
+        return self._stacked
+
+    @property
+    def batch_rows(self) -> int:
+        """R, the rows the proposer drafted for (0 if nothing was drafted)."""
+        return self.steps[0][0].shape[0] if self.steps else 0
+
+    def row_logits(self, row: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Row `row`'s (raw [k, V], sampled-from [k, V]) draft logits, views of `stacked()` (the same
+        tensor twice for greedy rows); (None, None) for a row the proposer did not draft."""
+        stacked = self.stacked() if row < self.batch_rows else None
+        if stacked is None:
+            return None, None
+        raw, processed = stacked
+        return raw[row], raw[row] if processed is raw else processed[row]
 
 
 def draft_from_logits(

@@ -57,6 +57,9 @@ class RowPlan:
         response: the response tokens committed before this step (only for schedules that read tokens).
         one_hot: the proposer gives no draft distribution (n-gram): the drafts are verified as
             one-hot proposals. Otherwise a row without draft logits verifies no draft.
+        proposed: for a round that reads no draft logits (`reads_draft_logits` false), the proposals the
+            drafter recorded for the row, given instead of its logits (which are then not stacked); None:
+            the rows of `draft_raw_logits`.
     """
 
     row: int
@@ -67,6 +70,15 @@ class RowPlan:
     generator: torch.Generator | None = None
     response: Sequence[int] | None = None
     one_hot: bool = False
+    proposed: int | None = None
+
+    @property
+    def recorded(self) -> int:
+        """Proposals recorded for the row with their draft logits (kept or counted): the most it may verify
+        when its proposer is not one-hot."""
+        if self.proposed is not None:
+            return self.proposed
+        return 0 if self.draft_raw_logits is None else self.draft_raw_logits.shape[0]
 
 
 class RowResult(NamedTuple):
@@ -155,7 +167,7 @@ def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layo
     for plan in plans:
         count = layout.counts[plan.row]
         if count and not plan.one_hot:
-            count = 0 if plan.draft_raw_logits is None else min(count, plan.draft_raw_logits.shape[0])
+            count = min(count, plan.recorded)
         counts.append(count)
     if draft_token_ids.numel() == 0 or int(draft_token_ids.min()) >= 0:
         return counts
@@ -201,6 +213,14 @@ def _gather_index(
     return draft_at, processed_at, raw_at
 
 
+def reads_draft_logits(requests: Sequence[SecureSDRequest], greedy: Sequence[bool]) -> bool:
+    """Whether a round of rows verified with `requests` ([G]; greedy: [G] temperature 0) reads draft logits
+    (or the target's logits): every round but a greedy lossless one, whose rule reads the target's argmax
+    x* alone. The runner asks it before the round to decide whether the recorded draft logits are
+    stacked; `_round` asks it again to decide what the round carries."""
+    return not (all(greedy) and all(request.verifier.is_lossless for request in requests))
+
+
 def _round(
     plans: Sequence[RowPlan],
     counts: list[int],
@@ -226,14 +246,16 @@ def _round(
     size, vocab = len(plans), target_logits.shape[-1]
     rows = tuple(plan.row for plan in plans)
     flags = [bool(greedy[row]) for row in rows]
-    viewed = rows == tuple(range(len(layout.counts))) and all(n == k for n in counts + layout.counts)
+    full = all(n == k for n in counts)
+    viewed = full and rows == tuple(range(len(layout.counts))) and all(n == k for n in layout.counts)
     index = None if viewed else _gather_index(rows, tuple(counts), tuple(layout.counts), device)
-    drafts = draft_token_ids.to(device)
+    drafts = draft_token_ids if draft_token_ids.device == device else draft_token_ids.to(device)
     if index is not None:
         drafts = drafts.index_select(0, index[0]).clamp_min(0)
     drafts = drafts.view(size, k).long()
     argmax = processed = raw = None
-    if all(flags) and all(plan.request.verifier.is_lossless for plan in plans):
+    lossless = all(plan.request.verifier.is_lossless for plan in plans)
+    if not reads_draft_logits([plan.request for plan in plans], flags):
         argmax = _target_argmax(target_logits, bonus_logits, size, k, index)
     elif index is None:
         processed = torch.cat(
@@ -247,7 +269,7 @@ def _round(
         # Only relaxed rules read raw logits: rows that are all lossless (the mixer evaluates the lossless
         # rule alone for them) get the processed logits in their place, and nothing more is gathered.
         raw = processed
-        if not all(plan.request.verifier.is_lossless for plan in plans):
+        if not lossless:
             raw_rows = target_raw_logits if index is None else target_raw_logits[index[2]]
             raw = raw_rows.view(size, k + 1, vocab).to(torch.float32)
     draft_logits = draft_raw_logits = None
@@ -257,13 +279,19 @@ def _round(
         draft_logits = draft_raw_logits
         if not same:
             draft_logits = _draft_rows(plans, counts, k, vocab, device, processed=True)
-    # Small host lists become tensors through NumPy: torch.tensor(list) costs several times more.
-    counts_and_starts = torch.from_numpy(np.array([counts, [plan.position for plan in plans]])).to(device)
+    # Small host lists become tensors through NumPy: torch.tensor(list) costs several times more. Rows that
+    # all keep k drafts need no counts (the core reads None as k for every row).
+    positions = [plan.position for plan in plans]
+    if full:
+        starts, draft_counts = torch.from_numpy(np.array(positions)).to(device), None
+    else:
+        counts_and_starts = torch.from_numpy(np.array([counts, positions])).to(device)
+        draft_counts, starts = counts_and_starts[0], counts_and_starts[1]
     return VerificationRound(
         rows=_row_specs(plans),
         draft_tokens=drafts,
-        draft_counts=counts_and_starts[0],
-        starts=counts_and_starts[1],
+        draft_counts=draft_counts,
+        starts=starts,
         target_logits=processed,
         target_raw_logits=raw,
         greedy=flags[0] if len(set(flags)) == 1 else torch.tensor(flags, device=device),
@@ -285,22 +313,40 @@ def _target_argmax(
     tensors (target_logits [num_tokens, V], bonus_logits [B, V]) before arranging, so no [G, k+1, V]
     tensor is built. index: `_gather_index`'s, or None for the viewed layout."""
     at_drafts = target_logits.argmax(dim=-1)
-    at_bonus = bonus_logits.to(target_logits.dtype).argmax(dim=-1)
+    if bonus_logits.dtype != target_logits.dtype:
+        bonus_logits = bonus_logits.to(target_logits.dtype)
+    at_bonus = bonus_logits.argmax(dim=-1)
     if index is None:
         return torch.cat([at_drafts.view(size, k), at_bonus.view(size, 1)], dim=1)
     return torch.cat([at_drafts, at_bonus])[index[1]].view(size, k + 1)
 
 
-def _row_specs(plans: Sequence[RowPlan]) -> list[RowSpec]:
+# Row specs of recent steps, by the identities of their rows' requests and generators. An entry holds those
+# objects, so their ids cannot be reused while it exists; the table is emptied when it fills.
+_ROW_SPECS: dict[tuple[int, ...], tuple[tuple[object, ...], tuple[RowSpec, ...]]] = {}
+_ROW_SPECS_KEPT = 64
+
+
+def _row_specs(plans: Sequence[RowPlan]) -> tuple[RowSpec, ...]:
     """One RowSpec per row; requests whose verifiers are equal share one verifier object, so the core
     sees one group without comparing them row by row (its grouping by equality, the verifiers' hash
-    and ==, gives the same groups)."""
+    and ==, gives the same groups). A batch of the same requests (the same `SecureSDRequest` objects,
+    which the runner keeps per request, and generators) gets the RowSpecs built for it before."""
+    owners = tuple(owner for plan in plans for owner in (plan.request, plan.generator))
+    key = tuple(map(id, owners))
+    kept = _ROW_SPECS.get(key)
+    if kept is not None:
+        return kept[1]
     shared: dict[Verifier, Verifier] = {}
-    return [
+    specs = tuple(
         RowSpec(shared.setdefault(plan.request.verifier, plan.request.verifier), plan.request.schedule,
                 plan.generator)
         for plan in plans
-    ]
+    )
+    if len(_ROW_SPECS) >= _ROW_SPECS_KEPT:
+        _ROW_SPECS.clear()
+    _ROW_SPECS[key] = (owners, specs)
+    return specs
 
 
 def _reads_tokens(plans: Sequence[RowPlan]) -> bool:
@@ -313,6 +359,12 @@ def _draft_rows(
     """[G, k, V] float32 draft logits of each row's first k proposals (zeros where it has none: a row
     without logits has 0 usable drafts), its last valid row repeated past its count. Rows that all have
     at least k proposals of one shape (the common case) are stacked at once."""
+    for plan, n in zip(plans, counts):
+        if n and plan.draft_raw_logits is None:
+            raise ValueError(
+                f"batch row {plan.row} verifies {n} drafts in a round that reads draft logits, but only "
+                "their count was kept (RowPlan.proposed): give the row's draft logits for such a round"
+            )
     tensors = [plan.draft_logits if processed else plan.draft_raw_logits for plan in plans]
     first = tensors[0]
     if (
@@ -343,13 +395,13 @@ def _write(
     written = [
         (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
     ]
-    device = output_token_ids.device
-    values = torch.from_numpy(np.array(written)).to(device, output_token_ids.dtype)
+    values = torch.from_numpy(np.array(written))
     rows = [plan.row for plan in plans]
     if rows == list(range(output_token_ids.shape[0])):
-        output_token_ids.copy_(values)
+        output_token_ids.copy_(values)  # converts the dtype and device in the one copy
     else:
-        output_token_ids[torch.tensor(rows, device=device)] = values
+        device = output_token_ids.device
+        output_token_ids[torch.tensor(rows, device=device)] = values.to(device, output_token_ids.dtype)
     return [RowResult(plan.row, plan.position, n, a) for plan, n, a in zip(plans, counts, accepted)]
 
 

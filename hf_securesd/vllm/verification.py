@@ -66,9 +66,11 @@ def request_of(state: Any) -> SecureSDRequest | None:
 
 @dataclass
 class DraftStash:
-    """Draft logits of the last proposal: request id -> (raw [k, V], sampled-from [k, V])."""
+    """What the last proposal recorded: the proposer's `DraftRows` and each SecureSD request's row in it
+    (request id -> row). Its logits are stacked only if the next verification round reads them."""
 
-    by_request: dict[str, tuple[torch.Tensor, torch.Tensor]]
+    drafts: DraftRows
+    row_of: dict[str, int]
 
 
 @dataclass
@@ -99,27 +101,34 @@ def _batch_requests(runner: Any) -> list[SecureSDRequest | None]:
 def _row_plans(
     runner: Any, requests: list[SecureSDRequest | None], stash: DraftStash | None
 ) -> list[sampler.RowPlan]:
-    """One plan per SecureSD row of the batch: response position, draft logits, generator, committed
+    """One plan per SecureSD row of the batch: response position, draft logits (or, for a round that reads
+    none, only how many proposals were recorded: no [k, V] logits are stacked), generator, committed
     response."""
     batch = runner.input_batch
     rows = [row for row, request in enumerate(requests) if request is not None]
     computed = batch.num_computed_tokens_cpu[rows].tolist()
     prompt = batch.num_prompt_tokens[rows].tolist()
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
-    by_request = stash.by_request if stash is not None else {}
+    greedy = _greedy_rows(batch.sampling_metadata, len(requests))
+    reads_logits = sampler.reads_draft_logits([requests[row] for row in rows], [greedy[row] for row in rows])
     one_hot = not hasattr(runner.drafter, "_sample_draft_tokens")  # n-gram: no draft model
     plans = []
     for row, done, prompt_tokens in zip(rows, computed, prompt):
         req_id, request = batch.req_ids[row], requests[row]
         # A row still in prefill (no drafts; its next token is response token 0) would count below 0.
         position = max(0, int(done) + 1 - int(prompt_tokens))
-        raw, processed = by_request.get(req_id, (None, None))
+        raw = processed = proposed = None
+        drafted_row = stash.row_of.get(req_id) if stash is not None else None
+        if drafted_row is not None and reads_logits:
+            raw, processed = stash.drafts.row_logits(drafted_row)
+        elif drafted_row is not None:
+            proposed = len(stash.drafts.steps) if drafted_row < stash.drafts.batch_rows else 0
         response = None
         if getattr(request.schedule, "reads_tokens", False):
             response = list(runner.requests[req_id].output_token_ids[:position])
-        plans.append(
-            sampler.RowPlan(row, request, position, raw, processed, generators.get(row), response, one_hot)
-        )
+        plans.append(sampler.RowPlan(
+            row, request, position, raw, processed, generators.get(row), response, one_hot, proposed
+        ))
     return plans
 
 
@@ -139,15 +148,11 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
             drafted = original_propose(self, *args, **kwargs)
         finally:
             self.drafter.securesd_rows = None
-        stacked = rows.stacked()
-        by_request = {}
-        if stacked is not None:
-            raw, processed = stacked
-            for row, (req_id, request) in enumerate(zip(self.input_batch.req_ids, requests)):
-                if request is not None and row < raw.shape[0]:
-                    row_raw = raw[row]
-                    by_request[req_id] = (row_raw, row_raw if processed is raw else processed[row])
-        self._securesd_drafts = DraftStash(by_request)
+        row_of = {
+            req_id: row for row, (req_id, request) in enumerate(zip(self.input_batch.req_ids, requests))
+            if request is not None
+        }
+        self._securesd_drafts = DraftStash(rows, row_of)
         return drafted
 
     def _sample(self, logits: torch.Tensor | None, spec_decode_metadata: Any):

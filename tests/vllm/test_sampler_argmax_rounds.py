@@ -11,7 +11,9 @@ import torch
 
 from hf_securesd import MARS, Lossless, Step
 from hf_securesd.vllm.request import SecureSDRequest
-from hf_securesd.vllm.sampler import PLACEHOLDER, RowPlan, _Layout, _round, _usable_counts, verify_rows
+from hf_securesd.vllm.sampler import (
+    PLACEHOLDER, RowPlan, _Layout, _round, _row_specs, _usable_counts, verify_rows,
+)
 
 VOCAB, K = 13, 5
 LOSSLESS = SecureSDRequest(Lossless(), None)
@@ -119,3 +121,51 @@ def test_a_sampled_row_keeps_the_logits() -> None:
                     step.target, step.bonus, [True, False])
     assert round_.target_logits is not None and round_.target_argmax is None
     assert round_.draft_logits is not None
+
+
+def counted(plans: list[RowPlan]) -> list[RowPlan]:
+    """The same plans with only each row's proposal count, as the runner gives them for a round that reads
+    no draft logits (`RowPlan.proposed`)."""
+    return [
+        RowPlan(plan.row, plan.request, plan.position, None, None, one_hot=plan.one_hot,
+                proposed=plan.draft_raw_logits.shape[0])
+        for plan in plans
+    ]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_a_greedy_lossless_round_verifies_rows_given_only_their_proposal_count(seed: int) -> None:
+    counts = [K] * 8
+    step = VllmStep(counts, seed)
+    plans = step.plans(list(range(8)), LOSSLESS, one_hot=False)
+    assert torch.equal(step.run(counted(plans)), step.run(plans))
+    # The drafter recorded 1 of row 0's drafts: only that one is verified, then x* after it.
+    output = step.run([RowPlan(0, LOSSLESS, 0, None, None, proposed=1)])
+    best = step.target[:2].argmax(-1).tolist()
+    expected = best if int(step.drafts[0]) == best[0] else best[:1]
+    assert output[0].tolist() == expected + [PLACEHOLDER] * (K + 1 - len(expected))
+
+
+def test_a_round_that_reads_draft_logits_refuses_rows_given_only_a_count() -> None:
+    """Such a row cannot be verified as asked: a clear error (the engine hook then gives every SecureSD row
+    of the step the target's token alone, lossless), never verification against made-up draft logits."""
+    step = VllmStep([K, K], seed=1)
+    plans = counted(step.plans([0, 1], LOSSLESS_THROUGH_LOGITS, one_hot=False))
+    with pytest.raises(ValueError, match=r"batch row 0 verifies 2 drafts .* only their count was kept"):
+        step.run(plans)
+
+
+def test_row_specs_are_built_once_for_the_same_requests() -> None:
+    """The same requests (objects) and generators in the same rows get the RowSpecs built before; another
+    generator or request gets new ones."""
+    step = VllmStep([K, K], seed=2)
+    plans = step.plans([0, 1], LOSSLESS, one_hot=False)
+    first = _row_specs(plans)
+    assert _row_specs(step.plans([0, 1], LOSSLESS, one_hot=False)) is first
+    generator = torch.Generator().manual_seed(3)
+    seeded = [RowPlan(0, LOSSLESS, 0, None, None, generator), plans[1]]
+    specs = _row_specs(seeded)
+    assert specs is not first and specs[0].generator is generator and specs[1].generator is None
+    other = SecureSDRequest(Lossless(), None)  # equal to LOSSLESS, another object
+    specs = _row_specs([RowPlan(0, other, 0, None, None), plans[1]])
+    assert specs is not first and specs[0].verifier is specs[1].verifier  # equal verifiers: one object

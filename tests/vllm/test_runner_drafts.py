@@ -1,0 +1,129 @@
+"""The runner hooks' hand-over of recorded draft logits (`hf_securesd.vllm.verification`): the [R, k, V]
+stack of a proposal is built only when the next verification round reads draft logits. A greedy
+lossless round (the rule reads the target's argmax alone) gets each row's proposal count instead, and
+no stack; other rounds get each row's own [k, V] logits. A stand-in runner with the attributes the hooks
+read (vLLM's `GPUModelRunner` has them) keeps these tests free of vLLM and of a model."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from hf_securesd.vllm import drafting, verification
+
+K, VOCAB, PROMPT = 4, 17, 6
+LOSSLESS = {"verifier": {"verifier": "lossless"}}
+MARS = {"verifier": {"verifier": "mars", "theta": 0.5}}
+
+
+class Drafter:
+    """Stands for vLLM's draft-model/EAGLE proposer: it has `_sample_draft_tokens` (not one-hot)."""
+
+    def _sample_draft_tokens(self, *args):  # never called here
+        raise AssertionError
+
+
+class Runner:
+    """The attributes of vLLM's model runner that the hooks read, for a batch of SecureSD requests."""
+
+    def __init__(self, configurations: list[dict | None], temperatures: list[float]) -> None:
+        self.req_ids = [f"request-{row}" for row in range(len(configurations))]
+        greedy = all(t == 0 for t in temperatures)
+        metadata = SimpleNamespace(
+            all_greedy=greedy, all_random=all(t > 0 for t in temperatures), generators={},
+            temperature=None if greedy else torch.tensor(temperatures),
+        )
+        self.input_batch = SimpleNamespace(
+            req_ids=self.req_ids, sampling_metadata=metadata,
+            num_computed_tokens_cpu=np.full(len(configurations), PROMPT + 3),
+            num_prompt_tokens=np.full(len(configurations), PROMPT),
+        )
+        self.requests = {
+            req_id: SimpleNamespace(
+                req_id=req_id, output_token_ids=[1, 2, 3],
+                sampling_params=SimpleNamespace(extra_args=None if config is None else {"securesd": config}),
+            )
+            for req_id, config in zip(self.req_ids, configurations)
+        }
+        self.drafter = Drafter()
+        generator = torch.Generator().manual_seed(0)
+        self.recorded = [torch.randn(len(configurations), VOCAB, generator=generator) for _ in range(K)]
+        self.plans: list = []
+
+    def propose_draft_token_ids(self):
+        """What the patched proposer records: per drafted position, the rows' [R, V] logits."""
+        rows = self.drafter.securesd_rows
+        for logits in self.recorded:
+            rows.steps.append((logits, logits))
+        return [[0] * K for _ in self.req_ids]
+
+    def _sample(self, logits, spec_decode_metadata):
+        """vLLM's sampling, here: keep the plans the hook built for this step."""
+        self.plans = verification._current_step.plans
+        return None
+
+
+@pytest.fixture
+def runner_class():
+    class PatchedRunner(Runner):
+        pass
+
+    undo = verification.patch_runner(PatchedRunner)
+    yield PatchedRunner
+    undo()
+
+
+def step(runner: Runner, monkeypatch) -> int:
+    """One proposal and the verification step after it; returns how many times torch.stack ran."""
+    calls = []
+    stack = torch.stack
+
+    def counting_stack(*args, **kwargs):
+        calls.append(1)
+        return stack(*args, **kwargs)
+
+    monkeypatch.setattr(drafting.torch, "stack", counting_stack)
+    runner.propose_draft_token_ids()
+    metadata = SimpleNamespace(num_draft_tokens=[K] * len(runner.req_ids))
+    runner._sample(torch.zeros(len(runner.req_ids) * (K + 1), VOCAB), metadata)
+    monkeypatch.setattr(drafting.torch, "stack", stack)
+    return len(calls)
+
+
+def test_a_greedy_lossless_round_gets_counts_and_no_stack_is_built(runner_class, monkeypatch) -> None:
+    runner = runner_class([LOSSLESS, LOSSLESS, None], [0.0, 0.0, 0.0])
+    assert step(runner, monkeypatch) == 0
+    assert [plan.row for plan in runner.plans] == [0, 1]
+    for plan in runner.plans:
+        assert plan.draft_raw_logits is None and plan.draft_logits is None
+        assert plan.proposed == K and plan.recorded == K and not plan.one_hot
+
+
+@pytest.mark.parametrize(
+    "configurations, temperatures",
+    [([MARS, LOSSLESS], [0.0, 0.0]), ([LOSSLESS, LOSSLESS], [0.0, 0.7])],
+    ids=["a relaxed row", "a sampled row"],
+)
+def test_a_round_that_reads_draft_logits_gets_each_rows_own(
+    runner_class, monkeypatch, configurations, temperatures
+) -> None:
+    runner = runner_class(configurations, temperatures)
+    assert step(runner, monkeypatch) >= 1
+    expected = torch.stack(runner.recorded, dim=1)  # [R, k, V]
+    for plan in runner.plans:
+        assert plan.proposed is None and plan.recorded == K
+        assert torch.equal(plan.draft_raw_logits, expected[plan.row])
+        assert torch.equal(plan.draft_logits, expected[plan.row])
+
+
+def test_the_stack_is_built_once_per_proposal() -> None:
+    first, second = torch.randn(3, VOCAB), torch.randn(3, VOCAB)
+    rows = drafting.DraftRows([None, None, None], steps=[(first, first), (second, second)])
+    raw, processed = rows.stacked()
+    assert processed is raw and raw.shape == (3, 2, VOCAB)
+    assert rows.stacked()[0] is raw
+    assert torch.equal(rows.row_logits(1)[0], torch.stack([first[1], second[1]]))
+    assert rows.row_logits(3) == (None, None)
