@@ -10,7 +10,12 @@ engine. So for each prompt where the two studies' responses differ:
 
 - *continuation equals the engine*: the difference is the block alignment, as docs/vllm.md says;
 - *targets differ*: the two engines' target-only responses differ on this prompt too (arithmetic);
-- otherwise: unexplained — a defect to find.
+- otherwise: unexplained — a defect to find. For each of those the check diagnoses the first
+  response token where the engine and the continuation part (`diagnose`): at that prefix, the gaps
+  between the draft's and the target's two largest logits (an engine whose kernels round differently
+  can flip a near tie), and the smallest logit noise (10^-5 .. 10^-2, Gaussian, 8 draws each) that
+  changes whether the verifier keeps the draft's token there (a rule deciding within that distance of
+  its threshold). A prompt with neither near tie nor fragile decision points at a defect.
 
 Writes RESULTS_OTHER/shift_check.json, which `securesd report` reads for the engine section, and
 prints a summary. Greedy, one prompt at a time, fp32 (the studies' settings).
@@ -35,6 +40,11 @@ from hf_securesd.bench.report_engines import SHIFT_CHECK_FILE, comparison_rows
 from hf_securesd.bench.results import ResultsDir
 from hf_securesd.bench.runner import prepare_tasks
 from hf_securesd.schedules import Step
+from hf_securesd.step import RowSpec, VerificationRound, verify_step
+
+NOISE_LEVELS = (1e-5, 1e-4, 1e-3, 1e-2)
+NOISE_DRAWS = 8
+DRAFTS = 5  # drafts of the diagnosed round (a windowed rule such as FLy reads the ones after the first)
 
 
 def shifted(schedule: Step | None) -> Step | None:
@@ -45,6 +55,75 @@ def shifted(schedule: Step | None) -> Step | None:
     if not isinstance(schedule, Step):
         raise SystemExit(f"only Step schedules are shifted here, not {schedule!r}")
     return Step(L=schedule.L - 1) if schedule.L > 1 else None
+
+
+def first_divergence(tokenizer, continuation: list[int], engine_text: str) -> int | None:
+    """Index of the first continuation token whose text the engine's response does not continue, or
+    None when the engine's text starts with the whole continuation."""
+    for index in range(len(continuation)):
+        if not engine_text.startswith(tokenizer.decode(continuation[: index + 1], skip_special_tokens=True)):
+            return index
+    return None
+
+
+def top_gap(logits: torch.Tensor) -> float:
+    """Difference of the two largest entries of logits [V]."""
+    top = logits.topk(2).values
+    return float(top[0] - top[1])
+
+
+def keeps_first_draft(verifier, drafts: torch.Tensor, target: torch.Tensor, draft: torch.Tensor) -> bool:
+    """Whether `verifier` (no schedule, greedy) keeps the first of drafts [1, k], given target logits
+    [1, k+1, V] and draft logits [1, k, V]."""
+    round_ = VerificationRound(
+        rows=[RowSpec(verifier)], draft_tokens=drafts, draft_counts=None, starts=torch.tensor([1]),
+        target_logits=target, target_raw_logits=target, greedy=True,
+        draft_logits=draft, draft_raw_logits=draft,
+    )
+    return bool(verify_step(round_).accepted[0] >= 1)
+
+
+def fragile_at(verifier, drafts, target, draft, generator: torch.Generator) -> float | None:
+    """The smallest noise level of NOISE_LEVELS at which Gaussian noise on both logits changes
+    `keeps_first_draft`, or None."""
+    exact = keeps_first_draft(verifier, drafts, target, draft)
+    for level in NOISE_LEVELS:
+        for _ in range(NOISE_DRAWS):
+            noisy_target = target + level * torch.randn(target.shape, generator=generator)
+            noisy_draft = draft + level * torch.randn(draft.shape, generator=generator)
+            if keeps_first_draft(verifier, drafts, noisy_target, noisy_draft) != exact:
+                return level
+    return None
+
+
+def diagnose(models, config: RunConfig, ids: torch.Tensor, continuation: list[int], engine_text: str) -> dict:
+    """Where and why the engine's response leaves the continuation (see the module docstring). ids
+    [1, L]: the prompt followed by the target's first response token; continuation: the tokens after it."""
+    tokenizer = models.tokenizer
+    index = first_divergence(tokenizer, continuation, engine_text)
+    if index is None:
+        return {"position": None}
+    prefix = torch.cat([ids, torch.tensor([continuation[:index]], dtype=torch.long)], dim=1)
+    with torch.no_grad():
+        drafted = models.draft.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=False,
+                                        max_new_tokens=DRAFTS, min_new_tokens=DRAFTS,
+                                        pad_token_id=tokenizer.pad_token_id)[:, prefix.shape[1]:]
+        whole = torch.cat([prefix, drafted], dim=1)
+        draft = models.draft(whole).logits[:, prefix.shape[1] - 1 : -1].float()
+        target = models.target(whole).logits[:, prefix.shape[1] - 1 :].float()
+    verifier = config.verifier
+    agreed_text = tokenizer.decode(continuation[:index], skip_special_tokens=True)
+    return {
+        "position": index + 1,  # response position (the target's first token is position 0)
+        "continuation_token": tokenizer.decode(continuation[index : index + 1]),
+        "engine_text_after": engine_text[len(agreed_text):][:12],
+        "draft_token": tokenizer.decode(drafted[0, :1]),
+        "target_token": tokenizer.decode(target[0, 0].argmax().view(1)),
+        "draft_top_gap": top_gap(draft[0, 0]),
+        "target_top_gap": top_gap(target[0, 0]),
+        "keeps_draft": keeps_first_draft(verifier, drafted, target, draft),
+        "fragile_at_noise": fragile_at(verifier, drafted, target, draft, torch.Generator().manual_seed(0)),
+    }
 
 
 def main() -> None:
@@ -90,8 +169,13 @@ def main() -> None:
                     max_new_tokens=cell["max_new_tokens"] - 1, pad_token_id=tokenizer.pad_token_id,
                 )
             response = tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
-            results.append({"example_id": example_id,
-                            "continuation_equals_engine": response == engine_responses[example_id]})
+            result = {"example_id": example_id,
+                      "continuation_equals_engine": response == engine_responses[example_id]}
+            if not result["continuation_equals_engine"]:
+                start = torch.cat([ids, first], dim=1)
+                result["divergence"] = diagnose(models, config, start, out[0, start.shape[1]:].tolist(),
+                                                engine_responses[example_id])
+            results.append(result)
         checks.append({"config": row["config"], "task": row["task"], "max_new_tokens": row["max_new_tokens"],
                        "prompts": results})
         explained = sum(item["continuation_equals_engine"] for item in results)

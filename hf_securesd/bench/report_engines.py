@@ -11,6 +11,11 @@ different positions (a bonus token, always the target's, falls one position late
 or where the engines' arithmetic differs (a near tie of the target, visible in the target-only
 cells); the table counts both.
 
+Two replays of the other engine's responses in `generate`, written into its directory by scripts in
+``benchmarks/``, enter the section when present: ``shift_check.json`` (`engine_shift_check.py`: which
+differing responses the block alignment explains) and ``position_tv.json`` (`engine_position_tv.py`:
+TV by response position at T = 0, which an engine reporting only drafted/accepted counts lacks).
+
 The companion directories are named in RESULTS/card.json (``"engines": ["../other-results"]``,
 relative to RESULTS), so ``securesd report RESULTS`` regenerates the section from both
 directories' committed records.
@@ -27,6 +32,7 @@ from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
 from hf_securesd.bench.results import ResultsDir
 
 SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
+POSITION_TV_FILE = "position_tv.json"  # written by benchmarks/engine_position_tv.py
 FIRST_TOKEN_FROM_TARGET = ("vllm", "openai")  # engines whose response token 0 comes from prefill
 POSITIONS = 6  # response positions shown in the per-position acceptance columns
 
@@ -192,7 +198,32 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
                     f"{row['flips']['mcnemar_pvalue']:.3g} | " + " | ".join(rates) + " |"
                 )
             lines.append("")
+        replayed = replayed_position_tv(other_dir.path / POSITION_TV_FILE)
+        data[-1]["position_tv"] = replayed
+        if replayed:
+            lines += [
+                f"Within `{other_engine}`: TV(out_j, q_j) by response position j at T = 0, from each "
+                "committed response scored by the target (`benchmarks/engine_position_tv.py`: 1 where the "
+                "committed token is not the target's argmax after the response so far; the engine's own "
+                "statistics hold drafted/accepted counts only).",
+                "",
+                "| configuration | task | prompts | "
+                + " | ".join(f"TV {position}" for position in range(POSITIONS)) + " |",
+                "|" + "---|" * (3 + POSITIONS),
+            ]
+            for row in replayed:
+                shown = (row["position_tv"] + [None] * POSITIONS)[:POSITIONS]
+                values = [_fmt(value, 3) for value in shown]
+                lines.append(f"| {row['config']} | {row['task']} | {row['n']} | " + " | ".join(values) + " |")
+            lines.append("")
     return lines, data
+
+
+def replayed_position_tv(path: Path) -> list[dict[str, Any]]:
+    """The cells recorded by `benchmarks/engine_position_tv.py` in `path` (none when it is absent)."""
+    if not path.is_file():
+        return []
+    return json.loads(path.read_text(encoding="utf-8")).get("cells", [])
 
 
 def own_target_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:

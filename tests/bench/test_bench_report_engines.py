@@ -109,3 +109,23 @@ def test_the_engine_s_own_flips_and_position_acceptance_are_tabled(studies):
     assert (rows["mars(theta=0.5)"]["flips"]["n_lost"], rows["mars(theta=0.5)"]["flips"]["n_gained"]) == (1, 0)
     assert rows["mars(theta=0.5)+step(L=2)"]["flips"]["n_lost"] == 0
     assert rows["lossless"]["position_acceptance"] == [None] * 6  # no statistics recorded here
+
+
+def test_replayed_position_tv_enters_the_engine_section(studies):
+    replayed = {"cells": [{"config": "mars(theta=0.5)", "task": "jailbreak", "n": 4, "max_new_tokens": 16,
+                           "position_tv": [0.0, 0.25, 0.5, None], "reached": [4, 4, 2, 0],
+                           "recorded_position_tv": None}]}
+    (studies / "vllm" / "position_tv.json").write_text(json.dumps(replayed), encoding="utf-8")
+    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
+                                                          "engines": ["../vllm"]}), encoding="utf-8")
+    write_report(studies / "hf")
+    text = (studies / "card.md").read_text(encoding="utf-8")
+    assert "| configuration | task | prompts | TV 0 | TV 1 | TV 2 | TV 3 | TV 4 | TV 5 |" in text
+    assert "| mars(theta=0.5) | jailbreak | 4 | 0.000 | 0.250 | 0.500 | – | – | – |" in text
+
+
+def test_no_replay_file_no_tv_table(studies):
+    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
+                                                          "engines": ["../vllm"]}), encoding="utf-8")
+    write_report(studies / "hf")
+    assert "TV 0" not in (studies / "card.md").read_text(encoding="utf-8")
