@@ -92,11 +92,12 @@ def total_variation(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
 
 
 def verify_round(
-    verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor
+    verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor | None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Accept a prefix of each row's drafts and draw the token that ends the round.
 
-    eta: [B, k] schedule weights of the drafted positions.
+    eta: [B, k] schedule weights of the drafted positions; may be None for a greedy lossless round, whose
+    rule reads no weight (any other round raises ValueError without it).
     Returns (accepted [B] long in 0..k, next_token [B], alpha [B, k]): x_i is accepted iff
     u_i < alpha_mix(x_i) for all i up to it; at the first rejection the token comes from R_mix
     there, and once a row's drafts (k, or its `draft_lengths` entry) are all accepted it is the
@@ -110,6 +111,11 @@ def verify_round(
         matches = round_inputs.draft_tokens == round_inputs.target_argmax[:, :k]
         accepted = _within_lengths(round_inputs, matches.cumprod(dim=-1).sum(dim=-1))
         return accepted, round_inputs.target_argmax.gather(1, accepted[:, None])[:, 0], matches.float()
+    if eta is None:
+        raise ValueError(
+            f"verify_round: eta is None, but {verifier.to_dict()} (greedy={round_inputs.greedy}) mixes by "
+            "the schedule weights; give eta [B, k] (only greedy lossless rounds may omit it)"
+        )
     alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
     passed = round_inputs.uniforms() < alpha
     accepted = _within_lengths(round_inputs, passed.long().cumprod(dim=-1).sum(dim=-1))

@@ -28,12 +28,13 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Sequence
+from functools import partial
+from typing import Callable, Sequence
 
 import torch
 
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
-from .schedules import Schedule, schedule_weights
+from .schedules import Linear, Power, Schedule, Step, schedule_weights
 from .verifiers.base import RoundInputs, Verifier
 
 
@@ -91,7 +92,6 @@ class VerificationRound:
     target_argmax: torch.Tensor | None = None
 
 
-@dataclass
 class StepOutput:
     """What verification decided for each row.
 
@@ -100,16 +100,30 @@ class StepOutput:
         next_tokens: [B] long, the token that ends the round (recovered at the first rejection, else
             the bonus token).
         alpha: [B, k] mixed acceptance probability of each drafted token.
-        eta: [B, k] schedule weight of each drafted position.
+        eta: [B, k] schedule weight of each drafted position, or a function returning it: a round whose
+            rule reads no weight (greedy lossless, with no schedule or a built-in position schedule)
+            evaluates the schedules only when `eta` is first read, from the round as it is then.
         deviation: [B, k] exact TV(out_i, q_i) of the one-step output (Theorem 1) at each drafted
             position, when asked for; None otherwise.
     """
 
-    accepted: torch.Tensor
-    next_tokens: torch.Tensor
-    alpha: torch.Tensor
-    eta: torch.Tensor
-    deviation: torch.Tensor | None = None
+    def __init__(
+        self,
+        accepted: torch.Tensor,
+        next_tokens: torch.Tensor,
+        alpha: torch.Tensor,
+        eta: torch.Tensor | Callable[[], torch.Tensor],
+        deviation: torch.Tensor | None = None,
+    ) -> None:
+        self.accepted, self.next_tokens, self.alpha, self.deviation = accepted, next_tokens, alpha, deviation
+        self._eta = eta
+
+    @property
+    def eta(self) -> torch.Tensor:
+        """[B, k] schedule weight of each drafted position (evaluated on first read when deferred)."""
+        if not isinstance(self._eta, torch.Tensor):
+            self._eta = self._eta()
+        return self._eta
 
 
 def round_weights(round_: VerificationRound) -> torch.Tensor:
@@ -136,11 +150,15 @@ def verify_step(round_: VerificationRound, collect_deviation: bool = False) -> S
     a vocabulary-wide evaluation of the rule, so ask only when it is reported)."""
     batch, k = round_.draft_tokens.shape
     device = round_.draft_tokens.device
-    eta = round_weights(round_)
     groups = _groups(round_)
     if len(groups) == 1:
         (verifier, greedy), _ = next(iter(groups.items()))
-        return _verify_group(round_, verifier, greedy, None, eta, collect_deviation)
+        if greedy and verifier.is_lossless and _weights_cannot_fail(round_):
+            # The rule reads no weight: eta is evaluated only if the caller reads it.
+            deferred = partial(round_weights, round_)
+            return _verify_group(round_, verifier, greedy, None, deferred, collect_deviation)
+        return _verify_group(round_, verifier, greedy, None, round_weights(round_), collect_deviation)
+    eta = round_weights(round_)
     accepted = torch.zeros(batch, dtype=torch.long, device=device)
     next_tokens = torch.zeros(batch, dtype=torch.long, device=device)
     alpha = torch.zeros(batch, k, dtype=torch.float32, device=device)
@@ -152,6 +170,12 @@ def verify_step(round_: VerificationRound, collect_deviation: bool = False) -> S
         if deviation is not None and part.deviation is not None:
             deviation[index] = part.deviation.to(deviation.dtype)
     return StepOutput(accepted, next_tokens, alpha, eta, deviation)
+
+
+def _weights_cannot_fail(round_: VerificationRound) -> bool:
+    """Every row has no schedule or one of the built-in position schedules, whose weights always lie in
+    [0, 1]: deferring them cannot hide an error (another schedule is evaluated, and checked, at once)."""
+    return all(spec.schedule is None or type(spec.schedule) in (Step, Linear, Power) for spec in round_.rows)
 
 
 def _groups(round_: VerificationRound) -> dict[tuple[Verifier, bool], list[int]]:
@@ -172,10 +196,11 @@ def _verify_group(
     verifier: Verifier,
     greedy: bool,
     index: torch.Tensor | None,
-    eta: torch.Tensor,
+    eta: torch.Tensor | Callable[[], torch.Tensor],
     collect_deviation: bool,
 ) -> StepOutput:
-    """Rows `index` (None: all rows) share a verifier and greedy flag: one RoundInputs for them."""
+    """Rows `index` (None: all rows) share a verifier and greedy flag: one RoundInputs for them. eta [G, k]
+    may be deferred (a function) only for a greedy lossless group, whose rule does not read it."""
 
     def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return tensor if tensor is None or index is None else tensor[index]
@@ -200,7 +225,8 @@ def _verify_group(
         generators=generators if any(generator is not None for generator in generators) else None,
         given_target_argmax=pick(round_.target_argmax),
     )
-    accepted, next_tokens, alpha = verify_round(verifier, round_inputs, eta)
+    weights = eta if isinstance(eta, torch.Tensor) else None
+    accepted, next_tokens, alpha = verify_round(verifier, round_inputs, weights)
     deviation = None
     if collect_deviation and round_inputs.num_draft_tokens:
         deviation = (

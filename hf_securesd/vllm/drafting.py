@@ -35,22 +35,22 @@ logger = logging.getLogger(__name__)
 class DraftRows:
     """The batch the proposer is drafting for, set by the runner around one `propose` call.
 
-    `requests[i]` is row i's SecureSD configuration (None for plain rows); `steps` collects, per
-    drafted position, the raw [R, V] and sampled-from [R, V] float32 logits of every row."""
+    `requests[i]` is row i's SecureSD configuration (None for plain rows; fixed for the proposal);
+    `steps` collects, per drafted position, the raw [R, V] and sampled-from [R, V] float32 logits of every
+    row."""
 
     requests: list[SecureSDRequest | None]
     steps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
     failed: bool = False
     _flags: dict[tuple[int, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
+    any_securesd: bool = field(init=False)
+    all_securesd: bool = field(init=False)
 
-    @property
-    def any_securesd(self) -> bool:
-        return any(request is not None for request in self.requests)
-
-    @property
-    def all_securesd(self) -> bool:
-        return all(request is not None for request in self.requests)
+    def __post_init__(self) -> None:
+        # Read at every drafted position of the proposal: found once.
+        self.any_securesd = any(request is not None for request in self.requests)
+        self.all_securesd = all(request is not None for request in self.requests)
 
     def securesd_flags(self, size: int, device: torch.device) -> torch.Tensor:
         """[size] bool, True at SecureSD rows (rows past the batch, padding, are not), built once per

@@ -76,3 +76,53 @@ def test_a_round_without_logits_or_argmax_is_refused() -> None:
     round_.target_argmax = None
     with pytest.raises(ValueError, match="target_argmax"):
         verify_step(round_)
+
+
+def test_a_greedy_lossless_round_evaluates_its_schedule_only_when_eta_is_read(monkeypatch) -> None:
+    """The lossless rule at T = 0 reads no weight: the step's verdict needs no schedule evaluation, and
+    StepOutput.eta still reports the weights (the same as when the rows are verified with a rule that
+    reads them)."""
+    import hf_securesd.step as step_module
+
+    calls = []
+    evaluate = step_module.schedule_weights
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return evaluate(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "schedule_weights", counting)
+    full = logits_round([RowSpec(Lossless(), Step(L=2))] * 3, [K, 2, 0], greedy=True)
+    out = verify_step(argmax_only(full))
+    assert calls == []
+    relaxed = verify_step(logits_round([RowSpec(MARS(theta=0.5), Step(L=2))] * 3, [K, 2, 0], greedy=True))
+    assert len(calls) == 1
+    assert torch.equal(out.eta, relaxed.eta) and len(calls) == 2
+    assert out.eta is out.eta and len(calls) == 2  # evaluated once
+    assert out.eta.tolist() == [[0, 0, 1, 1], [1, 1, 1, 1], [1, 1, 1, 1]]  # starts 0, 3, 6; Step(L=2)
+
+
+class Constant(Step):
+    """A schedule of the user's own (a subclass is not a built-in): eta = 2 everywhere, out of range."""
+
+    def round_eta(self, starts, drafts, responses=None):
+        return torch.full(drafts.shape, 2.0)
+
+
+def test_a_schedule_of_the_users_own_is_checked_at_once_even_for_lossless_rows() -> None:
+    round_ = argmax_only(logits_round([RowSpec(Lossless(), Constant(L=1))] * 2, [K, 1], greedy=True))
+    with pytest.raises(ValueError, match="schedule Constant returned eta = 2.0"):
+        verify_step(round_)
+
+
+def test_the_mixer_refuses_a_missing_eta_for_a_rule_that_reads_it() -> None:
+    from hf_securesd.mixing import verify_round
+    from hf_securesd.verifiers.base import RoundInputs
+
+    full = logits_round([RowSpec(MARS(theta=0.5))], [K], greedy=True)
+    inputs = RoundInputs(
+        draft_tokens=full.draft_tokens, target_logits=full.target_logits, draft_logits=full.draft_logits,
+        target_raw_logits=full.target_raw_logits, draft_raw_logits=full.draft_raw_logits, greedy=True,
+    )
+    with pytest.raises(ValueError, match="eta is None, but .*mars"):
+        verify_round(MARS(theta=0.5), inputs, None)
