@@ -15,10 +15,13 @@ callables are measured in turn, `--repeats` times, so a busy spell hits all of t
 the min and the median per call. The drafts match the target's argmax for a fixed share of positions
 (`--accept`), so rows accept, reject and take the bonus.
 
-`--before FILE` also times the `verify_rows` of another copy of `hf_securesd/vllm/sampler.py` (e.g. the
-committed one, `git show HEAD:hf_securesd/vllm/sampler.py > /tmp/sampler_before.py`) in the same
-interleaved run, and checks that it writes the same tokens. `--profile` prints torch's operator counts
-of one call of each.
+`--before PATH` also times the `verify_rows` of another copy in the same interleaved run, and checks
+that it writes the same tokens: PATH is either a copy of `hf_securesd/vllm/sampler.py` (e.g. the
+committed one, `git show HEAD:hf_securesd/vllm/sampler.py > /tmp/sampler_before.py`), run against this
+checkout's core step, or a whole `hf_securesd` package folder of another checkout (e.g. `git archive
+HEAD hf_securesd | tar -x -C /tmp/before`, then `--before /tmp/before/hf_securesd`), whose adapter
+runs with its own core step (`step.py`, `mixing.py`, the verifiers). `--profile` prints torch's
+operator counts of one call of each.
 
     OMP_NUM_THREADS=1 python benchmarks/vllm_step_cost.py
     OMP_NUM_THREADS=1 python benchmarks/vllm_step_cost.py --vocab 259 --before /tmp/sampler_before.py
@@ -34,6 +37,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType, SimpleNamespace
 from typing import Callable
 
@@ -149,8 +153,11 @@ def vllm_call(inputs: StepInputs) -> Callable[[], torch.Tensor] | None:
 
 
 def load_sampler_copy(path: str) -> ModuleType:
-    """Another copy of `hf_securesd/vllm/sampler.py`, imported inside the package (its relative imports
-    resolve against the installed core)."""
+    """The `sampler` module of another copy: a file, a copy of `hf_securesd/vllm/sampler.py` imported
+    inside this package (its relative imports resolve against this checkout's core), or a folder, a whole
+    `hf_securesd` package imported under another name with its own core."""
+    if Path(path).is_dir():
+        return load_package_copy(Path(path))
     name = "hf_securesd.vllm._sampler_before"
     spec = importlib.util.spec_from_file_location(name, path)
     if spec is None or spec.loader is None:
@@ -159,6 +166,19 @@ def load_sampler_copy(path: str) -> ModuleType:
     sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+def load_package_copy(folder: Path) -> ModuleType:
+    """`folder` (an `hf_securesd` package) imported as `hf_securesd_before`; returns its vllm.sampler."""
+    name = "hf_securesd_before"
+    init = folder / "__init__.py"
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[str(folder)])
+    if spec is None or spec.loader is None or not init.is_file():
+        raise SystemExit(f"--before: {str(folder)!r} is not an hf_securesd package folder (no __init__.py)")
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return importlib.import_module(f"{name}.vllm.sampler")
 
 
 def measure(
@@ -206,7 +226,8 @@ def main() -> None:
                         help="calls per measurement (default: 200 at a small vocabulary, 5 at a large one)")
     parser.add_argument("--accept", type=float, default=0.7,
                         help="share of drafts equal to the target's argmax")
-    parser.add_argument("--before", help="another copy of sampler.py to time beside this one")
+    parser.add_argument("--before", help="another copy of sampler.py, or of the hf_securesd package "
+                                         "folder, to time beside this one")
     parser.add_argument("--profile", action="store_true", help="print torch operator counts per call")
     args = parser.parse_args()
     cases = [case.strip() for case in args.cases.split(",") if case.strip()]

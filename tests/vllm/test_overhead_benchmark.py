@@ -1,0 +1,83 @@
+"""The headline figure of `benchmarks/vllm_overhead.py`: the pooled CPU-time ratio to vLLM and its
+paired percentile bootstrap interval over passes, against hand computations. The script is loaded
+from its file; these tests need neither vLLM nor a model."""
+
+from __future__ import annotations
+
+import importlib.util
+import itertools
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "vllm_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def overhead():
+    spec = importlib.util.spec_from_file_location("vllm_overhead_under_test", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    yield module
+    del sys.modules[spec.name]
+
+
+def row(tokens: list[int], seconds: list[float]) -> dict:
+    return {"generated_tokens": tokens, "cpu_seconds": seconds}
+
+
+def test_the_pooled_ratio_is_total_tokens_over_total_cpu_time_against_the_baseline(overhead) -> None:
+    mine, base = row([100, 300], [1.0, 2.0]), row([200, 200], [1.0, 4.0])
+    # (400 / 3) / (400 / 5) = 5 / 3, not the mean of the per-pass ratios (0.5 and 3.0)
+    assert overhead.pooled_ratio(mine, base, [0, 1]) == pytest.approx(5 / 3)
+    # a pass drawn twice counts twice: (500 / 4) / (600 / 9)
+    assert overhead.pooled_ratio(mine, base, [1, 1, 0]) == pytest.approx((700 / 5) / (600 / 9))
+    assert overhead.pooled_ratio(mine, base, [0, 0]) == pytest.approx(0.5)
+
+
+def test_the_percentile_interval_interpolates_between_order_statistics(overhead) -> None:
+    # Every resample of two passes, each of the four index sets once: pooled ratios by hand
+    mine, base = row([100, 300], [1.0, 2.0]), row([200, 200], [1.0, 4.0])
+    ratios = [overhead.pooled_ratio(mine, base, list(s)) for s in itertools.product(range(2), repeat=2)]
+    by_hand = sorted([0.5, 5 / 3, 5 / 3, 150 / 50])  # [0,0], [0,1], [1,0], [1,1]
+    assert sorted(ratios) == pytest.approx(by_hand)
+    low, high = overhead.percentile_interval(ratios)
+    # the 2.5 % and 97.5 % quantiles of 4 values sit at positions 0.075 and 2.925 of 0..3
+    assert low == pytest.approx(0.5 + 0.075 * (5 / 3 - 0.5))
+    assert high == pytest.approx(5 / 3 + 0.925 * (3.0 - 5 / 3))
+
+
+def test_the_bootstrap_resamples_pass_indices_paired_and_is_seeded(overhead) -> None:
+    # The configuration runs exactly 2 % slower than vLLM in every pass while the passes themselves vary
+    # three-fold: pairing by pass index leaves no spread at all.
+    base = row([640] * 6, [1.0, 3.0, 1.5, 2.0, 1.2, 2.5])
+    mine = row([640] * 6, [seconds / 0.98 for seconds in base["cpu_seconds"]])
+    figure = overhead.pooled_ratio_interval(mine, base, resamples=500)
+    assert figure["ratio"] == pytest.approx(0.98)
+    assert figure["low"] == pytest.approx(0.98) and figure["high"] == pytest.approx(0.98)
+    assert (figure["level"], figure["resamples"]) == (0.95, 500)
+    # Unpaired noise does spread it; the same seed gives the same interval, and it holds the figure
+    noisy = row([640] * 6, [1.1, 2.7, 1.6, 2.3, 1.1, 2.4])
+    first = overhead.pooled_ratio_interval(noisy, base, resamples=500)
+    assert first == overhead.pooled_ratio_interval(noisy, base, resamples=500)
+    assert first["low"] < first["ratio"] < first["high"]
+    assert first["low"] < first["high"]
+
+
+def test_every_configuration_gets_its_pooled_figure_and_the_table_prints_it(overhead, capsys) -> None:
+    rows = {
+        overhead.BASELINE: {**row([64, 64], [1.0, 2.0]), "tokens_per_cpu_s": [64.0, 32.0],
+                            "tokens_per_s": [60.0, 30.0], "cpu_ratio_to_vllm": [1.0, 1.0],
+                            "acceptance_rate": 0.5},
+        "plugin_lossless": {**row([64, 64], [1.0, 4.0]), "tokens_per_cpu_s": [64.0, 16.0],
+                            "tokens_per_s": [60.0, 15.0], "cpu_ratio_to_vllm": [1.0, 0.5],
+                            "acceptance_rate": 0.5},
+    }
+    overhead.add_pooled_ratios(rows, resamples=50)
+    assert rows[overhead.BASELINE]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(1.0)
+    assert rows["plugin_lossless"]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(3 / 5)
+    overhead.print_table("ngram", rows)
+    printed = capsys.readouterr().out
+    assert "pooled vs vLLM [95% CI]" in printed and "   0.600 [" in printed
