@@ -279,14 +279,9 @@ def _round(
         draft_logits = draft_raw_logits
         if not same:
             draft_logits = _draft_rows(plans, counts, k, vocab, device, processed=True)
-    # Small host lists become tensors through NumPy: torch.tensor(list) costs several times more. Rows that
-    # all keep k drafts need no counts (the core reads None as k for every row).
-    positions = [plan.position for plan in plans]
-    if full:
-        starts, draft_counts = torch.from_numpy(np.array(positions)).to(device), None
-    else:
-        counts_and_starts = torch.from_numpy(np.array([counts, positions])).to(device)
-        draft_counts, starts = counts_and_starts[0], counts_and_starts[1]
+    # Rows that all keep k drafts need no counts (the core reads None as k for every row).
+    starts = _host_tensor([plan.position for plan in plans], device)
+    draft_counts = None if full else _host_tensor(counts, device)
     return VerificationRound(
         rows=_row_specs(plans),
         draft_tokens=drafts,
@@ -300,6 +295,12 @@ def _round(
         responses=[list(plan.response or ()) for plan in plans] if _reads_tokens(plans) else None,
         target_argmax=argmax,
     )
+
+
+def _host_tensor(values: list[int], device: torch.device) -> torch.Tensor:
+    """[len(values)] int64 on `device`, through NumPy (torch.tensor(list) costs several times more)."""
+    tensor = torch.from_numpy(np.array(values, dtype=np.int64))
+    return tensor if tensor.device == device else tensor.to(device)
 
 
 def _target_argmax(
