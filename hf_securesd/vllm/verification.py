@@ -5,6 +5,8 @@ Hooks (all in vLLM's own process that runs the model):
 
 * `propose_draft_token_ids`: around each proposal, tell the proposer which rows are SecureSD rows
   (`drafting.DraftRows`) and keep what it recorded, by request id, for the next step's verification.
+  A one-hot proposer (n-gram, suffix: `one_hot_proposer`) records nothing, so its proposals run
+  untouched and the batch is not read.
 * `_sample`: around each verification step, build one `RowPlan` per SecureSD row: its response
   position, its generator (vLLM's, from the request's `seed`) and, for a schedule that reads tokens,
   its committed response. The response position of a row's first drafted token is derived from token
@@ -32,6 +34,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from ..validation import SecureSDConfigError
@@ -98,6 +101,12 @@ def _batch_requests(runner: Any) -> list[SecureSDRequest | None]:
     return [request_of(runner.requests[req_id]) for req_id in runner.input_batch.req_ids]
 
 
+def one_hot_proposer(drafter: Any) -> bool:
+    """Whether vLLM's `drafter` gives no draft distribution (n-gram, suffix: no draft model samples the
+    drafts, so there are no draft logits to record and its drafts are verified as one-hot proposals)."""
+    return not hasattr(drafter, "_sample_draft_tokens")
+
+
 def _row_plans(
     runner: Any, requests: list[SecureSDRequest | None], stash: DraftStash | None
 ) -> list[sampler.RowPlan]:
@@ -105,24 +114,29 @@ def _row_plans(
     none, only how many proposals were recorded: no [k, V] logits are stacked), generator, committed
     response."""
     batch = runner.input_batch
+    req_ids = batch.req_ids
     rows = [row for row, request in enumerate(requests) if request is not None]
-    computed = batch.num_computed_tokens_cpu[rows].tolist()
-    prompt = batch.num_prompt_tokens[rows].tolist()
+    # Token counts of the SecureSD rows as one NumPy expression (a slice when every row is one): a row
+    # still in prefill (no drafts; its next token is response token 0) would count below 0.
+    picked = slice(0, len(rows)) if len(rows) == len(requests) else rows
+    computed = batch.num_computed_tokens_cpu[picked].astype(np.int64)
+    positions = np.maximum(computed + 1 - batch.num_prompt_tokens[picked], 0).tolist()
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
     greedy = _greedy_rows(batch.sampling_metadata, len(requests))
     reads_logits = sampler.reads_draft_logits([requests[row] for row in rows], [greedy[row] for row in rows])
-    one_hot = not hasattr(runner.drafter, "_sample_draft_tokens")  # n-gram: no draft model
+    one_hot = one_hot_proposer(runner.drafter)
+    row_of = stash.row_of if stash is not None else {}
+    drafted_rows = stash.drafts.batch_rows if stash is not None else 0
+    proposals = len(stash.drafts.steps) if stash is not None else 0
     plans = []
-    for row, done, prompt_tokens in zip(rows, computed, prompt):
-        req_id, request = batch.req_ids[row], requests[row]
-        # A row still in prefill (no drafts; its next token is response token 0) would count below 0.
-        position = max(0, int(done) + 1 - int(prompt_tokens))
+    for row, position in zip(rows, positions):
+        req_id, request = req_ids[row], requests[row]
         raw = processed = proposed = None
-        drafted_row = stash.row_of.get(req_id) if stash is not None else None
+        drafted_row = row_of.get(req_id)
         if drafted_row is not None and reads_logits:
             raw, processed = stash.drafts.row_logits(drafted_row)
         elif drafted_row is not None:
-            proposed = len(stash.drafts.steps) if drafted_row < stash.drafts.batch_rows else 0
+            proposed = proposals if drafted_row < drafted_rows else 0
         response = None
         if getattr(request.schedule, "reads_tokens", False):
             response = list(runner.requests[req_id].output_token_ids[:position])
@@ -138,6 +152,10 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
     original_sample = runner_class._sample
 
     def propose_draft_token_ids(self, *args: Any, **kwargs: Any):
+        if one_hot_proposer(self.drafter):
+            # Nothing to record (the drafts are verified as one-hot proposals): the batch is not read.
+            self._securesd_drafts = None
+            return original_propose(self, *args, **kwargs)
         requests = _batch_requests(self)
         if not any(request is not None for request in requests):
             self._securesd_drafts = None

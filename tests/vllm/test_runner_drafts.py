@@ -127,3 +127,34 @@ def test_the_stack_is_built_once_per_proposal() -> None:
     assert rows.stacked()[0] is raw
     assert torch.equal(rows.row_logits(1)[0], torch.stack([first[1], second[1]]))
     assert rows.row_logits(3) == (None, None)
+
+
+
+class OneHotRunner(Runner):
+    """A runner whose proposer is vLLM's n-gram one: no `_sample_draft_tokens` (one-hot drafts)."""
+
+    def __init__(self, configurations: list[dict | None], temperatures: list[float]) -> None:
+        super().__init__(configurations, temperatures)
+        self.drafter = SimpleNamespace()
+
+    def propose_draft_token_ids(self):
+        return [[0] * K for _ in self.req_ids]
+
+
+def test_a_one_hot_proposal_runs_untouched_and_its_rows_verify_every_draft() -> None:
+    class PatchedRunner(OneHotRunner):
+        pass
+
+    undo = verification.patch_runner(PatchedRunner)
+    try:
+        runner = PatchedRunner([LOSSLESS, None, LOSSLESS], [0.0, 0.0, 0.0])
+        assert runner.propose_draft_token_ids() == [[0] * K for _ in runner.req_ids]
+        assert runner._securesd_drafts is None and not hasattr(runner.drafter, "securesd_rows")
+        metadata = SimpleNamespace(num_draft_tokens=[K] * len(runner.req_ids))
+        runner._sample(torch.zeros(len(runner.req_ids) * (K + 1), VOCAB), metadata)
+    finally:
+        undo()
+    first_draft = 3 + 1  # PROMPT + 3 tokens computed: the first draft is response token 4
+    assert [(plan.row, plan.position) for plan in runner.plans] == [(0, first_draft), (2, first_draft)]
+    for plan in runner.plans:
+        assert plan.one_hot and plan.proposed is None and plan.draft_raw_logits is None
