@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--target", required=True)
     parser.add_argument("--draft", required=True, help="loaded with the target (the study's pair)")
     parser.add_argument("--configs", nargs="*", help="only these configuration keys (default: every one)")
+    parser.add_argument("--tasks", nargs="*", help="only cells of these tasks (default: every one)")
+    parser.add_argument("--max-new-tokens", type=int, help="only cells of this response length")
     parser.add_argument("--out", help=f"where to write the figures (default: RESULTS/{POSITION_TV_FILE})")
     parser.add_argument("--data-dir", default=os.environ.get("SECURESD_DATA_DIR"))
     parser.add_argument("--threads", type=int, default=None)
@@ -71,10 +73,12 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     results = ResultsDir(args.results)
     cells = [cell for cell in results.runs() if cell["config"]["kind"] == "speculative"
-             and (not args.configs or cell["config_key"] in args.configs)]
+             and (not args.configs or cell["config_key"] in args.configs)
+             and (not args.tasks or cell["task"] in args.tasks)
+             and args.max_new_tokens in (None, cell["max_new_tokens"])]
     if not cells:
-        wanted = args.configs or "any configuration"
-        raise SystemExit(f"no speculative cell in {args.results} matches {wanted}")
+        raise SystemExit(f"no speculative cell in {args.results} matches --configs {args.configs} "
+                         f"--tasks {args.tasks} --max-new-tokens {args.max_new_tokens}")
     models = load_study_models(args.target, args.draft, dtype="fp32", offline=True)
     tokenizer = models.tokenizer
     prompts: dict[tuple[str, str], str] = {}

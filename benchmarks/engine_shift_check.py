@@ -57,11 +57,11 @@ def shifted(schedule: Step | None) -> Step | None:
     return Step(L=schedule.L - 1) if schedule.L > 1 else None
 
 
-def first_divergence(tokenizer, continuation: list[int], engine_text: str) -> int | None:
-    """Index of the first continuation token whose text the engine's response does not continue, or
-    None when the engine's text starts with the whole continuation."""
-    for index in range(len(continuation)):
-        if not engine_text.startswith(tokenizer.decode(continuation[: index + 1], skip_special_tokens=True)):
+def first_divergence(tokenizer, response: list[int], engine_text: str) -> int | None:
+    """Index of the first token of `response` whose text the engine's response does not continue, or
+    None when the engine's text starts with the whole of it."""
+    for index in range(len(response)):
+        if not engine_text.startswith(tokenizer.decode(response[: index + 1], skip_special_tokens=True)):
             return index
     return None
 
@@ -96,14 +96,14 @@ def fragile_at(verifier, drafts, target, draft, generator: torch.Generator) -> f
     return None
 
 
-def diagnose(models, config: RunConfig, ids: torch.Tensor, continuation: list[int], engine_text: str) -> dict:
+def diagnose(models, config: RunConfig, ids: torch.Tensor, response: list[int], engine_text: str) -> dict:
     """Where and why the engine's response leaves the continuation (see the module docstring). ids
-    [1, L]: the prompt followed by the target's first response token; continuation: the tokens after it."""
+    [1, L]: the prompt; response: the continued response's tokens (the target's first one included)."""
     tokenizer = models.tokenizer
-    index = first_divergence(tokenizer, continuation, engine_text)
+    index = first_divergence(tokenizer, response, engine_text)
     if index is None:
         return {"position": None}
-    prefix = torch.cat([ids, torch.tensor([continuation[:index]], dtype=torch.long)], dim=1)
+    prefix = torch.cat([ids, torch.tensor([response[:index]], dtype=torch.long)], dim=1)
     with torch.no_grad():
         drafted = models.draft.generate(prefix, attention_mask=torch.ones_like(prefix), do_sample=False,
                                         max_new_tokens=DRAFTS, min_new_tokens=DRAFTS,
@@ -112,10 +112,10 @@ def diagnose(models, config: RunConfig, ids: torch.Tensor, continuation: list[in
         draft = models.draft(whole).logits[:, prefix.shape[1] - 1 : -1].float()
         target = models.target(whole).logits[:, prefix.shape[1] - 1 :].float()
     verifier = config.verifier
-    agreed_text = tokenizer.decode(continuation[:index], skip_special_tokens=True)
+    agreed_text = tokenizer.decode(response[:index], skip_special_tokens=True)
     return {
-        "position": index + 1,  # response position (the target's first token is position 0)
-        "continuation_token": tokenizer.decode(continuation[index : index + 1]),
+        "position": index,  # 0-based response position
+        "continuation_token": tokenizer.decode(response[index : index + 1]),
         "engine_text_after": engine_text[len(agreed_text):][:12],
         "draft_token": tokenizer.decode(drafted[0, :1]),
         "target_token": tokenizer.decode(target[0, 0].argmax().view(1)),
@@ -172,8 +172,7 @@ def main() -> None:
             result = {"example_id": example_id,
                       "continuation_equals_engine": response == engine_responses[example_id]}
             if not result["continuation_equals_engine"]:
-                start = torch.cat([ids, first], dim=1)
-                result["divergence"] = diagnose(models, config, start, out[0, start.shape[1]:].tolist(),
+                result["divergence"] = diagnose(models, config, ids, out[0, ids.shape[1]:].tolist(),
                                                 engine_responses[example_id])
             results.append(result)
         checks.append({"config": row["config"], "task": row["task"], "max_new_tokens": row["max_new_tokens"],
