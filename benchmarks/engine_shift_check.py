@@ -126,6 +126,16 @@ def diagnose(models, config: RunConfig, ids: torch.Tensor, response: list[int], 
     }
 
 
+def earlier_equal(path: Path) -> set[tuple[str, str, int, str]]:
+    """(config, task, max_new_tokens, example id) of every prompt an earlier check found equal to the
+    engine when continued from token 0 (nothing when there is no earlier check)."""
+    if not path.is_file():
+        return set()
+    checks = json.loads(path.read_text(encoding="utf-8"))["checks"]
+    return {(check["config"], check["task"], check["max_new_tokens"], item["example_id"])
+            for check in checks for item in check["prompts"] if item["continuation_equals_engine"]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--here", required=True, help="the generate (hf engine) results directory")
@@ -134,6 +144,9 @@ def main() -> None:
     parser.add_argument("--draft", required=True)
     parser.add_argument("--data-dir", default=os.environ.get("SECURESD_DATA_DIR"))
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--reuse", action="store_true",
+                        help="keep the prompts an earlier run of this check (RESULTS_OTHER/shift_check.json) "
+                             "found equal to the engine, and replay only the others")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -146,6 +159,7 @@ def main() -> None:
     tokenizer = models.tokenizer
     prompts: dict[str, str] = {}
     checks = []
+    earlier = earlier_equal(Path(args.other) / SHIFT_CHECK_FILE) if args.reuse else set()
     for row in rows:
         cell = next(c for c in other_cells.values()
                     if c["config_key"] == row["config"] and c["task"] == row["task"]
@@ -158,6 +172,9 @@ def main() -> None:
         engine_responses = dict(zip(cell["example_ids"], cell["responses"]))
         results = []
         for example_id in row["differing"]:
+            if (row["config"], row["task"], row["max_new_tokens"], example_id) in earlier:
+                results.append({"example_id": example_id, "continuation_equals_engine": True})
+                continue
             ids = tokenizer(prompts[f"{cell['task']}|{example_id}"], return_tensors="pt",
                             add_special_tokens=False)["input_ids"]
             with torch.no_grad():
