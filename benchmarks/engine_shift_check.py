@@ -147,6 +147,8 @@ def main() -> None:
     parser.add_argument("--reuse", action="store_true",
                         help="keep the prompts an earlier run of this check (RESULTS_OTHER/shift_check.json) "
                              "found equal to the engine, and replay only the others")
+    parser.add_argument("--configs", nargs="*",
+                        help="replay only these configurations; the earlier check's entries of the others are kept")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -154,7 +156,8 @@ def main() -> None:
     engine = other.read_manifest().get("engine", "hf")
     other_cells = {cell["cell"]: cell for cell in other.runs()}
     rows = [row for row in comparison_rows(here.runs(), list(other_cells.values()), engine)
-            if row["config"] not in ("target", "draft") and row["differing"]]
+            if row["config"] not in ("target", "draft") and row["differing"]
+            and (not args.configs or row["config"] in args.configs)]
     models = load_study_models(args.target, args.draft, dtype="fp32", offline=True)
     tokenizer = models.tokenizer
     prompts: dict[str, str] = {}
@@ -198,6 +201,10 @@ def main() -> None:
         print(f"{row['config']:<40} {row['task']}: {len(results)} differing, {explained} equal to the "
               f"engine when continued from token 0, {row['differing_with_target_difference']} with differing targets")
     path = Path(args.other) / SHIFT_CHECK_FILE
+    if args.configs and path.is_file():
+        replayed = {check["config"] for check in checks}
+        checks = [check for check in json.loads(path.read_text(encoding="utf-8"))["checks"]
+                  if check["config"] not in replayed] + checks
     path.write_text(json.dumps({"here": os.path.relpath(args.here, args.other), "checks": checks}, indent=1) + "\n",
                     encoding="utf-8")
     print(f"wrote {path}")
