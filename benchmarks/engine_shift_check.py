@@ -148,7 +148,8 @@ def main() -> None:
                         help="keep the prompts an earlier run of this check (RESULTS_OTHER/shift_check.json) "
                              "found equal to the engine, and replay only the others")
     parser.add_argument("--configs", nargs="*",
-                        help="replay only these configurations; the earlier check's entries of the others are kept")
+                        help="replay only these configurations (the earlier check's entries of the others "
+                             "are kept)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
