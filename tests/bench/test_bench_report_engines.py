@@ -55,6 +55,14 @@ def studies(tmp_path, data_dir):
     return tmp_path
 
 
+def card_with_engine_section(studies) -> str:
+    """The card of the hf study with the vLLM study named as its companion engine, regenerated."""
+    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
+                                                          "engines": ["../vllm"]}), encoding="utf-8")
+    write_report(studies / "hf")
+    return (studies / "card.md").read_text(encoding="utf-8")
+
+
 def test_no_schedule_in_an_engine_is_paired_with_step1_and_the_rest_with_themselves(studies):
     hf, vllm = ResultsDir(studies / "hf").runs(), ResultsDir(studies / "vllm").runs()
     rows = {row["config"]: row for row in comparison_rows(hf, vllm, "vllm")}
@@ -95,10 +103,7 @@ def test_recorded_replays_of_the_differing_prompts_enter_the_table(studies):
                           "prompts": [{"example_id": differing[0], "continuation_equals_engine": True},
                                       {"example_id": differing[1], "continuation_equals_engine": False}]}]}
     (studies / "vllm" / "shift_check.json").write_text(json.dumps(checks), encoding="utf-8")
-    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
-                                                          "engines": ["../vllm"]}), encoding="utf-8")
-    write_report(studies / "hf")
-    text = (studies / "card.md").read_text(encoding="utf-8")
+    text = card_with_engine_section(studies)
     assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 | 1 |" in text
 
 
@@ -116,16 +121,10 @@ def test_replayed_position_tv_enters_the_engine_section(studies):
                            "position_tv": [0.0, 0.25, 0.5, None], "reached": [4, 4, 2, 0],
                            "recorded_position_tv": None}]}
     (studies / "vllm" / "position_tv.json").write_text(json.dumps(replayed), encoding="utf-8")
-    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
-                                                          "engines": ["../vllm"]}), encoding="utf-8")
-    write_report(studies / "hf")
-    text = (studies / "card.md").read_text(encoding="utf-8")
+    text = card_with_engine_section(studies)
     assert "| configuration | task | prompts | TV 0 | TV 1 | TV 2 | TV 3 | TV 4 | TV 5 |" in text
     assert "| mars(theta=0.5) | jailbreak | 4 | 0.000 | 0.250 | 0.500 | – | – | – |" in text
 
 
 def test_no_replay_file_no_tv_table(studies):
-    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
-                                                          "engines": ["../vllm"]}), encoding="utf-8")
-    write_report(studies / "hf")
-    assert "TV 0" not in (studies / "card.md").read_text(encoding="utf-8")
+    assert "TV 0" not in card_with_engine_section(studies)
