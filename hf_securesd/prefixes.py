@@ -151,6 +151,7 @@ class Health:
         self._names: list[str] = []
         self._conditions: list[torch.Tensor] = []
         self._checked_names: list[str] = []
+        self._checked_values: list[torch.Tensor] = []
         self._finite: list[torch.Tensor] = []
 
     def flag(self, name: str, condition: torch.Tensor) -> None:
@@ -159,10 +160,15 @@ class Health:
         self._conditions.append(condition)
 
     def flag_nonfinite(self, name: str, values: torch.Tensor) -> None:
-        """Remember that `name`'s problem occurred if `values` holds a NaN or an infinity (`all_finite`,
-        read with the other flags and negated on the host)."""
+        """Remember that `name`'s problem occurred if `values` holds a NaN or an infinity. One reduction
+        on the device: a NaN or an infinity makes the sum NaN or infinite, so a finite sum clears `values`;
+        a sum that is not finite (it may also be an overflow of finite values) is checked exactly
+        (`all_finite`) when the flags are read."""
         self._checked_names.append(name)
-        self._finite.append(all_finite(values))
+        self._checked_values.append(values)
+        total = values.sum()
+        spread = total - total  # 0 for a finite sum, NaN otherwise
+        self._finite.append(spread == spread)
 
     def problem(self) -> str | None:
         """The message of the first raised flag since the last call (one synchronisation), or None."""
@@ -173,9 +179,11 @@ class Health:
             parts.append(torch.stack(self._finite))
         values = (torch.cat(parts) if len(parts) > 1 else parts[0]).tolist()
         flagged = len(self._conditions)
-        raised = values[:flagged] + [not finite for finite in values[flagged:]]
+        raised = values[:flagged] + [
+            not (finite or bool(all_finite(checked))) for finite, checked in zip(values[flagged:], self._checked_values)
+        ]
         names = self._names + self._checked_names
-        self._names, self._conditions, self._checked_names, self._finite = [], [], [], []
+        self._names, self._conditions, self._checked_names, self._checked_values, self._finite = [], [], [], [], []
         order = list(self.MESSAGES)
         hits = sorted(order.index(name) for name, up in zip(names, raised) if up)
         return self.MESSAGES[order[hits[0]]] if hits else None

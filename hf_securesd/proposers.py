@@ -20,6 +20,7 @@ from typing import Protocol
 import torch
 from transformers import PreTrainedModel
 
+from .argmax import vocab_argmax
 from .draft_length import DraftLengthController
 from .model_runner import ModelRunner
 from .draws import draw_rows
@@ -141,7 +142,7 @@ class DraftModelProposer:
             if self.do_sample:
                 token = draw_rows(probabilities)[:, None]
             else:
-                token = logits.argmax(-1) if scores is None else scores.argmax(-1, keepdim=True)  # [A, 1]
+                token = vocab_argmax(logits) if scores is None else vocab_argmax(scores, keepdim=True)  # [A, 1]
             if self.processing.processors:
                 self.buffer.write(state.rows, step, token, every_row=every_row)
             drafted.append(token)

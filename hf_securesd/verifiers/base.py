@@ -22,6 +22,7 @@ from typing import Any, Callable, ClassVar, Sequence
 
 import torch
 
+from ..argmax import vocab_argmax
 from ..draws import draw_rows
 
 
@@ -129,7 +130,7 @@ class RoundInputs:
         """x*: [B, k+1] argmax of the processed target logits (the target's greedy choice)."""
         if self.given_target_argmax is not None:
             return self.given_target_argmax
-        return self.target_logits.argmax(dim=-1)
+        return vocab_argmax(self.target_logits)
 
     def row_draft_lengths(self) -> torch.Tensor:
         """[B] long: drafts each row may keep."""
@@ -193,7 +194,7 @@ class RoundInputs:
 
 def _distribution(logits: torch.Tensor, greedy: bool) -> torch.Tensor:
     if greedy:
-        return torch.nn.functional.one_hot(logits.argmax(dim=-1), logits.shape[-1]).to(torch.float32)
+        return torch.nn.functional.one_hot(vocab_argmax(logits), logits.shape[-1]).to(torch.float32)
     return logits.softmax(dim=-1)
 
 

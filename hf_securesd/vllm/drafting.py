@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from ..argmax import vocab_argmax
 from .request import SecureSDRequest
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ def draft_from_logits(
 
     Returns (tokens [R] long, sampled-from logits [R, V]); rows outside `rows` get argmax(raw) and
     are overwritten by the caller. `top_k_top_p(logits, k, p)` is vLLM's top-k/top-p op."""
-    tokens = raw.argmax(dim=-1)
+    tokens = vocab_argmax(raw)
     temperature = sampling_metadata.temperature
     if sampling_metadata.all_greedy or temperature is None:
         return tokens, raw

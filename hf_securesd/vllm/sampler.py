@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from .. import step as core_step
+from ..argmax import vocab_argmax
 from ..step import RowSpec, StepOutput, VerificationRound
 from ..verifiers.base import Verifier
 from .request import SecureSDRequest
@@ -313,10 +314,10 @@ def _target_argmax(
     """x* [G, k+1] long: the argmax of the processed logits the round would hold, taken over vLLM's
     tensors (target_logits [num_tokens, V], bonus_logits [B, V]) before arranging, so no [G, k+1, V]
     tensor is built. index: `_gather_index`'s, or None for the viewed layout."""
-    at_drafts = target_logits.argmax(dim=-1)
+    at_drafts = vocab_argmax(target_logits)
     if bonus_logits.dtype != target_logits.dtype:
         bonus_logits = bonus_logits.to(target_logits.dtype)
-    at_bonus = bonus_logits.argmax(dim=-1)
+    at_bonus = vocab_argmax(bonus_logits)
     if index is None:
         return torch.cat([at_drafts.view(size, k), at_bonus.view(size, 1)], dim=1)
     return torch.cat([at_drafts, at_bonus])[index[1]].view(size, k + 1)

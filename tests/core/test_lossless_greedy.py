@@ -64,3 +64,24 @@ def test_default_draft_length_is_five(llama_pair):
     )
     assert out.speculative_stats.new_tokens > 5, "pick a prompt whose first round does not end the response"
     assert out.speculative_stats.drafted_per_round[0] == 5
+
+
+def test_lossless_greedy_equals_target_greedy_with_a_vocabulary_the_argmax_splits():
+    """A 32,000-token vocabulary (as Llama 2's): the drafts and the target's choice are taken by the
+    two-level CPU argmax (`hf_securesd.argmax`), batched rows included."""
+    import hf_securesd
+    from hf_securesd.argmax import SPLIT_FROM, chunk_size
+    from hf_securesd.tiny import TinyPairSpec, tiny_pair
+
+    vocab = 32000
+    assert vocab >= SPLIT_FROM and chunk_size(vocab) is not None
+    draft, target = tiny_pair(TinyPairSpec(vocab_size=vocab, hidden_size=32, seed=5))
+    target = hf_securesd.wrap(target)
+    prompts = torch.randint(0, vocab, (3, 7), generator=torch.Generator().manual_seed(1))
+    reference = target.generate(prompts, max_new_tokens=12, do_sample=False)
+    out = target.generate(
+        prompts, max_new_tokens=12, do_sample=False, assistant_model=draft, verifier="lossless",
+        num_assistant_tokens=4, return_dict_in_generate=True,
+    )
+    assert torch.equal(out.sequences, reference)
+    assert out.speculative_stats.accepted_tokens > 0

@@ -1,0 +1,65 @@
+"""`torch.argmax` over the vocabulary, exact and several times faster on a CPU for large vocabularies.
+
+A CPU `argmax` walks a row one entry at a time (~2.5 ns per entry here: 2.5 ms for 6 rows of a
+151,936-token vocabulary), while `amax` is vectorised (~10x faster). With the vocabulary split into
+C chunks of c entries (V = C * c, c a divisor of V), the first maximal entry of a row lies in its
+first chunk whose maximum is the row's maximum, so
+
+    argmax(row) = c * argmax(chunk maxima) + argmax(that chunk)
+
+reads every entry once with `amax` and only C + c entries with `argmax`. It is the same index
+`torch.argmax` returns, ties included (both take the first maximal entry), and with NaN (`amax`
+propagates a NaN to its chunk's maximum, and `argmax` takes the first NaN as the maximum at both
+levels, as it does over the whole row). Non-contiguous tensors and vocabularies with no divisor in a
+useful range are reduced whole; non-CPU tensors (where argmax is a parallel kernel) go to
+`torch.argmax` unchanged.
+
+Below `SPLIT_FROM` entries per row the split costs more operations than it saves; there a CPU
+reduction of at least `MAX_FROM_ROWS` rows uses `torch.max(dim)`, whose index is `argmax`'s (both are
+documented to take the first maximal entry; both take the first NaN, which the tests check) at ~0.6x
+its cost on many rows.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+
+SPLIT_FROM = 16384  # vocabulary size from which the two-level pass pays (below, a few more ops cost more)
+MAX_FROM_ROWS = 8  # rows from which `torch.max(dim)` is cheaper than `torch.argmax` on a CPU
+_CHUNK_RANGE = (64, 4096)  # chunk sizes worth a vectorised inner reduction and a short second argmax
+
+
+@lru_cache(maxsize=64)
+def chunk_size(vocab: int) -> int | None:
+    """The divisor c of `vocab` within `_CHUNK_RANGE` that minimises C + c (C = vocab / c), or None."""
+    low, high = _CHUNK_RANGE
+    best = None
+    for size in range(low, min(high, vocab - 1) + 1):
+        if vocab % size == 0 and (best is None or vocab // size + size < vocab // best + best):
+            best = size
+    return best
+
+
+def vocab_argmax(values: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
+    """`values.argmax(dim=-1, keepdim=keepdim)` for values [..., V]: long [...] (or [..., 1])."""
+    if not values.is_cpu:
+        return values.argmax(dim=-1, keepdim=keepdim)
+    vocab = values.shape[-1]
+    size = chunk_size(vocab) if vocab >= SPLIT_FROM else None
+    if size is None or not values.is_contiguous() or values.numel() == 0:
+        return _first_maximum(values, keepdim)
+    lead = values.shape[:-1]
+    chunks = values.view(-1, vocab // size, size)  # [R, C, c]
+    best_chunk = _first_maximum(chunks.amax(dim=-1), keepdim=True)  # [R, 1]
+    inside = _first_maximum(chunks.gather(1, best_chunk[:, :, None].expand(-1, 1, size)), keepdim=False)  # [R, 1]
+    index = best_chunk * size + inside
+    return index.view(*lead, 1) if keepdim else index.view(lead)
+
+
+def _first_maximum(values: torch.Tensor, keepdim: bool) -> torch.Tensor:
+    """The first maximal entry's index along the last dim of a CPU tensor [..., n] (n > 0)."""
+    if values.numel() >= MAX_FROM_ROWS * values.shape[-1] > 0:
+        return torch.max(values, dim=-1, keepdim=keepdim).indices
+    return values.argmax(dim=-1, keepdim=keepdim)

@@ -1,0 +1,72 @@
+"""`vocab_argmax` returns `torch.argmax`'s index on every input: random rows, ties across and within
+chunks, infinities and NaNs, every vocabulary layout it splits, small vocabularies reduced with
+`torch.max` and the inputs it hands to torch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_securesd.argmax import SPLIT_FROM, chunk_size, vocab_argmax
+
+
+@pytest.mark.parametrize("vocab", [SPLIT_FROM, 32000, 50257, 151936])
+def test_split_vocabularies_give_torchs_index_on_random_rows(vocab: int) -> None:
+    assert chunk_size(vocab) is not None
+    generator = torch.Generator().manual_seed(vocab)
+    values = torch.randn(3, 4, vocab, generator=generator)
+    assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))
+    assert torch.equal(vocab_argmax(values, keepdim=True), values.argmax(dim=-1, keepdim=True))
+
+
+def special_rows(vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """Rows whose maximum is tied (in one chunk, across chunks, in the first and last entries), infinite
+    or NaN, over a background of small integers (many ties below the maximum too)."""
+    size = chunk_size(vocab)
+    rows = torch.randint(-5, 5, (12, vocab), generator=generator).float()
+    picks = torch.randint(0, vocab, (12, 3), generator=generator)
+    rows[0, picks[0]] = 9.0  # tied maximum anywhere
+    rows[1, [size + 1, size + 2]] = 9.0  # tied inside one chunk
+    rows[2, [vocab - 1, 0]] = 9.0  # first and last entries
+    rows[3, [3 * size - 1, 3 * size]] = 9.0  # the two sides of a chunk boundary
+    rows[4, picks[4, 0]] = float("inf")
+    rows[5, picks[5]] = float("inf")
+    rows[6, picks[6, 0]] = float("nan")
+    rows[7, picks[7]] = float("nan")
+    rows[8, picks[8, :2]] = float("nan")
+    rows[8, picks[8, 2]] = float("inf")
+    rows[9] = float("-inf")
+    rows[10, picks[10]] = float("-inf")
+    rows[11] = 0.0  # every entry tied
+    return rows
+
+
+@pytest.mark.parametrize("vocab", [SPLIT_FROM, 50257, 151936])
+@pytest.mark.parametrize("seed", range(4))
+def test_ties_infinities_and_nans_give_torchs_index(vocab: int, seed: int) -> None:
+    rows = special_rows(vocab, torch.Generator().manual_seed(seed))
+    assert torch.equal(vocab_argmax(rows), rows.argmax(dim=-1))
+
+
+def test_inputs_it_does_not_split_go_to_torch() -> None:
+    generator = torch.Generator().manual_seed(0)
+    small = torch.randn(5, 259, generator=generator)
+    prime = torch.randn(2, 16411, generator=generator)  # a prime vocabulary has no chunk size
+    strided = torch.randn(4, 151936, generator=generator)[::2]
+    empty = torch.empty(0, 151936)
+    assert chunk_size(16411) is None
+    for values in (small, prime, strided, empty):
+        assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_small_vocabularies_with_ties_infinities_and_nans_give_torchs_index(seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for rows, vocab in [(1, 259), (7, 259), (8, 259), (192, 259), (40, 3), (64, 16383)]:
+        values = torch.randint(-3, 3, (rows, vocab), generator=generator).float()
+        marks = torch.rand(rows, vocab, generator=generator)
+        values[marks < 0.01] = float("nan")
+        values[(marks > 0.5) & (marks < 0.51)] = float("inf")
+        values[marks > 0.98] = float("-inf")
+        assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))
+        assert torch.equal(vocab_argmax(values.view(rows, 1, vocab), keepdim=True), values.argmax(dim=-1, keepdim=True)[:, None])
