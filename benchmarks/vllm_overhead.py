@@ -72,22 +72,16 @@ RESULT_PREFIX = "RESULT "
 INTERVAL_LEVEL = 0.95
 
 
-def build_tiny_pair(folder: Path, vocab_from: str | None = None) -> tuple[str, str]:
+def build_tiny_pair(folder: Path) -> tuple[str, str]:
     """A tiny random Qwen2 pair (hidden 256, head dim 64, draft = perturbed target of the same depth, so
-    acceptance is informative), saved with its byte tokenizer — or, with `vocab_from` (a model folder),
-    with that folder's tokenizer and its config's vocabulary size (e.g. 151,936 for Qwen2.5)."""
-    from transformers import AutoConfig, AutoTokenizer
-
+    acceptance is informative), saved with its byte tokenizer."""
     from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
 
-    vocab_size = AutoConfig.from_pretrained(vocab_from).vocab_size if vocab_from else 259
-    tokenizer = AutoTokenizer.from_pretrained(vocab_from) if vocab_from else byte_tokenizer()
-    spec = TinyPairSpec(architecture="qwen2", vocab_size=vocab_size, hidden_size=256, heads=4, target_layers=2,
-                        draft_layers=2)
+    spec = TinyPairSpec(architecture="qwen2", hidden_size=256, heads=4, target_layers=2, draft_layers=2)
     draft, target = tiny_pair(spec)
     for name, model in (("draft", draft), ("target", target)):
         model.save_pretrained(folder / name)
-        tokenizer.save_pretrained(folder / name)
+        byte_tokenizer().save_pretrained(folder / name)
     return str(folder / "target"), str(folder / "draft")
 
 
@@ -249,8 +243,6 @@ def main() -> None:
     )
     parser.add_argument("--target", help="target model folder (default: build the tiny pair)")
     parser.add_argument("--draft", help="draft model folder")
-    parser.add_argument("--vocab-from", help="build the tiny pair with this model folder's tokenizer and vocabulary "
-                        "size (random weights; e.g. a cached Qwen2.5 folder: 151,936 tokens) instead of 259 bytes")
     parser.add_argument("--eagle-head", help="EAGLE head folder (default: a random head for the target)")
     parser.add_argument("--proposers", default=",".join(PROPOSERS),
                         help=f"comma-separated, from {', '.join(PROPOSERS)}")
@@ -268,8 +260,6 @@ def main() -> None:
     args = parser.parse_args()
     if (args.target is None) != (args.draft is None):
         parser.error("give both --target and --draft, or neither (the tiny pair)")
-    if args.vocab_from and args.target:
-        parser.error("--vocab-from builds the tiny pair; it cannot be combined with --target/--draft")
     proposers = [name.strip() for name in args.proposers.split(",") if name.strip()]
     unknown = sorted(set(proposers) - set(PROPOSERS))
     if unknown or not proposers:
@@ -284,7 +274,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as folder:
         if args.target is None:
-            args.target, args.draft = build_tiny_pair(Path(folder), args.vocab_from)
+            args.target, args.draft = build_tiny_pair(Path(folder))
         if args.eagle_head is None and "eagle" in proposers:
             from hf_securesd.vllm.tiny_heads import build_eagle_head
 
