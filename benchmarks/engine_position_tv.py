@@ -14,7 +14,8 @@ Responses are stored as text, so they are re-tokenised; a response whose re-toke
 engine's own token sequence counts where the two part (the replayed prefix is then not the engine's),
 which is why the recorded and replayed figures of the `generate` study are printed side by side.
 
-Writes RESULTS/position_tv.json (or --out), which `securesd report` reads for the engine section.
+Writes RESULTS/position_tv.json (or --out) after every cell, which `securesd report` reads for the engine
+section; `--configs` splits the work between processes (merge their files' "cells" lists).
 
     HF_HUB_OFFLINE=1 python benchmarks/engine_position_tv.py \\
         model_cards/qwen2.5-coder-0.5b-1.5b-vllm-results --target qwen-1.5b --draft qwen-0.5b --threads 2
@@ -79,6 +80,7 @@ def main() -> None:
     if not cells:
         raise SystemExit(f"no speculative cell in {args.results} matches --configs {args.configs} "
                          f"--tasks {args.tasks} --max-new-tokens {args.max_new_tokens}")
+    path = Path(args.out) if args.out else Path(args.results) / POSITION_TV_FILE
     models = load_study_models(args.target, args.draft, dtype="fp32", offline=True)
     tokenizer = models.tokenizer
     prompts: dict[tuple[str, str], str] = {}
@@ -101,11 +103,10 @@ def main() -> None:
         rows.append({"config": cell["config_key"], "task": cell["task"], "n": cell["n"],
                      "max_new_tokens": cell["max_new_tokens"], "position_tv": replayed, "reached": reached,
                      "recorded_position_tv": recorded})
-        print(f"{cell['config_key']:<44} replayed {shown(replayed)}")
+        print(f"{cell['config_key']:<44} replayed {shown(replayed)}", flush=True)
         if recorded:
-            print(f"{'':<44} recorded {shown(recorded)}")
-    path = Path(args.out) if args.out else Path(args.results) / POSITION_TV_FILE
-    path.write_text(json.dumps({"cells": rows}, indent=1) + "\n", encoding="utf-8")
+            print(f"{'':<44} recorded {shown(recorded)}", flush=True)
+        path.write_text(json.dumps({"cells": rows}, indent=1) + "\n", encoding="utf-8")  # after every cell
     print(f"wrote {path}")
 
 
