@@ -12,6 +12,11 @@ The `generate` loop (`decoding.py`) and the vLLM plugin (`vllm/sampler.py`) both
   position after them (R^ = q for every verifier here), by this step and with the row's generator;
 * per-request random generators: with `RowSpec.generator` set, every draw of that row comes from it.
 
+A round on a CPU whose rows are all greedy and lossless (the rule is "accept the drafts that equal the
+target's argmax x*, then take x*") is decided on the host from x* and the drafts as lists: at a
+few hundred entries that is several times cheaper than the same decision as torch operations, and it
+is the same integer decision (`_greedy_lossless_on_host`).
+
 Example (two rows, different verifiers, one-hot drafts):
 
 ```python
@@ -31,8 +36,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 
+from .argmax import vocab_argmax
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Linear, Power, Schedule, Step, schedule_weights
 from .verifiers.base import RoundInputs, Verifier
@@ -99,24 +106,35 @@ class StepOutput:
         accepted: [B] long, drafts accepted (0..draft_counts).
         next_tokens: [B] long, the token that ends the round (recovered at the first rejection, else
             the bonus token).
-        alpha: [B, k] mixed acceptance probability of each drafted token.
+        alpha: [B, k] mixed acceptance probability of each drafted token, or a function returning it
+            (a round decided on the host builds it only when it is first read).
         eta: [B, k] schedule weight of each drafted position, or a function returning it: a round whose
             rule reads no weight (greedy lossless, with no schedule or a built-in position schedule)
             evaluates the schedules only when `eta` is first read, from the round as it is then.
         deviation: [B, k] exact TV(out_i, q_i) of the one-step output (Theorem 1) at each drafted
             position, when asked for; None otherwise.
+        host: (accepted, next_tokens) as Python lists when the round was decided on the host, so an
+            adapter that writes them out reads no tensor back (`host_lists`).
     """
 
     def __init__(
         self,
         accepted: torch.Tensor,
         next_tokens: torch.Tensor,
-        alpha: torch.Tensor,
+        alpha: torch.Tensor | Callable[[], torch.Tensor],
         eta: torch.Tensor | Callable[[], torch.Tensor],
         deviation: torch.Tensor | None = None,
+        host: tuple[list[int], list[int]] | None = None,
     ) -> None:
-        self.accepted, self.next_tokens, self.alpha, self.deviation = accepted, next_tokens, alpha, deviation
-        self._eta = eta
+        self.accepted, self.next_tokens, self.deviation = accepted, next_tokens, deviation
+        self._alpha, self._eta, self._host = alpha, eta, host
+
+    @property
+    def alpha(self) -> torch.Tensor:
+        """[B, k] mixed acceptance probability of each drafted token (built on first read when deferred)."""
+        if not isinstance(self._alpha, torch.Tensor):
+            self._alpha = self._alpha()
+        return self._alpha
 
     @property
     def eta(self) -> torch.Tensor:
@@ -124,6 +142,12 @@ class StepOutput:
         if not isinstance(self._eta, torch.Tensor):
             self._eta = self._eta()
         return self._eta
+
+    def host_lists(self) -> tuple[list[int], list[int]]:
+        """(accepted [B], next_tokens [B]) as Python lists."""
+        if self._host is None:
+            self._host = (self.accepted.tolist(), self.next_tokens.tolist())
+        return self._host
 
 
 def round_weights(round_: VerificationRound) -> torch.Tensor:
@@ -156,6 +180,9 @@ def verify_step(round_: VerificationRound, collect_deviation: bool = False) -> S
         if greedy and verifier.is_lossless and _weights_cannot_fail(round_):
             # The rule reads no weight: eta is evaluated only if the caller reads it.
             deferred = partial(round_weights, round_)
+            if device.type == "cpu" and not collect_deviation:
+                _check_target_given(round_, verifier, greedy)
+                return _greedy_lossless_on_host(round_, deferred)
             return _verify_group(round_, verifier, greedy, None, deferred, collect_deviation)
         return _verify_group(round_, verifier, greedy, None, round_weights(round_), collect_deviation)
     eta = round_weights(round_)
@@ -170,6 +197,48 @@ def verify_step(round_: VerificationRound, collect_deviation: bool = False) -> S
         if deviation is not None and part.deviation is not None:
             deviation[index] = part.deviation.to(deviation.dtype)
     return StepOutput(accepted, next_tokens, alpha, eta, deviation)
+
+
+def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.Tensor]) -> StepOutput:
+    """A CPU round of greedy lossless rows, decided on the host: row b accepts its drafts while they equal
+    x*_b (up to its draft count) and ends the round with x*_b at the first index it did not accept.
+    The same decision as `mixing.verify_round`'s (alpha = 1[x = x*], accepted = the leading matches
+    capped at the count, next = x*[accepted]) for every input."""
+    batch, k = round_.draft_tokens.shape
+    x_star = round_.target_argmax
+    if x_star is None:
+        x_star = vocab_argmax(round_.target_logits)
+    counts = [k] * batch if round_.draft_counts is None else round_.draft_counts.tolist()
+    accepted, next_tokens = [], []
+    for drafts, best, count in zip(round_.draft_tokens.tolist(), x_star.tolist(), counts):
+        kept = 0
+        while kept < count and drafts[kept] == best[kept]:
+            kept += 1
+        accepted.append(kept)
+        next_tokens.append(best[kept])
+
+    def alpha() -> torch.Tensor:
+        return (round_.draft_tokens == x_star[:, :k]).float()
+
+    return StepOutput(
+        torch.from_numpy(np.array(accepted, dtype=np.int64)),
+        torch.from_numpy(np.array(next_tokens, dtype=np.int64)),
+        alpha,
+        eta,
+        host=(accepted, next_tokens),
+    )
+
+
+def _check_target_given(round_: VerificationRound, verifier: Verifier, greedy: bool) -> None:
+    """Raise ValueError when the round holds neither the target's logits nor, for greedy lossless rows,
+    its argmax."""
+    argmax_alone = greedy and verifier.is_lossless and round_.target_argmax is not None
+    if round_.target_logits is None and not argmax_alone:
+        raise ValueError(
+            f"VerificationRound.target_logits is None, but rows verified with {verifier.to_dict()} "
+            f"(greedy={greedy}) read the target's distribution: give target_logits and target_raw_logits "
+            "(only greedy lossless rows may be verified from target_argmax alone)"
+        )
 
 
 def _weights_cannot_fail(round_: VerificationRound) -> bool:
@@ -205,13 +274,7 @@ def _verify_group(
     def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
         return tensor if tensor is None or index is None else tensor[index]
 
-    argmax_alone = greedy and verifier.is_lossless and round_.target_argmax is not None
-    if round_.target_logits is None and not argmax_alone:
-        raise ValueError(
-            f"VerificationRound.target_logits is None, but rows verified with {verifier.to_dict()} "
-            f"(greedy={greedy}) read the target's distribution: give target_logits and target_raw_logits "
-            "(only greedy lossless rows may be verified from target_argmax alone)"
-        )
+    _check_target_given(round_, verifier, greedy)
     specs = round_.rows if index is None else [round_.rows[i] for i in index.tolist()]
     generators = [spec.generator for spec in specs]
     round_inputs = RoundInputs(

@@ -170,7 +170,10 @@ def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layo
         if count and not plan.one_hot:
             count = min(count, plan.recorded)
         counts.append(count)
-    if draft_token_ids.numel() == 0 or int(draft_token_ids.min()) >= 0:
+    if draft_token_ids.numel() == 0:
+        return counts
+    smallest = draft_token_ids.numpy().min() if draft_token_ids.is_cpu else draft_token_ids.min()
+    if int(smallest) >= 0:
         return counts
     for i, (plan, count) in enumerate(zip(plans, counts)):
         start = layout.starts[plan.row]
@@ -179,16 +182,12 @@ def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layo
     return counts
 
 
-@lru_cache(maxsize=256)
-def _gather_index(
-    rows: tuple[int, ...],
-    counts: tuple[int, ...],
-    layout_counts: tuple[int, ...],
-    device: torch.device,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _gather_lists(
+    rows: tuple[int, ...], counts: tuple[int, ...], layout_counts: tuple[int, ...]
+) -> tuple[list[int], list[int], list[int]]:
     """(draft [G*k], processed [G*(k+1)], raw [G*(k+1)]) indices of a round's entries in vLLM's flattened
     tensors, for rows `rows` with usable `counts` in a step whose requests drafted `layout_counts`
-    (k = max(counts) > 0). A step repeats the same layout for many steps, so the indices are built once.
+    (k = max(counts) > 0).
 
     Slots past a row's count repeat its last valid entry (the core ignores them). Processed logits at
     index n (where a row that accepts all n usable drafts draws its next token) are the bonus position's
@@ -208,10 +207,31 @@ def _gather_index(
         draft_index += [min(start + min(j, max(n - 1, 0)), last_draft) for j in range(k)]
         processed_index += [start + j if j < n else end for j in range(k + 1)]
         raw_index += [start + row + min(j, n) for j in range(k + 1)]
+    return draft_index, processed_index, raw_index
+
+
+@lru_cache(maxsize=256)
+def _gather_index(
+    rows: tuple[int, ...],
+    counts: tuple[int, ...],
+    layout_counts: tuple[int, ...],
+    device: torch.device,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`_gather_lists` as tensors on `device`. A step repeats the same layout for many steps, so the
+    indices are built once."""
+    draft_index, processed_index, raw_index = _gather_lists(rows, counts, layout_counts)
     index = torch.tensor(draft_index + processed_index + raw_index, device=device)
+    return index.split([len(draft_index), len(processed_index), len(raw_index)])
+
+
+@lru_cache(maxsize=256)
+def _host_gather_index(
+    rows: tuple[int, ...], counts: tuple[int, ...], layout_counts: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """`_gather_lists`' draft [G, k] and processed [G, k+1] indices as NumPy arrays (`_host_argmax_round`)."""
+    draft_index, processed_index, _ = _gather_lists(rows, counts, layout_counts)
     size = len(rows)
-    draft_at, processed_at, raw_at = index.split([size * k, size * (k + 1), size * (k + 1)])
-    return draft_at, processed_at, raw_at
+    return np.array(draft_index).reshape(size, -1), np.array(processed_index).reshape(size, -1)
 
 
 def reads_draft_logits(requests: Sequence[SecureSDRequest], greedy: Sequence[bool]) -> bool:
@@ -241,7 +261,8 @@ def _round(
 
     A round whose rows are all greedy and lossless (the rule reads the target's argmax x* alone) gets
     x* [G, k+1] instead of logits: the argmax of vLLM's processed logits [num_tokens, V] and of the bonus
-    logits [B, V], arranged as the logits would be, and no draft logits (the rule never reads p)."""
+    logits [B, V], arranged as the logits would be, and no draft logits (the rule never reads p); on CPU
+    tensors it is arranged through NumPy (`_host_argmax_round`)."""
     device = target_logits.device
     k = max(counts)
     size, vocab = len(plans), target_logits.shape[-1]
@@ -249,23 +270,27 @@ def _round(
     flags = [bool(greedy[row]) for row in rows]
     full = all(n == k for n in counts)
     viewed = full and rows == tuple(range(len(layout.counts))) and all(n == k for n in layout.counts)
-    index = None if viewed else _gather_index(rows, tuple(counts), tuple(layout.counts), device)
-    drafts = draft_token_ids if draft_token_ids.device == device else draft_token_ids.to(device)
-    if index is not None:
-        drafts = drafts.index_select(0, index[0]).clamp_min(0)
-    drafts = drafts.view(size, k).long()
-    argmax = processed = raw = None
+    argmax_round = not reads_draft_logits([plan.request for plan in plans], flags)
     lossless = all(plan.request.verifier.is_lossless for plan in plans)
-    if not reads_draft_logits([plan.request for plan in plans], flags):
-        argmax = _target_argmax(target_logits, bonus_logits, size, k, index)
-    elif index is None:
-        processed = torch.cat(
-            [target_logits.view(size, k, vocab), bonus_logits.to(target_logits.dtype).view(size, 1, vocab)],
-            dim=1,
-        ).to(torch.float32)
+    argmax = processed = raw = None
+    if argmax_round and target_logits.is_cpu and draft_token_ids.is_cpu and bonus_logits.is_cpu:
+        drafts, argmax = _host_argmax_round(rows, counts, layout, viewed, draft_token_ids, target_logits, bonus_logits)
     else:
-        processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])[index[1]]
-        processed = processed.view(size, k + 1, vocab).to(torch.float32)
+        index = None if viewed else _gather_index(rows, tuple(counts), tuple(layout.counts), device)
+        drafts = draft_token_ids if draft_token_ids.device == device else draft_token_ids.to(device)
+        if index is not None:
+            drafts = drafts.index_select(0, index[0]).clamp_min(0)
+        drafts = drafts.view(size, k).long()
+        if argmax_round:
+            argmax = _target_argmax(target_logits, bonus_logits, size, k, index)
+        elif index is None:
+            processed = torch.cat(
+                [target_logits.view(size, k, vocab), bonus_logits.to(target_logits.dtype).view(size, 1, vocab)],
+                dim=1,
+            ).to(torch.float32)
+        else:
+            processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])[index[1]]
+            processed = processed.view(size, k + 1, vocab).to(torch.float32)
     if processed is not None:
         # Only relaxed rules read raw logits: rows that are all lossless (the mixer evaluates the lossless
         # rule alone for them) get the processed logits in their place, and nothing more is gathered.
@@ -302,6 +327,35 @@ def _host_tensor(values: list[int], device: torch.device) -> torch.Tensor:
     """[len(values)] int64 on `device`, through NumPy (torch.tensor(list) costs several times more)."""
     tensor = torch.from_numpy(np.array(values, dtype=np.int64))
     return tensor if tensor.device == device else tensor.to(device)
+
+
+def _host_argmax_round(
+    rows: tuple[int, ...],
+    counts: list[int],
+    layout: _Layout,
+    viewed: bool,
+    draft_token_ids: torch.Tensor,
+    target_logits: torch.Tensor,
+    bonus_logits: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(drafts [G, k] long, x* [G, k+1] long) of a greedy lossless round on CPU tensors, arranged through
+    NumPy: the same entries as the torch route (`_gather_index`, `_target_argmax`) with a few NumPy calls
+    in place of a dozen small torch operations. draft_token_ids [num_tokens] (-1 marks an invalid draft:
+    clamped to 0, past the row's usable count), target_logits [num_tokens, V], bonus_logits [B, V]."""
+    size, k = len(rows), max(counts)
+    if bonus_logits.dtype != target_logits.dtype:
+        bonus_logits = bonus_logits.to(target_logits.dtype)
+    at_drafts = vocab_argmax(target_logits).numpy()
+    at_bonus = vocab_argmax(bonus_logits).numpy()
+    drafts = draft_token_ids.numpy()
+    if viewed:
+        best = np.concatenate([at_drafts.reshape(size, k), at_bonus.reshape(size, 1)], axis=1)
+        drafts = drafts.reshape(size, k)
+    else:
+        draft_index, processed_index = _host_gather_index(rows, tuple(counts), tuple(layout.counts))
+        best = np.concatenate([at_drafts, at_bonus])[processed_index]
+        drafts = np.maximum(drafts[draft_index], 0)
+    return torch.from_numpy(drafts.astype(np.int64)), torch.from_numpy(best)
 
 
 def _target_argmax(
@@ -391,7 +445,7 @@ def _write(
     output_token_ids: torch.Tensor,
 ) -> list[RowResult]:
     """Each row's accepted drafts, then its next token, then placeholders, into vLLM's buffer."""
-    accepted, next_tokens = output.accepted.tolist(), output.next_tokens.tolist()
+    accepted, next_tokens = output.host_lists()
     drafts = round_.draft_tokens.tolist()
     width = output_token_ids.shape[1]
     written = [

@@ -1,13 +1,24 @@
-"""`vocab_argmax` returns `torch.argmax`'s index on every input: random rows, ties across and within
-chunks, infinities and NaNs, every vocabulary layout it splits, small vocabularies reduced with
-`torch.max` and the inputs it hands to torch."""
+"""`vocab_argmax` returns `torch.argmax`'s index on every input and through each of its routes (NumPy's
+argmax, and the torch reductions: the split and `torch.max`): random rows, ties across and within
+chunks, infinities and NaNs, every vocabulary layout it splits, small vocabularies, every float dtype
+and the inputs it hands to torch."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from hf_securesd import argmax
 from hf_securesd.argmax import SPLIT_FROM, chunk_size, vocab_argmax
+
+
+@pytest.fixture(autouse=True, params=["numpy", "torch"])
+def route(request, monkeypatch) -> str:
+    """Every test runs through NumPy's argmax (float32 on a CPU, the default) and through the torch
+    reductions (NumPy's route switched off)."""
+    if request.param == "torch":
+        monkeypatch.setattr(argmax, "_NUMPY_DTYPES", ())
+    return request.param
 
 
 @pytest.mark.parametrize("vocab", [SPLIT_FROM, 32000, 50257, 151936])
@@ -70,3 +81,28 @@ def test_small_vocabularies_with_ties_infinities_and_nans_give_torchs_index(seed
         values[marks > 0.98] = float("-inf")
         assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))
         assert torch.equal(vocab_argmax(values.view(rows, 1, vocab), keepdim=True), values.argmax(dim=-1, keepdim=True)[:, None])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_every_float_dtype_gives_torchs_index(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(3)
+    for vocab in (259, 32000):
+        values = torch.randint(-3, 3, (6, vocab), generator=generator).to(dtype)
+        values[0, 7], values[1, :] = float("nan"), float("-inf")
+        values[2, [5, 9]] = float("inf")
+        assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))
+
+
+def test_large_tensors_on_several_threads_take_the_split(monkeypatch) -> None:
+    """Above NUMPY_BELOW entries with more than one torch thread the torch split reduces (faster there),
+    and gives the same index."""
+    monkeypatch.setattr(argmax, "NUMPY_BELOW", 1)
+    monkeypatch.setattr(argmax, "_numpy_argmax", None)  # the route must not be taken
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    values = special_rows(32000, torch.Generator().manual_seed(1))
+    assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))
+
+
+def test_a_tensor_that_requires_grad_is_reduced_without_its_graph() -> None:
+    values = torch.randn(3, 259, requires_grad=True)
+    assert torch.equal(vocab_argmax(values), values.argmax(dim=-1))

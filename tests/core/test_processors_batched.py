@@ -18,18 +18,18 @@ TEXTS = ("hi", "The quick brown fox jumps", "def add(a, b):", "x", "Once upon a 
 
 @pytest.fixture
 def captured_rounds(monkeypatch):
-    """Every verified round's inputs and accepted counts."""
+    """Every verified round (`step.VerificationRound`) and its accepted counts."""
     from hf_securesd import step
 
     rounds = []
-    original = step.verify_round
+    original = step.verify_step
 
-    def capture(verifier, round_inputs, eta):
-        result = original(verifier, round_inputs, eta)
-        rounds.append((round_inputs, result[0].clone()))
+    def capture(round_, collect_deviation=False):
+        result = original(round_, collect_deviation)
+        rounds.append((round_, result.accepted.clone()))
         return result
 
-    monkeypatch.setattr(step, "verify_round", capture)
+    monkeypatch.setattr(step, "verify_step", capture)
     return rounds
 
 
@@ -53,7 +53,7 @@ def test_draft_processors_see_the_tokens_drafted_earlier_in_the_round(llama_pair
             expected = penalty(prefix, round_inputs.target_raw_logits[:, position].clone())
             assert torch.allclose(round_inputs.target_logits[:, position], expected), f"target position {position}"
         n = int(accepted[0])
-        committed += drafts[:n] + [int(round_inputs.target_argmax[0, n])]
+        committed += drafts[:n] + [int(round_inputs.target_logits[0, n].argmax())]
     assert committed == out[0].tolist()
     assert checked > len(captured_rounds), "no round drafted more than one token"
 

@@ -12,7 +12,8 @@ import torch
 from hf_securesd import MARS, Lossless, Step
 from hf_securesd.vllm.request import SecureSDRequest
 from hf_securesd.vllm.sampler import (
-    PLACEHOLDER, RowPlan, _Layout, _round, _row_specs, _usable_counts, verify_rows,
+    PLACEHOLDER, RowPlan, _gather_index, _host_argmax_round, _Layout, _round, _row_specs, _target_argmax,
+    _usable_counts, verify_rows,
 )
 
 VOCAB, K = 13, 5
@@ -109,6 +110,25 @@ def test_a_greedy_lossless_round_holds_the_argmax_and_no_logits(layout: str) -> 
     assert torch.equal(ours.target_argmax, with_logits.target_logits.argmax(-1))
     for name in ("draft_tokens", "draft_counts", "starts"):
         assert torch.equal(getattr(ours, name), getattr(with_logits, name)), name
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, "viewed_full"])
+def test_the_host_route_arranges_what_the_torch_route_arranges(layout: str) -> None:
+    """On CPU tensors a greedy lossless round's drafts and x* are arranged through NumPy
+    (`_host_argmax_round`); the torch route (`_gather_index`, `_target_argmax`, for other devices) gives
+    the same tensors, dtypes included, gathered and viewed."""
+    counts, rows, one_hot = LAYOUTS.get(layout, ([K] * 4, list(range(4)), False))
+    step = VllmStep(counts, seed=11)
+    layout_ = _Layout(counts)
+    usable = _usable_counts(step.plans(rows, LOSSLESS, one_hot), step.drafts, layout_)
+    viewed = layout == "viewed_full"
+    drafts, best = _host_argmax_round(tuple(rows), usable, layout_, viewed, step.drafts, step.target, step.bonus)
+    k = max(usable)
+    index = None if viewed else _gather_index(tuple(rows), tuple(usable), tuple(counts), torch.device("cpu"))
+    expected_drafts = step.drafts if index is None else step.drafts.index_select(0, index[0]).clamp_min(0)
+    assert torch.equal(drafts, expected_drafts.view(len(rows), k).long())
+    assert torch.equal(best, _target_argmax(step.target, step.bonus, len(rows), k, index))
+    assert drafts.dtype == best.dtype == torch.long
 
 
 def test_a_sampled_row_keeps_the_logits() -> None:
