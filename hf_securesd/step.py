@@ -103,9 +103,9 @@ class StepOutput:
     """What verification decided for each row.
 
     Args:
-        accepted: [B] long, drafts accepted (0..draft_counts).
+        accepted: [B] long, drafts accepted (0..draft_counts); None when given as `host` lists.
         next_tokens: [B] long, the token that ends the round (recovered at the first rejection, else
-            the bonus token).
+            the bonus token); None when given as `host` lists.
         alpha: [B, k] mixed acceptance probability of each drafted token, or a function returning it
             (a round decided on the host builds it only when it is first read).
         eta: [B, k] schedule weight of each drafted position, or a function returning it: a round whose
@@ -114,20 +114,37 @@ class StepOutput:
         deviation: [B, k] exact TV(out_i, q_i) of the one-step output (Theorem 1) at each drafted
             position, when asked for; None otherwise.
         host: (accepted, next_tokens) as Python lists when the round was decided on the host, so an
-            adapter that writes them out reads no tensor back (`host_lists`).
+            adapter that writes them out reads no tensor back (`host_lists`) and the tensors are built
+            only if read.
     """
 
     def __init__(
         self,
-        accepted: torch.Tensor,
-        next_tokens: torch.Tensor,
+        accepted: torch.Tensor | None,
+        next_tokens: torch.Tensor | None,
         alpha: torch.Tensor | Callable[[], torch.Tensor],
         eta: torch.Tensor | Callable[[], torch.Tensor],
         deviation: torch.Tensor | None = None,
         host: tuple[list[int], list[int]] | None = None,
     ) -> None:
-        self.accepted, self.next_tokens, self.deviation = accepted, next_tokens, deviation
+        if (accepted is None or next_tokens is None) and host is None:
+            raise ValueError("StepOutput needs accepted and next_tokens, as tensors or as host lists")
+        self._accepted, self._next_tokens, self.deviation = accepted, next_tokens, deviation
         self._alpha, self._eta, self._host = alpha, eta, host
+
+    @property
+    def accepted(self) -> torch.Tensor:
+        """[B] long, drafts accepted (built from the host lists on first read when decided there)."""
+        if self._accepted is None:
+            self._accepted = torch.from_numpy(np.array(self._host[0], dtype=np.int64))
+        return self._accepted
+
+    @property
+    def next_tokens(self) -> torch.Tensor:
+        """[B] long, the token that ends each row's round (built from the host lists on first read)."""
+        if self._next_tokens is None:
+            self._next_tokens = torch.from_numpy(np.array(self._host[1], dtype=np.int64))
+        return self._next_tokens
 
     @property
     def alpha(self) -> torch.Tensor:
@@ -146,7 +163,7 @@ class StepOutput:
     def host_lists(self) -> tuple[list[int], list[int]]:
         """(accepted [B], next_tokens [B]) as Python lists."""
         if self._host is None:
-            self._host = (self.accepted.tolist(), self.next_tokens.tolist())
+            self._host = (self._accepted.tolist(), self._next_tokens.tolist())
         return self._host
 
 
@@ -220,13 +237,7 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
     def alpha() -> torch.Tensor:
         return (round_.draft_tokens == x_star[:, :k]).float()
 
-    return StepOutput(
-        torch.from_numpy(np.array(accepted, dtype=np.int64)),
-        torch.from_numpy(np.array(next_tokens, dtype=np.int64)),
-        alpha,
-        eta,
-        host=(accepted, next_tokens),
-    )
+    return StepOutput(None, None, alpha, eta, host=(accepted, next_tokens))
 
 
 def _check_target_given(round_: VerificationRound, verifier: Verifier, greedy: bool) -> None:

@@ -87,3 +87,34 @@ def test_generate_goes_through_the_shared_step(llama_pair, monkeypatch):
     monkeypatch.setattr(core_step, "verify_step", always_token_seven)
     after = target.generate(prompt, max_new_tokens=8, do_sample=False, assistant_model=draft, verifier="lossless")
     assert calls and after[0, prompt.shape[1]:].tolist() == [7] * 8 and not torch.equal(before, after)
+
+
+def test_greedy_lossless_cpu_rounds_decided_on_the_host_equal_the_torch_rule():
+    """A CPU round of greedy lossless rows is decided on the host from lists; `mixing.verify_round` (the
+    torch rule every other round takes) gives the same accepted counts, next tokens and alpha, on ragged
+    rounds with drafts that often match x*, with and without counts and a given x*."""
+    from hf_securesd.mixing import verify_round
+    from hf_securesd.verifiers.base import RoundInputs
+
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(seed)
+        batch = 1 + seed % 6
+        round_ = ragged_round([RowSpec(Lossless())] * batch, torch.randint(0, K + 1, (batch,), generator=generator).tolist(),
+                              seed=seed, greedy=True)
+        x_star = round_.target_logits.argmax(-1)
+        matching = torch.rand(batch, K, generator=generator) < 0.7
+        round_.draft_tokens = torch.where(matching, x_star[:, :K], round_.draft_tokens)
+        if seed % 3 == 0:
+            round_.draft_counts = None
+        if seed % 2:
+            round_.target_argmax, round_.target_logits, round_.target_raw_logits = x_star, None, None
+        host = verify_step(round_)
+        assert host.host_lists() == (host.accepted.tolist(), host.next_tokens.tolist())
+        inputs = RoundInputs(
+            draft_tokens=round_.draft_tokens, target_logits=round_.target_logits, draft_logits=None,
+            target_raw_logits=round_.target_raw_logits, draft_raw_logits=None, greedy=True,
+            draft_lengths=round_.draft_counts, given_target_argmax=round_.target_argmax,
+        )
+        accepted, next_tokens, alpha = verify_round(Lossless(), inputs, None)
+        assert torch.equal(host.accepted, accepted) and torch.equal(host.next_tokens, next_tokens), seed
+        assert torch.equal(host.alpha, alpha), seed
