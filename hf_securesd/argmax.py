@@ -1,9 +1,9 @@
 """`torch.argmax` over the vocabulary, exact and several times faster on a CPU.
 
-On a CPU, float32 and float64 logits are reduced by NumPy's `argmax` (vectorised, and with a small
-fixed cost: 5-7x cheaper than torch's at the tiny pair's [32, 6, 259], ~1.3x cheaper than the split
-below at [16, 1, 151936] on one thread) when torch runs one thread or the tensor is below
-`NUMPY_BELOW` entries; NumPy reduces on one thread, and on several threads torch's split below is the
+On a CPU, float32 and float64 logits of at least `NUMPY_FROM` entries (below, torch's fixed cost is
+the lower) are reduced by NumPy's `argmax` (vectorised, with a small fixed cost: 5-7x cheaper than
+torch's at the tiny pair's [32, 6, 259], ~1.3x cheaper than the split below at [16, 1, 151936] on one
+thread) when torch runs one thread or the tensor is below `NUMPY_BELOW` entries; NumPy reduces on one thread, and on several threads torch's split below is the
 faster one for large tensors. NumPy's index is `torch.argmax`'s: both take the first maximal entry,
 and both treat NaN as the maximum and take the first NaN (the tests check both).
 
@@ -35,6 +35,7 @@ from functools import lru_cache
 
 import torch
 
+NUMPY_FROM = 512  # entries from which NumPy's argmax (with its conversions) costs less than torch's
 NUMPY_BELOW = 1 << 23  # entries below which NumPy's one-thread argmax beats torch's on several threads
 _NUMPY_DTYPES = (torch.float32, torch.float64)
 SPLIT_FROM = 16384  # vocabulary size from which the two-level pass pays (below, a few more ops cost more)
@@ -57,8 +58,9 @@ def vocab_argmax(values: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     """`values.argmax(dim=-1, keepdim=keepdim)` for values [..., V]: long [...] (or [..., 1])."""
     if not values.is_cpu:
         return values.argmax(dim=-1, keepdim=keepdim)
-    if values.dtype in _NUMPY_DTYPES and values.numel() and (
-        values.numel() < NUMPY_BELOW or torch.get_num_threads() == 1
+    entries = values.numel()
+    if values.dtype in _NUMPY_DTYPES and entries >= NUMPY_FROM and (
+        entries < NUMPY_BELOW or torch.get_num_threads() == 1
     ):
         return _numpy_argmax(values, keepdim)
     vocab = values.shape[-1]

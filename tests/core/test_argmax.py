@@ -14,10 +14,12 @@ from hf_securesd.argmax import SPLIT_FROM, chunk_size, vocab_argmax
 
 @pytest.fixture(autouse=True, params=["numpy", "torch"])
 def route(request, monkeypatch) -> str:
-    """Every test runs through NumPy's argmax (float32 on a CPU, the default) and through the torch
+    """Every test runs through NumPy's argmax (float32 on a CPU, from any size) and through the torch
     reductions (NumPy's route switched off)."""
     if request.param == "torch":
         monkeypatch.setattr(argmax, "_NUMPY_DTYPES", ())
+    else:
+        monkeypatch.setattr(argmax, "NUMPY_FROM", 1)
     return request.param
 
 
