@@ -136,8 +136,10 @@ def without_generators(sampling_metadata: Any, rows: Iterable[int]) -> Any:
     own draws of other rows: a SecureSD row's generator then serves only SecureSD's draws, in the same
     order whatever else is in the batch, so its `seed` fixes its output."""
     generators = getattr(sampling_metadata, "generators", None)
+    if not generators:
+        return sampling_metadata
     rows = set(rows)
-    if not generators or not rows & set(generators):
+    if not rows & set(generators):
         return sampling_metadata
     kept = {row: generator for row, generator in generators.items() if row not in rows}
     return dataclasses.replace(sampling_metadata, generators=kept)

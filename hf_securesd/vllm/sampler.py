@@ -42,7 +42,7 @@ PLACEHOLDER = -1
 logger = logging.getLogger(__name__)
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class RowPlan:
     """A SecureSD row of the step.
 

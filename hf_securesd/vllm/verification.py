@@ -122,8 +122,10 @@ def _row_plans(
     computed = batch.num_computed_tokens_cpu[picked].astype(np.int64)
     positions = np.maximum(computed + 1 - batch.num_prompt_tokens[picked], 0).tolist()
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
-    greedy = _greedy_rows(batch.sampling_metadata, len(requests))
-    reads_logits = sampler.reads_draft_logits([requests[row] for row in rows], [greedy[row] for row in rows])
+    reads_logits = False
+    if stash is not None:  # only rows with recorded drafts have draft logits to hand over
+        greedy = _greedy_rows(batch.sampling_metadata, len(requests))
+        reads_logits = sampler.reads_draft_logits([requests[row] for row in rows], [greedy[row] for row in rows])
     one_hot = one_hot_proposer(runner.drafter)
     row_of = stash.row_of if stash is not None else {}
     drafted_rows = stash.drafts.batch_rows if stash is not None else 0
