@@ -1,39 +1,51 @@
 """HF's top-k followed by top-p in one pass without a vocabulary sort, bitwise equal to the two warpers.
 
-`TopPLogitsWarper` sorts every row of the vocabulary (`torch.sort`), which on a CPU costs about
-15 us per row: a speculative round filters B*(k+1) target rows and B rows per draft step, so the sort
-dominates a round's host time. After `TopKLogitsWarper` a row holds at most K finite values besides
-the ties of its K-th largest score, so the ascending order top-p needs is known from `torch.topk`:
+`TopPLogitsWarper` sorts every row of the vocabulary (`torch.sort`, 10-15 us per row of a few hundred
+scores on a CPU, milliseconds for a 150k vocabulary) and `TopKLogitsWarper` runs `torch.topk`: a
+speculative round filters B*(k+1) target rows and B rows per draft step, so the two warpers dominate a
+round's host time. Here the pair runs on the CPU scores through NumPy:
 
-    sorted row = [-inf (V - m times), kth (m - K times), the K largest values ascending]
+* top-k: `np.partition` puts the K largest scores of each row last; the K-th largest is a value, and a
+  score is removed exactly when it is below it, as in `TopKLogitsWarper`.
+* top-p: after top-k a row sorted ascending is [-inf (V - m times), kth (m - K times), the K largest
+  ascending] (m: the scores >= kth), so only the K largest are sorted. `TopPLogitsWarper` removes the
+  sorted positions whose float32 cumulative softmax is <= 1 - top_p (its threshold, a Python float,
+  meets the float32 tensor as a float32). Here the cumulative softmax is computed in float64 and a row
+  is decided only when every decision is certain: torch's float32 value differs from the exact one by
+  less than `_cumulative_error` (each rounding of the softmax's shift, exponential, sum and division
+  and of the cumulative sum, bounded per finite score; -inf scores add exact zeros), so a float64 value
+  farther than that from the threshold decides as torch does. The removed positions are a prefix of
+  the sorted row (the cumulative sum of non-negative terms never decreases), so when the last removed
+  and the first kept value differ, the removed tokens are exactly the scores <= the last removed value,
+  whatever order a sort puts ties in.
+* A row with a cumulative value inside that margin, a tie straddling the cut (where `torch.sort`'s
+  unstable order decides which tied token goes) or a non-finite maximum is handed to HF's two warpers,
+  which sort it (a row's result depends only on the row).
 
-where kth is the K-th largest score and m the number of scores >= kth (what top-k keeps). Top-p's
-cumulative probabilities are computed from exactly that [N, V] row (the same values in the same
-places, so `softmax` and `cumsum` give the same bits), and its removed positions are the first
-`count` of the sorted row (a CPU `cumsum` of non-negative terms never decreases). When the last
-removed and the first kept value differ, the removed tokens are exactly the scores <= the last
-removed value, whatever order the sort puts ties in. When they are equal (a tie straddles the cut,
-and `torch.sort`'s unstable order decides which tied token goes), the row is handed to HF's two
-warpers, which sort it (a row's order depends only on the row). Non-CPU tensors, small calls (where
-HF's sort is cheaper than this pass), scores with NaN and filter values other than -inf go to HF's
-warpers unchanged.
+Scores that are not CPU float32 [N, V] tensors, small calls (where HF's warpers are cheaper than this
+pass), scores with NaN and filter values other than -inf go to HF's warpers unchanged.
 """
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-NEG_INF = float("-inf")
-FUSE_FROM = 4096  # scores entries (rows x vocabulary) from which the fused pass is used
-_AROUND_CUT = torch.tensor([[-1, 0]])  # sorted positions of the last removed and the first kept score
+NEG_INF = np.float32(-np.inf)
+FUSE_FROM = 4096  # scores entries (rows x vocabulary) from which the NumPy pass is used
+UNIT = 2.0**-24  # float32's unit roundoff
+ERROR_PER_TERM = 4  # the bound on torch's cumulative-softmax error, in units per finite score
 
 
 class TopKTopP:
     """`top_p(top_k(scores))` for two HF warpers with the default filter value (-inf).
 
-    Called like a logits processor: input_ids [N, L] (unread), scores [N, V] -> [N, V], bitwise equal to
-    calling the two warpers one after the other (see the module docstring)."""
+    Called like a logits processor: input_ids [N, L] (unread but for the rows handed to HF's warpers),
+    scores [N, V] -> [N, V], bitwise equal to calling the two warpers one after the other (see the module
+    docstring)."""
 
     def __init__(self, top_k: TopKLogitsWarper, top_p: TopPLogitsWarper) -> None:
         if not fusable(top_k, top_p):
@@ -42,60 +54,75 @@ class TopKTopP:
             )
         self.top_k, self.top_p = top_k, top_p
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
         if not _worth_fusing(scores):
             return self.top_p(input_ids, self.top_k(input_ids, scores))
-        vocab = scores.shape[-1]
+        values = scores.numpy()
+        vocab = values.shape[1]
         k = min(self.top_k.top_k, vocab)
-        largest = torch.topk(scores, min(k + 1, vocab)).values  # [N, K or K+1] descending
-        kth = largest[:, k - 1 : k]
-        ascending = _sorted_after_top_k(scores, largest, kth, k)
-        cumulative = ascending.softmax(dim=-1).cumsum(dim=-1)
-        removed = cumulative <= (1 - self.top_p.top_p)  # exactly TopPLogitsWarper's test
-        removed[..., -self.top_p.min_tokens_to_keep :] = 0
-        # cumsum of non-negative terms never decreases (NaN, from +inf scores, only at the end), so the
-        # removed sorted positions are the first `count`.
-        count = removed.sum(dim=-1, keepdim=True)
-        around_cut = ascending.gather(1, (count + _AROUND_CUT.to(count.device)).clamp(0, vocab - 1))
-        last_removed, first_kept = around_cut[:, :1], around_cut[:, 1:]
-        cut = count > 0
-        # Removed: score < kth (top-k) or score <= last_removed (top-p), i.e. score < threshold.
-        above_last = torch.nextafter(last_removed, torch.full_like(last_removed, float("inf")))
-        threshold = torch.where(cut, torch.maximum(kth, above_last), kth)
-        out = scores.masked_fill(scores < threshold, NEG_INF)
-        ambiguous = cut & (last_removed == first_kept)  # a tie straddles the cut: the sort's order decides
-        if bool(ambiguous.any()):
-            rows = ambiguous[:, 0].nonzero()[:, 0]
-            out[rows] = self.top_p(input_ids, self.top_k(input_ids, scores[rows]))
+        part = np.partition(values, vocab - k, axis=1)
+        kth = part[:, vocab - k, None]  # [N, 1] the K-th largest
+        filtered = np.where(values < kth, NEG_INF, values)  # top-k's output: top-p's input
+        ties = np.count_nonzero(part[:, : vocab - k] == kth, axis=1)  # [N] kth's ties beyond the K
+        width = int(ties.max())
+        tail = np.sort(part[:, vocab - k :], axis=1)  # [N, K] the K largest ascending
+        if width:
+            padding = np.where(np.arange(width)[None] >= width - ties[:, None], kth, NEG_INF)
+            tail = np.concatenate([padding, tail], axis=1)
+        out, handed = self._cut(filtered, tail, lead=vocab - k - width)
+        if handed.size:
+            rows = torch.from_numpy(handed)
+            own_ids = input_ids[rows] if input_ids is not None and input_ids.shape[0] == len(values) else input_ids
+            out[rows] = self.top_p(own_ids, self.top_k(own_ids, scores[rows]))
         return out
+
+    def _cut(self, values: np.ndarray, tail: np.ndarray, lead: int) -> tuple[torch.Tensor, np.ndarray]:
+        """Top-p of values [N, V] float32 from the last V - lead columns of its rows sorted ascending
+        (tail [N, V - lead]; each sorted row's first lead entries are -inf) -> (the [N, V] output for the
+        rows decided here, the [H] rows that are not: see the module docstring)."""
+        rows, vocab = values.shape
+        width = tail.shape[1]
+        peak = tail[:, -1:].astype(np.float64)
+        with np.errstate(invalid="ignore", over="ignore"):
+            cumulative = np.cumsum(np.exp(tail - peak), axis=1)  # float64; exact zeros for -inf
+            cumulative /= cumulative[:, -1:]
+        threshold = float(np.float32(1 - self.top_p.top_p))
+        # Sorted positions < lead hold -inf: probability 0 in torch too, cumulative 0 <= threshold (removed).
+        removable = max(vocab - self.top_p.min_tokens_to_keep, 0)  # the last min_tokens_to_keep stay
+        head = cumulative[:, : max(removable - lead, 0)]
+        count = min(lead, removable) + np.count_nonzero(head <= threshold, axis=1)  # removed: a sorted prefix
+        uncertain = np.any(np.abs(head - threshold) <= _cumulative_error(width), axis=1)
+        index = np.arange(rows)
+        last_removed = np.where(count > lead, tail[index, np.clip(count - 1 - lead, 0, width - 1)], NEG_INF)
+        first_kept = np.where(count >= lead, tail[index, np.clip(count - lead, 0, width - 1)], NEG_INF)
+        cut = count > 0
+        handed = np.flatnonzero(uncertain | (cut & (last_removed == first_kept)) | ~np.isfinite(peak[:, 0]))
+        removed = (values <= last_removed[:, None]) & cut[:, None]
+        return torch.from_numpy(np.where(removed, NEG_INF, values)), handed
+
+
+def _cumulative_error(finite: int) -> float:
+    """A bound on |torch's float32 cumulative softmax - the exact one| for rows of at most `finite`
+    finite scores (the other terms are exact zeros), u = 2**-24: each probability carries the roundings
+    of its shift (|x - max| u relative, and |x - max| e^(x - max) <= 1/e per term), its exponential (a
+    few u), the sum (finite u) and the division (2 u); the cumulative sum adds finite u: below
+    (2.4 finite + 8) u in all. ERROR_PER_TERM * (finite + 16) u leaves room."""
+    return ERROR_PER_TERM * (finite + 16) * UNIT
 
 
 def _worth_fusing(scores: torch.Tensor) -> bool:
-    """The sort-free pass pays off for CPU scores [N, V] from FUSE_FROM entries on (below, HF's sort of
-    a few short rows is cheaper than the pass's fixed cost). A NaN sum flags NaN scores (and, harmlessly,
-    rows holding both infinities): those go to HF's warpers."""
+    """The NumPy pass pays off for contiguous CPU float32 scores [N, V] from FUSE_FROM entries on (below,
+    HF's sort of a few short rows is cheaper than the pass's fixed cost). A NaN sum flags NaN scores (and,
+    harmlessly, rows holding both infinities): those go to HF's warpers."""
     return (
         scores.device.type == "cpu"
+        and scores.dtype == torch.float32
         and scores.dim() == 2
         and scores.numel() >= FUSE_FROM
-        and not bool(scores.sum().isnan())
+        and not scores.requires_grad
+        and scores.is_contiguous()
+        and not math.isnan(scores.numpy().sum())
     )
-
-
-def _sorted_after_top_k(
-    scores: torch.Tensor, largest: torch.Tensor, kth: torch.Tensor, k: int
-) -> torch.Tensor:
-    """The top-k output of scores [N, V] sorted ascending, from its largest values [N, K or K+1]
-    (descending) and the K-th largest kth [N, 1]: -inf, then the ties of kth beyond the K, then the K
-    largest ascending."""
-    vocab = scores.shape[-1]
-    ascending = torch.full_like(scores, NEG_INF)
-    ascending[:, vocab - k :] = largest[:, :k].flip(-1)
-    if k < vocab and bool((largest[:, k] == kth[:, 0]).any()):  # ties of kth beyond the K
-        kept = (scores >= kth).sum(dim=-1, keepdim=True)
-        ties = torch.arange(vocab - k, device=scores.device)[None] >= vocab - kept
-        ascending[:, : vocab - k] = torch.where(ties, kth, ascending[:, : vocab - k])
-    return ascending
 
 
 def fusable(top_k: object, top_p: object) -> bool:

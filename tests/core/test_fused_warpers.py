@@ -1,7 +1,9 @@
-"""The fused top-k + top-p pass gives bitwise the scores HF's TopKLogitsWarper then TopPLogitsWarper give."""
+"""The fused top-k + top-p pass gives bitwise the scores HF's TopKLogitsWarper then TopPLogitsWarper give,
+also where a cumulative probability sits at the top-p threshold, and the error bound it relies on holds."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
@@ -89,6 +91,66 @@ def test_small_calls_use_hf_warpers():
     top_k, top_p = TopKLogitsWarper(5), TopPLogitsWarper(0.9)
     scores = torch.randn(1, fused_warpers.FUSE_FROM // 2)
     assert torch.equal(TopKTopP(top_k, top_p)(None, scores), top_p(None, top_k(None, scores)))
+
+
+def _near_threshold_calls(generator: torch.Generator, calls: int):
+    """(scores [8, 300], top-k warper, top-p warper) whose top_p puts 1 - top_p at (float64) one of row 0's
+    cumulative probabilities after top-k: where torch's float32 rounding decides the cut."""
+    vocab = 300
+    for call in range(calls):
+        top_k = 50 if call % 2 else vocab
+        scores = torch.randn(8, vocab, generator=generator) * 2
+        kept = torch.sort(torch.topk(scores[0], top_k).values)[0].double()
+        cumulative = torch.softmax(kept, 0).cumsum(0)
+        position = int(torch.randint(0, top_k - 1, (1,), generator=generator))
+        top_p = 1 - float(cumulative[position])
+        if 0 < top_p < 1:
+            yield scores, TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)
+
+
+def test_decisions_at_the_threshold_equal_hf(monkeypatch):
+    """Rows whose cut torch's rounding decides are handed to HF's warpers; without the error margin the
+    float64 decision disagrees with torch's on many of these calls (the check below has teeth)."""
+    monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
+    disagreements, margin = {}, fused_warpers.ERROR_PER_TERM
+    for per_term in (margin, 0):
+        monkeypatch.setattr(fused_warpers, "ERROR_PER_TERM", per_term)
+        generator = torch.Generator().manual_seed(7)
+        disagreements[per_term] = sum(
+            not torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores.clone())), _bits(top_p(None, top_k(None, scores))))
+            for scores, top_k, top_p in _near_threshold_calls(generator, 300)
+        )
+    assert disagreements[margin] == 0
+    assert disagreements[0] > 10
+
+
+@pytest.mark.parametrize("kind", ["normal", "flat", "wide", "two_level", "offset"])
+@pytest.mark.parametrize("vocab", [2, 7, 50, 300, 4096])
+def test_torch_cumulative_softmax_stays_within_the_bound(kind, vocab):
+    """The margin is a bound on torch's float32 cumulative softmax error on this build: measured against
+    float64 on sorted rows of every shape of score the pass sees."""
+    generator = torch.Generator().manual_seed(vocab)
+    noise = torch.randn(64, vocab, generator=generator)
+    scores = {
+        "normal": noise * 3,
+        "flat": torch.rand(64, vocab, generator=generator) * 1e-3,
+        "wide": noise * 30,
+        "two_level": (noise > 0).float() * 0.7 + noise * 1e-4,
+        "offset": noise * 3 + 1e4,
+    }[kind]
+    ascending = torch.sort(scores)[0]
+    torch_cumulative = ascending.softmax(-1).cumsum(-1).double().numpy()
+    exact = ascending.double().numpy()
+    terms = np.exp(exact - exact[:, -1:])
+    exact_cumulative = np.cumsum(terms, axis=1) / terms.sum(axis=1, keepdims=True)
+    assert np.abs(torch_cumulative - exact_cumulative).max() <= fused_warpers._cumulative_error(vocab)
+
+
+def test_a_large_vocabulary_equals_hf():
+    top_k, top_p = TopKLogitsWarper(50), TopPLogitsWarper(0.9)
+    scores = torch.randn(3, 151936, generator=torch.Generator().manual_seed(3)) * 4
+    scores[1, :1000] = scores[1, 5]  # ties of a low score, far from the cut
+    assert torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores)), _bits(top_p(None, top_k(None, scores))))
 
 
 def test_only_adjacent_default_pairs_are_fused():
