@@ -6,7 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
 from hf_securesd import fused_warpers
 from hf_securesd.fused_warpers import TopKTopP, fuse_top_k_top_p
