@@ -19,13 +19,26 @@ SECRET_ENV_VARS = ("SECURESD_JUDGE_API_KEY", "OPENAI_API_KEY", "HF_TOKEN", "HUGG
                    "ANTHROPIC_API_KEY")
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6
-_SECRET_NAME = re.compile(r"(api[_-]?key|token|secret|password|passwd|authorization|bearer|credential)",
-                          re.IGNORECASE)
+# words that make an option or key name a secret's (`names_a_secret`); "tokens" (max_tokens) is a count
+_SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "authorization", "bearer", "credential",
+                           "credentials"})
+_API_KEY = re.compile(r"api[_-]?key", re.IGNORECASE)
 
 # environment variables whose values are treated as secrets wherever they appear
 _SECRET_ENV_NAME = re.compile(r"(_KEY|_TOKEN)$|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 # an option naming an environment variable holds a name, not a secret (--api-key-env NAME)
 _NAMES_A_VARIABLE = re.compile(r"[-_]env$", re.IGNORECASE)
+
+
+def names_a_secret(name: str) -> bool:
+    """Whether an option or key `name` names a secret: it holds an API key (``api_key``, ``--api-key``,
+    ``apiKey``) or one of its words (split at non-alphanumerics and camelCase humps) is a secret's
+    (``--token``, ``hf_token``, ``accessToken``, ``client_secret``, ``password``). Counts of tokens
+    (``--max-new-tokens``, ``max_tokens``) and tokenizers are not secrets."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    return bool(_API_KEY.search(name)) or any(
+        word in _SECRET_WORDS for word in re.split(r"[^a-z0-9]+", spaced.lower())
+    )
 
 
 def secret_env_values() -> list[str]:
@@ -66,7 +79,7 @@ def reject_secret_options(options: Mapping[str, Any], where: str = "judge option
     userinfo: such options are written to study.json and reports. The message says to use the
     environment instead."""
     for key, value in options.items():
-        if _SECRET_NAME.search(str(key)):
+        if names_a_secret(str(key)):
             raise ValueError(
                 f"{where} {key!r} looks like a secret; options are written to study.json and the report. "
                 "Put the key in the environment instead (SECURESD_JUDGE_API_KEY for the judge endpoint).")
@@ -92,7 +105,7 @@ def redact_command(argv: Sequence[str], extra: Iterable[str | None] = ()) -> str
             hide_next = False
             continue
         option, equals, value = word.partition("=")
-        secret_name = bool(_SECRET_NAME.search(option)) and not _NAMES_A_VARIABLE.search(option)
+        secret_name = names_a_secret(option) and not _NAMES_A_VARIABLE.search(option)
         if equals and secret_name:
             words.append(f"{option}={REDACTED}")
         elif word.startswith("-") and secret_name:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hf_securesd.bench.runner import provenance
-from hf_securesd.judges.secrets import REDACTED, redact_command
+from hf_securesd.judges.secrets import REDACTED, names_a_secret, redact_command
 
 SECRET = "sk-typed-0a1b2c3d4e5f"
 
@@ -41,3 +41,23 @@ def test_ordinary_words_and_variable_names_are_kept(monkeypatch):
     monkeypatch.setenv("SHORT_KEY", "abc")  # too short to be redacted safely
     argv = ["securesd", "bench", "--api-key-env", "OPENAI_API_KEY", "--limit", "abc", "--tasks", "jailbreak"]
     assert redact_command(argv) == "securesd bench --api-key-env OPENAI_API_KEY --limit abc --tasks jailbreak"
+
+
+def test_token_counts_are_not_secrets():
+    """Options that count tokens are recorded as typed; only a token itself is hidden."""
+    argv = ["securesd", "bench", "--max-new-tokens", "256", "--judge-option", "max_tokens=64", "--hf-token", SECRET]
+    assert redact_command(argv) == (
+        f"securesd bench --max-new-tokens 256 --judge-option max_tokens=64 --hf-token '{REDACTED}'"
+    )
+
+
+@pytest.mark.parametrize("name", ["api_key", "apiKey", "X-Api-Key", "hf_token", "accessToken", "client_secret",
+                                  "DB_PASSWORD", "bearer", "credentials"])
+def test_secret_names(name):
+    assert names_a_secret(name)
+
+
+@pytest.mark.parametrize("name", ["max_tokens", "maxTokens", "--max-new-tokens", "num_tokens", "tokenizer",
+                                  "threshold", "base_url"])
+def test_names_that_are_not_secrets(name):
+    assert not names_a_secret(name)

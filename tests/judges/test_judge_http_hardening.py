@@ -191,5 +191,6 @@ def test_secret_options_are_refused_and_text_is_redacted(monkeypatch):
     with pytest.raises(ValueError, match="URL with credentials"):
         reject_secret_options({"backend_kwargs": {"base_url": f"https://u:{SECRET}@example.com/v1"}})
     reject_secret_options({"backend": "openai", "threshold": 0.5, "prefix_list": "jailbreakbench"})
+    reject_secret_options({"backend_kwargs": {"max_tokens": 64}})  # a count of tokens, not a token
     monkeypatch.setenv("HF_TOKEN", SECRET)
     assert redact(f"token {SECRET} at https://user:pw@host/x") == "token [redacted] at https://[redacted]@host/x"
