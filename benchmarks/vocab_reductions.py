@@ -4,7 +4,8 @@ random logits of the tiny pair's and the real pair's vocabularies (outputs check
 * the argmax of drafts and of the target's verified positions: `torch.argmax` / `vocab_argmax`;
 * the finiteness check of raw logits: `(x * 0).sum()` (the previous check) / `x.sum()` (`Health`);
 * dropping finished rows from a KV cache layer: advanced indexing (transformers'
-  `batch_select_indices`) / `index_select` (`select_cache_rows`).
+  `batch_select_indices`) / `index_select` (`select_cache_rows`);
+* top-k then top-p (`top_k=50, top_p=0.9`): HF's two warpers / `TopKTopP` (outputs checked bitwise).
 
     taskset -c 0 env OMP_NUM_THREADS=1 python benchmarks/vocab_reductions.py
 """
@@ -16,8 +17,10 @@ import time
 from typing import Callable
 
 import torch
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from hf_securesd.argmax import vocab_argmax
+from hf_securesd.fused_warpers import TopKTopP
 
 
 def best_us(function: Callable[[], object], repeats: int) -> float:
@@ -62,6 +65,16 @@ def main() -> int:
         after = best_us(lambda: keys.index_select(0, rows), args.repeats)
         print(f"| cache rows ({shape[0] - 1} of {shape[0]}) | {list(shape)} | {before:.1f} | {after:.1f} | "
               f"{before / after:.2f}x |")
+    top_k, top_p = TopKLogitsWarper(50), TopPLogitsWarper(0.9)
+    fused = TopKTopP(top_k, top_p)
+    for shape in [(32, 259), (192, 259), (1, 151936), (16, 151936)]:
+        scores = torch.randn(*shape, generator=generator) * 3 / 0.7
+        if not torch.equal(fused(None, scores).view(torch.int32), top_p(None, top_k(None, scores)).view(torch.int32)):
+            raise SystemExit(f"MISMATCH: TopKTopP differs from HF's top-k then top-p on {shape}")
+        repeats = args.repeats if shape[-1] < 1000 else max(args.repeats // 6, 3)
+        before = best_us(lambda: top_p(None, top_k(None, scores)), repeats)
+        after = best_us(lambda: fused(None, scores), repeats)
+        print(f"| top-k + top-p | {list(shape)} | {before:.1f} | {after:.1f} | {before / after:.2f}x |")
     return 0
 
 
