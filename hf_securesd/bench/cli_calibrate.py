@@ -106,7 +106,7 @@ def _markdown(
     n_examples: dict[str, int],
     segments: Segments | None = None,
 ) -> str:
-    from hf_securesd.bench.report import fmt, table
+    from hf_securesd.bench.formatting import fmt, table
 
     models = manifest.get("models", {})
     ids = {role: models.get(role, {}).get("id", manifest[role]) for role in ("target", "draft")}

@@ -2,7 +2,8 @@
 the recorded cells of `runs.jsonl`.
 
 Written to RESULTS/report/: `report.md` (setup, per-configuration safety with paired flips against
-the target, verdict stability at a longer length, Table 1 and Table 5 analogs, baselines, every
+the target, verdict stability at a longer length, the safety–utility asymmetry per configuration,
+Table 1 and Table 5 analogs, baselines, every
 run, cost per tier, sampled responses),
 `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
 `position_tv.png` (Figure 2 analog). With RESULTS/card.json, a model card is written too
@@ -39,7 +40,9 @@ from hf_securesd.bench.analysis import (
     speculative_cells,
 )
 from hf_securesd.bench.card import companion_engines, write_card
+from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
+from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section
 from hf_securesd.bench.report_engines import engines_section
 from hf_securesd.bench.report_safety import (
     appendix_section,
@@ -53,28 +56,6 @@ from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
 
 KINDS = ("safety", "utility")
-
-
-def fmt(value: float | None, digits: int = 3) -> str:
-    """A number for a table; "–" when missing or not finite."""
-    return "–" if value is None or not math.isfinite(value) else f"{value:.{digits}f}"
-
-
-def fmt_ci(
-    value: float | None, ci: Sequence[float] | None, digits: int = 3, missing: str = "undefined"
-) -> str:
-    """``0.744 [0.61, 0.86]``; the interval is left out when there is none; `missing` stands for
-    a value that is absent or not finite."""
-    if value is None or not math.isfinite(value):
-        return missing
-    return fmt(value, digits) + ("" if not ci else f" [{fmt(ci[0], 2)}, {fmt(ci[1], 2)}]")
-
-
-def table(header: Sequence[str], rows: Iterable[Sequence[Any]]) -> str:
-    """A Markdown table."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def unparsed(cells: Iterable[Cell | None]) -> int:
@@ -390,6 +371,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     curves = prr_curves(main)
     bars = position_tv_bars(main)
     flips = flip_rows(cells, base, seed)
+    asymmetry = asymmetry_rows(cells, base, seed)
 
     lines = [
         f"# SecureSD benchmark report: `{manifest.get('target')}` with draft `{manifest.get('draft')}`",
@@ -404,6 +386,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     lines += length_check_section(cells)
     engine_lines, engines = engines_section(results, companion_engines(results.path))
     lines += engine_lines
+    lines += asymmetry_section(asymmetry)
     lines += [
         "## Safety vs utility by acceptance rate (Table 1 analog)",
         "",
@@ -513,6 +496,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         },
         "position_tv": bars,
         "flips": flips,
+        "asymmetry": asymmetry,
         "engines": engines,
     }
     (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")

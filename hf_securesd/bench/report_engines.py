@@ -24,11 +24,11 @@ directories' committed records.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
+from hf_securesd.bench.formatting import fmt
 from hf_securesd.bench.results import ResultsDir
 
 SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
@@ -159,8 +159,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
                 f"{row['equal_responses']} / {row['n']}",
                 row["differing_with_target_difference"],
                 _shift_text(row),
-                f"{_fmt(row['other_score'])} / {_fmt(row['score'])}",
-                f"{_fmt(row['other_acceptance_rate'])} / {_fmt(row['acceptance_rate'])}",
+                f"{fmt(row['other_score'])} / {fmt(row['score'])}",
+                f"{fmt(row['other_acceptance_rate'])} / {fmt(row['acceptance_rate'])}",
                 f"{row['flips']['n_lost']} / {row['flips']['n_gained']}",
                 f"{row['flips']['mcnemar_pvalue']:.3g}",
             ]
@@ -191,9 +191,9 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
                 "|" + "---|" * (6 + POSITIONS),
             ]
             for row in own:
-                rates = [_fmt(rate, 2) for rate in row["position_acceptance"]]
+                rates = [fmt(rate, 2) for rate in row["position_acceptance"]]
                 lines.append(
-                    f"| {row['config']} | {row['task']} | {row['n']} | {_fmt(row['acceptance_rate'])} | "
+                    f"| {row['config']} | {row['task']} | {row['n']} | {fmt(row['acceptance_rate'])} | "
                     f"{row['flips']['n_lost']} / {row['flips']['n_gained']} | "
                     f"{row['flips']['mcnemar_pvalue']:.3g} | " + " | ".join(rates) + " |"
                 )
@@ -213,7 +213,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             ]
             for row in replayed:
                 shown = (row["position_tv"] + [None] * POSITIONS)[:POSITIONS]
-                values = [_fmt(value, 3) for value in shown]
+                values = [fmt(value, 3) for value in shown]
                 lines.append(f"| {row['config']} | {row['task']} | {row['n']} | " + " | ".join(values) + " |")
             lines.append("")
     return lines, data
@@ -247,7 +247,3 @@ def own_target_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:
             "position_acceptance": rates + [None] * (POSITIONS - len(rates)),
         })
     return rows
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None or math.isnan(value) else f"{value:.{digits}f}"

@@ -10,7 +10,6 @@ A flip is an example whose binary outcome differs from the target-only run on th
 
 from __future__ import annotations
 
-import math
 import random
 from typing import Any, Sequence
 
@@ -22,6 +21,7 @@ from hf_securesd.bench.analysis import (
     mean_ci,
     primary_cells,
 )
+from hf_securesd.bench.formatting import fmt, fmt_ci
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -38,16 +38,6 @@ INJECTION_JUDGE = (
     "for it, so no agreement is measured. Here *lost* = the target resisted the injection and the "
     "configuration answered the injected task; *gained* = the reverse."
 )
-
-
-def _fmt(value: float | None, digits: int = 3) -> str:
-    return "–" if value is None or (isinstance(value, float) and not math.isfinite(value)) else f"{value:.{digits}f}"
-
-
-def _ci(value: float | None, ci: Sequence[float] | None, digits: int = 3) -> str:
-    if value is None or not math.isfinite(value):
-        return "undefined"
-    return _fmt(value, digits) + ("" if not ci else f" [{_fmt(ci[0], 2)}, {_fmt(ci[1], 2)}]")
 
 
 def _binary(cell: Cell) -> bool:
@@ -125,19 +115,19 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
         first = task_rows[0]
         target = base[("target", baseline_id)]
         header = (f"### {first['task']}, {first['n']} prompts, {first['max_new_tokens']} new tokens "
-                  f"(target-only AFR {_fmt(target['score'])})")
+                  f"(target-only AFR {fmt(target['score'])})")
         body = []
         for row in task_rows:
             flips = row["flips"]
             body.append(
                 [
                     row["config"],
-                    _fmt(row["acceptance_rate"]),
-                    _ci(row["score"], row["score_ci"]),
-                    "–" if row["config"] == "draft" else _ci(row["prr"], row["prr_ci"]),
-                    f"{flips['n_lost']} ({_ci(flips['lost_rate'], flips['lost_rate_ci'])})",
-                    f"{flips['n_gained']} ({_ci(flips['gained_rate'], flips['gained_rate_ci'])})",
-                    _ci(flips["flip_rate"], flips["flip_rate_ci"]),
+                    fmt(row["acceptance_rate"]),
+                    fmt_ci(row["score"], row["score_ci"]),
+                    "–" if row["config"] == "draft" else fmt_ci(row["prr"], row["prr_ci"]),
+                    f"{flips['n_lost']} ({fmt_ci(flips['lost_rate'], flips['lost_rate_ci'])})",
+                    f"{flips['n_gained']} ({fmt_ci(flips['gained_rate'], flips['gained_rate_ci'])})",
+                    fmt_ci(flips["flip_rate"], flips["flip_rate_ci"]),
                     f"{flips['mcnemar_pvalue']:.3g}",
                 ]
             )

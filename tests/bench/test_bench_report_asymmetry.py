@@ -1,0 +1,100 @@
+"""The safety–utility asymmetry section of `securesd report`: per configuration, PRR on a safety
+and a utility task and their difference with a bootstrap interval."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hf_securesd.bench.analysis import compute_prr
+from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section, prr_resamples
+from hf_securesd.bench.results import baselines
+
+
+def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[float], ar: float | None = None) -> dict:
+    n = len(scores)
+    return {
+        "cell": f"{config}|{task}",
+        "config": {"kind": kind},
+        "config_key": config,
+        "task": task,
+        "task_kind": task_kind,
+        "n": n,
+        "baseline_id": f"{task}|n={n}",
+        "example_ids": [f"{task}-{index}" for index in range(n)],
+        "scores": [float(score) for score in scores],
+        "acceptance_rate": ar,
+    }
+
+
+def _study(safety_method: list[int], utility_method: list[int], safety_draft: list[int] | None = None) -> list[dict]:
+    """A jailbreak task of 40 prompts (target refuses all, draft 10) and a GSM8K task of 40
+    problems (target solves 30, draft 0), with one speculative configuration on both."""
+    safety_target = [1] * 40
+    safety_draft = [1] * 10 + [0] * 30 if safety_draft is None else safety_draft
+    utility_target = [1] * 30 + [0] * 10
+    utility_draft = [0] * 40
+    return [
+        _cell("target", "target", "jailbreak", "safety", safety_target),
+        _cell("draft", "draft", "jailbreak", "safety", safety_draft),
+        _cell("speculative", "fsd", "jailbreak", "safety", safety_method, ar=0.9),
+        _cell("target", "target", "gsm8k", "utility", utility_target),
+        _cell("draft", "draft", "gsm8k", "utility", utility_draft),
+        _cell("speculative", "fsd", "gsm8k", "utility", utility_method, ar=0.95),
+    ]
+
+
+def test_safety_lost_and_utility_kept_is_a_positive_asymmetry_with_an_interval_above_zero() -> None:
+    # safety: the method refuses like the draft (PRR 0); utility: it solves the target's 30 (PRR 1)
+    cells = _study(safety_method=[1] * 10 + [0] * 30, utility_method=[1] * 30 + [0] * 10)
+    (row,) = asymmetry_rows(cells, baselines(cells))
+    assert row["config"] == "fsd"
+    assert row["safety"]["prr"] == pytest.approx(0.0) and row["utility"]["prr"] == pytest.approx(1.0)
+    assert row["difference"] == pytest.approx(1.0)
+    assert row["difference_ci"] == pytest.approx([1.0, 1.0])
+    assert (row["safety"]["acceptance_rate"], row["utility"]["acceptance_rate"]) == (0.9, 0.95)
+
+
+def test_no_asymmetry_gives_an_interval_around_zero() -> None:
+    # both halfway: safety 25 of 40 refused (draft 10, target 40), utility 15 of the target's 30
+    safety = [1] * 25 + [0] * 15
+    utility = [1] * 15 + [0] * 25
+    cells = _study(safety_method=safety, utility_method=utility)
+    (row,) = asymmetry_rows(cells, baselines(cells))
+    assert row["difference"] == pytest.approx(0.0)
+    low, high = row["difference_ci"]
+    assert low < -0.1 and high > 0.1  # 40 prompts each: a wide interval on both sides of 0
+
+
+def test_each_tasks_interval_is_the_prr_modules_own() -> None:
+    rng = np.random.default_rng(3)
+    safety = list(rng.integers(0, 2, 40))
+    utility = list(rng.integers(0, 2, 40))
+    cells = _study(safety_method=safety, utility_method=utility)
+    (row,) = asymmetry_rows(cells, baselines(cells), seed=5)
+    for kind, index in (("safety", 0), ("utility", 3)):
+        method, target, draft = (cells[index + offset]["scores"] for offset in (2, 0, 1))
+        reference = compute_prr(method, target, draft, seed=5)
+        assert row[kind]["prr"] == pytest.approx(reference["prr"])
+        assert row[kind]["prr_ci"] == pytest.approx(reference["prr_ci"])
+
+
+def test_a_safety_task_without_a_measurable_gap_is_left_out() -> None:
+    # the draft refuses 39 of the target's 40: the gap's interval holds 0, PRR means nothing there
+    cells = _study(safety_method=[1] * 40, utility_method=[1] * 30 + [0] * 10, safety_draft=[1] * 39 + [0])
+    assert asymmetry_rows(cells, baselines(cells)) == []
+    assert asymmetry_section([]) == []
+
+
+def test_resamples_are_nan_where_the_resampled_gap_vanishes() -> None:
+    prr, gap = prr_resamples([1.0, 0.0], [1.0, 0.0], [0.0, 0.0], np.random.default_rng(0))
+    vanished = gap == 0.0  # both picks were the second example
+    assert vanished.any() and np.isnan(prr[vanished]).all()
+    assert np.allclose(prr[~vanished], 1.0)
+
+
+def test_section_renders_one_row_per_pair() -> None:
+    cells = _study(safety_method=[1] * 10 + [0] * 30, utility_method=[1] * 30 + [0] * 10)
+    text = "\n".join(asymmetry_section(asymmetry_rows(cells, baselines(cells))))
+    assert "## Safety–utility asymmetry per configuration" in text
+    assert "| fsd | jailbreak | 0.900 | 0.000 [0.00, 0.00] | gsm8k | 0.950 | 1.000 [1.00, 1.00] | 1.000 [1.00, 1.00] |" in text
