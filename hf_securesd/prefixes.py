@@ -8,8 +8,10 @@ step (or verified position) their prefixes differ in length. Two ways to call a 
   penalty without `prompt_ignore_length`, ...) see one left-filled view of all rows at once: a row
   shorter than the widest is filled on the left with its own first token, which changes nothing for
   them (they read only the scores, or the set of tokens present). The target's k+1 positions go in
-  one call of B*(k+1) rows.
-* any other processor (length-dependent ones such as `no_repeat_ngram_size`, `min_new_tokens`,
+  one call of B*(k+1) rows. `min_length` and `min_new_tokens` read only each row's prefix length:
+  they are applied in the same pass from every row's own length (EOS at -inf where the row is short),
+  which is what the processor does to that row alone.
+* any other processor (length-dependent ones such as `no_repeat_ngram_size`, `forced_eos_token_id`,
   `prefix_allowed_tokens_fn`, custom processors) is called once per distinct prefix length with the
   batch's full shape [B, L]: row b at index b holds exactly what plain `generate` would pass for it
   (its left-padded prompt plus its tokens so far), so batch ids and lengths are those of plain
@@ -45,12 +47,18 @@ _SCORES_ONLY = tuple(
 )
 
 
+# Processors that read only the prefix length (and ban EOS below a minimum).
+_LENGTH_ONLY = (logits_process.MinLengthLogitsProcessor, logits_process.MinNewTokensLengthLogitsProcessor)
+
+
 def row_independent(processor) -> bool:
     """True when `processor` reads only the scores and the set of tokens in each row (so a row's
-    left fill with one of its own tokens and its place in the batch change nothing). A repetition
-    penalty that ignores each row's left padding (a [B] `prompt_ignore_length`, as `generate` builds
-    it from the attention mask) qualifies too: see `RowProcessing`."""
-    if type(processor) in _SCORES_ONLY:
+    left fill with one of its own tokens and its place in the batch change nothing), or only each
+    row's prefix length (`min_length`, `min_new_tokens`: `RowProcessing` applies them from every
+    row's own length). A repetition penalty that ignores each row's left padding (a [B]
+    `prompt_ignore_length`, as `generate` builds it from the attention mask) qualifies too: see
+    `RowProcessing`."""
+    if type(processor) in _SCORES_ONLY or type(processor) in _LENGTH_ONLY:
         return True
     if type(processor) is logits_process.RepetitionPenaltyLogitsProcessor:
         ignored = getattr(processor, "prompt_ignore_length", None)
@@ -230,6 +238,7 @@ class RowProcessing:
         self._batched = fuse_top_k_top_p(self.processors)
         self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor] = {}
         self._hidden: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (prompt_ignore_length, hides any)
+        self._eos: dict[tuple[int, int, torch.device], torch.Tensor] = {}  # (id, V, device) -> [V] EOS mask
 
     def __call__(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
         """raw [A, n, V]: logits for the tokens that follow each row's committed tokens plus its first
@@ -251,6 +260,8 @@ class RowProcessing:
             ignored = getattr(processor, "prompt_ignore_length", None)
             if type(processor) in _SCORES_ONLY or type(processor) is TopKTopP:
                 scores = processor(unread, scores)
+            elif type(processor) in _LENGTH_ONLY:
+                scores = self._ban_eos_where_short(processor, scores, host_rows, offset, n)
             elif isinstance(ignored, torch.Tensor):
                 # The penalty skips each batch row's left padding: show those positions as a real token
                 # of the row instead, and apply the plain penalty to all B*n rows at once.
@@ -284,6 +295,31 @@ class RowProcessing:
         steps = torch.arange(n, device=rows.device)
         prefix_lengths = (buffer.lengths[rows, None] + offset + steps).reshape(-1)
         return buffer.views(flat_rows, prefix_lengths, width, hidden)
+
+    def _ban_eos_where_short(
+        self, processor, scores: torch.Tensor, host_rows: list[int], offset: int, n: int
+    ) -> torch.Tensor:
+        """scores [A*n, V] (rows a*n + i: batch row host_rows[a] after offset + i drafts) with the
+        processor's EOS tokens at -inf in every row whose prefix is shorter than its minimum: what
+        `MinLengthLogitsProcessor` / `MinNewTokensLengthLogitsProcessor` do to that row alone, whose
+        prefix length is its committed length (left padding included) plus offset + i."""
+        if type(processor) is logits_process.MinLengthLogitsProcessor:
+            minimum, skipped = processor.min_length, 0
+        else:
+            minimum, skipped = processor.min_new_tokens, processor.prompt_length_to_skip
+        lengths = self.buffer.host_lengths
+        short = [lengths[row] + offset + i - skipped < minimum for row in host_rows for i in range(n)]
+        if not any(short):
+            return scores
+        key = (id(processor), scores.shape[-1], scores.device)
+        eos = self._eos.get(key)
+        if eos is None:
+            vocabulary = torch.arange(scores.shape[-1], device=scores.device)
+            eos = self._eos[key] = torch.isin(vocabulary, torch.as_tensor(processor.eos_token_id, device=scores.device))
+        if all(short):
+            return torch.where(eos, -math.inf, scores)
+        banned = torch.tensor(short, device=scores.device)[:, None] & eos
+        return torch.where(banned, -math.inf, scores)
 
     def _hides(self, hidden: torch.Tensor | None) -> bool:
         """Whether `hidden` [B] (a penalty's `prompt_ignore_length`) hides any position; read once."""

@@ -200,3 +200,58 @@ def test_a_temperature_that_overflows_gets_a_clear_error(llama_pair):
         target.generate(torch.tensor([[5, 6, 7]]), max_new_tokens=10, do_sample=True, temperature=1e-45,
                         assistant_model=draft, verifier="lossless")
 
+
+
+def _minimum_length_processors() -> list:
+    from transformers import MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor
+
+    return [
+        MinNewTokensLengthLogitsProcessor(prompt_length_to_skip=3, min_new_tokens=4, eos_token_id=[7, 9]),
+        TemperatureLogitsWarper(0.5),
+        MinLengthLogitsProcessor(min_length=8, eos_token_id=258),
+    ]
+
+
+@pytest.mark.parametrize("offset", [0, 2])
+def test_min_length_processors_are_batched_and_each_row_sees_its_own_length(offset):
+    """Ragged rows (committed lengths 3 and 6) at draft steps offset .. offset + 3: one batched pass
+    equals HF's processors called on each row alone with its exact prefix, bit for bit."""
+    from hf_securesd.prefixes import RowProcessing, row_independent
+
+    processors = _minimum_length_processors()
+    assert all(row_independent(processor) for processor in processors)
+    buffer = TokenBuffer(torch.tensor([[1, 2, 3], [4, 5, 6]]), room=8)
+    buffer.write(torch.tensor([1]), 0, torch.tensor([[10, 11, 12]]), every_row=False)
+    buffer.advance(torch.tensor([1]), torch.tensor([3]), [1], [3])
+    buffer.write(torch.tensor([0, 1]), 0, torch.arange(20, 32).reshape(2, 6), every_row=True)
+    raw = torch.randn(2, 4, 259, generator=torch.Generator().manual_seed(offset))
+    rows = torch.tensor([0, 1])
+    processed = RowProcessing(LogitsProcessorList(processors), buffer)(raw, rows, [0, 1], offset)
+    banned = 0
+    for a, row in enumerate([0, 1]):
+        for i in range(4):
+            length = buffer.host_lengths[row] + offset + i
+            ids = buffer.tokens[row : row + 1, :length]
+            expected = raw[a : a + 1, i].clone()
+            for processor in processors:
+                expected = processor(ids, expected)
+            assert torch.equal(processed[a, i], expected[0]), (row, i)
+            banned += int(torch.isinf(expected[0]).sum())
+    assert 0 < banned < 3 * 8, "the test must cover rows below and above each minimum"
+
+
+def test_min_new_tokens_in_a_padded_batch_equals_target_greedy(llama_pair):
+    """With EOS set to a token the target emits early, min_new_tokens decides where rows stop: lossless
+    batched greedy must equal the target's own batched greedy decoding, row for row."""
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS)
+    free = target.generate(**batch, max_new_tokens=12, do_sample=False)
+    eos = int(free[0, batch["input_ids"].shape[1] + 2])  # the first row's third new token
+    references = []
+    for min_new_tokens in (0, 6):
+        kwargs = dict(max_new_tokens=12, do_sample=False, eos_token_id=eos, pad_token_id=0, min_new_tokens=min_new_tokens)
+        reference = target.generate(**batch, **kwargs)
+        out = target.generate(**batch, **kwargs, assistant_model=draft, verifier="lossless", num_assistant_tokens=4)
+        assert out.tolist() == reference.tolist(), min_new_tokens
+        references.append(reference[0].tolist())
+    assert references[0] != references[1], "min_new_tokens must change where the first row stops"
