@@ -62,26 +62,28 @@ class TopKTopP:
         k = min(self.top_k.top_k, vocab)
         part = np.partition(values, vocab - k, axis=1)
         kth = part[:, vocab - k, None]  # [N, 1] the K-th largest
-        filtered = np.where(values < kth, NEG_INF, values)  # top-k's output: top-p's input
         ties = np.count_nonzero(part[:, : vocab - k] == kth, axis=1)  # [N] kth's ties beyond the K
         width = int(ties.max())
         tail = np.sort(part[:, vocab - k :], axis=1)  # [N, K] the K largest ascending
         if width:
             padding = np.where(np.arange(width)[None] >= width - ties[:, None], kth, NEG_INF)
             tail = np.concatenate([padding, tail], axis=1)
-        out, handed = self._cut(filtered, tail, lead=vocab - k - width)
+        above, handed = self._cut(tail, vocab, lead=vocab - k - width)
+        # One pass for both warpers: top-k removes the scores < kth, top-p those <= its last removed value
+        # (>= kth), i.e. < `above`, the next float32 after it.
+        out = torch.from_numpy(np.where(values < np.maximum(above, kth), NEG_INF, values))
         if handed.size:
             rows = torch.from_numpy(handed)
             own_ids = input_ids[rows] if input_ids is not None and input_ids.shape[0] == len(values) else input_ids
             out[rows] = self.top_p(own_ids, self.top_k(own_ids, scores[rows]))
         return out
 
-    def _cut(self, values: np.ndarray, tail: np.ndarray, lead: int) -> tuple[torch.Tensor, np.ndarray]:
-        """Top-p of values [N, V] float32 from the last V - lead columns of its rows sorted ascending
-        (tail [N, V - lead]; each sorted row's first lead entries are -inf) -> (the [N, V] output for the
-        rows decided here, the [H] rows that are not: see the module docstring)."""
-        rows, vocab = values.shape
-        width = tail.shape[1]
+    def _cut(self, tail: np.ndarray, vocab: int, lead: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-p of rows of `vocab` scores after top-k, from the last vocab - lead entries of each row
+        sorted ascending (tail [N, vocab - lead]; each sorted row's first lead entries are -inf) ->
+        (above [N, 1] float32: top-p removes exactly the scores below it, -inf where it removes none of
+        the finite ones; the [H] rows that are not decided here: see the module docstring)."""
+        rows, width = tail.shape
         peak = tail[:, -1:].astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
             cumulative = np.cumsum(np.exp(tail - peak), axis=1)  # float64; exact zeros for -inf
@@ -97,8 +99,10 @@ class TopKTopP:
         first_kept = np.where(count >= lead, tail[index, np.clip(count - lead, 0, width - 1)], NEG_INF)
         cut = count > 0
         handed = np.flatnonzero(uncertain | (cut & (last_removed == first_kept)) | ~np.isfinite(peak[:, 0]))
-        removed = (values <= last_removed[:, None]) & cut[:, None]
-        return torch.from_numpy(np.where(removed, NEG_INF, values)), handed
+        # A score <= last_removed (finite) is < the next float32 after it.
+        removes = cut & np.isfinite(last_removed)
+        above = np.where(removes, np.nextafter(last_removed, np.float32(np.inf)), NEG_INF).astype(np.float32)
+        return above[:, None], handed
 
 
 def _cumulative_error(finite: int) -> float:
