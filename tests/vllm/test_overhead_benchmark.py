@@ -81,3 +81,24 @@ def test_every_configuration_gets_its_pooled_figure_and_the_table_prints_it(over
     overhead.print_table("ngram", rows)
     printed = capsys.readouterr().out
     assert "pooled vs vLLM [95% CI]" in printed and "   0.600 [" in printed
+
+
+def test_the_tiny_pair_takes_a_tokenizers_vocabulary(overhead, tmp_path) -> None:
+    """`--tokenizer DIR`: the pair is built at the vocabulary size of DIR's config.json and saved with
+    DIR's tokenizer, so the sampler runs at a real model's vocabulary."""
+    import json
+
+    from transformers import AutoConfig, AutoTokenizer
+
+    from hf_securesd.tiny import byte_tokenizer
+
+    source = tmp_path / "tokenizer"
+    byte_tokenizer().save_pretrained(source)
+    (source / "config.json").write_text(json.dumps({"vocab_size": 1024}))
+    target, draft = overhead.build_tiny_pair(tmp_path / "pair", str(source))
+    for folder in (target, draft):
+        assert AutoConfig.from_pretrained(folder).vocab_size == 1024
+        assert len(AutoTokenizer.from_pretrained(folder)) == len(byte_tokenizer())
+    (source / "config.json").unlink()  # without a config, the tokenizer's own length
+    target, _ = overhead.build_tiny_pair(tmp_path / "pair_from_length", str(source))
+    assert AutoConfig.from_pretrained(target).vocab_size == len(byte_tokenizer())
