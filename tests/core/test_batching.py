@@ -3,7 +3,7 @@
 Greedy batched output must equal the same prompts run one at a time, for every verifier with the
 deterministic schedules (None, Step). Linear and Power make verification random even at T = 0
 (alpha_mix is fractional there), so for them, as for sampling, the batched output is checked in
-distribution (tests/test_lossless_sampling.py draws its samples in batches).
+distribution (tests/core/test_lossless_sampling.py draws its samples in batches).
 """
 
 from __future__ import annotations

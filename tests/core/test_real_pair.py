@@ -5,7 +5,7 @@ fp32 and the draft in bf16: in bf16, a k-token verification forward rounds diffe
 one-token forwards, so near-ties can flip and token equality would fail for reasons unrelated to
 the verifier. About 10 minutes on 2 CPU cores.
 
-    HF_HUB_OFFLINE=1 python -m pytest -m slow tests/test_real_pair.py
+    HF_HUB_OFFLINE=1 python -m pytest -m slow tests/core/test_real_pair.py
 """
 
 from __future__ import annotations
