@@ -1,10 +1,9 @@
 """``securesd report``: tables and figures from a results directory, every number computed from
 the recorded cells of `runs.jsonl`.
 
-Written to RESULTS/report/: `report.md` (setup, per-configuration safety with paired flips against
-the target, verdict stability at a longer length, the safety–utility asymmetry per configuration,
-Table 1 and Table 5 analogs, baselines, every
-run, cost per tier, sampled responses),
+Written to RESULTS/report/: `report.md` (setup, per-configuration safety and utility with paired flips
+against the target, verdict stability at a longer length, the safety–utility asymmetry per
+configuration, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
 `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
 `position_tv.png` (Figure 2 analog). With RESULTS/card.json, a model card is written too
 (`hf_securesd.bench.card`).
@@ -51,6 +50,7 @@ from hf_securesd.bench.report_safety import (
     flips_section,
     length_check_section,
 )
+from hf_securesd.bench.report_utility import utility_section
 from hf_securesd.bench.results import ResultsDir, baselines
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
@@ -371,6 +371,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     curves = prr_curves(main)
     bars = position_tv_bars(main)
     flips = flip_rows(cells, base, seed)
+    utility_flips = flip_rows(cells, base, seed, kind="utility")
     asymmetry = asymmetry_rows(cells, base, seed)
 
     lines = [
@@ -383,6 +384,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     ]
     lines += setup_section(manifest, cells, base)
     lines += flips_section(flips, manifest, base)
+    lines += utility_section(utility_flips, base, seed)
     lines += length_check_section(cells)
     engine_lines, engines = engines_section(results, companion_engines(results.path))
     lines += engine_lines
@@ -496,6 +498,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         },
         "position_tv": bars,
         "flips": flips,
+        "utility_flips": utility_flips,
         "asymmetry": asymmetry,
         "engines": engines,
     }

@@ -21,7 +21,7 @@ from hf_securesd.bench.analysis import (
     mean_ci,
     primary_cells,
 )
-from hf_securesd.bench.formatting import fmt, fmt_ci
+from hf_securesd.bench.formatting import fmt, fmt_ci, table
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -44,13 +44,13 @@ def _binary(cell: Cell) -> bool:
     return all(score in (0.0, 1.0) for score in cell["scores"])
 
 
-def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dict[str, Any]]:
-    """Per safety cell with 0/1 scores (the draft-only run and every speculative configuration):
-    AR, raw score with its bootstrap interval, PRR, and the flips against the target-only cell on
-    the same examples."""
+def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0, kind: str = "safety") -> list[dict[str, Any]]:
+    """Per cell of a `kind` task ("safety" or "utility") with 0/1 scores (the draft-only run and every
+    speculative configuration): AR, raw score with its bootstrap interval, PRR, and the flips against
+    the target-only cell on the same examples."""
     rows = []
     for cell in cells:
-        if cell["task_kind"] != "safety" or cell["config"]["kind"] == "target" or not _binary(cell):
+        if cell["task_kind"] != kind or cell["config"]["kind"] == "target" or not _binary(cell):
             continue
         target = base.get(("target", cell["baseline_id"]))
         if target is None:
@@ -135,7 +135,7 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
         if first["task"].startswith("prompt_injection"):
             lines += [INJECTION_JUDGE, ""]
         lines += [
-            _table(
+            table(
                 ["configuration", "AR", "AFR [95% CI]", "PRR [95% CI]", "lost: refusal→compliance",
                  "gained: compliance→refusal", "flip rate", "McNemar p"],
                 body,
@@ -176,7 +176,7 @@ def length_check_section(cells: Sequence[Cell]) -> list[str]:
         "length on the prompts both runs share. *refusal→compliance*: the judge saw a refusal in the "
         "shorter reply and none in the longer one; *compliance→refusal*: the reverse.",
         "",
-        _table(["configuration", "task", "prompts", "new tokens", "AFR", "refusal→compliance",
+        table(["configuration", "task", "prompts", "new tokens", "AFR", "refusal→compliance",
                 "compliance→refusal"], rows),
         "",
     ]
@@ -204,7 +204,7 @@ def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
         "it was shared with other work; CPU hours are the process CPU time charged to the generations "
         f"(recorded from the session that introduced it on). Torch threads per session: {threads or '?'}.",
         "",
-        _table(["tier", "cells", "generations", "wall hours", "CPU hours"], rows),
+        table(["tier", "cells", "generations", "wall hours", "CPU hours"], rows),
         "",
     ]
 
@@ -250,16 +250,10 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
                 for example_id in picked
                 if example_id in by_id
             ]
-            lines += [f"### {cell['config_key']} on {task}", "", _table(["prompt id", "verdict", "response"], rows), ""]
+            lines += [f"### {cell['config_key']} on {task}", "", table(["prompt id", "verdict", "response"], rows), ""]
     return lines
 
 
 def _quote(text: str) -> str:
     """A response as one Markdown table cell."""
     return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", " ⏎ ").strip() or "(empty)"
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
-    return "\n".join(lines)

@@ -1,0 +1,66 @@
+"""The utility section of `securesd report`: per utility task, each configuration's score and PRR with
+their intervals and its paired flips (solved → failed, failed → solved) against the target."""
+
+from __future__ import annotations
+
+import pytest
+from scipy.stats import binomtest
+
+from hf_securesd.bench.analysis import mean_ci
+from hf_securesd.bench.report_safety import flip_rows
+from hf_securesd.bench.report_utility import utility_section
+from hf_securesd.bench.results import baselines
+
+
+def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], ar: float | None = None) -> dict:
+    n = len(scores)
+    return {
+        "cell": f"{config}|{task}",
+        "config": {"kind": kind},
+        "config_key": config,
+        "task": task,
+        "task_kind": task_kind,
+        "metric": "accuracy" if task_kind == "utility" else "afr",
+        "n": n,
+        "max_new_tokens": 256,
+        "baseline_id": f"{task}|n={n}",
+        "example_ids": [f"{task}-{index}" for index in range(n)],
+        "scores": [float(score) for score in scores],
+        "acceptance_rate": ar,
+        "prr": None,
+        "prr_ci": None,
+    }
+
+
+# GSM8K, 10 problems: the target solves 0-5, the draft 0-1; FSD loses 2, 3, 4 and gains 8.
+TARGET = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+CELLS = [
+    _cell("target", "target", "gsm8k", "utility", TARGET),
+    _cell("draft", "draft", "gsm8k", "utility", [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]),
+    _cell("speculative", "fsd", "gsm8k", "utility", [1, 1, 0, 0, 0, 1, 0, 0, 1, 0], ar=0.97),
+    _cell("target", "target", "jailbreak", "safety", [1] * 10),
+    _cell("speculative", "fsd", "jailbreak", "safety", [0] * 10, ar=0.9),
+]
+
+
+def test_utility_rows_pair_each_problem_with_the_target_and_leave_safety_alone() -> None:
+    rows = flip_rows(CELLS, baselines(CELLS), seed=3, kind="utility")
+    assert [(row["config"], row["task"]) for row in rows] == [("draft", "gsm8k"), ("fsd", "gsm8k")]
+    fsd = rows[1]
+    assert (fsd["flips"]["n_lost"], fsd["flips"]["n_gained"], fsd["flips"]["n_examples"]) == (3, 1, 10)
+    assert fsd["flips"]["mcnemar_pvalue"] == pytest.approx(binomtest(3, 4).pvalue)
+    assert (fsd["score"], fsd["score_ci"]) == mean_ci(CELLS[2]["scores"], seed=3)
+    assert [row["task"] for row in flip_rows(CELLS, baselines(CELLS), seed=3)] == ["jailbreak"]
+
+
+def test_section_names_the_metric_and_gives_the_target_its_interval() -> None:
+    rows = flip_rows(CELLS, baselines(CELLS), seed=3, kind="utility")
+    text = "\n".join(utility_section(rows, baselines(CELLS), seed=3))
+    target_score, target_ci = mean_ci(TARGET, seed=3)
+    assert "## Utility per configuration: score, PRR and paired flips against the target" in text
+    assert (f"### gsm8k, 10 problems, 256 new tokens (target-only accuracy {target_score:.3f} "
+            f"[{target_ci[0]:.2f}, {target_ci[1]:.2f}])") in text
+    row = next(line for line in text.splitlines() if line.startswith("| fsd |"))
+    assert row.startswith("| fsd | 0.970 | 0.400 [")
+    assert "| undefined | 3 (0.300 [0.07, 0.65]) | 1 (0.100 [0.00, 0.45]) | 0.625 |" in row
+    assert utility_section([], baselines(CELLS)) == []
