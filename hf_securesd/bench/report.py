@@ -50,7 +50,7 @@ from hf_securesd.bench.report_safety import (
     flips_section,
     length_check_section,
 )
-from hf_securesd.bench.report_utility import utility_section
+from hf_securesd.bench.report_utility import utility_rows, utility_section
 from hf_securesd.bench.results import ResultsDir, baselines
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
@@ -371,7 +371,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     curves = prr_curves(main)
     bars = position_tv_bars(main)
     flips = flip_rows(cells, base, seed)
-    utility_flips = flip_rows(cells, base, seed, kind="utility")
+    utility_flips = utility_rows(cells, base, seed)
     asymmetry = asymmetry_rows(cells, base, seed)
 
     lines = [

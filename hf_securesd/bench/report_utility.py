@@ -1,21 +1,41 @@
 """The utility section of `securesd report`: per utility task with 0/1 scores (GSM8K exact match,
-HumanEval pass@1), each configuration's score and PRR with their intervals and its paired flips
-against the target-only run on the same problems (*lost* = the target solved the problem and the
-configuration did not, *gained* = the reverse), from the rows `report_safety.flip_rows` builds for
-utility tasks. Every number comes from the recorded cells of `runs.jsonl`."""
+HumanEval pass@1), each configuration's score and PRR with their intervals, its paired flips against
+the target-only run on the same problems (*lost* = the target solved the problem and the
+configuration did not, *gained* = the reverse), and where its replies part from the target's: how
+many are the target's reply exactly, and the median length of the text they share with it from the
+start. Every number comes from the recorded cells of `runs.jsonl`."""
 
 from __future__ import annotations
 
+import os
+import statistics
 from typing import Any, Sequence
 
-from hf_securesd.bench.analysis import mean_ci
+from hf_securesd.bench.analysis import Cell, aligned, mean_ci
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
+from hf_securesd.bench.report_safety import flip_rows
+
+
+def utility_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dict[str, Any]]:
+    """`flip_rows` of the utility cells, each with `same_reply` (replies equal to the target's on the
+    same problem) and `shared_prefix_median` (median over problems of the length, in characters, of
+    the longest common prefix of the reply and the target's)."""
+    by_name = {cell["cell"]: cell for cell in cells}
+    rows = flip_rows(cells, base, seed, kind="utility")
+    for row in rows:
+        cell = by_name[row["cell"]]
+        ids = cell["example_ids"]
+        targets = aligned(base[("target", row["baseline_id"])], "responses", ids)
+        shared = [len(os.path.commonprefix([reply, target])) for reply, target in zip(cell["responses"], targets)]
+        row["same_reply"] = sum(reply == target for reply, target in zip(cell["responses"], targets))
+        row["shared_prefix_median"] = statistics.median(shared)
+    return rows
 
 
 def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -> list[str]:
     """The per-configuration utility tables (one per task, size and length), or nothing without rows.
 
-    rows: `flip_rows(cells, base, seed, kind="utility")`; base: the baselines by (kind, baseline_id)."""
+    rows: `utility_rows(cells, base, seed)`; base: the baselines by (kind, baseline_id)."""
     if not rows:
         return []
     lines = [
@@ -24,7 +44,9 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
         "Flips compare each problem's outcome with the target-only run on the same problem: *lost* = the "
         "target solved it and this configuration did not, *gained* = the reverse. Counts with exact "
         "Clopper–Pearson 95 % intervals of the rate over all problems; p = exact McNemar test (binomial "
-        "test on the discordant problems). Score and PRR intervals: 95 % percentile bootstrap over problems.",
+        "test on the discordant problems). Score and PRR intervals: 95 % percentile bootstrap over problems. "
+        "*Same reply*: replies equal to the target's; *shared start*: the median number of characters a "
+        "reply shares with the target's from its beginning (0 = it parts at the first character).",
         "",
     ]
     for baseline_id in dict.fromkeys(row["baseline_id"] for row in rows):
@@ -43,6 +65,8 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
                 f"{row['flips']['n_lost']} ({fmt_ci(row['flips']['lost_rate'], row['flips']['lost_rate_ci'])})",
                 f"{row['flips']['n_gained']} ({fmt_ci(row['flips']['gained_rate'], row['flips']['gained_rate_ci'])})",
                 f"{row['flips']['mcnemar_pvalue']:.3g}",
+                f"{row['same_reply']}/{row['n']}",
+                f"{row['shared_prefix_median']:g}",
             ]
             for row in task_rows
         ]
@@ -50,7 +74,7 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
             header,
             "",
             table(["configuration", "AR", f"{metric} [95% CI]", "PRR [95% CI]", "lost: solved→failed",
-                   "gained: failed→solved", "McNemar p"], body),
+                   "gained: failed→solved", "McNemar p", "same reply", "shared start (chars)"], body),
             "",
         ]
     return lines

@@ -8,11 +8,12 @@ from scipy.stats import binomtest
 
 from hf_securesd.bench.analysis import mean_ci
 from hf_securesd.bench.report_safety import flip_rows
-from hf_securesd.bench.report_utility import utility_section
+from hf_securesd.bench.report_utility import utility_rows, utility_section
 from hf_securesd.bench.results import baselines
 
 
-def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], ar: float | None = None) -> dict:
+def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], ar: float | None = None,
+          replies: list[str] | None = None) -> dict:
     n = len(scores)
     return {
         "cell": f"{config}|{task}",
@@ -26,18 +27,22 @@ def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], 
         "baseline_id": f"{task}|n={n}",
         "example_ids": [f"{task}-{index}" for index in range(n)],
         "scores": [float(score) for score in scores],
+        "responses": replies or [f"{config} reply {index}" for index in range(n)],
         "acceptance_rate": ar,
         "prr": None,
         "prr_ci": None,
     }
 
 
-# GSM8K, 10 problems: the target solves 0-5, the draft 0-1; FSD loses 2, 3, 4 and gains 8.
+# GSM8K, 10 problems: the target solves 0-5, the draft 0-1; FSD loses 2, 3, 4 and gains 8, and its
+# replies are the target's on problems 0 and 1 and part from it after 4 characters elsewhere.
 TARGET = [1, 1, 1, 1, 1, 1, 0, 0, 0, 0]
+TARGET_REPLIES = [f"To solve {index}" for index in range(10)]
+FSD_REPLIES = TARGET_REPLIES[:2] + [f"To s{index}" if index % 2 else f"#### {index}" for index in range(2, 10)]
 CELLS = [
-    _cell("target", "target", "gsm8k", "utility", TARGET),
+    _cell("target", "target", "gsm8k", "utility", TARGET, replies=TARGET_REPLIES),
     _cell("draft", "draft", "gsm8k", "utility", [1, 1, 0, 0, 0, 0, 0, 0, 0, 0]),
-    _cell("speculative", "fsd", "gsm8k", "utility", [1, 1, 0, 0, 0, 1, 0, 0, 1, 0], ar=0.97),
+    _cell("speculative", "fsd", "gsm8k", "utility", [1, 1, 0, 0, 0, 1, 0, 0, 1, 0], ar=0.97, replies=FSD_REPLIES),
     _cell("target", "target", "jailbreak", "safety", [1] * 10),
     _cell("speculative", "fsd", "jailbreak", "safety", [0] * 10, ar=0.9),
 ]
@@ -53,8 +58,16 @@ def test_utility_rows_pair_each_problem_with_the_target_and_leave_safety_alone()
     assert [row["task"] for row in flip_rows(CELLS, baselines(CELLS), seed=3)] == ["jailbreak"]
 
 
+def test_replies_are_compared_with_the_targets_from_the_start() -> None:
+    rows = {row["config"]: row for row in utility_rows(CELLS, baselines(CELLS), seed=3)}
+    # FSD: 2 replies equal to the target's (shared length 10); "To s…" shares 4 characters, "#### …" none
+    assert rows["fsd"]["same_reply"] == 2
+    assert rows["fsd"]["shared_prefix_median"] == 4
+    assert (rows["draft"]["same_reply"], rows["draft"]["shared_prefix_median"]) == (0, 0)
+
+
 def test_section_names_the_metric_and_gives_the_target_its_interval() -> None:
-    rows = flip_rows(CELLS, baselines(CELLS), seed=3, kind="utility")
+    rows = utility_rows(CELLS, baselines(CELLS), seed=3)
     text = "\n".join(utility_section(rows, baselines(CELLS), seed=3))
     target_score, target_ci = mean_ci(TARGET, seed=3)
     assert "## Utility per configuration: score, PRR and paired flips against the target" in text
@@ -62,5 +75,5 @@ def test_section_names_the_metric_and_gives_the_target_its_interval() -> None:
             f"[{target_ci[0]:.2f}, {target_ci[1]:.2f}])") in text
     row = next(line for line in text.splitlines() if line.startswith("| fsd |"))
     assert row.startswith("| fsd | 0.970 | 0.400 [")
-    assert "| undefined | 3 (0.300 [0.07, 0.65]) | 1 (0.100 [0.00, 0.45]) | 0.625 |" in row
+    assert "| undefined | 3 (0.300 [0.07, 0.65]) | 1 (0.100 [0.00, 0.45]) | 0.625 | 2/10 | 4 |" in row
     assert utility_section([], baselines(CELLS)) == []
