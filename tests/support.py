@@ -73,3 +73,26 @@ def record_cells(store, task_run, plan, finished: dict | None = None, *, specula
         finished[cell["cell"]] = cell
         store.add_run(cell)
     return finished
+
+
+def scored_cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], ar: float | None = None,
+                replies: list[str] | None = None) -> dict:
+    """A recorded cell as `runs.jsonl` holds it, built from per-example 0/1 scores (for report tests)."""
+    n = len(scores)
+    return {
+        "cell": f"{config}|{task}",
+        "config": {"kind": kind},
+        "config_key": config,
+        "task": task,
+        "task_kind": task_kind,
+        "metric": "accuracy" if task_kind == "utility" else "afr",
+        "n": n,
+        "max_new_tokens": 256,
+        "baseline_id": f"{task}|n={n}",
+        "example_ids": [f"{task}-{index}" for index in range(n)],
+        "scores": [float(score) for score in scores],
+        "responses": replies or [f"{config} reply {index}" for index in range(n)],
+        "acceptance_rate": ar,
+        "prr": None,
+        "prr_ci": None,
+    }

@@ -5,26 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from support import scored_cell as _cell
 
 from hf_securesd.bench.analysis import compute_prr
 from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section, prr_resamples
 from hf_securesd.bench.results import baselines
-
-
-def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[float], ar: float | None = None) -> dict:
-    n = len(scores)
-    return {
-        "cell": f"{config}|{task}",
-        "config": {"kind": kind},
-        "config_key": config,
-        "task": task,
-        "task_kind": task_kind,
-        "n": n,
-        "baseline_id": f"{task}|n={n}",
-        "example_ids": [f"{task}-{index}" for index in range(n)],
-        "scores": [float(score) for score in scores],
-        "acceptance_rate": ar,
-    }
 
 
 def _study(safety_method: list[int], utility_method: list[int], safety_draft: list[int] | None = None) -> list[dict]:

@@ -6,32 +6,12 @@ from __future__ import annotations
 import pytest
 from scipy.stats import binomtest
 
+from support import scored_cell as _cell
+
 from hf_securesd.bench.analysis import mean_ci
 from hf_securesd.bench.report_safety import flip_rows
 from hf_securesd.bench.report_utility import utility_rows, utility_section
 from hf_securesd.bench.results import baselines
-
-
-def _cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], ar: float | None = None,
-          replies: list[str] | None = None) -> dict:
-    n = len(scores)
-    return {
-        "cell": f"{config}|{task}",
-        "config": {"kind": kind},
-        "config_key": config,
-        "task": task,
-        "task_kind": task_kind,
-        "metric": "accuracy" if task_kind == "utility" else "afr",
-        "n": n,
-        "max_new_tokens": 256,
-        "baseline_id": f"{task}|n={n}",
-        "example_ids": [f"{task}-{index}" for index in range(n)],
-        "scores": [float(score) for score in scores],
-        "responses": replies or [f"{config} reply {index}" for index in range(n)],
-        "acceptance_rate": ar,
-        "prr": None,
-        "prr_ci": None,
-    }
 
 
 # GSM8K, 10 problems: the target solves 0-5, the draft 0-1; FSD loses 2, 3, 4 and gains 8, and its
