@@ -5,10 +5,11 @@ scores on a CPU, milliseconds for a 150k vocabulary) and `TopKLogitsWarper` runs
 speculative round filters B*(k+1) target rows and B rows per draft step, so the two warpers dominate a
 round's host time. Here the pair runs on the CPU scores through NumPy:
 
-* top-k: `np.partition` puts the K largest scores of each row last; the K-th largest is a value, and a
-  score is removed exactly when it is below it, as in `TopKLogitsWarper`.
+* top-k: `np.sort` (NumPy's vectorised float sort, cheaper on a CPU than `torch.topk` or a partition)
+  orders each row; the K-th largest is a value, and a score is removed exactly when it is below it, as
+  in `TopKLogitsWarper`.
 * top-p: after top-k a row sorted ascending is [-inf (V - m times), kth (m - K times), the K largest
-  ascending] (m: the scores >= kth), so only the K largest are sorted. `TopPLogitsWarper` removes the
+  ascending] (m: the scores >= kth), read from the sorted row's last m entries. `TopPLogitsWarper` removes the
   sorted positions whose float32 cumulative softmax is <= 1 - top_p (its threshold, a Python float,
   meets the float32 tensor as a float32). Here the cumulative softmax is computed in float64 and a row
   is decided only when every decision is certain: torch's float32 value differs from the exact one by
@@ -60,15 +61,20 @@ class TopKTopP:
         values = scores.numpy()
         vocab = values.shape[1]
         k = min(self.top_k.top_k, vocab)
-        part = np.partition(values, vocab - k, axis=1)
-        kth = part[:, vocab - k, None]  # [N, 1] the K-th largest
-        ties = np.count_nonzero(part[:, : vocab - k] == kth, axis=1)  # [N] kth's ties beyond the K
-        width = int(ties.max())
-        tail = np.sort(part[:, vocab - k :], axis=1)  # [N, K] the K largest ascending
+        lead = vocab - k
+        ordered = np.sort(values, axis=1)  # [N, V] ascending (NumPy's vectorised sort: cheaper than a partition)
+        kth = ordered[:, lead, None]  # [N, 1] the K-th largest
+        width = 0
+        if lead:
+            tied = np.flatnonzero(ordered[:, lead - 1] == kth[:, 0])  # rows where kth has ties beyond the K
+            if tied.size:
+                ties = np.zeros(len(values), dtype=np.intp)  # [N] kth's ties beyond the K
+                ties[tied] = np.count_nonzero(ordered[tied, :lead] == kth[tied], axis=1)
+                width = int(ties.max())
+        tail = ordered[:, lead - width :]  # [N, K + width]: kth's ties, then the K largest
         if width:
-            padding = np.where(np.arange(width)[None] >= width - ties[:, None], kth, NEG_INF)
-            tail = np.concatenate([padding, tail], axis=1)
-        above, handed = self._cut(tail, vocab, lead=vocab - k - width)
+            tail = np.where(np.arange(width + k)[None] < (width - ties)[:, None], NEG_INF, tail)  # below kth: -inf
+        above, handed = self._cut(tail, vocab, lead=lead - width)
         # One pass for both warpers: top-k removes the scores < kth, top-p those <= its last removed value
         # (>= kth), i.e. < `above`, the next float32 after it.
         out = torch.from_numpy(np.where(values < np.maximum(above, kth), NEG_INF, values))
@@ -86,22 +92,26 @@ class TopKTopP:
         rows, width = tail.shape
         peak = tail[:, -1:].astype(np.float64)
         with np.errstate(invalid="ignore", over="ignore"):
-            cumulative = np.cumsum(np.exp(tail - peak), axis=1)  # float64; exact zeros for -inf
-            cumulative /= cumulative[:, -1:]
+            cumulative = np.cumsum(np.exp(tail - peak), axis=1)  # float64, unnormalised; exact zeros for -inf
+        total = cumulative[:, -1:]
         threshold = float(np.float32(1 - self.top_p.top_p))
         # Sorted positions < lead hold -inf: probability 0 in torch too, cumulative 0 <= threshold (removed).
         removable = max(vocab - self.top_p.min_tokens_to_keep, 0)  # the last min_tokens_to_keep stay
-        head = cumulative[:, : max(removable - lead, 0)]
-        count = min(lead, removable) + np.count_nonzero(head <= threshold, axis=1)  # removed: a sorted prefix
-        uncertain = np.any(np.abs(head - threshold) <= _cumulative_error(width), axis=1)
+        # cumulative / total <= threshold, decided as cumulative - threshold * total <= 0 (float64 rounding
+        # differs from the division's only far inside the margin, which hands such rows on).
+        excess = cumulative[:, : max(removable - lead, 0)] - threshold * total
+        count = min(lead, removable) + np.count_nonzero(excess <= 0, axis=1)  # removed: a sorted prefix
+        uncertain = np.any(np.abs(excess) <= _cumulative_error(width) * total, axis=1)
+        in_tail = count - lead  # [N] removed entries of the tail (< width: min_tokens_to_keep >= 1)
         index = np.arange(rows)
-        last_removed = np.where(count > lead, tail[index, np.clip(count - 1 - lead, 0, width - 1)], NEG_INF)
-        first_kept = np.where(count >= lead, tail[index, np.clip(count - lead, 0, width - 1)], NEG_INF)
-        cut = count > 0
-        handed = np.flatnonzero(uncertain | (cut & (last_removed == first_kept)) | ~np.isfinite(peak[:, 0]))
-        # A score <= last_removed (finite) is < the next float32 after it.
-        removes = cut & np.isfinite(last_removed)
-        above = np.where(removes, np.nextafter(last_removed, np.float32(np.inf)), NEG_INF).astype(np.float32)
+        last_removed = np.where(in_tail > 0, tail[index, np.clip(in_tail - 1, 0, width - 1)], NEG_INF)
+        first_kept = tail[index, np.clip(in_tail, 0, width - 1)]
+        # A tie straddling the cut: torch's sort order decides which tied token goes (-inf ties do not matter).
+        straddles = (in_tail > 0) & (last_removed == first_kept)
+        handed = np.flatnonzero(uncertain | straddles | ~np.isfinite(peak[:, 0]))
+        # A score <= last_removed is < the next float32 after it (-inf: the next is -max, which removes only
+        # the -inf scores, i.e. nothing).
+        above = np.nextafter(last_removed, np.float32(np.inf))
         return above[:, None], handed
 
 
