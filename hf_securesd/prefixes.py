@@ -5,9 +5,9 @@ Rows of a speculative batch advance by different numbers of tokens per round, so
 step (or verified position) their prefixes differ in length. Two ways to call a processor:
 
 * row-independent processors (temperature, top-k/top-p/min-p/typical/epsilon/eta, repetition
-  penalty without `prompt_ignore_length`, ...) see one left-filled view of all rows at once: a row
-  shorter than the widest is filled on the left with its own first token, which changes nothing for
-  them (they read only the scores, or the set of tokens present). The target's k+1 positions go in
+  penalty without `prompt_ignore_length`, ...) see all rows at once: a row's ids are its prefix with
+  the columns after it (up to the widest prefix) filled with its own first token, which changes
+  nothing for them (they read only the scores, or the set of tokens present). The target's k+1 positions go in
   one call of B*(k+1) rows. `min_length` and `min_new_tokens` read only each row's prefix length:
   they are applied in the same pass from every row's own length (EOS at -inf where the row is short),
   which is what the processor does to that row alone.
@@ -53,7 +53,7 @@ _LENGTH_ONLY = (logits_process.MinLengthLogitsProcessor, logits_process.MinNewTo
 
 def row_independent(processor) -> bool:
     """True when `processor` reads only the scores and the set of tokens in each row (so a row's
-    left fill with one of its own tokens and its place in the batch change nothing), or only each
+    fill with one of its own tokens and its place in the batch change nothing), or only each
     row's prefix length (`min_length`, `min_new_tokens`: `RowProcessing` applies them from every
     row's own length). A repetition penalty that ignores each row's left padding (a [B]
     `prompt_ignore_length`, as `generate` builds it from the attention mask) qualifies too: see
@@ -80,16 +80,14 @@ class TokenBuffer:
         self.lengths = torch.full((batch,), prompt_length, dtype=torch.long, device=input_ids.device)
         self.host_lengths = [prompt_length] * batch
         self._steps: dict[tuple[int, int], torch.Tensor] = {}  # (offset, n) -> [n] offset .. offset + n - 1
+        self._column_range = torch.arange(0, device=input_ids.device)
 
     def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor, every_row: bool) -> None:
         """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A] (`every_row`: rows is
         the whole batch in order, which allows a cheaper in-place scatter)."""
         width = values.shape[1]
         self._make_room(max(self.host_lengths) + offset + width)
-        steps = self._steps.get((offset, width))
-        if steps is None:
-            steps = torch.arange(offset, offset + width, device=self.tokens.device)
-            self._steps[offset, width] = steps
+        steps = self._step_range(offset, width)
         columns = (self.lengths if every_row else self.lengths[rows])[:, None] + steps
         if every_row:
             self.tokens.scatter_(1, columns, values)
@@ -112,6 +110,41 @@ class TokenBuffer:
             self.lengths[rows] += counts
         for row, count in zip(host_rows, host_counts):
             self.host_lengths[row] += count
+
+    def token_sets(
+        self, rows: torch.Tensor | None, offset: int, n: int, width: int, hidden: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """[A*n, width] ids whose row a*n + i holds exactly the set of tokens of batch row rows[a]'s prefix
+        of length_b + offset + i tokens (every batch row in order when rows is None), for processors that
+        read only that set (the repetition penalty): the prefix at its own positions, the columns after it
+        filled with the row's first token. Cheaper than `views` (no per-row alignment). hidden: optional
+        [B] leading positions per batch row (its left padding) shown as its first token after them."""
+        tokens = self.tokens[:, :width] if rows is None else self.tokens[:, :width].index_select(0, rows)
+        lengths = self.lengths if rows is None else self.lengths[rows]
+        columns = self._columns(width)
+        ends = lengths[:, None] + self._step_range(offset, n)  # [A, n] prefix lengths
+        inside = columns < ends[:, :, None]  # [A, n, width]
+        if hidden is None:
+            fill = tokens[:, :1]
+        else:
+            start = hidden.to(tokens.device)
+            start = (start if rows is None else start[rows])[:, None]
+            fill = tokens.gather(1, start)
+            inside &= columns >= start[:, :, None]
+        return torch.where(inside, tokens[:, None], fill[:, None]).reshape(-1, width)
+
+    def _columns(self, width: int) -> torch.Tensor:
+        """[width] long 0 .. width - 1, sliced from a cached range."""
+        if self._column_range.shape[0] < width:
+            self._column_range = torch.arange(2 * width, device=self.tokens.device)
+        return self._column_range[:width]
+
+    def _step_range(self, offset: int, n: int) -> torch.Tensor:
+        """[n] long offset .. offset + n - 1 (cached)."""
+        steps = self._steps.get((offset, n))
+        if steps is None:
+            steps = self._steps[offset, n] = torch.arange(offset, offset + n, device=self.tokens.device)
+        return steps
 
     def views(self, rows: torch.Tensor, prefix_lengths: torch.Tensor, width: int, hidden: torch.Tensor | None = None) -> torch.Tensor:
         """[N, width] prefixes: row rows[n]'s first prefix_lengths[n] tokens, right-aligned and filled on
@@ -282,19 +315,18 @@ class RowProcessing:
         n: int,
         hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[A*n, width] `TokenBuffer.views` of rows [A] (flat_rows [A*n]: each repeated n times) at their
-        committed tokens plus offset + i drafts (i = 0..n-1), width the longest. When every row is active,
-        at the same length and shows all its tokens (n = 1, no hidden padding), each prefix is a whole row
-        of the buffer: a slice, bitwise the same ids."""
+        """[A*n, width] ids holding the token set of each of rows [A] (flat_rows [A*n]: each repeated n
+        times) at its committed tokens plus offset + i drafts (i = 0..n-1), width the longest: what the
+        repetition penalty reads (`TokenBuffer.token_sets`). When every row is active, at the same length
+        and shows all its tokens (n = 1, no hidden padding), each prefix is a whole row of the buffer: a
+        slice, bitwise the same ids."""
         buffer = self.buffer
         lengths = buffer.host_lengths
+        every_row = len(host_rows) == len(lengths)
         width = max(lengths[row] for row in host_rows) + offset + n - 1
-        whole_rows = n == 1 and len(host_rows) == len(lengths) and min(lengths) == max(lengths)
-        if whole_rows and not self._hides(hidden):
+        if n == 1 and every_row and min(lengths) == max(lengths) and not self._hides(hidden):
             return buffer.tokens[:, :width]
-        steps = torch.arange(n, device=rows.device)
-        prefix_lengths = (buffer.lengths[rows, None] + offset + steps).reshape(-1)
-        return buffer.views(flat_rows, prefix_lengths, width, hidden)
+        return buffer.token_sets(None if every_row else rows, offset, n, width, hidden)
 
     def _ban_eos_where_short(
         self, processor, scores: torch.Tensor, host_rows: list[int], offset: int, n: int

@@ -175,6 +175,25 @@ def test_views_are_right_aligned_own_prefixes(every_row):
     assert hidden.tolist() == [[1, 1, 1, 2, 6, 7], [3, 3, 3, 4, 5, 8]]
 
 
+@pytest.mark.parametrize("hidden", [None, torch.tensor([1, 0, 2])])
+@pytest.mark.parametrize("rows", [None, torch.tensor([2, 0])])
+def test_token_sets_hold_each_prefix_s_tokens_and_nothing_else(rows, hidden):
+    """Row a*n + i of `token_sets` holds exactly the tokens of `views` at the same prefix (the penalty's
+    input), for ragged lengths, every row or some, with and without hidden left padding."""
+    generator = torch.Generator().manual_seed(0)
+    buffer = TokenBuffer(torch.randint(0, 50, (3, 4), generator=generator), room=6)
+    buffer.advance(torch.arange(3), torch.tensor([0, 2, 1]), [0, 1, 2], [0, 2, 1])
+    buffer.write(torch.arange(3), 0, torch.randint(50, 100, (3, 5), generator=generator), every_row=True)
+    picked = torch.arange(3) if rows is None else rows
+    for offset, n in ((0, 1), (2, 1), (0, 4)):
+        width = int(buffer.lengths[picked].max()) + offset + n - 1
+        sets = buffer.token_sets(rows, offset, n, width, hidden)
+        prefixes = (buffer.lengths[picked, None] + offset + torch.arange(n)).reshape(-1)
+        views = buffer.views(picked.repeat_interleave(n), prefixes, width, hidden)
+        assert sets.shape == views.shape
+        assert [set(row) for row in sets.tolist()] == [set(row) for row in views.tolist()], (offset, n)
+
+
 class ForceToken(LogitsProcessor):
     def __init__(self, token: int) -> None:
         self.token = token
