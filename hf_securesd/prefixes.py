@@ -298,25 +298,24 @@ class RowProcessing:
             elif isinstance(ignored, torch.Tensor):
                 # The penalty skips each batch row's left padding: show those positions as a real token
                 # of the row instead, and apply the plain penalty to all B*n rows at once.
-                hidden_ids = self._prefix_ids(rows, flat_rows, host_rows, offset, n, hidden=ignored)
+                hidden_ids = self._prefix_ids(rows, host_rows, offset, n, hidden=ignored)
                 scores = self._plain_penalty(processor)(hidden_ids, scores)
             else:
                 if ids is None:
-                    ids = self._prefix_ids(rows, flat_rows, host_rows, offset, n)
+                    ids = self._prefix_ids(rows, host_rows, offset, n)
                 scores = processor(ids, scores)
         return scores.reshape(active, n, vocab)
 
     def _prefix_ids(
         self,
         rows: torch.Tensor,
-        flat_rows: torch.Tensor,
         host_rows: list[int],
         offset: int,
         n: int,
         hidden: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """[A*n, width] ids holding the token set of each of rows [A] (flat_rows [A*n]: each repeated n
-        times) at its committed tokens plus offset + i drafts (i = 0..n-1), width the longest: what the
+        """[A*n, width] ids holding the token set of each of rows [A] (row a*n + i: rows[a]) at its
+        committed tokens plus offset + i drafts (i = 0..n-1), width the longest: what the
         repetition penalty reads (`TokenBuffer.token_sets`). When every row is active, at the same length
         and shows all its tokens (n = 1, no hidden padding), each prefix is a whole row of the buffer: a
         slice, bitwise the same ids."""
