@@ -67,7 +67,7 @@ def main() -> int:
               f"{before / after:.2f}x |")
     top_k, top_p = TopKLogitsWarper(50), TopPLogitsWarper(0.9)
     fused = TopKTopP(top_k, top_p)
-    for shape in [(32, 259), (192, 259), (1, 151936), (16, 151936)]:
+    for shape in [(32, 259), (192, 259), (1, 151936), (6, 151936), (16, 151936)]:
         scores = torch.randn(*shape, generator=generator) * 3 / 0.7
         if not torch.equal(fused(None, scores).view(torch.int32), top_p(None, top_k(None, scores)).view(torch.int32)):
             raise SystemExit(f"MISMATCH: TopKTopP differs from HF's top-k then top-p on {shape}")

@@ -46,10 +46,13 @@ def _scores(kind: str, rows: int, vocab: int, generator: torch.Generator) -> tor
 KINDS = ("normal", "integer_ties", "signed_zero_ties", "minus_inf", "plus_inf")
 
 
+@pytest.mark.parametrize("split", ["sort", "partition"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("kind", KINDS)
-def test_bitwise_equal_to_hf_top_k_then_top_p(monkeypatch, dtype, kind):
+def test_bitwise_equal_to_hf_top_k_then_top_p(monkeypatch, dtype, kind, split):
     monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)  # the fused pass even for small inputs
+    # Each row sorted whole, or partitioned at the K-th largest (what large vocabularies get).
+    monkeypatch.setattr(fused_warpers, "PARTITION_FROM", 0 if split == "partition" else 10**9)
     generator = torch.Generator().manual_seed(hash((kind, str(dtype))) % 2**31)
     cases = 0
     for vocab in (1, 2, 7, 64, 259):
@@ -150,11 +153,32 @@ def test_torch_cumulative_softmax_stays_within_the_bound(kind, vocab):
     assert np.abs(torch_cumulative - exact_cumulative).max() <= fused_warpers._cumulative_error(vocab)
 
 
-def test_a_large_vocabulary_equals_hf():
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_large_vocabulary_equals_hf(kind):
+    """A real model's vocabulary (partitioned, not sorted whole), ties at the K-th largest included."""
+    assert 151936 >= fused_warpers.PARTITION_FROM
+    generator = torch.Generator().manual_seed(3)
+    for top_k, top_p in ((50, 0.9), (20, 0.8), (1, 0.5), (151936, 0.95)):
+        top_k_warper, top_p_warper = TopKLogitsWarper(top_k), TopPLogitsWarper(top_p)
+        scores = _scores(kind, 3, 151936, generator) * 4
+        scores[1, :1000] = scores[1, 5]  # ties of one score, wherever it falls
+        expected = top_p_warper(None, top_k_warper(None, scores.clone()))
+        assert torch.equal(_bits(TopKTopP(top_k_warper, top_p_warper)(None, scores.clone())), _bits(expected)), top_k
+
+
+def test_large_vocabularies_are_partitioned_not_sorted(monkeypatch):
+    """From PARTITION_FROM entries per row no row is sorted whole (the cost the partition saves)."""
     top_k, top_p = TopKLogitsWarper(50), TopPLogitsWarper(0.9)
-    scores = torch.randn(3, 151936, generator=torch.Generator().manual_seed(3)) * 4
-    scores[1, :1000] = scores[1, 5]  # ties of a low score, far from the cut
-    assert torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores)), _bits(top_p(None, top_k(None, scores))))
+    scores = torch.randn(4, fused_warpers.PARTITION_FROM, generator=torch.Generator().manual_seed(5)) * 3
+    expected = top_p(None, top_k(None, scores))
+    sort = np.sort
+
+    def sort_short_rows_only(values, *args, **kwargs):
+        assert values.shape[-1] <= 50, "a whole row was sorted"
+        return sort(values, *args, **kwargs)
+
+    monkeypatch.setattr(fused_warpers.np, "sort", sort_short_rows_only)
+    assert torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores)), _bits(expected))
 
 
 def test_only_adjacent_default_pairs_are_fused():
