@@ -56,6 +56,16 @@ def mixed_recovery(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Ten
     )
 
 
+def recovery_at(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """R_mix at drafted position positions[b] of each row b -> [B, V]: `mixed_recovery`'s entries there.
+    Where eta is 0 at every one of those positions only the lossless rule is evaluated, and only there
+    (one [B, V] residual instead of [B, k, V])."""
+    rows = torch.arange(positions.shape[0], device=positions.device)
+    if verifier.is_lossless or bool((eta[rows, positions] == 0).all()):
+        return lossless_recovery(round_inputs, at=(rows, positions))
+    return mixed_recovery(verifier, round_inputs, eta)[rows, positions]
+
+
 def bonus_distribution(round_inputs: RoundInputs) -> torch.Tensor:
     """Distribution of the bonus token after a row's drafts were all accepted: [B, V].
 
@@ -126,8 +136,7 @@ def verify_round(
     if k == 0 or bool((accepted == lengths).all()):
         distribution = bonus
     else:
-        recovery = mixed_recovery(verifier, round_inputs, eta)
-        at_rejection = recovery.gather(1, accepted.clamp(max=k - 1)[:, None, None].expand(-1, 1, recovery.shape[-1]))[:, 0]
+        at_rejection = recovery_at(verifier, round_inputs, eta, accepted.clamp(max=k - 1))
         distribution = torch.where((accepted < lengths)[:, None], at_rejection, bonus)
     return accepted, round_inputs.sample_rows(distribution), alpha
 

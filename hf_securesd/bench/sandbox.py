@@ -233,7 +233,7 @@ class Sandbox:
     def run(self, program: str) -> ExecutionResult:
         """Execute one program as a module; "passed" when it exits 0 after running to its end.
         The program can forge that (see the module docstring): use `check` to score untrusted code."""
-        return self._execute({"program.py": program}, ["run", f"{{inputs}}/program.py"], b"completed", 0)
+        return self._execute({"program.py": program}, ["run", "{inputs}/program.py"], b"completed", 0)
 
     def check(self, solution: str, tests: str, entry_point: str, helpers: str = "") -> ExecutionResult:
         """Run `solution` and, in a separate trusted process, `tests` (which define

@@ -224,30 +224,38 @@ def normalized_positive_part(
     round_inputs: RoundInputs,
     difference: Callable[..., torch.Tensor],
     *extras: torch.Tensor,
+    at: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """normalize(difference(q, p, *extras)+) at the drafted positions -> [B, k, V] float32, q where it has
     no positive mass. `difference` is evaluated in float32 and, at positions whose positive mass is below
     PRECISE_BELOW, again in float64 from the logits, so nearly equal q and p (or a cascade with p(A) ~ 1)
-    cannot lose the distribution to cancellation. extras: [B, k, V] tensors indexed like q and p."""
+    cannot lose the distribution to cancellation. extras: [B, k, V] tensors indexed like q and p.
+
+    at: (rows [N], positions [N]) long: only those drafted positions -> [N, V], the same values as the
+    full result's entries there (for the one position per row a round draws its recovery token at)."""
     q, p = round_inputs.verified_target_probs(), round_inputs.draft_probs
+    if at is not None:
+        q, p, extras = q[at], p[at], tuple(extra[at] for extra in extras)
     positive = difference(q, p, *extras).clamp_min(0.0)
     mass = positive.sum(dim=-1, keepdim=True)
     out = torch.where(mass > 0, positive / mass.clamp_min(torch.finfo(mass.dtype).tiny), q)
     small = mass[..., 0] < PRECISE_BELOW
     if bool(small.any()):
         index = small.nonzero(as_tuple=True)
-        q64, p64 = round_inputs.precise_probs(index)
+        q64, p64 = round_inputs.precise_probs(index if at is None else (at[0][index[0]], at[1][index[0]]))
         positive64 = difference(q64, p64, *(extra[index].double() for extra in extras)).clamp_min(0.0)
         mass64 = positive64.sum(dim=-1, keepdim=True)
         out[index] = torch.where(mass64 > 0, positive64 / mass64.clamp_min(torch.finfo(mass64.dtype).tiny), q64).float()
     return out
 
 
-def lossless_recovery(round_inputs: RoundInputs) -> torch.Tensor:
-    """normalize((q - p)+), falling back to q where q == p: [B, k, V]."""
+def lossless_recovery(round_inputs: RoundInputs, at: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """normalize((q - p)+), falling back to q where q == p: [B, k, V] (at (rows [N], positions [N]): only
+    those drafted positions, [N, V])."""
     if round_inputs.greedy:
-        return round_inputs.verified_target_probs()
-    return normalized_positive_part(round_inputs, lambda q, p: q - p)
+        q = round_inputs.verified_target_probs()
+        return q if at is None else q[at]
+    return normalized_positive_part(round_inputs, lambda q, p: q - p, at=at)
 
 
 def is_target_choice(round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:

@@ -1,4 +1,5 @@
-"""`mixing.verify_round` at T = 0: the lossless rule reads x* alone and draws no random numbers."""
+"""`mixing.verify_round` at T = 0: the lossless rule reads x* alone and draws no random numbers; at T > 0 the
+recovery is evaluated only where a row draws from it, with the same values."""
 
 from __future__ import annotations
 
@@ -6,9 +7,9 @@ import pytest
 import torch
 
 from hf_securesd import MARS, Lossless, Step
-from hf_securesd.mixing import verify_round
+from hf_securesd.mixing import mixed_recovery, recovery_at, verify_round
 from hf_securesd.schedules import schedule_weights
-from hf_securesd.verifiers.base import RoundInputs
+from hf_securesd.verifiers.base import PRECISE_BELOW, RoundInputs
 
 V, K = 11, 4
 
@@ -76,3 +77,41 @@ def test_greedy_lossless_generate_leaves_the_global_generator_alone(llama_pair):
     target.generate(prompt, assistant_model=draft, verifier="lossless", do_sample=False, max_new_tokens=12,
                     pad_token_id=0)
     assert torch.equal(torch.random.get_rng_state(), plain_state)
+
+
+def sampled_round(seed: int, batch: int, near_copies: bool) -> RoundInputs:
+    """A T > 0 round; with near_copies some positions' draft nearly equals the target (residual mass below
+    PRECISE_BELOW: the float64 recomputation), others are unrelated."""
+    generator = torch.Generator().manual_seed(seed)
+    target = torch.randn(batch, K + 1, V, generator=generator) * 2
+    draft = torch.randn(batch, K, V, generator=generator) * 2
+    if near_copies:
+        copied = torch.rand(batch, K, generator=generator) < 0.5
+        draft = torch.where(copied[..., None], target[:, :K] + torch.randn(batch, K, V, generator=generator) * 1e-4, draft)
+    drafts = torch.randint(0, V, (batch, K), generator=generator)
+    return RoundInputs(drafts, target, draft, target, draft, greedy=False)
+
+
+@pytest.mark.parametrize("near_copies", [False, True])
+@pytest.mark.parametrize("verifier", [Lossless(), MARS(theta=0.5)], ids=["lossless", "mars"])
+def test_recovery_at_one_position_per_row_equals_the_full_recovery(verifier, near_copies):
+    """The recovery a round draws from (`recovery_at`, evaluated only at each row's rejection position)
+    is bitwise the full [B, k, V] mixture's entry there: lossless rows, a schedule that is 0 at the chosen
+    positions but not elsewhere (only the lossless rule evaluated), and a real mixture."""
+    batch = 16
+    rows = torch.arange(batch)
+    positions = torch.arange(batch) % K
+    early = torch.arange(K)[None].expand(batch, K)
+    for eta in (
+        torch.zeros(batch, K),
+        (early > positions[:, None]).float(),  # 0 at each chosen position, 1 after it
+        torch.full((batch, K), 0.3),
+    ):
+        round_inputs = sampled_round(int(eta.sum()), batch, near_copies)
+        full = mixed_recovery(verifier, round_inputs, eta)[rows, positions]
+        fresh = sampled_round(int(eta.sum()), batch, near_copies)  # no cached tensors shared with `full`
+        picked = recovery_at(verifier, fresh, eta, positions)
+        assert torch.equal(picked, full)
+        if near_copies:
+            mass = (fresh.verified_target_probs() - fresh.draft_probs).clamp_min(0).sum(-1)[rows, positions]
+            assert bool((mass < PRECISE_BELOW).any())  # the float64 path ran for some chosen positions
