@@ -16,11 +16,19 @@ must hold the requested number of new tokens (tiny pair, where EOS is switched o
     nice -n 10 python benchmarks/round_cost.py                          # tiny pair, CPU, 1 thread
     python benchmarks/round_cost.py --pair qwen --batches 1 8           # the cached real pair
     python benchmarks/round_cost.py --device cuda --count-syncs         # on a GPU
+    python benchmarks/round_cost.py --batches 1 32 --interleave 15      # the batch ratio, interleaved
+
+With --interleave N only ours (lossless) runs, at the smallest and the largest of --batches, greedy and
+with the processors, in N passes after one warm-up pass: each pass runs every (batch, processors) once,
+in an order rotated by the pass, so a busy spell on a shared machine hits all of them. Per pass it takes
+the ratio of the large batch's host CPU per round to the small batch's, and prints each figure and each
+ratio as the median with its min and max over the passes (greedy outputs checked against the target's).
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 import warnings
@@ -199,6 +207,39 @@ def check(outputs: dict[str, torch.Tensor], inputs, args, processors: bool) -> N
             raise SystemExit(f"OUTPUT MISMATCH: {method} differs from the target's greedy decoding")
 
 
+def interleaved_ratios(args, tokenizer, draft, target, clock) -> None:
+    """--interleave: ours (lossless) at the smallest and largest batch, greedy and with processors, in
+    interleaved passes; prints host CPU per round and the large-to-small ratio, median [min-max]."""
+    small, large = min(args.batches), max(args.batches)
+    inputs = {batch: encode(tokenizer, batch, args.device) for batch in (small, large)}
+    plain = {batch: call("plain", target, draft, inputs[batch], args, False) for batch in (small, large)}
+    single = argparse.Namespace(**{**vars(args), "repeats": 1})
+    configs = [(batch, processors) for processors in (False, True) for batch in (small, large)]
+    host: dict[tuple[int, bool], list[float]] = {config: [] for config in configs}
+    for batch, processors in configs:  # warm-up pass, not recorded
+        measure("lossless", target, draft, inputs[batch], single, processors, clock, args.pair)
+    for index in range(args.interleave):
+        for batch, processors in configs[index % len(configs):] + configs[: index % len(configs)]:
+            row, out = measure("lossless", target, draft, inputs[batch], single, processors, clock, args.pair)
+            check({"plain": plain[batch], "lossless": out} if not processors else {"lossless": out},
+                  inputs[batch], args, processors)
+            host[batch, processors].append(row.host_cpu_ms_per_round)
+    print(f"pair={args.pair} device={args.device} threads={torch.get_num_threads()} max_new_tokens={args.max_new_tokens} "
+          f"k=5, ours (lossless), {args.interleave} interleaved passes; processors = {SAMPLING}")
+    print()
+    print(f"| processors | batch {small} host CPU per round (ms) | batch {large} | batch {large} / batch {small}, pass by pass |")
+    print("|---|---|---|---|")
+    for processors in (False, True):
+        low, high = host[small, processors], host[large, processors]
+        ratios = [b / a for a, b in zip(low, high)]
+        print(f"| {'yes' if processors else 'no'} | {_spread(low, 2)} | {_spread(high, 2)} | {_spread(ratios, 2)} |")
+
+
+def _spread(values: list[float], digits: int) -> str:
+    """median [min-max]"""
+    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}-{max(values):.{digits}f}]"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pair", choices=("tiny", "qwen"), default="tiny")
@@ -209,13 +250,20 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--count-syncs", action="store_true", help="CUDA only: host-device syncs per round")
+    parser.add_argument("--interleave", type=int, default=0, metavar="N",
+                        help="only the batch ratio of ours (lossless), in N interleaved passes (see above)")
     args = parser.parse_args()
     if args.count_syncs and not args.device.startswith("cuda"):
         parser.error("--count-syncs needs a CUDA device")
+    if args.interleave < 0 or (args.interleave and len(set(args.batches)) < 2):
+        parser.error("--interleave N needs N >= 1 and two different --batches sizes")
     torch.set_num_threads(args.threads)
     tokenizer, draft, target = load(args)
     clock = ForwardClock(args.device)
     clock.attach(draft, target)
+    if args.interleave:
+        interleaved_ratios(args, tokenizer, draft, target, clock)
+        return 0
     rows = []
     for batch in args.batches:
         inputs = encode(tokenizer, batch, args.device)

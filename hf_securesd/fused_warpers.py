@@ -22,15 +22,14 @@ round's host time. Here the pair runs on the CPU scores through NumPy:
   whatever order a sort puts ties in.
 * A row with a cumulative value inside that margin, a tie straddling the cut (where `torch.sort`'s
   unstable order decides which tied token goes) or a non-finite maximum is handed to HF's two warpers,
-  which sort it (a row's result depends only on the row).
+  which sort it (a row's result depends only on the row). A row holding NaN is one of them: NumPy
+  sorts and partitions NaN as the largest value, so the row's maximum is NaN.
 
 Scores that are not CPU float32 [N, V] tensors, small calls (where HF's warpers are cheaper than this
-pass), scores with NaN and filter values other than -inf go to HF's warpers unchanged.
+pass) and filter values other than -inf go to HF's warpers unchanged.
 """
 
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -155,8 +154,7 @@ def _cumulative_error(finite: int) -> float:
 
 def _worth_fusing(scores: torch.Tensor) -> bool:
     """The NumPy pass pays off for contiguous CPU float32 scores [N, V] from FUSE_FROM entries on (below,
-    HF's sort of a few short rows is cheaper than the pass's fixed cost). A NaN sum flags NaN scores (and,
-    harmlessly, rows holding both infinities): those go to HF's warpers."""
+    HF's sort of a few short rows is cheaper than the pass's fixed cost)."""
     return (
         scores.device.type == "cpu"
         and scores.dtype == torch.float32
@@ -164,7 +162,6 @@ def _worth_fusing(scores: torch.Tensor) -> bool:
         and scores.numel() >= FUSE_FROM
         and not scores.requires_grad
         and scores.is_contiguous()
-        and not math.isnan(scores.numpy().sum())
     )
 
 

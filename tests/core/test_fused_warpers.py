@@ -70,13 +70,35 @@ def test_bitwise_equal_to_hf_top_k_then_top_p(monkeypatch, dtype, kind, split):
     assert cases == 5 * 5 * 5 * 4
 
 
-def test_nan_scores_go_to_hf_unchanged(monkeypatch):
+@pytest.mark.parametrize("split", ["sort", "partition"])
+def test_rows_with_nan_are_handed_to_hf_and_the_others_fused(monkeypatch, split):
+    """NaN anywhere in a row (one, several, more than K, the whole row, beside infinities): that row gets
+    HF's result, bitwise, and the other rows of the call are still decided by the fused pass."""
     monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
-    scores = torch.randn(4, 30)
-    scores[1, 3] = float("nan")
-    top_k, top_p = TopKLogitsWarper(5), TopPLogitsWarper(0.8)
-    expected = top_p(None, top_k(None, scores.clone()))
-    assert torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores.clone())), _bits(expected))
+    monkeypatch.setattr(fused_warpers, "PARTITION_FROM", 0 if split == "partition" else 10**9)
+    generator = torch.Generator().manual_seed(7)
+    nan, inf = float("nan"), float("inf")
+    for vocab, top_k in ((30, 5), (259, 50), (259, 259)):
+        scores = torch.randn(8, vocab, generator=generator) * 3
+        scores[1, 3] = nan
+        scores[2, torch.randperm(vocab, generator=generator)[:3]] = nan
+        scores[3, : top_k + 2] = nan  # more NaN than top-k keeps
+        scores[4] = nan
+        scores[5, 0], scores[5, 1], scores[5, 2] = nan, inf, -inf
+        top_k_warper, top_p_warper = TopKLogitsWarper(top_k), TopPLogitsWarper(0.8)
+        expected = top_p_warper(None, top_k_warper(None, scores.clone()))
+        handed_rows = []
+        hf_call = TopPLogitsWarper.__call__
+
+        def recording(self, input_ids, rows_scores):
+            handed_rows.append(rows_scores.shape[0])
+            return hf_call(self, input_ids, rows_scores)
+
+        monkeypatch.setattr(TopPLogitsWarper, "__call__", recording)
+        fused = TopKTopP(top_k_warper, top_p_warper)(None, scores.clone())
+        monkeypatch.setattr(TopPLogitsWarper, "__call__", hf_call)
+        assert torch.equal(_bits(fused), _bits(expected)), (vocab, top_k)
+        assert handed_rows == [5], (vocab, top_k, handed_rows)  # rows 1-5 only: rows 0, 6, 7 were fused
 
 
 def test_distinct_scores_need_no_sort(monkeypatch):
