@@ -31,6 +31,8 @@ pass) and filter values other than -inf go to HF's warpers unchanged.
 
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import numpy as np
 import torch
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
@@ -175,13 +177,20 @@ def fusable(top_k: object, top_p: object) -> bool:
     )
 
 
-def fuse_top_k_top_p(processors: list) -> list:
-    """The processors with every adjacent (TopKLogitsWarper, TopPLogitsWarper) pair replaced by one
-    `TopKTopP` (same outputs, no vocabulary sort)."""
+def fuse_adjacent(
+    processors: list, can_fuse: Callable[[object, object], bool], fuse: Callable[[Any, Any], object]
+) -> list:
+    """The processors with every adjacent pair (a, b) that `can_fuse(a, b)` accepts replaced by `fuse(a, b)`."""
     fused: list = []
     for processor in processors:
-        if fused and fusable(fused[-1], processor):
-            fused[-1] = TopKTopP(fused[-1], processor)
+        if fused and can_fuse(fused[-1], processor):
+            fused[-1] = fuse(fused[-1], processor)
         else:
             fused.append(processor)
     return fused
+
+
+def fuse_top_k_top_p(processors: list) -> list:
+    """The processors with every adjacent (TopKLogitsWarper, TopPLogitsWarper) pair replaced by one
+    `TopKTopP` (same outputs, no vocabulary sort)."""
+    return fuse_adjacent(processors, fusable, TopKTopP)

@@ -26,6 +26,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.generation import logits_process
 
+from .fused_penalty import PenaltyThenTemperature, fuse_penalty_temperature
 from .fused_warpers import TopKTopP, fuse_top_k_top_p
 
 _SCORES_ONLY = tuple(
@@ -267,9 +268,10 @@ class RowProcessing:
         self.processors = list(processors)
         self.buffer = buffer
         self.row_independent = all(row_independent(processor) for processor in self.processors)
-        # What `_all_rows_at_once` calls: HF's top-k + top-p pair fused (the same scores, no sort).
-        self._batched = fuse_top_k_top_p(self.processors)
-        self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor] = {}
+        # What `_all_rows_at_once` calls: HF's repetition penalty + temperature pair and its top-k + top-p
+        # pair fused (the same scores, fewer vocabulary-sized copies, no sort).
+        self._batched = fuse_top_k_top_p(fuse_penalty_temperature(self.processors))
+        self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor | PenaltyThenTemperature] = {}
         self._hidden: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (prompt_ignore_length, hides any)
         self._eos: dict[tuple[int, int, torch.device], torch.Tensor] = {}  # (id, V, device) -> [V] EOS mask
 
@@ -361,10 +363,14 @@ class RowProcessing:
             known = self._hidden[id(hidden)] = (hidden, bool(hidden.any()))
         return known[1]
 
-    def _plain_penalty(self, processor) -> logits_process.RepetitionPenaltyLogitsProcessor:
+    def _plain_penalty(self, processor) -> logits_process.RepetitionPenaltyLogitsProcessor | PenaltyThenTemperature:
+        """The penalty (alone or fused with the temperature after it) reading every position of the ids."""
         plain = self._plain.get(id(processor))
         if plain is None:
-            plain = self._plain[id(processor)] = logits_process.RepetitionPenaltyLogitsProcessor(processor.penalty)
+            plain = self._plain[id(processor)] = (
+                processor.without_ignore_length() if type(processor) is PenaltyThenTemperature
+                else logits_process.RepetitionPenaltyLogitsProcessor(processor.penalty)
+            )
         return plain
 
     def _by_prefix_length(self, raw: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:

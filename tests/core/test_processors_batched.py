@@ -10,6 +10,7 @@ from support import random_prompts
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 
 from hf_securesd import FSD, LossySD, NonFiniteLogitsError
+from hf_securesd.fused_penalty import PenaltyThenTemperature
 from hf_securesd.prefixes import TokenBuffer
 from hf_securesd.tiny import byte_tokenizer
 
@@ -129,13 +130,14 @@ def test_row_independent_processors_are_called_once_per_step_for_all_rows(llama_
     k+1 target positions, whatever the batch size; batched output equals the target's own."""
     draft, target = llama_pair
     calls = {"n": 0}
-    original = TemperatureLogitsWarper.__call__
+    # HF puts the temperature right after the penalty: the two run as one pass (`fused_penalty`).
+    original = PenaltyThenTemperature.__call__
 
     def counted(self, input_ids, scores):
         calls["n"] += 1
         return original(self, input_ids, scores)
 
-    monkeypatch.setattr(TemperatureLogitsWarper, "__call__", counted)
+    monkeypatch.setattr(PenaltyThenTemperature, "__call__", counted)
     forwards = {"draft": 0, "target": 0}
     handles = [
         draft.register_forward_hook(lambda *_: forwards.__setitem__("draft", forwards["draft"] + 1)),
