@@ -228,6 +228,7 @@ class SpeculativeLoop:
             draft_logits=proposal.logits,
             draft_raw_logits=proposal.raw_logits,
             responses=responses,
+            draft_probs=proposal.probs,
         )
         return core_step.verify_step(round_, collect_deviation=self.settings.collect_deviation)
 

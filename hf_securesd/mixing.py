@@ -72,6 +72,8 @@ def bonus_distribution(round_inputs: RoundInputs) -> torch.Tensor:
     SecureSD draws it from (1 - eta) q_{k+1} + eta R^_{k+1}; every verifier here has R^ = q, so
     the mixture is q at the position after the row's last kept draft, whatever eta is."""
     q = round_inputs.target_probs
+    if round_inputs.draft_lengths is None:  # every row may keep all k drafts: q at position k, a view
+        return q[:, round_inputs.num_draft_tokens]
     index = round_inputs.row_draft_lengths()[:, None, None].expand(-1, 1, q.shape[-1])
     return q.gather(1, index)[:, 0]
 

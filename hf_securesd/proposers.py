@@ -36,6 +36,7 @@ class Proposal:
         counts: [A] long drafts per row, or None when every row drafted k.
         logits: [A, k, V] processed draft logits (what the drafts were sampled from), or None (one-hot).
         raw_logits: [A, k, V] raw draft logits, or None.
+        probs: [A, k, V] softmax(logits), the probabilities the drafts were drawn from (T > 0), or None.
         confidence: [A, k] draft probability of each drafted token (for the early-stop tuning), or None.
         host_counts: per active row, its count (host copy).
     """
@@ -46,6 +47,7 @@ class Proposal:
     raw_logits: torch.Tensor | None
     confidence: torch.Tensor | None
     host_counts: list[int]
+    probs: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -124,7 +126,7 @@ class DraftModelProposer:
         limit = torch.tensor(state.limits, device=state.rows.device) if controller.early_stop or min(state.limits) < k else None
         tokens_in, mask_in = self._first_input(state.pending)
         self.first_slot = self.runner.num_slots + tokens_in.shape[1]
-        drafted, raw_steps, processed_steps, confidence = [], [], [], []
+        drafted, raw_steps, processed_steps, confidence, drawn_from = [], [], [], [], []
         if controller.early_stop:
             drafted_count, stopped = torch.zeros_like(limit), torch.zeros_like(limit, dtype=torch.bool)
         every_row = active == self.buffer.tokens.shape[0]
@@ -141,6 +143,7 @@ class DraftModelProposer:
             probabilities = scores.softmax(-1) if self.do_sample or controller.early_stop else None
             if self.do_sample:
                 token = draw_rows(probabilities)[:, None]
+                drawn_from.append(probabilities)
             else:
                 token = vocab_argmax(logits) if scores is None else vocab_argmax(scores, keepdim=True)  # [A, 1]
             if self.processing.processors:
@@ -176,6 +179,7 @@ class DraftModelProposer:
             raw,
             torch.stack(confidence, dim=1) if confidence else None,
             host_counts,
+            torch.stack(drawn_from, dim=1) if drawn_from else None,
         )
 
     def after_round(self, accepted: torch.Tensor, host_accepted: list[int], still: list[int], proposal: Proposal) -> None:

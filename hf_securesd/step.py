@@ -84,6 +84,8 @@ class VerificationRound:
             that read tokens (`Schedule.reads_tokens`, e.g. segment schedules).
         target_argmax: [B, k+1] long, the argmax of `target_logits` over the vocabulary when the engine
             has it (it is not recomputed), or None.
+        draft_probs: [B, k, V] softmax(draft_logits), the probabilities the drafts were drawn from, when the
+            proposer has them (they are not recomputed), or None.
     """
 
     rows: Sequence[RowSpec]
@@ -97,6 +99,7 @@ class VerificationRound:
     draft_raw_logits: torch.Tensor | None = None
     responses: Sequence[Sequence[int]] | None = None
     target_argmax: torch.Tensor | None = None
+    draft_probs: torch.Tensor | None = None
 
 
 class StepOutput:
@@ -298,6 +301,7 @@ def _verify_group(
         draft_lengths=pick(round_.draft_counts),
         generators=generators if any(generator is not None for generator in generators) else None,
         given_target_argmax=pick(round_.target_argmax),
+        given_draft_probs=pick(round_.draft_probs),
     )
     weights = eta if isinstance(eta, torch.Tensor) else None
     accepted, next_tokens, alpha = verify_round(verifier, round_inputs, weights)

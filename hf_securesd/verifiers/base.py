@@ -50,6 +50,8 @@ class RoundInputs:
         given_target_argmax: [B, k+1] long, x* computed by the engine (the argmax of target_logits), or
             None (computed here). With it, target_logits and target_raw_logits may be None in a greedy
             lossless round, whose rule reads x* alone (`step.verify_step` checks that).
+        given_draft_probs: [B, k, V] softmax(draft_logits) as the proposer computed it to draw the drafts
+            (not recomputed), or None (computed here). Not read at T = 0, where p is one-hot.
 
     Constraints: a token whose processed target logit is -inf (masked by a processor or an engine's
     constraint: allowed ids, bad words, min-tokens EOS suppression, top-k/top-p) can never be emitted
@@ -67,6 +69,7 @@ class RoundInputs:
     draft_lengths: torch.Tensor | None = None
     generators: Sequence[torch.Generator | None] | None = None
     given_target_argmax: torch.Tensor | None = None
+    given_draft_probs: torch.Tensor | None = None
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -89,6 +92,8 @@ class RoundInputs:
         if self.draft_logits is None:
             vocab = self.target_logits.shape[-1]
             return torch.nn.functional.one_hot(self.draft_tokens, vocab).to(torch.float32)
+        if self.given_draft_probs is not None and not self.greedy:
+            return self.given_draft_probs
         return _distribution(self.draft_logits, self.greedy)
 
     @property

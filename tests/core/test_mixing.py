@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from hf_securesd import MARS, Lossless, Step
-from hf_securesd.mixing import mixed_recovery, recovery_at, verify_round
+from hf_securesd.mixing import bonus_distribution, mixed_recovery, recovery_at, verify_round
 from hf_securesd.schedules import schedule_weights
 from hf_securesd.verifiers.base import PRECISE_BELOW, RoundInputs
 
@@ -115,3 +115,14 @@ def test_recovery_at_one_position_per_row_equals_the_full_recovery(verifier, nea
         if near_copies:
             mass = (fresh.verified_target_probs() - fresh.draft_probs).clamp_min(0).sum(-1)[rows, positions]
             assert bool((mass < PRECISE_BELOW).any())  # the float64 path ran for some chosen positions
+
+
+@pytest.mark.parametrize("lengths", [None, [K, K, K], [0, 2, K]])
+def test_bonus_distribution_is_q_after_each_rows_last_kept_draft(lengths):
+    """Row b's bonus distribution is softmax(target logits) at position draft_lengths[b] (k when None)."""
+    round_inputs = greedy_round(5, 3, lengths)
+    round_inputs.greedy = False
+    expected = torch.stack([
+        round_inputs.target_logits[row, K if lengths is None else lengths[row]].softmax(-1) for row in range(3)
+    ])
+    assert torch.equal(bonus_distribution(round_inputs), expected)

@@ -118,3 +118,24 @@ def test_greedy_lossless_cpu_rounds_decided_on_the_host_equal_the_torch_rule():
         accepted, next_tokens, alpha = verify_round(Lossless(), inputs, None)
         assert torch.equal(host.accepted, accepted) and torch.equal(host.next_tokens, next_tokens), seed
         assert torch.equal(host.alpha, alpha), seed
+
+
+def test_draft_probabilities_the_proposer_gives_are_the_ones_verified():
+    """At T > 0 a round's `draft_probs` is p itself (not recomputed): the proposer's own softmax gives the
+    same outcome as none given, for the same seed, and other probabilities change what is accepted."""
+    specs = [RowSpec(Lossless()), RowSpec(MARS(theta=0.5), Step(L=1)), RowSpec(LossySD(epsilon=0.3))]
+    base = ragged_round(specs, [3, 2, 3], seed=4)
+
+    def run(draft_probs):
+        round_ = VerificationRound(**{**vars(base), "draft_probs": draft_probs})
+        torch.manual_seed(0)
+        out = verify_step(round_, collect_deviation=True)
+        return out.accepted.tolist(), out.next_tokens.tolist(), out.alpha, out.deviation
+
+    computed = run(None)
+    given = run(torch.stack([base.draft_logits[:, i].softmax(-1) for i in range(K)], dim=1))
+    assert computed[:2] == given[:2]
+    assert torch.equal(computed[2], given[2]) and torch.equal(computed[3], given[3])
+    # p one-hot on each drafted token: lossless acceptance becomes min(1, q(x)), another alpha.
+    one_hot = torch.nn.functional.one_hot(base.draft_tokens, V).float()
+    assert not torch.equal(run(one_hot)[2][0], computed[2][0])
