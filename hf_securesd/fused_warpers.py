@@ -59,6 +59,11 @@ class TopKTopP:
         self.top_k, self.top_p = top_k, top_p
 
     def __call__(self, input_ids: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
+        return self.apply(input_ids, scores, in_place=False)
+
+    def apply(self, input_ids: torch.Tensor | None, scores: torch.Tensor, in_place: bool) -> torch.Tensor:
+        """The call, with in_place=True when `scores` is a temporary nobody else reads (a processor's new
+        output): the removed scores are then written into it (returned) instead of into a copy."""
         if not _worth_fusing(scores):
             return self.top_p(input_ids, self.top_k(input_ids, scores))
         values = scores.numpy()
@@ -66,15 +71,16 @@ class TopKTopP:
         k = min(self.top_k.top_k, vocab)
         tail, kth, start = _top_tail(values, k)
         above, handed = self._cut(tail, vocab, lead=start)
+        rows = torch.from_numpy(handed)
+        originals = scores[rows] if handed.size else None  # before any score is removed
         # One pass for both warpers: top-k removes the scores < kth, top-p those <= its last removed value
         # (>= kth), i.e. < `above`, the next float32 after it.
-        kept = values.copy()
+        kept = values if in_place else values.copy()
         np.copyto(kept, NEG_INF, where=values < np.maximum(above, kth))
-        out = torch.from_numpy(kept)
-        if handed.size:
-            rows = torch.from_numpy(handed)
+        out = scores if in_place else torch.from_numpy(kept)
+        if originals is not None:
             own_ids = input_ids[rows] if input_ids is not None and input_ids.shape[0] == len(values) else input_ids
-            out[rows] = self.top_p(own_ids, self.top_k(own_ids, scores[rows]))
+            out[rows] = self.top_p(own_ids, self.top_k(own_ids, originals))
         return out
 
     def _cut(self, tail: np.ndarray, vocab: int, lead: int) -> tuple[np.ndarray, np.ndarray]:

@@ -48,6 +48,10 @@ _SCORES_ONLY = tuple(
 )
 
 
+# Processors that always return a new tensor and keep no reference to it (HF's temperature divides into
+# one; the fused passes below build theirs): the next fused top-k/top-p may write into it.
+_FRESH_OUTPUT = (logits_process.TemperatureLogitsWarper, PenaltyThenTemperature, TopKTopP)
+
 # Processors that read only the prefix length (and ban EOS below a minimum).
 _LENGTH_ONLY = (logits_process.MinLengthLogitsProcessor, logits_process.MinNewTokensLengthLogitsProcessor)
 
@@ -291,9 +295,12 @@ class RowProcessing:
         flat_rows = rows.repeat_interleave(n) if n > 1 else rows
         unread = flat_rows[:, None]  # processors that read only the scores get a stand-in
         ids = None
+        fresh = False  # `scores` is a new tensor a processor above made, which nothing else holds
         for processor in self._batched:
             ignored = getattr(processor, "prompt_ignore_length", None)
-            if type(processor) in _SCORES_ONLY or type(processor) is TopKTopP:
+            if type(processor) is TopKTopP:
+                scores = processor.apply(unread, scores, in_place=fresh)
+            elif type(processor) in _SCORES_ONLY:
                 scores = processor(unread, scores)
             elif type(processor) in _LENGTH_ONLY:
                 scores = self._ban_eos_where_short(processor, scores, host_rows, offset, n)
@@ -306,6 +313,7 @@ class RowProcessing:
                 if ids is None:
                     ids = self._prefix_ids(rows, host_rows, offset, n)
                 scores = processor(ids, scores)
+            fresh = type(processor) in _FRESH_OUTPUT
         return scores.reshape(active, n, vocab)
 
     def _prefix_ids(

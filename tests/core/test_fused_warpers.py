@@ -213,3 +213,22 @@ def test_only_adjacent_default_pairs_are_fused():
     assert fuse_top_k_top_p([custom_filter, top_p]) == [custom_filter, top_p]
     with pytest.raises(ValueError, match="filter_value is -inf"):
         TopKTopP(custom_filter, top_p)
+
+
+@pytest.mark.parametrize("split", ["sort", "partition"])
+def test_in_place_writes_into_the_scores_with_the_same_bits(monkeypatch, split):
+    """`apply(in_place=True)` returns the scores tensor itself holding what the call returns, handed rows
+    (a tie at the cut, a NaN row) included."""
+    monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
+    monkeypatch.setattr(fused_warpers, "PARTITION_FROM", 0 if split == "partition" else 10**9)
+    generator = torch.Generator().manual_seed(11)
+    scores = torch.randn(6, 259, generator=generator) * 3
+    scores[2] = torch.randint(-3, 3, (259,), generator=generator).float()  # ties at the cut
+    scores[4, 7] = float("nan")
+    pair = TopKTopP(TopKLogitsWarper(50), TopPLogitsWarper(0.9))
+    expected = pair(None, scores.clone())
+    mine = scores.clone()
+    out = pair.apply(None, mine, in_place=True)
+    assert out is mine
+    assert torch.equal(_bits(out), _bits(expected))
+

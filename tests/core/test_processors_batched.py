@@ -8,10 +8,13 @@ import pytest
 import torch
 from support import random_prompts
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
+from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
 from hf_securesd import FSD, LossySD, NonFiniteLogitsError
+from hf_securesd import fused_warpers
 from hf_securesd.fused_penalty import PenaltyThenTemperature
-from hf_securesd.prefixes import TokenBuffer
+from hf_securesd.fused_warpers import TopKTopP
+from hf_securesd.prefixes import RowProcessing, TokenBuffer
 from hf_securesd.tiny import byte_tokenizer
 
 TEXTS = ("hi", "The quick brown fox jumps", "def add(a, b):", "x", "Once upon a time, in a land far away")
@@ -276,3 +279,29 @@ def test_min_new_tokens_in_a_padded_batch_equals_target_greedy(llama_pair):
         assert out.tolist() == reference.tolist(), min_new_tokens
         references.append(reference[0].tolist())
     assert references[0] != references[1], "min_new_tokens must change where the first row stops"
+
+
+def test_row_processing_writes_in_place_only_into_a_processors_new_tensor(monkeypatch):
+    """With top-k/top-p first, the raw logits are left as they were; after the temperature, the fused pass
+    writes into the temperature's output (one vocabulary-sized copy fewer), with the same result."""
+    monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
+    buffer = TokenBuffer(torch.randint(0, 259, (2, 5)), room=3)
+    raw = torch.randn(2, 3, 259, generator=torch.Generator().manual_seed(2)) * 3
+    kept_raw = raw.clone()
+    calls = []
+    original = TopKTopP.apply
+
+    def recording(self, input_ids, scores, in_place):
+        out = original(self, input_ids, scores, in_place)
+        calls.append((in_place, out is scores))
+        return out
+
+    monkeypatch.setattr(TopKTopP, "apply", recording)
+    top_k, top_p, temperature = TopKLogitsWarper(50), TopPLogitsWarper(0.9), TemperatureLogitsWarper(0.7)
+    alone = RowProcessing([top_k, top_p], buffer)(raw, torch.arange(2), [0, 1], 0)
+    after = RowProcessing([temperature, top_k, top_p], buffer)(raw, torch.arange(2), [0, 1], 0)
+    assert calls == [(False, False), (True, True)]
+    assert torch.equal(raw, kept_raw)
+    flat = raw.reshape(6, 259)
+    assert torch.equal(alone, top_p(None, top_k(None, flat)).reshape(2, 3, 259))
+    assert torch.equal(after, top_p(None, top_k(None, temperature(None, flat))).reshape(2, 3, 259))
