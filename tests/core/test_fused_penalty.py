@@ -92,16 +92,23 @@ def test_calls_outside_the_fused_pass_get_hf_results(case):
         ids = ids[:, 0]
     elif case == "scores_3d":
         scores = scores[:, None]
-    penalty, temperature = RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=ignore), TemperatureLogitsWarper(0.6)
-    expected = temperature(ids, penalty(ids, scores.clone()))
-    fused = PenaltyThenTemperature(penalty, temperature)(ids, scores.clone())
-    assert torch.equal(_bits(fused), _bits(expected))
+    try:
+        penalty = RepetitionPenaltyLogitsProcessor(1.5, prompt_ignore_length=ignore)
+    except ValueError:
+        pytest.skip("this transformers release takes no [B] prompt_ignore_length")
+    temperature = TemperatureLogitsWarper(0.6)
+    pair = PenaltyThenTemperature(penalty, temperature)
+    try:
+        expected = temperature(ids, penalty(ids, scores.clone()))
+    except RuntimeError as error:  # releases before HF's pad column refuse ids >= V: so does the pair
+        with pytest.raises(type(error)):
+            pair(ids, scores.clone())
+        return
+    assert torch.equal(_bits(pair(ids, scores.clone())), _bits(expected))
 
 
 def test_without_ignore_length_reads_every_position():
-    pair = PenaltyThenTemperature(
-        RepetitionPenaltyLogitsProcessor(1.4, prompt_ignore_length=torch.tensor([2, 0])), TemperatureLogitsWarper(0.8)
-    )
+    pair = PenaltyThenTemperature(RepetitionPenaltyLogitsProcessor(1.4, prompt_ignore_length=2), TemperatureLogitsWarper(0.8))
     plain = pair.without_ignore_length()
     assert plain.prompt_ignore_length is None and plain.penalty.penalty == 1.4 and plain.temperature is pair.temperature
     scores, ids = torch.randn(2, 20), torch.randint(0, 20, (2, 6))
