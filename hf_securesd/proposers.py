@@ -15,9 +15,11 @@ distribution they were drawn from. Two proposers:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, Sequence
 
+import numpy as np
 import torch
+from numpy.lib.stride_tricks import sliding_window_view
 from transformers import PreTrainedModel
 
 from .argmax import vocab_argmax
@@ -227,26 +229,34 @@ class PromptLookupProposer:
         self.padding = [0] * buffer.tokens.shape[0] if prompt_mask is None else (~prompt_mask).sum(-1).tolist()
         self.eos = set(eos_token_id.reshape(-1).tolist()) if eos_token_id is not None else set()
 
-    def lookup(self, tokens: list[int], limit: int) -> list[int]:
-        """Drafts for one row whose tokens so far are `tokens` (padding excluded)."""
-        length = len(tokens)
+    def lookup(self, tokens: Sequence[int] | np.ndarray, limit: int) -> list[int]:
+        """Drafts for one row whose tokens so far are `tokens` [L] (padding excluded).
+
+        Each n-gram size is one vectorised comparison of the row's earlier windows with its tail (the
+        cost of a round stays small for rows of many thousand tokens, as in HF's `unfold` search)."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        length = tokens.shape[0]
         if limit <= 0:
             return []
         for size in range(min(self.max_ngram, length - 1), 0, -1):
-            tail = tokens[length - size :]
-            for start in range(length - size):
-                if tokens[start : start + size] == tail:
-                    continuation = tokens[start + size : start + size + limit]
-                    eos = next((index for index, token in enumerate(continuation) if token in self.eos), None)
-                    return continuation if eos is None else continuation[:eos]
+            # Windows starting at 0 .. length - size - 1: every earlier occurrence, each with a continuation.
+            windows = sliding_window_view(tokens[: length - 1], size)  # [length - size, size]
+            hits = np.flatnonzero((windows == tokens[length - size :]).all(axis=1))
+            if hits.size:
+                start = int(hits[0]) + size
+                continuation = tokens[start : start + limit].tolist()
+                eos = next((index for index, token in enumerate(continuation) if token in self.eos), None)
+                return continuation if eos is None else continuation[:eos]
         return []
 
     def propose(self, state: RoundState) -> Proposal:
         buffer = self.buffer
-        found = []
-        for row, limit in zip(state.host_rows, state.limits):
-            tokens = buffer.tokens[row, self.padding[row] : buffer.host_lengths[row]].tolist()
-            found.append(self.lookup(tokens, limit))
+        width = max(buffer.host_lengths[row] for row in state.host_rows)
+        host = buffer.tokens[:, :width].cpu().numpy()  # one transfer per round off a CPU
+        found = [
+            self.lookup(host[row, self.padding[row] : buffer.host_lengths[row]], limit)
+            for row, limit in zip(state.host_rows, state.limits)
+        ]
         k = max((len(drafts) for drafts in found), default=0)
         device = state.rows.device
         host_counts = [len(drafts) for drafts in found]

@@ -30,6 +30,36 @@ def test_lookup_matches_hf_rules():
     assert proposer.lookup([1, 2, 1, 2], 0) == []
 
 
+def _reference_lookup(tokens: list[int], max_ngram: int, limit: int, eos: set[int]) -> list[int]:
+    """HF's prompt lookup for one row, written out plainly: for n from max_ngram down, the first window
+    equal to the last n tokens whose continuation is not empty; cut before the first EOS."""
+    for size in range(max_ngram, 0, -1):
+        if size >= len(tokens):
+            continue
+        tail = tokens[-size:]
+        for start in range(len(tokens) - size + 1):
+            continuation = tokens[start + size : start + size + limit]
+            if tokens[start : start + size] == tail and continuation:
+                cut = [i for i, token in enumerate(continuation) if token in eos]
+                return continuation[: cut[0]] if cut else continuation
+    return []
+
+
+@pytest.mark.parametrize("alphabet", [2, 5, 40])
+def test_lookup_equals_a_plain_reference_on_random_rows(alphabet):
+    generator = torch.Generator().manual_seed(alphabet)
+    proposer = PromptLookupProposer.__new__(PromptLookupProposer)
+    for trial in range(300):
+        length = int(torch.randint(0, 60, (), generator=generator))
+        tokens = torch.randint(0, alphabet, (length,), generator=generator).tolist()
+        proposer.max_ngram = int(torch.randint(1, 5, (), generator=generator))
+        proposer.eos = {0} if trial % 2 else set()
+        limit = int(torch.randint(0, 7, (), generator=generator))
+        expected = _reference_lookup(tokens, proposer.max_ngram, limit, proposer.eos)
+        assert proposer.lookup(tokens, limit) == expected, (tokens, proposer.max_ngram, limit)
+        assert proposer.lookup(torch.tensor(tokens, dtype=torch.long).numpy(), limit) == expected
+
+
 @pytest.mark.parametrize("k", [1, 3, 6])
 def test_lossless_greedy_equals_target_and_hf_prompt_lookup(llama_pair, k):
     _, target = llama_pair
