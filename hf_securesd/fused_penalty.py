@@ -74,8 +74,14 @@ class PenaltyThenTemperature:
             and getattr(penalty, "prompt_ignore_length", None) is None
             and getattr(penalty, "logits_indices", None) is None
             and getattr(penalty, "cu_seq_lens_q", None) is None
-            and (input_ids.numel() == 0 or (int(input_ids.min()) >= 0 and int(input_ids.max()) < scores.shape[1]))
+            and (input_ids.numel() == 0 or _within(input_ids, scores.shape[1]))
         )
+
+
+def _within(input_ids: torch.Tensor, vocab: int) -> bool:
+    """Every id of input_ids [N, L] (non-empty) lies in [0, vocab): one reduction for both ends."""
+    low, high = torch.aminmax(input_ids)
+    return int(low) >= 0 and int(high) < vocab
 
 
 def fusable(penalty: object, temperature: object) -> bool:

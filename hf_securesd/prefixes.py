@@ -86,6 +86,7 @@ class TokenBuffer:
         self.host_lengths = [prompt_length] * batch
         self._steps: dict[tuple[int, int], torch.Tensor] = {}  # (offset, n) -> [n] offset .. offset + n - 1
         self._column_range = torch.arange(0, device=input_ids.device)
+        self.version = 0  # advanced with the committed tokens (what a view of them may be cached against)
 
     def write(self, rows: torch.Tensor, offset: int, values: torch.Tensor, every_row: bool) -> None:
         """values [A, n] go to positions length_b + offset .. + n - 1 of rows [A] (`every_row`: rows is
@@ -115,6 +116,14 @@ class TokenBuffer:
             self.lengths[rows] += counts
         for row, count in zip(host_rows, host_counts):
             self.host_lengths[row] += count
+        self.version += 1
+
+    def drafted(self, rows: torch.Tensor | None, n: int) -> torch.Tensor:
+        """[A, n] the n tokens written after the committed ones of batch rows `rows` [A] (every batch row
+        in order when None)."""
+        tokens = self.tokens if rows is None else self.tokens.index_select(0, rows)
+        lengths = self.lengths if rows is None else self.lengths[rows]
+        return tokens.gather(1, lengths[:, None] + self._step_range(0, n))
 
     def token_sets(
         self, rows: torch.Tensor | None, offset: int, n: int, width: int, hidden: torch.Tensor | None = None
@@ -278,6 +287,9 @@ class RowProcessing:
         self._plain: dict[int, logits_process.RepetitionPenaltyLogitsProcessor | PenaltyThenTemperature] = {}
         self._hidden: dict[int, tuple[torch.Tensor, bool]] = {}  # id -> (prompt_ignore_length, hides any)
         self._eos: dict[tuple[int, int, torch.device], torch.Tensor] = {}  # (id, V, device) -> [V] EOS mask
+        # (buffer version, rows, hidden, [A, W] ids) of the committed tokens' sets, built at a round's first
+        # draft step and extended by the drafts at the next ones (`_prefix_ids`)
+        self._committed_sets: tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
 
     def __call__(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
         """raw [A, n, V]: logits for the tokens that follow each row's committed tokens plus its first
@@ -328,14 +340,22 @@ class RowProcessing:
         committed tokens plus offset + i drafts (i = 0..n-1), width the longest: what the
         repetition penalty reads (`TokenBuffer.token_sets`). When every row is active, at the same length
         and shows all its tokens (n = 1, no hidden padding), each prefix is a whole row of the buffer: a
-        slice, bitwise the same ids."""
+        slice, bitwise the same ids. A draft step after the first (n = 1, offset > 0) shows the committed
+        tokens' sets built at the round's first step followed by the offset drafts: the same set per row."""
         buffer = self.buffer
         lengths = buffer.host_lengths
         every_row = len(host_rows) == len(lengths)
         width = max(lengths[row] for row in host_rows) + offset + n - 1
         if n == 1 and every_row and min(lengths) == max(lengths) and not self._hides(hidden):
             return buffer.tokens[:, :width]
-        return buffer.token_sets(None if every_row else rows, offset, n, width, hidden)
+        if n == 1 and offset:
+            cached = self._committed_sets
+            if cached is not None and cached[0] == buffer.version and cached[1] is rows and cached[2] is hidden:
+                return torch.cat([cached[3], buffer.drafted(None if every_row else rows, offset)], dim=1)
+        ids = buffer.token_sets(None if every_row else rows, offset, n, width, hidden)
+        if n == 1 and not offset:
+            self._committed_sets = (buffer.version, rows, hidden, ids)
+        return ids
 
     def _ban_eos_where_short(
         self, processor, scores: torch.Tensor, host_rows: list[int], offset: int, n: int

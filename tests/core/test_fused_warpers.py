@@ -71,6 +71,24 @@ def test_bitwise_equal_to_hf_top_k_then_top_p(monkeypatch, dtype, kind, split):
 
 
 @pytest.mark.parametrize("split", ["sort", "partition"])
+def test_top_p_keeping_more_than_top_k_with_ties_in_some_rows(monkeypatch, split):
+    """Top-p's min_tokens_to_keep above top-k's K while some rows tie at the K-th largest and others do
+    not (their sorted tails start with -inf that top-p may not remove): top-k still decides those rows."""
+    monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
+    monkeypatch.setattr(fused_warpers, "PARTITION_FROM", 0 if split == "partition" else 10**9)
+    generator = torch.Generator().manual_seed(11)
+    for vocab in (64, 259):
+        for top_k in (1, 3, 5):
+            for keep in (4, 8, 20):
+                scores = torch.randn(6, vocab, generator=generator)
+                scores[::2] = torch.randint(-3, 3, (3, vocab), generator=generator).float()  # ties at kth
+                top_k_warper, top_p_warper = TopKLogitsWarper(top_k), TopPLogitsWarper(0.5, min_tokens_to_keep=keep)
+                expected = top_p_warper(None, top_k_warper(None, scores.clone()))
+                fused = TopKTopP(top_k_warper, top_p_warper)(None, scores.clone())
+                assert torch.equal(_bits(fused), _bits(expected)), (vocab, top_k, keep)
+
+
+@pytest.mark.parametrize("split", ["sort", "partition"])
 def test_rows_with_nan_are_handed_to_hf_and_the_others_fused(monkeypatch, split):
     """NaN anywhere in a row (one, several, more than K, the whole row, beside infinities): that row gets
     HF's result, bitwise, and the other rows of the call are still decided by the fused pass."""

@@ -199,6 +199,36 @@ def test_token_sets_hold_each_prefix_s_tokens_and_nothing_else(rows, hidden):
         assert [set(row) for row in sets.tolist()] == [set(row) for row in views.tolist()], (offset, n)
 
 
+@pytest.mark.parametrize("hidden", [None, torch.tensor([1, 0, 2])])
+def test_draft_steps_penalise_each_rows_own_tokens_across_rounds(hidden):
+    """The draft steps of a round reuse the committed tokens' sets built at its first step: over rounds
+    (new committed tokens, rows leaving), each call equals HF's penalty applied to every row alone with
+    exactly its committed tokens (hidden left padding excluded) and the drafts before the step."""
+    generator = torch.Generator().manual_seed(3)
+    vocab, batch = 12, 3
+    buffer = TokenBuffer(torch.randint(0, vocab, (batch, 4), generator=generator), room=4)
+    penalty = RepetitionPenaltyLogitsProcessor(4.0, prompt_ignore_length=hidden)
+    processing = RowProcessing(LogitsProcessorList([penalty]), buffer)
+    host_rows, rows = [0, 1, 2], torch.arange(batch)
+    skipped = [0] * batch if hidden is None else hidden.tolist()
+    for round_index in range(4):
+        if round_index == 2:
+            host_rows, rows = [0, 2], torch.tensor([0, 2])  # row 1 finished
+        drafts = torch.randint(0, vocab, (len(host_rows), 3), generator=generator)
+        first = 1 if round_index == 3 else 0  # a round may also begin past step 0 (its first draft written)
+        buffer.write(rows, 0, drafts[:, :first], every_row=len(host_rows) == batch)
+        for step in range(first, 3):
+            raw = torch.randn(len(host_rows), 1, vocab, generator=generator)
+            out = processing(raw, rows, host_rows, offset=step)[:, 0]
+            for a, row in enumerate(host_rows):
+                own = buffer.tokens[row, skipped[row] : buffer.host_lengths[row]].tolist() + drafts[a, :step].tolist()
+                expected = RepetitionPenaltyLogitsProcessor(4.0)(torch.tensor([own]), raw[a].clone())
+                assert torch.equal(out[a : a + 1], expected), (round_index, step, row)
+            buffer.write(rows, step, drafts[:, step : step + 1], every_row=len(host_rows) == batch)
+        counts = torch.randint(1, 4, (len(host_rows),), generator=generator)
+        buffer.advance(rows, counts, host_rows, counts.tolist())
+
+
 class ForceToken(LogitsProcessor):
     def __init__(self, token: int) -> None:
         self.token = token
