@@ -12,6 +12,10 @@ min_tokens reach the target only (as in vLLM): they change the acceptance rate, 
 verification may emit (a token they forbid is never accepted or drawn). Rows of plain requests keep
 vLLM's drafting untouched; its draws for them leave SecureSD rows' generators alone.
 
+A greedy proposal whose rows no verification round reads draft logits for (every SecureSD row greedy
+and lossless: the rule reads the target's argmax alone) is vLLM's own drafting, which is argmax(raw)
+as well: the plugin only counts its drafted positions (`DraftRows.records_logits`).
+
 Should drafting SecureSD rows fail, the proposal goes on with vLLM's own drafting and records nothing
 more: the SecureSD rows then verify only the drafts recorded before the failure (their token after
 those comes from the target), which stays exact, and the engine goes on.
@@ -38,10 +42,15 @@ class DraftRows:
 
     `requests[i]` is row i's SecureSD configuration (None for plain rows; fixed for the proposal);
     `steps` collects, per drafted position, the raw [R, V] and sampled-from [R, V] float32 logits of every
-    row."""
+    row. With `records_logits` false (no verification round of these rows reads draft logits: greedy
+    lossless rows) a greedy proposal is vLLM's own drafting, argmax(raw) as here, and only its drafted
+    positions are counted (`unrecorded`, of `unrecorded_rows` rows each)."""
 
     requests: list[SecureSDRequest | None]
     steps: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    records_logits: bool = True
+    unrecorded: int = 0
+    unrecorded_rows: int = 0
     failed: bool = False
     _flags: dict[tuple[int, torch.device], torch.Tensor] = field(default_factory=dict, repr=False)
     _stacked: tuple[torch.Tensor, torch.Tensor] | None = field(default=None, repr=False)
@@ -80,7 +89,12 @@ class DraftRows:
     @property
     def batch_rows(self) -> int:
         """R, the rows the proposer drafted for (0 if nothing was drafted)."""
-        return self.steps[0][0].shape[0] if self.steps else 0
+        return self.steps[0][0].shape[0] if self.steps else self.unrecorded_rows
+
+    @property
+    def proposals(self) -> int:
+        """Positions drafted for every row, with or without their logits recorded."""
+        return len(self.steps) + self.unrecorded
 
     def row_logits(self, row: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """Row `row`'s (raw [k, V], sampled-from [k, V]) draft logits, views of `stacked()` (the same
@@ -155,6 +169,10 @@ def patch_proposer(proposer_class: type, top_k_top_p: Callable) -> Callable[[], 
     def _sample_draft_tokens(self, hidden_states: torch.Tensor, sampling_metadata: Any):
         rows: DraftRows | None = getattr(self, "securesd_rows", None)
         if rows is None or rows.failed or not rows.any_securesd:
+            return original(self, hidden_states, sampling_metadata)
+        if not rows.records_logits and sampling_metadata.all_greedy:
+            rows.unrecorded += 1
+            rows.unrecorded_rows = hidden_states.shape[0]
             return original(self, hidden_states, sampling_metadata)
         try:
             raw = self.model.compute_logits(hidden_states).to(torch.float32)

@@ -129,7 +129,7 @@ def _row_plans(
     one_hot = one_hot_proposer(runner.drafter)
     row_of = stash.row_of if stash is not None else {}
     drafted_rows = stash.drafts.batch_rows if stash is not None else 0
-    proposals = len(stash.drafts.steps) if stash is not None else 0
+    proposals = stash.drafts.proposals if stash is not None else 0
     plans = []
     for row, position in zip(rows, positions):
         req_id, request = req_ids[row], requests[row]
@@ -162,7 +162,10 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
         if not any(request is not None for request in requests):
             self._securesd_drafts = None
             return original_propose(self, *args, **kwargs)
-        rows = DraftRows(requests)
+        greedy = _greedy_rows(self.input_batch.sampling_metadata, len(requests))
+        ours = [row for row, request in enumerate(requests) if request is not None]
+        records = sampler.reads_draft_logits([requests[row] for row in ours], [greedy[row] for row in ours])
+        rows = DraftRows(requests, records_logits=records)
         self.drafter.securesd_rows = rows
         try:
             drafted = original_propose(self, *args, **kwargs)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hf_securesd.vllm import drafting, verification
+from hf_securesd.vllm.request import request_for
 
 K, VOCAB, PROMPT = 4, 17, 6
 LOSSLESS = {"verifier": {"verifier": "lossless"}}
@@ -128,6 +129,57 @@ def test_the_stack_is_built_once_per_proposal() -> None:
     assert torch.equal(rows.row_logits(1)[0], torch.stack([first[1], second[1]]))
     assert rows.row_logits(3) == (None, None)
 
+
+
+@pytest.mark.parametrize(
+    "configurations, temperatures, records",
+    [([LOSSLESS, LOSSLESS, None], [0.0, 0.0, 0.0], False), ([MARS, LOSSLESS], [0.0, 0.0], True),
+     ([LOSSLESS, LOSSLESS], [0.0, 0.7], True)],
+    ids=["greedy lossless", "a relaxed row", "a sampled row"],
+)
+def test_a_proposal_records_draft_logits_only_for_rounds_that_read_them(
+    runner_class, configurations, temperatures, records
+) -> None:
+    runner = runner_class(configurations, temperatures)
+    runner.propose_draft_token_ids()
+    assert runner._securesd_drafts.drafts.records_logits is records
+
+
+class ArgmaxProposer:
+    """Stands for vLLM's SpecDecodeBaseProposer at T = 0: its drafts are the argmax of the draft logits."""
+
+    def __init__(self, logits: torch.Tensor) -> None:
+        self.model = SimpleNamespace(compute_logits=lambda hidden_states: logits)
+        self.own_calls = 0
+
+    def _sample_draft_tokens(self, hidden_states, sampling_metadata):
+        self.own_calls += 1
+        return self.model.compute_logits(hidden_states).argmax(dim=-1), None
+
+
+def test_a_greedy_proposal_that_no_round_reads_is_vllms_own_and_counted() -> None:
+    """With records_logits false and a greedy batch, each drafted position is vLLM's own call (the same
+    argmax drafts; the plain row makes it run in both cases) and is counted, with no logits kept;
+    otherwise the logits of every position are kept."""
+
+    class Proposer(ArgmaxProposer):
+        pass
+
+    undo = drafting.patch_proposer(Proposer, top_k_top_p=None)
+    try:
+        logits = torch.randn(3, VOCAB, generator=torch.Generator().manual_seed(1))
+        lossless = request_for({"securesd": LOSSLESS})
+        greedy = SimpleNamespace(all_greedy=True, temperature=None, top_k=None, top_p=None, generators={})
+        for records, kept in ((False, 0), (True, K)):
+            proposer = Proposer(logits)
+            rows = drafting.DraftRows([lossless, None, lossless], records_logits=records)
+            proposer.securesd_rows = rows
+            for _ in range(K):
+                tokens, probs = proposer._sample_draft_tokens(torch.zeros(3, 8), greedy)
+                assert torch.equal(tokens, logits.argmax(dim=-1)) and probs is None
+            assert (len(rows.steps), rows.proposals, rows.batch_rows, proposer.own_calls) == (kept, K, 3, K)
+    finally:
+        undo()
 
 
 class OneHotRunner(Runner):
