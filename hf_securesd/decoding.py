@@ -32,6 +32,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, Sto
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .draft_length import DraftLength, DraftLengthController
+from .host_values import long_tensor
 from .model_runner import ModelRunner
 from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
@@ -255,7 +256,7 @@ class SpeculativeLoop:
             for a, stop in enumerate(stops):
                 if stop is not None:
                     done.count[a], done.finished[a] = stop, 1
-            count = torch.tensor(done.count, device=self.device)
+            count = long_tensor(done.count, self.device)
         self.buffer.advance(self.rows, count, self.host_rows, done.count)
         return done, new_tokens
 
@@ -292,7 +293,7 @@ class SpeculativeLoop:
         if len(still) < len(self.host_rows):
             self.host_rows = [self.host_rows[a] for a in still]
             if still:
-                keep = torch.tensor(still, dtype=torch.long, device=self.device)
+                keep = long_tensor(still, self.device)
                 self.rows, self.pending = self.rows[keep], self.pending[keep]
                 self.target.select_rows(keep)
                 proposer.select_rows(keep)

@@ -13,6 +13,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from .host_values import long_tensor
+
 # Layers whose whole per-row state is `keys` and `values` [B, heads, slots, head_dim].
 _KEY_VALUE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
 
@@ -72,10 +74,8 @@ class ModelRunner:
             end = self.num_slots + width
             self._reserve(end)
             if token_mask is None:  # the new columns already hold 1
-                steps = self._steps.get(width)
-                if steps is None:
-                    steps = self._steps[width] = torch.arange(width, device=device)
-                positions = self._valid + steps
+                # One slot per row (each draft step after the first) sits at each row's count of valid slots.
+                positions = self._valid if width == 1 else self._valid + self._step_range(width)
                 self._valid = self._valid + width
             else:
                 new = token_mask.to(device).long()
@@ -93,6 +93,13 @@ class ModelRunner:
             logits = logits.float()
         self.num_slots += width
         return logits
+
+    def _step_range(self, width: int) -> torch.Tensor:
+        """[width] long 0 .. width - 1 (cached per width)."""
+        steps = self._steps.get(width)
+        if steps is None:
+            steps = self._steps[width] = torch.arange(width, device=self.device)
+        return steps
 
     def _plain_positions(self, batch: int, width: int) -> torch.Tensor:
         """[batch, width] positions num_slots .. num_slots + width - 1 of every row, sliced from a cached
@@ -113,8 +120,8 @@ class ModelRunner:
         if self._mask is None:
             self._begin_mask(torch.ones(len(kept), self.num_slots, dtype=torch.long, device=device))
         end = start + max(kept)
-        offsets = torch.arange(end - start, device=device)
-        self._mask[:, start:end] *= offsets[None] < torch.tensor(kept, device=device)[:, None]
+        offsets = self._step_range(end - start)
+        self._mask[:, start:end] *= offsets[None] < long_tensor(kept, device)[:, None]
         if end < self.num_slots:
             self._mask[:, end : self.num_slots] = 1  # cropped away: fresh columns again
         self._crop_to(end)

@@ -26,6 +26,7 @@ from .argmax import vocab_argmax
 from .draft_length import DraftLengthController
 from .model_runner import ModelRunner
 from .draws import draw_rows
+from .host_values import long_tensor
 from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores
 
 
@@ -125,7 +126,7 @@ class DraftModelProposer:
     def propose(self, state: RoundState) -> Proposal:
         k = max(state.limits)
         controller, active = self.controller, len(state.host_rows)
-        limit = torch.tensor(state.limits, device=state.rows.device) if controller.early_stop or min(state.limits) < k else None
+        limit = long_tensor(state.limits, state.rows.device) if controller.early_stop or min(state.limits) < k else None
         tokens_in, mask_in = self._first_input(state.pending)
         self.first_slot = self.runner.num_slots + tokens_in.shape[1]
         drafted, raw_steps, processed_steps, confidence, drawn_from = [], [], [], [], []
@@ -264,7 +265,7 @@ class PromptLookupProposer:
         tokens = torch.tensor(padded, dtype=torch.long, device=device).reshape(len(found), k)
         if k and self.writes_drafts:
             buffer.write(state.rows, 0, tokens, every_row=len(found) == buffer.tokens.shape[0])
-        counts = torch.tensor(host_counts, device=device) if min(host_counts, default=k) < k else None
+        counts = long_tensor(host_counts, device) if min(host_counts, default=k) < k else None
         return Proposal(tokens, counts, None, None, None, host_counts)
 
     def after_round(self, accepted: torch.Tensor, host_accepted: list[int], still: list[int], proposal: Proposal) -> None:

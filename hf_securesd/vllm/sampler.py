@@ -34,6 +34,7 @@ import torch
 
 from .. import step as core_step
 from ..argmax import vocab_argmax
+from ..host_values import long_tensor
 from ..step import RowSpec, StepOutput, VerificationRound
 from ..verifiers.base import Verifier
 from .request import SecureSDRequest
@@ -306,8 +307,8 @@ def _round(
         if not same:
             draft_logits = _draft_rows(plans, counts, k, vocab, device, processed=True)
     # Rows that all keep k drafts need no counts (the core reads None as k for every row).
-    starts = _host_tensor([plan.position for plan in plans], device)
-    draft_counts = None if full else _host_tensor(counts, device)
+    starts = long_tensor([plan.position for plan in plans], device)
+    draft_counts = None if full else long_tensor(counts, device)
     return VerificationRound(
         rows=_row_specs(plans),
         draft_tokens=drafts,
@@ -321,12 +322,6 @@ def _round(
         responses=[list(plan.response or ()) for plan in plans] if _reads_tokens(plans) else None,
         target_argmax=argmax,
     )
-
-
-def _host_tensor(values: list[int], device: torch.device) -> torch.Tensor:
-    """[len(values)] int64 on `device`, through NumPy (torch.tensor(list) costs several times more)."""
-    tensor = torch.from_numpy(np.array(values, dtype=np.int64))
-    return tensor if tensor.device == device else tensor.to(device)
 
 
 def _host_argmax_round(
