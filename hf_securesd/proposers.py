@@ -233,18 +233,22 @@ class PromptLookupProposer:
     def lookup(self, tokens: Sequence[int] | np.ndarray, limit: int) -> list[int]:
         """Drafts for one row whose tokens so far are `tokens` [L] (padding excluded).
 
-        Each n-gram size is one vectorised comparison of the row's earlier windows with its tail (the
-        cost of a round stays small for rows of many thousand tokens, as in HF's `unfold` search)."""
+        Each n-gram size is one vectorised pass: the earlier windows that end in the row's last token are
+        compared whole with its tail (a round stays cheap for rows of many thousand tokens)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         length = tokens.shape[0]
         if limit <= 0:
             return []
+        last = tokens[length - 1] if length else None
         for size in range(min(self.max_ngram, length - 1), 0, -1):
-            # Windows starting at 0 .. length - size - 1: every earlier occurrence, each with a continuation.
-            windows = sliding_window_view(tokens[: length - 1], size)  # [length - size, size]
-            hits = np.flatnonzero((windows == tokens[length - size :]).all(axis=1))
-            if hits.size:
-                start = int(hits[0]) + size
+            # Windows starting at 0 .. length - size - 1 (every earlier occurrence, each with a continuation);
+            # only those ending in the row's last token are compared whole.
+            candidates = np.flatnonzero(tokens[size - 1 : length - 1] == last)
+            if size > 1 and candidates.size:
+                windows = sliding_window_view(tokens[: length - 1], size)[candidates]  # [C, size]
+                candidates = candidates[(windows == tokens[length - size :]).all(axis=1)]
+            if candidates.size:
+                start = int(candidates[0]) + size
                 continuation = tokens[start : start + limit].tolist()
                 eos = next((index for index, token in enumerate(continuation) if token in self.eos), None)
                 return continuation if eos is None else continuation[:eos]
