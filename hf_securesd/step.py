@@ -36,10 +36,10 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from .argmax import vocab_argmax
+from .host_values import long_tensor
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Linear, Power, Schedule, Step, schedule_weights
 from .verifiers.base import RoundInputs, Verifier
@@ -139,14 +139,14 @@ class StepOutput:
     def accepted(self) -> torch.Tensor:
         """[B] long, drafts accepted (built from the host lists on first read when decided there)."""
         if self._accepted is None:
-            self._accepted = torch.from_numpy(np.array(self._host[0], dtype=np.int64))
+            self._accepted = long_tensor(self._host[0])
         return self._accepted
 
     @property
     def next_tokens(self) -> torch.Tensor:
         """[B] long, the token that ends each row's round (built from the host lists on first read)."""
         if self._next_tokens is None:
-            self._next_tokens = torch.from_numpy(np.array(self._host[1], dtype=np.int64))
+            self._next_tokens = long_tensor(self._host[1])
         return self._next_tokens
 
     @property
