@@ -290,14 +290,14 @@ def _round(
                 dim=1,
             ).to(torch.float32)
         else:
-            processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)])[index[1]]
+            processed = torch.cat([target_logits, bonus_logits.to(target_logits.dtype)]).index_select(0, index[1])
             processed = processed.view(size, k + 1, vocab).to(torch.float32)
     if processed is not None:
         # Only relaxed rules read raw logits: rows that are all lossless (the mixer evaluates the lossless
         # rule alone for them) get the processed logits in their place, and nothing more is gathered.
         raw = processed
         if not lossless:
-            raw_rows = target_raw_logits if index is None else target_raw_logits[index[2]]
+            raw_rows = target_raw_logits if index is None else target_raw_logits.index_select(0, index[2])
             raw = raw_rows.view(size, k + 1, vocab).to(torch.float32)
     draft_logits = draft_raw_logits = None
     if argmax is None and not plans[0].one_hot:
@@ -369,7 +369,7 @@ def _target_argmax(
     at_bonus = vocab_argmax(bonus_logits)
     if index is None:
         return torch.cat([at_drafts.view(size, k), at_bonus.view(size, 1)], dim=1)
-    return torch.cat([at_drafts, at_bonus])[index[1]].view(size, k + 1)
+    return torch.cat([at_drafts, at_bonus]).index_select(0, index[1]).view(size, k + 1)
 
 
 # Row specs of recent steps, by the identities of their rows' requests and generators. An entry holds those

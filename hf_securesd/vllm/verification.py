@@ -87,7 +87,6 @@ class StepPlan:
     target_logits: torch.Tensor | None = None  # [num_tokens, V] processed for the SecureSD rows
     bonus_logits: torch.Tensor | None = None  # [B, V] after vLLM's constraints and penalties
     sampling_bonus: bool = False
-    results: list[sampler.RowResult] | None = None
 
     @property
     def securesd_rows(self) -> set[int]:
@@ -328,13 +327,13 @@ def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], N
                 raise RuntimeError("vLLM's sampler did not process the bonus positions")
             ones = [1] * len(num_draft_tokens)
             bonus = target_logits_for_rows(step.bonus_logits, ones, sampling_metadata, top_k_top_p)
-            step.results = sampler.verify_rows(
+            sampler.verify_rows(
                 step.plans, output, draft_token_ids, num_draft_tokens, step.target_raw_logits, processed,
                 bonus, bonus_token_ids, greedy,
             )
         except Exception as error:  # noqa: BLE001 - outside what verify_rows isolates: every SecureSD row
             logger.exception("SecureSD verification failed; this step's SecureSD rows take the target's")
-            step.results = sampler.fall_back_rows(
+            sampler.fall_back_rows(
                 step.plans, output, num_draft_tokens, processed, bonus_token_ids, greedy, error
             )
         return output
