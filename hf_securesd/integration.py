@@ -25,11 +25,13 @@ from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_
 from .segments import Segments, resolve_boundaries
 from .stats import SegmentStats, SpeculativeStats, segment_statistics
 from .validation import (
+    OTHER_METHODS,
     PROMPT_LOOKUP,
     SecureSDConfigError,
     check_models,
     check_options,
     check_inputs,
+    check_padding,
     check_lengths,
     check_proposer,
     resolve_request,
@@ -48,6 +50,7 @@ _CHECKED_OPTIONS = (
     "output_attentions",
     "output_hidden_states",
     "guidance_scale",
+    *OTHER_METHODS,
 )
 
 
@@ -140,8 +143,11 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     draft = arguments.get("assistant_model")
     verifier = _effective("verifier", arguments, generation_config, model)
     if verifier is None:
-        if arguments.get("secure_schedule") is not None:
-            resolve_request(None, arguments["secure_schedule"], None)  # raises: a schedule needs a verifier
+        schedule = arguments.get("secure_schedule")
+        if schedule is None and "verifier" not in arguments and generation_config is not None:
+            schedule = getattr(generation_config, "secure_schedule", None)  # a passed config's own schedule
+        if schedule is not None:
+            resolve_request(None, schedule, None)  # raises: a schedule needs a verifier
         fields = {"verifier": None, "secure_schedule": None}
         return _with_fields(bound, generation_config, fields) if draft is not None else _stripped(args, kwargs)
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
@@ -213,6 +219,9 @@ def _run_speculative(
             "speculative decoding here takes input_ids and attention_mask"
         )
     check_inputs(input_ids, model_kwargs.get("attention_mask"))
+    pad_token_id = _as_int(getattr(generation_config, "_pad_token_tensor", None))
+    check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)
+    input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
     return_dict = generation_config.return_dict_in_generate
     settings = DecodeSettings(
         verifier=generation_config.verifier,
@@ -221,7 +230,7 @@ def _run_speculative(
         do_sample=bool(generation_config.do_sample),
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
-        pad_token_id=_as_int(getattr(generation_config, "_pad_token_tensor", None)),
+        pad_token_id=pad_token_id,
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
         streamer=streamer,
@@ -436,7 +445,9 @@ def securesd_generate(
         )
     # generate() has filled HF's defaults into generation_config, so only this call's own argument and the
     # draft's generation_config can set the draft length here.
-    draft_length = resolve_draft_length({"num_assistant_tokens": num_assistant_tokens}, None, draft.generation_config)
+    draft_length = resolve_draft_length(
+        {"num_assistant_tokens": num_assistant_tokens}, None, getattr(draft, "generation_config", None)
+    )
     resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
     schedule = resolve_boundaries(schedule, None)  # transformers passes no tokenizer= to a callable
     check_models(model, draft)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterable
 
 import torch
 from transformers import PreTrainedModel
@@ -18,6 +18,8 @@ class SecureSDConfigError(ValueError):
 
 
 PROMPT_LOOKUP = "prompt lookup"
+# Stopping criteria that stop every row of a batch at the same length.
+_SAME_LENGTH_CRITERIA = {"MaxLengthCriteria", "MaxTimeCriteria"}
 
 
 def resolve_request(
@@ -62,6 +64,11 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
             "(or draft=<draft model> when calling through custom_generate)"
         )
     for role, model in (("target", target), ("draft", draft)):
+        if not callable(getattr(model, "can_generate", None)) or not callable(getattr(model, "get_output_embeddings", None)):
+            raise SecureSDConfigError(
+                f"the {role} model must be a transformers causal language model (a PreTrainedModel loaded with "
+                f"AutoModelForCausalLM), got {type(model).__name__}; pass the draft model object as assistant_model="
+            )
         if not model.can_generate():
             raise SecureSDConfigError(
                 f"the {role} model is a {type(model).__name__}, which has no language-model head and cannot "
@@ -89,21 +96,82 @@ def check_lengths(max_new_tokens: Any, max_length: Any) -> None:
 
 
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-    """The prompt must hold at least one token and the attention mask, if any, its shape."""
+    """The prompt [B, P] must hold integer token ids, at least one per row, and the attention mask, if any,
+    its shape with no row padded on the right (a row's next token would follow its padding)."""
+    if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
+        raise SecureSDConfigError(
+            f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the tokenizer's input_ids "
+            "(torch.long)"
+        )
     if input_ids.ndim != 2 or input_ids.shape[1] == 0:
         raise SecureSDConfigError(
             f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}); speculative decoding needs at least "
             "one prompt token per row (e.g. the tokenizer's BOS token)"
         )
-    if attention_mask is not None and tuple(attention_mask.shape) != tuple(input_ids.shape):
+    if attention_mask is None:
+        return
+    if tuple(attention_mask.shape) != tuple(input_ids.shape):
         raise SecureSDConfigError(
             f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has shape {tuple(input_ids.shape)}; "
             "pass the mask the tokenizer returned with the same input_ids"
+        )
+    attended = attention_mask != 0  # [B, P]
+    right_padded = (~attended[:, -1] & attended.any(dim=-1)).nonzero()[:, 0].tolist()
+    if right_padded:
+        raise SecureSDConfigError(
+            f"batch row(s) {right_padded} are padded on the right (their attention_mask ends in 0), so each new "
+            "token would follow the padding; decoder-only generation needs left padding: load the tokenizer with "
+            "padding_side='left'"
+        )
+
+
+# Generation fields that select another decoding method or another acceptance rule, with the reason a
+# verifier cannot run with them (transformers would otherwise pick that method or ignore the field).
+OTHER_METHODS = {
+    "dola_layers": "DoLa decoding contrasts the target's layers token by token, a decoding method of its own",
+    "penalty_alpha": "penalty_alpha > 0 selects contrastive search, a decoding method of its own",
+    "constraints": "constraints select constrained beam search",
+    "force_words_ids": "force_words_ids selects constrained beam search",
+    "assistant_ensemble_weight": "it is transformers' own relaxed acceptance (a target/draft mixture), and with "
+    "verifier= the verifier and its schedule decide acceptance",
+    "use_mtp": "multi-token prediction drafts with the target's own MTP layers, not with a draft model",
+    "speculation_type": "it selects another kind of drafting than a draft model or prompt lookup",
+}
+
+
+def _is_set(value: Any) -> bool:
+    """A field value that changes what transformers does (None, False, 0 and empty lists do not)."""
+    if value is None or value is False:
+        return False
+    if isinstance(value, (list, tuple, dict)):
+        return len(value) > 0
+    if isinstance(value, (int, float)):
+        return value != 0
+    return True
+
+
+def check_padding(batch: int, pad_token_id: int | None, stopping_criteria: Iterable[object]) -> None:
+    """A batch whose rows can stop at different lengths (stop strings, custom stopping criteria) needs a pad
+    token to fill the rows that stopped first."""
+    if batch == 1 or pad_token_id is not None:
+        return
+    per_row = sorted({type(criterion).__name__ for criterion in stopping_criteria} - _SAME_LENGTH_CRITERIA)
+    if per_row:
+        raise SecureSDConfigError(
+            f"rows of this batch can stop at different lengths ({', '.join(per_row)}) but there is no pad_token_id "
+            "to fill the rows that stopped first (and no eos_token_id to take it from); pass pad_token_id= to "
+            "generate (e.g. tokenizer.pad_token_id)"
         )
 
 
 def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> None:
     """Reject generation options that a verifier cannot honour. `options` holds the effective values."""
+    for name, reason in OTHER_METHODS.items():
+        value = options.get(name)
+        if _is_set(value):
+            raise SecureSDConfigError(
+                f"{name}={value!r} cannot be combined with verifier=: {reason}; drop {name} (or verifier=)"
+            )
     if options.get("assistant_tokenizer") is not None:
         raise SecureSDConfigError(
             "assistant_tokenizer= selects universal assisted decoding (a draft with a different tokenizer): its "

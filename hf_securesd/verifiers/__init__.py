@@ -26,7 +26,12 @@ def resolve_verifier(verifier: str | Verifier | dict[str, Any]) -> Verifier:
         return verifier
     if isinstance(verifier, dict):
         options = dict(verifier)
-        name = options.pop("verifier", None)
+        if "verifier" not in options:
+            raise ValueError(
+                f"a verifier given as a dict names its rule under the key 'verifier', e.g. "
+                f"{{'verifier': 'mars', 'theta': 0.9}}; got the keys {sorted(map(str, options))}"
+            )
+        name = options.pop("verifier")
         return _lookup(name).from_dict(options)
     if isinstance(verifier, str):
         return _lookup(verifier)()

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import hf_securesd
 from hf_securesd import FLy, FSD, MARS, BiLD, Linear, LossySD, NonFiniteLogitsError, Power, SecureSDConfigError, SpecCascade, Step
@@ -176,3 +178,80 @@ def test_zero_draft_probability_and_empty_residual_never_give_nan():
     lossless_recovery = Lossless().recovery(inputs)
     assert torch.allclose(lossless_recovery[0, 0], target[0, 0].softmax(-1))  # q == p: fall back to q
     assert lossless_recovery[0, 1, 1] == 0  # residual excludes the token p put all its mass on
+
+
+def test_right_padded_rows_are_refused(llama_pair, forward_calls):
+    """A row whose mask ends in 0 would get its next token after its padding: refused, naming the fix."""
+    draft, target = llama_pair
+    ids = torch.tensor([[5, 6, 7, 8], [5, 6, 0, 0]])
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 0, 0]])
+    for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        with pytest.raises(SecureSDConfigError, match=r"batch row\(s\) \[1\] are padded on the right.*padding_side='left'"):
+            target.generate(ids, attention_mask=mask, max_new_tokens=4, verifier="lossless", **proposer)
+    assert forward_calls["n"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
+def test_non_integer_input_ids_are_refused(llama_pair, forward_calls, dtype):
+    draft, target = llama_pair
+    for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        with pytest.raises(SecureSDConfigError, match=f"input_ids must hold integer token ids, got dtype {dtype}"):
+            target.generate(PROMPT.to(dtype), max_new_tokens=4, verifier="lossless", **proposer)
+    assert forward_calls["n"] == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16])
+def test_narrower_integer_ids_decode_as_int64_ids(llama_pair, dtype):
+    """Both proposers feed both models int64 ids, whatever integer dtype the prompt came in."""
+    draft, target = llama_pair
+    for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        expected = target.generate(PROMPT, max_new_tokens=8, verifier="lossless", **proposer)
+        got = target.generate(PROMPT.to(dtype), max_new_tokens=8, verifier="lossless", **proposer)
+        assert got.dtype == torch.long and torch.equal(got, expected)
+
+
+def test_schedule_in_a_passed_config_without_a_verifier(llama_pair, forward_calls):
+    """The same refusal as the keyword's: a passed config's schedule is not silently dropped."""
+    draft, target = llama_pair
+    config = GenerationConfig(max_new_tokens=8, secure_schedule={"schedule": "step", "L": 1})
+    expect_error(target, forward_calls, "secure_schedule was given without a verifier", assistant_model=draft,
+                 generation_config=config)
+
+
+@pytest.mark.parametrize("not_a_model", ["draft-model-name", byte_tokenizer()])
+def test_an_assistant_that_is_not_a_model_is_refused(llama_pair, forward_calls, not_a_model):
+    _, target = llama_pair
+    expect_error(target, forward_calls, "the draft model must be a transformers causal language model",
+                 assistant_model=not_a_model, verifier="lossless")
+
+
+def test_a_verifier_dict_without_its_name(llama_pair, forward_calls):
+    draft, target = llama_pair
+    expect_error(target, forward_calls, "names its rule under the key 'verifier'", error=ValueError,
+                 assistant_model=draft, verifier={"theta": 0.5})
+
+
+@pytest.mark.parametrize("option, value", [
+    ("dola_layers", "high"),
+    ("penalty_alpha", 0.6),
+    ("force_words_ids", [[5, 6]]),
+    ("assistant_ensemble_weight", 0.5),
+    ("use_mtp", True),
+    ("speculation_type", "dflash"),
+])
+def test_fields_that_select_another_method_are_refused(llama_pair, forward_calls, option, value):
+    """transformers would run another decoding method (or its own relaxed acceptance) and drop the verifier."""
+    draft, target = llama_pair
+    expect_error(target, forward_calls, re.escape(f"{option}={value!r} cannot be combined with verifier="),
+                 assistant_model=draft, verifier="mars", **{option: value})
+
+
+def test_a_batch_that_can_stop_unevenly_needs_a_pad_token(forward_calls, llama_pair):
+    """Stop strings end rows at different lengths; with neither pad nor EOS token nothing could fill them."""
+    draft, target = llama_pair
+    ids = torch.tensor([[104, 101, 108, 108, 111], [5, 5, 97, 98, 99]])
+    for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        with pytest.raises(SecureSDConfigError, match=r"StopStringCriteria.*no pad_token_id.*pass pad_token_id="):
+            target.generate(ids, max_new_tokens=8, verifier="lossless", pad_token_id=None, eos_token_id=None,
+                            stop_strings=["h"], tokenizer=byte_tokenizer(), **proposer)
+    assert forward_calls["n"] == 0

@@ -338,3 +338,15 @@ def test_row_processing_writes_in_place_only_into_a_processors_new_tensor(monkey
     flat = raw.reshape(6, 259)
     assert torch.equal(alone, top_p(None, top_k(None, flat)).reshape(2, 3, 259))
     assert torch.equal(after, top_p(None, top_k(None, temperature(None, flat))).reshape(2, 3, 259))
+
+
+@pytest.mark.parametrize("option", [{"encoder_repetition_penalty": 1.8}, {"encoder_no_repeat_ngram_size": 1}])
+def test_prompt_processors_equal_target_greedy_for_both_proposers(llama_pair, option):
+    """transformers applies the encoder_* processors to a decoder-only model's prompt: honoured, row for row."""
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS)
+    reference = target.generate(**batch, max_new_tokens=12, do_sample=False, **option)
+    assert reference.tolist() != target.generate(**batch, max_new_tokens=12, do_sample=False).tolist()
+    for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        out = target.generate(**batch, max_new_tokens=12, do_sample=False, verifier="lossless", **proposer, **option)
+        assert out.tolist() == reference.tolist()
