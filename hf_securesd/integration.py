@@ -45,6 +45,7 @@ _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
     "output_scores",
     "output_logits",
+    "return_dict_in_generate",
     "num_beams",
     "num_return_sequences",
     "output_attentions",

@@ -205,7 +205,9 @@ def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> No
             )
     batch = input_ids.shape[0] if input_ids is not None and input_ids.ndim == 2 else 1
     if batch > 1:
-        for option in ("streamer", "output_scores", "output_logits"):
+        # Scores and logits are returned only with return_dict_in_generate (without it they have no effect).
+        returned = ("output_scores", "output_logits") if options.get("return_dict_in_generate") else ()
+        for option in ("streamer", *returned):
             if options.get(option):
                 raise SecureSDConfigError(
                     f"{option} supports a single sequence with verifier= (rows of a batch advance by different "

@@ -255,3 +255,14 @@ def test_a_batch_that_can_stop_unevenly_needs_a_pad_token(forward_calls, llama_p
             target.generate(ids, max_new_tokens=8, verifier="lossless", pad_token_id=None, eos_token_id=None,
                             stop_strings=["h"], tokenizer=byte_tokenizer(), **proposer)
     assert forward_calls["n"] == 0
+
+
+@pytest.mark.parametrize("option", ["output_scores", "output_logits"])
+def test_per_token_outputs_without_a_dict_have_no_effect_on_a_batch(llama_pair, option):
+    """Without return_dict_in_generate nothing carries scores, as in transformers: the batch just decodes."""
+    draft, target = llama_pair
+    batch = torch.tensor([[1, 2, 3], [4, 5, 6]])
+    expected = target.generate(batch, max_new_tokens=4, assistant_model=draft, verifier="mars")
+    assert torch.equal(
+        target.generate(batch, max_new_tokens=4, assistant_model=draft, verifier="mars", **{option: True}), expected
+    )
