@@ -89,6 +89,13 @@ def _one_boundary(value: Any) -> Boundary:
             raise ValueError(
                 "Segments boundary is an empty string; give the text that ends a segment, e.g. '</think>'"
             )
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise ValueError(
+                f"Segments boundary {_short(value)} is not valid Unicode text ({error.reason} at character "
+                f"{error.start}); give the boundary as text a tokenizer can encode, or as token ids"
+            ) from None
         return value
     ids = _token_ids(value)
     if ids is None:

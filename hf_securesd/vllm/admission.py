@@ -160,7 +160,17 @@ def resolve_text_boundaries(params: Any, tokenizer: Any) -> None:
     request = parse_request(raw, origin=origin, tokenizer=tokenizer)
     schedule = request.schedule if request is not None else None
     if isinstance(schedule, Segments) and schedule.text_boundaries:
-        params.extra_args = {**extra_args, EXTRA_ARGS_KEY: json.dumps(request.with_token_ids())}
+        resolved = json.dumps(request.with_token_ids())
+        try:  # the workers read the written form: it must pass the same bounds as a client's request
+            parse_request(resolved, origin=origin)
+        except SecureSDConfigError as error:
+            counts = [len(ids) for ids in schedule.token_boundaries]
+            raise SecureSDConfigError(
+                f"{origin}: the segments boundary text resolves to {counts} token(s) with this model's tokenizer, "
+                f"and written as token ids the request exceeds a request's bounds ({error}); use a shorter "
+                "boundary (a few tokens, e.g. '</think>')"
+            ) from None
+        params.extra_args = {**extra_args, EXTRA_ARGS_KEY: resolved}
 
 
 def patch_admission(

@@ -317,11 +317,11 @@ def server_default() -> SecureSDRequest | None:
 def request_for(extra_args: Mapping[str, Any] | None) -> SecureSDRequest | None:
     """The configuration a request runs with: its own `extra_args["securesd"]` when the key is present
     (null/false = plain vLLM), else the server-wide default. A key that looks like a misspelling of
-    "securesd" is refused rather than ignored."""
+    "securesd" is refused rather than ignored, with or without "securesd" beside it."""
     if extra_args:
+        refuse_misspelled_key(extra_args, "extra_args (vllm_xargs over HTTP)")  # also beside "securesd"
         if EXTRA_ARGS_KEY in extra_args:
             return parse_request(extra_args[EXTRA_ARGS_KEY])
-        refuse_misspelled_key(extra_args, "extra_args (vllm_xargs over HTTP)")
     return server_default()
 
 

@@ -232,7 +232,11 @@ def _host_gather_index(
     """`_gather_lists`' draft [G, k] and processed [G, k+1] indices as NumPy arrays (`_host_argmax_round`)."""
     draft_index, processed_index, _ = _gather_lists(rows, counts, layout_counts)
     size = len(rows)
-    return np.array(draft_index).reshape(size, -1), np.array(processed_index).reshape(size, -1)
+    # intp: an empty index (k = 0, no row has a usable draft) must still index
+    return (
+        np.array(draft_index, dtype=np.intp).reshape(size, -1),
+        np.array(processed_index, dtype=np.intp).reshape(size, -1),
+    )
 
 
 def reads_draft_logits(requests: Sequence[SecureSDRequest], greedy: Sequence[bool]) -> bool:

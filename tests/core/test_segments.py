@@ -250,6 +250,7 @@ def test_a_text_boundary_whose_split_does_not_decode_back_is_refused():
     "kwargs, error, match",
     [
         (dict(boundary=""), ValueError, "empty string"),
+        (dict(boundary="a\ud800"), ValueError, "is not valid Unicode text .* at character 1"),
         (dict(boundary=[]), ValueError, "must be given"),
         (dict(boundary=None), ValueError, "must be given"),
         (dict(boundary=[1, "a"]), ValueError, "mixes token ids"),

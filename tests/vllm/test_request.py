@@ -15,7 +15,7 @@ from vllm_support import requires_vllm
 from hf_securesd import MARS, SecureSDConfigError, Step
 from hf_securesd.schedules import Schedule
 from hf_securesd.vllm import DEFAULT_ENV, parse_request, speculative_stats
-from hf_securesd.vllm.admission import check_beam_search, check_http_body, check_request
+from hf_securesd.vllm.admission import check_beam_search, check_http_body, check_request, resolve_text_boundaries
 from hf_securesd.vllm.compat import patch_refusal
 from hf_securesd.vllm.request import request_for
 
@@ -318,3 +318,29 @@ def test_beam_search_under_a_server_wide_default_is_refused(monkeypatch) -> None
     with pytest.raises(SecureSDConfigError, match="use_beam_search cannot run with SecureSD"):
         check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs=None))
     check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "null"}))
+
+
+def test_a_misspelled_key_beside_securesd_is_refused_too() -> None:
+    """The misspelled key would carry a configuration the plugin silently drops."""
+    with pytest.raises(SecureSDConfigError, match="'secure_sd', which SecureSD does not read"):
+        request_for({"securesd": "lossless", "secure_sd": {"verifier": {"verifier": "lossysd", "epsilon": 1.0}}})
+
+
+def _segments_params(boundary: str) -> SimpleNamespace:
+    return SimpleNamespace(extra_args={"securesd": {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": boundary}}})
+
+
+def test_text_boundaries_are_written_as_ids_or_refused_with_their_token_count() -> None:
+    """Admission writes a text boundary as the model's token ids for the workers; a boundary whose ids make
+    the request exceed a request's bounds is refused with its token count, not a bounds message alone."""
+    from hf_securesd.tiny import byte_tokenizer
+
+    tokenizer = byte_tokenizer()
+    short = _segments_params("</think>")
+    resolve_text_boundaries(short, tokenizer)
+    written = json.loads(short.extra_args["securesd"])["secure_schedule"]["boundary"]
+    assert written == tokenizer.encode("</think>", add_special_tokens=False)
+    with pytest.raises(SecureSDConfigError, match=r"resolves to \[60\] token\(s\) with this model's tokenizer.*shorter"):
+        resolve_text_boundaries(_segments_params("x" * 60), tokenizer)
+    with pytest.raises(SecureSDConfigError, match="is not valid Unicode text"):
+        resolve_text_boundaries(_segments_params("\ud800"), tokenizer)

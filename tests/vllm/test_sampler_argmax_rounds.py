@@ -189,3 +189,15 @@ def test_row_specs_are_built_once_for_the_same_requests() -> None:
     other = SecureSDRequest(Lossless(), None)  # equal to LOSSLESS, another object
     specs = _row_specs([RowPlan(0, other, 0, None, None), plans[1]])
     assert specs is not first and specs[0].verifier is specs[1].verifier  # equal verifiers: one object
+
+
+@pytest.mark.parametrize("request_", [LOSSLESS, LOSSLESS_THROUGH_LOGITS], ids=["argmax_round", "logits_round"])
+def test_a_step_whose_drafts_were_not_recorded_takes_the_target_token(request_: SecureSDRequest) -> None:
+    """Near max_model_len vLLM skips drafting for the whole batch but still schedules placeholder drafts:
+    no row has a usable draft (k = 0), and each takes the target's token at its first position."""
+    counts = [3, 2]
+    step = VllmStep(counts, seed=5)
+    plans = [RowPlan(row, request_, 4, None, None, proposed=0) for row in range(len(counts))]
+    output = step.run(plans)
+    firsts = [int(step.target[sum(counts[:row])].argmax()) for row in range(len(counts))]
+    assert output.tolist() == [[first] + [PLACEHOLDER] * max(counts) for first in firsts]
