@@ -48,6 +48,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -181,6 +182,38 @@ def _kill_tree(process: subprocess.Popen) -> None:
     process.wait()
 
 
+def _feed(pipe, data: bytes) -> threading.Thread:
+    """Write `data` to the runner's standard input and close it, in a thread (a pipe holds 64 KiB).
+
+    A pipe, not a file: bubblewrap's PID 1 inside the sandbox keeps the runner's standard input open,
+    and the solution may open its descriptors through /proc; a pipe that the checker has read to its
+    end (before it starts the solution) has nothing left to give."""
+
+    def write() -> None:
+        try:
+            pipe.write(data)
+        except OSError:  # the runner died or never read it: the run fails on its own
+            pass
+        finally:
+            try:
+                pipe.close()
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=write, name="sandbox-input", daemon=True)
+    thread.start()
+    return thread
+
+
+def _encodes(text: str) -> bool:
+    """Whether `text` can be written as UTF-8 (a lone surrogate cannot)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def _tail(path: Path) -> str:
     with open(path, "rb") as handle:
         handle.seek(0, os.SEEK_END)
@@ -239,14 +272,21 @@ class Sandbox:
         """Run `solution` and, in a separate trusted process, `tests` (which define
         `check(candidate)`) against its `entry_point`; "passed" only when `check` returns.
         `helpers` is trusted code the tests may use (e.g. a HumanEval prompt's helper functions)."""
-        files = {"solution.py": solution, "tests.py": tests, "helpers.py": helpers}
-        arguments = ["check", "{inputs}/solution.py", "{inputs}/tests.py", "{inputs}/helpers.py", entry_point]
-        return self._execute(files, arguments, b"passed", CHECKER_TASKS)
+        # The tests and helpers reach the checker on its standard input, never a file: the solution
+        # shares the sandbox's filesystem and could otherwise read the expected answers.
+        trusted = json.dumps({"tests": tests, "helpers": helpers})
+        arguments = ["check", "{inputs}/solution.py", entry_point]
+        return self._execute({"solution.py": solution}, arguments, b"passed", CHECKER_TASKS, trusted)
 
     def _execute(self, files: dict[str, str], arguments: list[str], token: bytes,
-                 own_tasks: int) -> ExecutionResult:
+                 own_tasks: int, trusted_input: str = "") -> ExecutionResult:
         """Run the runner with `arguments`; "passed" when it exits 0 after writing `token` to its
-        result descriptor. `own_tasks`: trusted processes of the runner beside the program's."""
+        result descriptor. `own_tasks`: trusted processes of the runner beside the program's.
+        `trusted_input`: the runner's standard input, through a pipe (see `_feed`)."""
+        unencodable = [name for name, text in files.items() if not _encodes(text)]
+        if unencodable:  # e.g. a lone surrogate in model-written text: no interpreter could read it
+            return ExecutionResult(False, "failed", None, 0.0,
+                                   f"{unencodable[0]} is not valid Unicode text (it cannot be written as UTF-8)")
         overhead = own_tasks + (BWRAP_TASKS if self.isolation == "bwrap" else 0)
         scratch = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-"))
         start = time.monotonic()
@@ -270,13 +310,15 @@ class Sandbox:
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
                    "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
             with open(log_path, "wb") as log:
-                process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.DEVNULL,
+                process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.PIPE,
                                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                                            pass_fds=(write_end,))
+            feeder = _feed(process.stdin, trusted_input.encode("utf-8"))
             os.close(write_end)
             write_end = -1
             status = self._watch(process, start, overhead)
             _kill_tree(process)
+            feeder.join(timeout=5)
             limit_hit = ""
             if cgroup is not None:
                 limit_hit = "memory_limit" if cgroup.oom_killed() else \

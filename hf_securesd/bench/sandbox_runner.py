@@ -8,12 +8,14 @@ Modes (first argument):
     The program shares this process, so it can write that word itself: ``run`` reports how a
     program ended, it is not a verdict on untrusted code.
 
-``check SOLUTION TESTS HELPERS ENTRY_POINT RESULT_FD``
+``check SOLUTION ENTRY_POINT RESULT_FD`` (standard input: JSON {"tests": ..., "helpers": ...})
     The verdict channel for untrusted code. This process (the *checker*) makes itself
-    non-dumpable (no ptrace, no access to its ``/proc/<pid>/fd`` or memory by its children), then
-    starts a *second, fresh interpreter* (``serve``) that executes SOLUTION and answers calls to
-    ENTRY_POINT over two pipes. RESULT_FD is not inherited by that process. The checker executes
-    the trusted HELPERS (the task's prompt, for helper functions the tests use) and TESTS, and calls
+    non-dumpable (no ptrace, no access to its ``/proc/<pid>/fd`` or memory by its children), reads
+    the trusted tests and helpers from its standard input (a pipe from the harness, read to its end
+    before any untrusted code runs, so the solution can never read the expected answers), then starts a *second, fresh interpreter*
+    (``serve``, standard input /dev/null) that executes SOLUTION and answers calls to ENTRY_POINT over
+    two pipes. RESULT_FD is not inherited by that process. The checker executes
+    the trusted helpers (the task's prompt, for helper functions the tests use) and tests, and calls
     ``check(candidate)`` with a proxy that forwards each call. Arguments and return values cross as
     tagged JSON holding only None, bool, int, float, str, bytes, list, tuple, dict, set and
     frozenset (subclasses cross as their base type), rebuilt here as exact built-in types. Only when ``check`` returns does the checker
@@ -161,8 +163,25 @@ def _serve(solution, entry_point, in_fd, out_fd):
         send(out_fd, reply)
 
 
-def _check(solution, tests, helpers, entry_point, result_fd):
+def _read_trusted_input():
+    """The tests and helpers from standard input, which then reads /dev/null (descriptor 0 stays taken,
+    so no pipe opened later lands on it)."""
+    chunks = []
+    while True:
+        chunk = os.read(0, 1 << 20)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    trusted = json.loads(b"".join(chunks).decode("utf-8"))
+    return trusted["tests"], trusted["helpers"]
+
+
+def _check(solution, entry_point, result_fd):
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    tests, helpers = _read_trusted_input()
     request_read, request_write = os.pipe()
     reply_read, reply_write = os.pipe()
     candidate = subprocess.Popen(
@@ -184,7 +203,7 @@ def _check(solution, tests, helpers, entry_point, result_fd):
         return decode(reply["ok"])
 
     namespace = {"__name__": "__check__", "__builtins__": __builtins__}
-    helper_source = _source(helpers)
+    helper_source = helpers
     if helper_source.strip():
         try:
             helper_code = compile(helper_source, "helpers.py", "exec")
@@ -193,7 +212,7 @@ def _check(solution, tests, helpers, entry_point, result_fd):
         if helper_code is not None:
             exec(helper_code, namespace)
     namespace[entry_point] = proxy
-    exec(compile(_source(tests), "tests.py", "exec"), namespace)
+    exec(compile(tests, "tests.py", "exec"), namespace)
     try:
         namespace["check"](proxy)
     finally:
@@ -212,7 +231,7 @@ def main(argv):
         _serve(args[0], args[1], int(args[2]), int(args[3]))
     elif mode == "check":
         try:
-            _check(args[0], args[1], args[2], args[3], int(args[4]))
+            _check(args[0], args[1], int(args[2]))
         except BaseException:
             traceback.print_exc()
             sys.exit(1)

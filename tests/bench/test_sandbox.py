@@ -95,6 +95,17 @@ def test_hostile_completions_are_contained_and_the_harness_goes_on(problems: dic
     assert _descendant_count() <= before  # nothing the completions started is left running
 
 
+def test_a_completion_that_is_not_valid_unicode_fails_without_stopping_the_others(problems: dict[str, Example]) -> None:
+    """A lone surrogate (a JSON escape from a server) cannot be written as UTF-8: that completion fails,
+    the batch is scored."""
+    problem = problems["HumanEval/0"]
+    canonical = f"```python\n{problem.fields['prompt']}{problem.fields['canonical_solution']}```"
+    broken = canonical.replace("return False", "return '\ud800' == 1", 1)
+    result = get_task("humaneval").score([problem, problem], [broken, canonical], _options())
+    assert result.per_example == [0.0, 1.0]
+    assert result.details[0]["status"] == "failed" and "not valid Unicode" in result.details[0]["output"]
+
+
 @needs_bwrap
 def test_deleting_files_outside_the_workdir_is_contained(problems: dict[str, Example],
                                                          tmp_path: Path) -> None:

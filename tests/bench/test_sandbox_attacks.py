@@ -229,6 +229,54 @@ def test_the_checker_process_is_out_of_reach_of_the_solution(sandbox: Sandbox) -
     assert "reachable" not in result.output and result.output.count("denied") == 3, result.output
 
 
+# A solution that searches everything it can open for a token: the sandbox's files, its /tmp, and every
+# descriptor and cmdline/environ under /proc (bubblewrap's PID 1 and the checker included).
+_TOKEN_SEARCH = _program("""
+    import os, re
+    def _texts():
+        for root in ('/sandbox', '/tmp'):
+            for folder, _, names in os.walk(root):
+                for name in names:
+                    yield os.path.join(folder, name)
+        for pid in os.listdir('/proc'):
+            if pid.isdigit():
+                yield f'/proc/{pid}/cmdline'
+                yield f'/proc/{pid}/environ'
+                try:
+                    yield from (f'/proc/{pid}/fd/{fd}' for fd in os.listdir(f'/proc/{pid}/fd'))
+                except OSError:
+                    pass
+    def answer():
+        for path in _texts():
+            try:
+                handle = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+                try:
+                    data = os.read(handle, 1 << 20)
+                finally:
+                    os.close(handle)
+            except OSError:
+                continue
+            for token in re.findall(rb'zq-[0-9a-f]{16}', data):
+                if token.decode() != OWN:
+                    return token.decode()
+        return None
+""")
+
+
+def test_the_tests_cannot_be_read_by_the_solution(sandbox: Sandbox) -> None:
+    """The expected answer exists only in the tests: the solution finds it nowhere it can look (the
+    tests reach the checker over a pipe drained before the solution starts). Control: the same search
+    finds a token the solution's own file holds."""
+    own, expected = f"zq-{secrets.token_hex(8)}", f"zq-{secrets.token_hex(8)}"
+    tests = f"def check(f):\n    assert f() == {expected!r}\n"
+    hidden = sandbox.check(f"OWN = {own!r}\n" + _TOKEN_SEARCH, tests, "answer")
+    assert not hidden.passed and hidden.status == "failed", hidden
+    control_token = f"zq-{secrets.token_hex(8)}"
+    control = sandbox.check(f"OWN = {own!r}\n# {control_token}\n" + _TOKEN_SEARCH,
+                            f"def check(f):\n    assert f() == {control_token!r}\n", "answer")
+    assert control.passed, control
+
+
 def test_object_equal_to_everything_cannot_cross(sandbox: Sandbox) -> None:
     solution = "class Always:\n    def __eq__(self, other):\n        return True\n\ndef add(a, b):\n    return Always()\n"
     result = sandbox.check(solution, TESTS, "add")
