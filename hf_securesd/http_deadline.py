@@ -8,6 +8,13 @@ request, the status line, the headers and the body — by one deadline: a watchd
 connection's socket down when the deadline passes, which ends any read or write in progress.
 Connections are not kept alive, so every exchange has its own socket for the watchdog to watch.
 
+The size cap holds for the decoded body too: requests ask for ``Accept-Encoding: identity``, the
+body is read as the server sent it, and a gzip or deflate encoding applied anyway (nested ones
+included) is undone here with the cap on every layer's output, so a few kilobytes that inflate to
+gigabytes are refused after `max_bytes`; other encodings (br, zstd, ...) are refused.
+`json_body` reads a reply's JSON, turning input nested too deeply for the parser into a
+`ValueError` like any other malformed reply.
+
     >>> client = DeadlineClient("http://127.0.0.1:8000/v1")                          # doctest: +SKIP
     >>> reply = client.exchange("POST", "/completions", {"prompt": "hi"}, deadline_s=30,
     ...                         max_bytes=1 << 20)                                    # doctest: +SKIP
@@ -16,10 +23,13 @@ Connections are not kept alive, so every exchange has its own socket for the wat
 
 from __future__ import annotations
 
+import json
 import math
+import re
 import socket
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +41,17 @@ class DeadlineExceeded(Exception):
 
 
 class ReplyTooLarge(Exception):
-    """The reply declared or streamed more bytes than the cap."""
+    """The reply declared, streamed or decoded to more bytes than the cap."""
+
+
+class UndecodableReply(Exception):
+    """The reply's Content-Encoding is one this client does not decode, or its body does not decode."""
+
+
+MAX_CONTENT_CODINGS = 4
+_ZLIB_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
+_RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -91,7 +111,8 @@ class DeadlineClient:
     def __init__(self, base_url: str, headers: dict[str, str] | None = None,
                  auth: tuple[str, str] | None = None) -> None:
         self._client = httpx.Client(
-            base_url=base_url, headers=headers or {}, auth=auth, follow_redirects=False,
+            base_url=base_url, headers={**(headers or {}), "Accept-Encoding": "identity"}, auth=auth,
+            follow_redirects=False,
             limits=httpx.Limits(max_keepalive_connections=0),
         )
 
@@ -103,8 +124,9 @@ class DeadlineClient:
         """One request and its complete reply within `deadline_s` seconds in total.
 
         Raises `DeadlineExceeded` past the deadline, `ReplyTooLarge` when the reply declares (in
-        Content-Length) or streams more than `max_bytes`, and httpx's `TransportError`s (connection
-        refused or reset, a reply cut short) as they come."""
+        Content-Length), streams or decodes to more than `max_bytes`, `UndecodableReply` for a
+        Content-Encoding other than gzip/deflate (or a body that does not decode), and httpx's
+        `TransportError`s (connection refused or reset, a reply cut short) as they come."""
         if deadline_s <= 0 or max_bytes <= 0:
             raise ValueError(f"need deadline_s > 0 and max_bytes > 0, got {deadline_s} and {max_bytes}")
         deadline = time.monotonic() + deadline_s
@@ -116,21 +138,94 @@ class DeadlineClient:
                 if declared.isdigit() and int(declared) > max_bytes:
                     raise ReplyTooLarge(f"the reply declares {declared} bytes, over the {max_bytes}-byte cap")
                 body = bytearray()
-                for chunk in response.iter_bytes():
+                for chunk in response.iter_raw():
                     body += chunk
                     if len(body) > max_bytes:
                         raise ReplyTooLarge(f"the reply exceeded the {max_bytes}-byte cap")
                     if time.monotonic() > deadline:
                         raise DeadlineExceeded
+                decoded = decode_content(bytes(body), response.headers.get("content-encoding", ""), max_bytes)
                 if time.monotonic() > deadline:
                     raise DeadlineExceeded
-                return Reply(response.status_code, response.headers, bytes(body))
+                return Reply(response.status_code, response.headers, decoded)
         except httpx.TransportError:
             if watchdog.fired or time.monotonic() > deadline:
                 raise DeadlineExceeded from None
             raise
         finally:
             watchdog.cancel()
+
+
+def decode_content(body: bytes, content_encoding: str, max_bytes: int) -> bytes:
+    """`body` with the codings of its Content-Encoding header undone, last applied first: gzip
+    (x-gzip) and deflate, at most `MAX_CONTENT_CODINGS` of them; identity is skipped.
+    `ReplyTooLarge` when a layer decodes to more than `max_bytes`; `UndecodableReply` for another
+    coding or a body that does not decode. An empty body is empty in every coding."""
+    if not body:
+        return body
+    codings = [coding.strip().lower() for coding in content_encoding.split(",") if coding.strip()]
+    codings = [coding for coding in codings if coding != "identity"]
+    if len(codings) > MAX_CONTENT_CODINGS:
+        raise UndecodableReply(
+            f"the reply's Content-Encoding {content_encoding!r} nests more than {MAX_CONTENT_CODINGS} codings"
+        )
+    for coding in reversed(codings):
+        if coding not in _ZLIB_WBITS:
+            raise UndecodableReply(
+                f"the reply's Content-Encoding {content_encoding!r} is not gzip or deflate, although "
+                "the request asked for identity (no encoding)"
+            )
+        body = _inflate(body, coding, max_bytes)
+    return body
+
+
+def _inflate(data: bytes, coding: str, max_bytes: int) -> bytes:
+    """One gzip or deflate layer undone, its output capped at `max_bytes`; a gzip body may hold
+    several members, a deflate body may be zlib-wrapped or raw (as servers send both)."""
+    try:
+        return _inflate_with(data, coding, _ZLIB_WBITS[coding], max_bytes)
+    except UndecodableReply:
+        if coding != "deflate":
+            raise
+        return _inflate_with(data, coding, _RAW_DEFLATE_WBITS, max_bytes)
+
+
+def _inflate_with(data: bytes, coding: str, wbits: int, max_bytes: int) -> bytes:
+    """`data` inflated with zlib's `wbits`, member after member, never more than `max_bytes + 1`
+    bytes at a time (zlib's `max_length`)."""
+    out = bytearray()
+    while True:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            out += inflater.decompress(data, max_bytes + 1 - len(out))
+        except zlib.error as error:
+            raise UndecodableReply(f"the reply's {coding} body does not decode ({error})") from None
+        if len(out) > max_bytes:
+            raise ReplyTooLarge(f"the reply's {coding} body decodes to more than the {max_bytes}-byte cap")
+        if not inflater.eof:
+            raise UndecodableReply(f"the reply's {coding} body is cut short")
+        data = inflater.unused_data
+        if not data:
+            return bytes(out)
+        if coding == "deflate":
+            raise UndecodableReply(f"the reply's {coding} body has data after its end")
+
+
+def json_body(body: bytes) -> Any:
+    """The reply body parsed as JSON. `ValueError` when it is not: invalid JSON or UTF-8, or nested
+    too deeply for the parser (its RecursionError: 200 KB of ``[`` is enough) or its memory."""
+    try:
+        return json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"the reply is not complete JSON ({error})") from None
+    except (RecursionError, MemoryError):
+        raise ValueError("the reply is JSON nested too deeply (or too large) to parse") from None
+
+
+def valid_unicode(text: str) -> str:
+    """`text` with every lone surrogate (what JSON's ``"\\ud800"`` parses to: a Python str, but
+    not Unicode that UTF-8 can encode) replaced by U+FFFD."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
 
 
 def retry_after_seconds(value: str | None, default: float, cap: float) -> float:

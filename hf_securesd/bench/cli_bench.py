@@ -229,10 +229,22 @@ def prepare(args: argparse.Namespace):
     return settings, engine, tasks
 
 
+def write_report_if_any(out: Path) -> None:
+    """Write the report of `out`, or say why there is none yet: no cell has finished (every cell
+    still has prompts without an answer, recorded in failures.jsonl)."""
+    from hf_securesd.bench.report import write_report
+    from hf_securesd.bench.results import ResultsDir
+
+    if not ResultsDir(out).runs():
+        print(f"no report: no configuration of {out} has finished yet (each has prompts without an answer, "
+              "see failures.jsonl)", file=sys.stderr)
+        return
+    print(f"report: {write_report(out)}")
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
     from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
-    from hf_securesd.bench.report import write_report
     from hf_securesd.bench.runner import run_study
 
     profile = get_profile(args.profile)
@@ -264,8 +276,7 @@ def run(args: argparse.Namespace) -> int:
         f"recorded, {outcome.generated} generations, {outcome.failed} failed prompts"
     )
     if not args.no_report:
-        report = write_report(args.out)
-        print(f"report: {report}")
+        write_report_if_any(args.out)
     if outcome.failed:
         print(f"{outcome.failed} prompts got no answer (see failures.jsonl); rerun the same command to retry "
               "them", file=sys.stderr)

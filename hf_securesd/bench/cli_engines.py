@@ -5,7 +5,7 @@
     securesd bench --engine openai --base-url http://127.0.0.1:8000/v1 --tokenizer qwen-8b \\
         --verifiers mars:0.5 --schedules none step:1 ...             # the plugin's request fields
     securesd bench --engine openai --chat --endpoint twin=URL1 --endpoint prod=URL2 --baseline twin \\
-        --api-key-env PROD_API_KEY ...                               # endpoints as configurations
+        --endpoint-api-key-env prod=PROD_API_KEY ...                 # endpoints as configurations
 
 Only the ``openai`` options are new flags; every other flag means what it means for ``hf``.
 """
@@ -45,7 +45,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--api-key-env",
         default=None,
         metavar="NAME",
-        help="openai: read the API key from this environment variable (never written anywhere)",
+        help="openai: the API key of --base-url, read from this environment variable (never written "
+        "anywhere); no --endpoint is sent it (see --endpoint-api-key-env)",
     )
     group.add_argument(
         "--chat",
@@ -68,7 +69,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="NAME=URL",
-        help="openai: a deployment to audit, run as configuration endpoint:NAME (repeatable)",
+        help="openai: a deployment to audit, run as configuration endpoint:NAME (repeatable); it is "
+        "sent no API key unless --endpoint-api-key-env names one for it",
+    )
+    group.add_argument(
+        "--endpoint-api-key-env",
+        action="append",
+        default=[],
+        metavar="NAME=VARIABLE",
+        help="openai: send --endpoint NAME the API key held by this environment variable (repeatable; "
+        "never written anywhere)",
     )
     group.add_argument(
         "--baseline",
@@ -217,7 +227,12 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
             ids={"target": _describe(settings.target, target), "draft": _describe(settings.draft, draft)},
         )
     if name == "openai":
-        from hf_securesd.bench.engines.openai import OpenAIEngine, OpenAISettings, parse_endpoints
+        from hf_securesd.bench.engines.openai import (
+            OpenAIEngine,
+            OpenAISettings,
+            parse_endpoint_key_envs,
+            parse_endpoints,
+        )
 
         tokenizer_name = args.tokenizer or args.target
         if not args.chat and tokenizer_name is None:
@@ -235,6 +250,7 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
             chat=args.chat,
             token_ids=args.token_ids,
             endpoints=parse_endpoints(args.endpoint),
+            endpoint_key_envs=parse_endpoint_key_envs(args.endpoint_api_key_env),
             baseline=args.baseline,
             draft_baseline=args.draft_baseline,
             client=_client_settings(args),

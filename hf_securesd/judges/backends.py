@@ -9,7 +9,6 @@ never turned into a verdict.
 from __future__ import annotations
 
 import base64
-import json
 import os
 import time
 from abc import ABC, abstractmethod
@@ -25,10 +24,13 @@ from hf_securesd.http_deadline import (
     DeadlineExceeded,
     Reply,
     ReplyTooLarge,
+    UndecodableReply,
+    json_body,
     retry_after_seconds,
+    valid_unicode,
 )
 from hf_securesd.judges.base import JudgeError
-from hf_securesd.judges.secrets import redact, strip_userinfo
+from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo
 
 Message = dict[str, str]
 
@@ -129,7 +131,8 @@ class OpenAIChatBackend(ChatBackend):
     sending, the status line, the headers and the body (`hf_securesd.http_deadline`) — so a server
     that drips its headers or its body cannot hold an attempt past it (name resolution excepted,
     which the system resolver bounds). Replies are streamed and abandoned past
-    `max_response_bytes`. Only HTTP 200 is an answer; redirects are not followed. Timeouts,
+    `max_response_bytes`, decoded size included (gzip or deflate applied although the request asks
+    for none; other encodings are refused). Only HTTP 200 is an answer; redirects are not followed. Timeouts,
     connection errors, HTTP 408/409/429/500/502/503/504 and malformed replies are retried
     `max_retries` times with exponential backoff
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
@@ -176,6 +179,10 @@ class OpenAIChatBackend(ChatBackend):
     def _redact(self, text: str) -> str:
         return redact(text, self._secrets)
 
+    def _excerpt(self, text: str | bytes) -> str:
+        """What the server sent, for an error message: redacted, then clipped."""
+        return redacted_excerpt(text, self._secrets)
+
     def close(self) -> None:
         """Close the HTTP connection pool."""
         self._client.close()
@@ -199,6 +206,8 @@ class OpenAIChatBackend(ChatBackend):
                                          self.max_response_bytes)
         except ReplyTooLarge as error:
             raise ResponseTooLarge(str(error)) from None
+        except UndecodableReply as error:
+            raise JudgeBackendError(f"judge endpoint {self.base_url}: {self._excerpt(str(error))}") from None
 
     def complete_one(self, messages: Sequence[Message]) -> str:
         """The reply to one conversation, with retries."""
@@ -227,7 +236,7 @@ class OpenAIChatBackend(ChatBackend):
                 continue
             except ResponseTooLarge as error:
                 raise ResponseTooLarge(f"judge endpoint {self.base_url}: {error}") from None
-            text = self._redact(reply.body[:200].decode(errors="replace"))
+            text = self._excerpt(reply.body)
             if reply.status in RETRYABLE_STATUS:
                 last_problem = f"HTTP {reply.status}: {text!r}"
                 wait = retry_after(reply.headers.get("retry-after"), default=wait)
@@ -237,7 +246,7 @@ class OpenAIChatBackend(ChatBackend):
             try:
                 return _reply_text(reply.body)
             except ValueError as error:
-                last_problem = self._redact(str(error))
+                last_problem = f"{error}: {text!r}"
         raise JudgeBackendError(
             f"judge endpoint {self.base_url} (model {self.model}) failed after {self.max_retries + 1} "
             f"attempts; last problem: {last_problem}"
@@ -262,16 +271,14 @@ def retry_after(value: str | None, default: float) -> float:
 
 
 def _reply_text(body: bytes) -> str:
-    """The assistant message of a chat-completions reply; `ValueError` when malformed."""
-    text = body[:200].decode(errors="replace")
-    try:
-        parsed = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"reply is not valid JSON ({error}): {text!r}") from None
+    """The assistant message of a chat-completions reply (lone surrogates replaced by U+FFFD);
+    `ValueError` saying what is wrong when malformed (without the body: the caller adds a redacted
+    excerpt)."""
+    parsed = json_body(body)
     try:
         content = parsed["choices"][0]["message"]["content"]
     except (KeyError, IndexError, TypeError):
-        raise ValueError(f"reply JSON has no choices[0].message.content: {text!r}") from None
+        raise ValueError("reply JSON has no choices[0].message.content") from None
     if not isinstance(content, str):
-        raise ValueError(f"reply content is {type(content).__name__}, not text: {text!r}")
-    return content
+        raise ValueError(f"reply content is {type(content).__name__}, not text")
+    return valid_unicode(content)

@@ -1,8 +1,9 @@
 """Keeping secrets (API keys, tokens) out of results files, reports, logs and exception text.
 
 Secrets live in environment variables (`SECRET_ENV_VARS`) and are read where they are used.
-`redact` replaces every known secret value in a text; `redact_command` does the same for a command
-line before it is recorded; `reject_secret_options` refuses option mappings (judge options, backend
+`redact` replaces every known secret value in a text; `redacted_excerpt` redacts a server's text
+and only then clips it for an error message; `redact_command` redacts a command line before it is
+recorded; `reject_secret_options` refuses option mappings (judge options, backend
 settings) that carry a secret, since those are written to ``study.json`` and printed in reports.
 """
 
@@ -19,6 +20,7 @@ SECRET_ENV_VARS = ("SECURESD_JUDGE_API_KEY", "OPENAI_API_KEY", "HF_TOKEN", "HUGG
                    "ANTHROPIC_API_KEY")
 REDACTED = "[redacted]"
 MIN_SECRET_CHARS = 6
+EXCERPT_CHARS = 200
 # words that make an option or key name a secret's (`names_a_secret`); "tokens" (max_tokens) is a count
 _SECRET_WORDS = frozenset({"token", "secret", "password", "passwd", "authorization", "bearer", "credential",
                            "credentials"})
@@ -60,6 +62,15 @@ def redact(text: str, extra: Iterable[str | None] = ()) -> str:
     for secret in known_secrets(extra):
         text = text.replace(secret, REDACTED)
     return re.sub(r"(?<=://)[^/\s@]+@", f"{REDACTED}@", text)
+
+
+def redacted_excerpt(text: str | bytes, extra: Iterable[str | None] = (), limit: int = EXCERPT_CHARS) -> str:
+    """At most `limit` characters of `text` (bytes are decoded as UTF-8, bad bytes replaced) for an
+    error message, redacted as `redact` does *before* it is clipped, so that a secret straddling
+    the cut cannot leave all but its tail behind."""
+    if isinstance(text, bytes):
+        text = text.decode(errors="replace")
+    return redact(text, extra)[:limit]
 
 
 def strip_userinfo(url: str) -> tuple[str, str | None]:

@@ -131,7 +131,7 @@ def test_persistent_http_500_raises_a_clear_error(stub):
 
 def test_bad_json_is_retried_then_reported(stub):
     stub.script = [Reply(200, b"{not json")]
-    with pytest.raises(JudgeBackendError, match="not valid JSON"):
+    with pytest.raises(JudgeBackendError, match="not complete JSON"):
         backend(stub, max_retries=1).complete([CHAT])
     assert len(stub.requests) == 2
     stub.requests.clear()

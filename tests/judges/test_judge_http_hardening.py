@@ -5,9 +5,12 @@ stops with the test."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import threading
 import time
+import tracemalloc
+import zlib
 from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -194,3 +197,83 @@ def test_secret_options_are_refused_and_text_is_redacted(monkeypatch):
     reject_secret_options({"backend_kwargs": {"max_tokens": 64}})  # a count of tokens, not a token
     monkeypatch.setenv("HF_TOKEN", SECRET)
     assert redact(f"token {SECRET} at https://user:pw@host/x") == "token [redacted] at https://[redacted]@host/x"
+
+
+def gzip_bomb(mebibytes: int) -> bytes:
+    """`mebibytes` MiB of zeros gzipped twice (for ``Content-Encoding: gzip, gzip``): a few KiB,
+    built a MiB at a time."""
+    inner = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    block = b"\0" * (1 << 20)
+    layer = b"".join([inner.compress(block) for _ in range(mebibytes)] + [inner.flush()])
+    return gzip.compress(layer, 9)
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it(serve):
+    """Nested gzip of 256 MiB of zeros in ~1 KiB: refused at the 1 MiB cap, without ever holding
+    much more than the cap (httpx used to inflate a whole raw chunk at once), and not retried."""
+    body = gzip_bomb(256)
+    url, state = serve(lambda handler, state: reply(handler, 200, body, **{"Content-Encoding": "gzip, gzip"}))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=2, timeout=30,
+                           max_response_bytes=1024 * 1024) as backend:
+        tracemalloc.start()
+        try:
+            with pytest.raises(ResponseTooLarge, match="gzip body decodes to more than the 1048576-byte cap"):
+                backend.complete_one(CHAT)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert peak < 32 * 1024 * 1024
+    assert state["requests"] == 1
+    assert state["headers"][0]["Accept-Encoding"] == "identity"
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "gzip, gzip", "deflate", "x-gzip, identity"])
+def test_an_encoded_reply_within_the_cap_is_decoded(serve, encoding):
+    """A server that encodes its reply although asked not to is still understood: gzip (nested),
+    zlib-wrapped deflate, x-gzip, identity."""
+    layers = [coding.strip() for coding in encoding.split(",") if coding.strip() != "identity"]
+    body = BODY
+    for coding in layers:
+        body = zlib.compress(body) if coding == "deflate" else gzip.compress(body)
+    url, _ = serve(lambda handler, state: reply(handler, 200, body, **{"Content-Encoding": encoding}))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=5) as backend:
+        assert backend.complete_one(CHAT) == "ok"
+
+
+def test_an_encoding_the_client_does_not_decode_is_refused(serve):
+    url, state = serve(lambda handler, state: reply(handler, 200, b"\x8b\x02\x80{}\x03", **{"Content-Encoding": "br"}))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=2, timeout=5) as backend:
+        with pytest.raises(JudgeBackendError, match="Content-Encoding 'br' is not gzip or deflate"):
+            backend.complete_one(CHAT)
+    assert state["requests"] == 1
+
+
+def test_json_nested_too_deeply_is_a_malformed_reply(serve):
+    """200 KB of nested arrays made json.loads raise RecursionError, which escaped complete()."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    url, state = serve(lambda handler, state: reply(handler, 200, deep))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=1, backoff=0.0, timeout=5) as backend:
+        with pytest.raises(JudgeBackendError, match="failed after 2 attempts.*nested too deeply"):
+            backend.complete([CHAT, CHAT])
+
+
+def test_a_key_straddling_the_excerpt_cut_is_redacted_whole(serve, monkeypatch):
+    """The key echoed so that all but its last character fell inside the 200-character excerpt was
+    left there, since redaction ran on the excerpt: now the whole body is redacted first."""
+    def echo(handler, state):
+        key = handler.headers.get("Authorization", "").removeprefix("Bearer ")
+        reply(handler, 401, b"x" * (200 - len(key) + 1) + key.encode())
+
+    url, _ = serve(echo)
+    monkeypatch.setenv("SECURESD_JUDGE_API_KEY", SECRET)
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=5) as backend:
+        with pytest.raises(JudgeBackendError, match="HTTP 401") as caught:
+            backend.complete_one(CHAT)
+    assert SECRET[:8] not in str(caught.value)
+
+
+def test_a_lone_surrogate_in_the_judge_reply_becomes_a_replacement_character(serve):
+    body = b'{"choices": [{"message": {"content": "ok \\ud800"}}]}'
+    url, _ = serve(lambda handler, state: reply(handler, 200, body))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=5) as backend:
+        assert backend.complete_one(CHAT) == "ok \ufffd"

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from hf_securesd.cli import main
+from hf_securesd.judges.secrets import redacted_excerpt
 
 SECRET = "sk-planted-7f3a9c0e5b1d2468"
 MAX_REQUESTS = 400
@@ -79,3 +80,10 @@ def test_a_planted_secret_reaches_no_file_report_or_log(tmp_path, data_dir, echo
     assert SECRET not in captured.out and SECRET not in captured.err
     assert SECRET not in caplog.text
     assert "unparsed verdicts" in (out / "report" / "report.md").read_text()
+
+
+def test_an_excerpt_is_redacted_before_it_is_clipped():
+    straddling = "x" * (200 - len(SECRET) + 1) + SECRET  # all but the key's last character before the cut
+    excerpt = redacted_excerpt(straddling.encode(), [SECRET])
+    assert SECRET[:8] not in excerpt and excerpt.endswith("[redacted]") and len(excerpt) <= 200
+    assert redacted_excerpt("z" * 500, [SECRET], limit=20) == "z" * 20

@@ -6,8 +6,10 @@
   JSON objects (garbage, a body cut short) are retried with exponential backoff, waiting what the
   server's Retry-After asks when it is a finite number of seconds, capped at `max_retry_after_s`;
 - redirects are never followed (a 3xx is a failure, like any other status but 200);
-- replies are capped at `max_response_bytes`; at most `concurrency` requests are in flight;
-- the API key is sent as a bearer token and redacted from every error message.
+- replies are capped at `max_response_bytes`, decoded size included (a gzip bomb is refused); JSON
+  nested too deeply to parse is a malformed reply; at most `concurrency` requests are in flight;
+- the API key is sent as a bearer token and redacted from every error message; what a server sends
+  (a body, a Location header) is redacted whole and only then clipped to an excerpt.
 
 A request that still fails raises `RequestFailed`; `OpenAIClient.post_many` returns it in place of
 the reply, so one bad prompt never stops the others.
@@ -15,7 +17,6 @@ the reply, so one bad prompt never stops the others.
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 import time
@@ -25,8 +26,15 @@ from typing import Any, Sequence
 
 import httpx
 
-from hf_securesd.http_deadline import DeadlineClient, DeadlineExceeded, ReplyTooLarge, retry_after_seconds
-from hf_securesd.judges.secrets import redact, strip_userinfo
+from hf_securesd.http_deadline import (
+    DeadlineClient,
+    DeadlineExceeded,
+    ReplyTooLarge,
+    UndecodableReply,
+    json_body,
+    retry_after_seconds,
+)
+from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
@@ -74,13 +82,11 @@ class _NotRetryable(Exception):
 
 
 def parse_json_object(body: bytes) -> dict[str, Any]:
-    """The reply body as a JSON object; ValueError (with the start of the body) otherwise."""
-    try:
-        value = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"the reply is not complete JSON ({error}): {body[:120]!r}") from None
+    """The reply body as a JSON object; ValueError saying what is wrong otherwise (without the
+    body: the caller adds a redacted excerpt)."""
+    value = json_body(body)
     if not isinstance(value, dict):
-        raise ValueError(f"the reply is JSON but not an object: {body[:120]!r}")
+        raise ValueError(f"the reply is JSON but not an object ({type(value).__name__})")
     return value
 
 
@@ -95,7 +101,8 @@ class OpenAIClient:
         if userinfo is not None:
             raise ValueError(
                 f"the endpoint URL {redact(base_url)} carries credentials; give the URL "
-                "without user:password@ and the key with --api-key-env NAME"
+                "without user:password@ and the key with --api-key-env NAME (--base-url) or "
+                "--endpoint-api-key-env NAME=VARIABLE (--endpoint)"
             )
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the endpoint URL must start with http:// or https://, got {base_url!r}")
@@ -112,6 +119,10 @@ class OpenAIClient:
         """Close the connection pool."""
         self._http.close()
 
+    def _excerpt(self, text: str | bytes) -> str:
+        """What a server sent, for an error message: redacted, then clipped."""
+        return redacted_excerpt(text, self._secrets)
+
     def _remaining(self) -> float:
         return math.inf if self._run_deadline is None else self._run_deadline - time.monotonic()
 
@@ -127,23 +138,26 @@ class OpenAIClient:
             return None, f"no complete reply within {timeout:.3g} s", -1.0
         except ReplyTooLarge as error:
             raise _NotRetryable(str(error)) from None
+        except UndecodableReply as error:
+            raise _NotRetryable(self._excerpt(str(error))) from None
         except httpx.TransportError as error:
-            return None, f"{type(error).__name__}: {redact(str(error), self._secrets)}", -1.0
-        text = redact(reply.body[:200].decode(errors="replace"), self._secrets)
+            return None, f"{type(error).__name__}: {self._excerpt(str(error))}", -1.0
+        text = self._excerpt(reply.body)
         if reply.status in RETRYABLE_STATUS:
             wait = retry_after_seconds(
                 reply.headers.get("retry-after"), -1.0, self.settings.max_retry_after_s
             )
             return None, f"HTTP {reply.status}: {text!r}", wait
         if reply.status != 200:
-            where = f" to {reply.headers.get('location')!r}" if 300 <= reply.status < 400 else ""
+            location = self._excerpt(reply.headers.get("location", ""))
+            where = f" to {location!r}" if 300 <= reply.status < 400 else ""
             raise _NotRetryable(
                 f"HTTP {reply.status}{where} (only 200 is an answer; redirects are not followed): {text!r}"
             )
         try:
             return parse_json_object(reply.body), "", -1.0
         except ValueError as error:
-            return None, redact(str(error), self._secrets), -1.0
+            return None, f"{error}: {text!r}", -1.0
 
     def request(self, method: str, path: str, payload: Any | None = None) -> dict[str, Any]:
         """The JSON object the server answers, after retries; `RequestFailed` otherwise."""

@@ -15,10 +15,16 @@ Requests go to ``/completions`` with the prompt text built by the local target t
 template, or, with ``--chat``, to ``/chat/completions`` with the task's messages (the server applies
 its own template; no tokenizer needed). With ``--token-ids`` (vLLM servers) the prompt is sent as
 token ids and the response's token ids (``return_token_ids``) are decoded with the local tokenizer,
-so the records equal the ``hf`` and ``vllm`` engines' byte for byte. The API key comes from the
-environment variable named by ``--api-key-env``; it is never written anywhere. Acceptance rates are
-recorded where the server returns per-request speculative metrics (vLLM with
-``--enable-per-request-metrics --per-request-spec-decode-metrics detailed``).
+so the records equal the ``hf`` and ``vllm`` engines' byte for byte.
+
+API keys come from environment variables and are never written anywhere. Each goes only where the
+user sent it: ``--api-key-env VAR`` is the key of ``--base-url``, ``--endpoint-api-key-env NAME=VAR``
+the key of endpoint NAME; an endpoint without one gets no Authorization header.
+
+Acceptance rates are recorded where the server returns per-request speculative metrics (vLLM with
+``--enable-per-request-metrics --per-request-spec-decode-metrics detailed``). They come from the
+server, so they are checked before use (`speculative_metrics_problem`): a reply whose per-step
+counts are not plausible is a failed request, never an allocation sized by the server.
 """
 
 from __future__ import annotations
@@ -33,7 +39,11 @@ from hf_securesd.bench.engines import register_engine
 from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
-from hf_securesd.judges.secrets import redact
+from hf_securesd.http_deadline import valid_unicode
+from hf_securesd.judges.secrets import redact, redacted_excerpt
+
+BASE_ROUTE = "--base-url"  # the route (client) of --base-url; the others are named by their endpoint
+MAX_DRAFTS_PER_STEP = 1024  # far above any real k; a server reporting more is not believed
 
 
 def securesd_fields(config: RunConfig) -> dict[str, Any]:
@@ -46,7 +56,9 @@ def securesd_fields(config: RunConfig) -> dict[str, Any]:
 
 @dataclass
 class OpenAISettings:
-    """What the ``openai`` engine reaches and how. `endpoints`: name -> base URL."""
+    """What the ``openai`` engine reaches and how. `endpoints`: name -> base URL; `api_key_env`: the
+    variable holding the key of `base_url`; `endpoint_key_envs`: endpoint name -> the variable
+    holding that endpoint's key (an endpoint not named there is sent no key)."""
 
     base_url: str | None = None
     model: str | None = None
@@ -54,6 +66,7 @@ class OpenAISettings:
     chat: bool = False
     token_ids: bool = False
     endpoints: dict[str, str] = field(default_factory=dict)
+    endpoint_key_envs: dict[str, str] = field(default_factory=dict)
     baseline: str | None = None
     draft_baseline: str | None = None
     client: ClientSettings = field(default_factory=ClientSettings)
@@ -67,19 +80,45 @@ class OpenAISettings:
             raise EngineError(
                 "the openai engine needs --base-url (or --endpoint NAME=URL with --baseline NAME)"
             )
+        self._check_keys()
         if self.chat and self.token_ids:
             raise EngineError(
                 "--token-ids sends prompts as token ids to /completions; it cannot be combined "
                 "with --chat (the server's chat template)"
             )
 
-    def api_key(self) -> str | None:
-        """The key from the environment variable `api_key_env` (EngineError when it is unset)."""
-        if self.api_key_env is None:
+    def _check_keys(self) -> None:
+        """Every key goes to a server the user named for it."""
+        if self.api_key_env is not None and self.base_url is None:
+            raise EngineError(
+                "--api-key-env is the key of --base-url, and there is no --base-url; give an "
+                "endpoint its key with --endpoint-api-key-env NAME=VARIABLE"
+            )
+        unknown = sorted(set(self.endpoint_key_envs) - set(self.endpoints))
+        if unknown:
+            known = ", ".join(self.endpoints) or "none"
+            raise EngineError(
+                f"--endpoint-api-key-env {unknown[0]!r} is not an --endpoint NAME=URL (given: {known})"
+            )
+
+    def routes(self) -> dict[str, str]:
+        """Route -> base URL: `BASE_ROUTE` for --base-url (when given) and each endpoint's name."""
+        routes = {BASE_ROUTE: self.base_url} if self.base_url else {}
+        return {**routes, **self.endpoints}
+
+    def api_key(self, route: str) -> str | None:
+        """The key sent to `route`, from the variable the user named for it (None when none was
+        named; EngineError when the variable is unset)."""
+        if route == BASE_ROUTE:
+            variable, flag = self.api_key_env, f"--api-key-env {self.api_key_env}"
+        else:
+            variable = self.endpoint_key_envs.get(route)
+            flag = f"--endpoint-api-key-env {route}={variable}"
+        if variable is None:
             return None
-        key = os.environ.get(self.api_key_env)
+        key = os.environ.get(variable)
         if not key:
-            raise EngineError(f"--api-key-env {self.api_key_env}: that environment variable is not set")
+            raise EngineError(f"{flag}: that environment variable is not set")
         return key
 
 
@@ -90,12 +129,71 @@ def parse_endpoints(pairs: Sequence[str]) -> dict[str, str]:
         name, separator, url = pair.partition("=")
         if not separator or not name or not url:
             raise EngineError(f"--endpoint takes NAME=URL, got {redact(pair)!r}")
-        if not all(character.isalnum() or character in "._-" for character in name):
-            raise EngineError(f"--endpoint name {name!r}: use letters, digits, '.', '_' or '-'")
+        if not name[0].isalnum() or not all(character.isalnum() or character in "._-" for character in name):
+            raise EngineError(
+                f"--endpoint name {name!r}: use letters, digits, '.', '_' or '-', starting with a "
+                "letter or digit"
+            )
         if name in endpoints:
             raise EngineError(f"--endpoint {name!r} is given twice")
         endpoints[name] = url
     return endpoints
+
+
+def parse_endpoint_key_envs(pairs: Sequence[str]) -> dict[str, str]:
+    """``NAME=VARIABLE`` strings (``--endpoint-api-key-env``) -> {endpoint name: variable name};
+    the variable's value is never shown (a key typed in its place stays out of the message)."""
+    variables: dict[str, str] = {}
+    for number, pair in enumerate(pairs, 1):
+        name, _, variable = pair.partition("=")
+        if not name or not variable.isidentifier():
+            raise EngineError(
+                f"--endpoint-api-key-env number {number} is not NAME=VARIABLE: an --endpoint name and "
+                "the name of the environment variable that holds its key (not the key itself)"
+            )
+        if name in variables:
+            raise EngineError(f"--endpoint-api-key-env {name!r} is given twice")
+        variables[name] = variable
+    return variables
+
+
+def _counts(value: Any) -> bool:
+    """Whether `value` is a list of non-negative integers (booleans excluded)."""
+    return isinstance(value, list) and all(
+        isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in value
+    )
+
+
+def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int) -> str | None:
+    """Why a reply's ``metrics.speculative_decoding`` per-step counts cannot be true, or None.
+
+    They must be lists of non-negative integers of equal length, each step drafting at most
+    `MAX_DRAFTS_PER_STEP` tokens and accepting no more than it drafted, and every step must start
+    within `max_new_tokens` (the request's max_tokens) + `MAX_DRAFTS_PER_STEP` response positions:
+    the per-position statistics are sized by them."""
+    drafted, accepted = spec.get("per_step_drafted"), spec.get("per_step_accepted")
+    if drafted is None and accepted is None:
+        return None
+    if not (_counts(drafted) and _counts(accepted) and len(drafted) == len(accepted)):
+        return (
+            "per_step_drafted and per_step_accepted are not two lists of non-negative integers of "
+            "equal length"
+        )
+    start = 1  # the first step's drafts start at response position 1 (`hf_securesd.vllm.stats`)
+    last_start = max_new_tokens + MAX_DRAFTS_PER_STEP
+    for step, (step_drafted, step_accepted) in enumerate(zip(drafted, accepted)):
+        if step_drafted > MAX_DRAFTS_PER_STEP or step_accepted > step_drafted:
+            return (
+                f"step {step} drafted {step_drafted} and accepted {step_accepted} tokens (at most "
+                f"{MAX_DRAFTS_PER_STEP} drafts a step, and never more accepted than drafted)"
+            )
+        if start > last_start:
+            return (
+                f"step {step} starts at response position {start}, past the request's max_tokens "
+                f"{max_new_tokens} + {MAX_DRAFTS_PER_STEP}"
+            )
+        start += step_accepted + 1
+    return None
 
 
 @register_engine("openai")
@@ -113,25 +211,32 @@ class OpenAIEngine(Engine):
             )
         self.settings = settings
         self._tokenizer = tokenizer
-        api_key = settings.api_key()
-        urls = {*settings.endpoints.values(), *([settings.base_url] if settings.base_url else [])}
+        self._routes = settings.routes()
+        keys = {route: settings.api_key(route) for route in self._routes}
+        self._secrets = [key for key in keys.values() if key]
         try:
-            self._clients = {url: OpenAIClient(url, api_key, settings.client) for url in sorted(urls)}
+            self._clients = {
+                route: OpenAIClient(url, keys[route], settings.client) for route, url in self._routes.items()
+            }
         except ValueError as error:
             raise EngineError(str(error)) from None
-        self._models = {url: self._served_model(url) for url in self._clients}
+        self._models = {route: self._served_model(route) for route in self._clients}
 
     @property
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
-    def _served_model(self, url: str) -> dict[str, Any]:
-        """The model name requests to `url` carry (--model, else the first the server lists) and the
-        names the server reports (None when it does not answer /models)."""
+    def _served_model(self, route: str) -> dict[str, Any]:
+        """The model name requests to `route` carry (--model, else the first its server lists) and
+        the names the server reports (None when it does not answer /models; lone surrogates
+        replaced by U+FFFD, as in answers)."""
+        url = self._routes[route]
         try:
-            listed = self._clients[url].request("GET", "/models")
+            listed = self._clients[route].request("GET", "/models")
             names = [
-                entry["id"] for entry in listed.get("data", []) if isinstance(entry, dict) and "id" in entry
+                valid_unicode(entry["id"])
+                for entry in listed.get("data", [])
+                if isinstance(entry, dict) and isinstance(entry.get("id"), str)
             ]
         except (RequestFailed, TypeError) as error:
             if self.settings.model is None:
@@ -166,30 +271,31 @@ class OpenAIEngine(Engine):
             "endpoints": endpoints,
             "baseline_endpoint": self.settings.baseline,
             "draft_baseline_endpoint": self.settings.draft_baseline,
-            "server_models": dict(self._models),
+            "server_models": {self._routes[route]: models for route, models in self._models.items()},
             "models": {
-                config.kind: self._model_entry(self._url_for(config)) for config in self.baseline_configs()
+                config.kind: self._model_entry(self._route_for(config)) for config in self.baseline_configs()
             },
         }
 
-    def _model_entry(self, url: str) -> dict[str, Any]:
-        name = self._models[url]["request_model"]
-        return {"name": name, "id": name, "location": url}
+    def _model_entry(self, route: str) -> dict[str, Any]:
+        name = self._models[route]["request_model"]
+        return {"name": name, "id": name, "location": self._routes[route]}
 
-    def _url_for(self, config: RunConfig) -> str:
+    def _route_for(self, config: RunConfig) -> str:
+        """The route (`BASE_ROUTE` or an endpoint's name) that serves `config`."""
         if config.kind == "endpoint":
-            return self.settings.endpoints[config.endpoint]
+            return config.endpoint
         if config.kind == "draft":
             if self.settings.draft_baseline is None:
                 raise EngineError("no --draft-baseline endpoint serves the draft alone")
-            return self.settings.endpoints[self.settings.draft_baseline]
+            return self.settings.draft_baseline
         if config.kind == "target" and self.settings.baseline is not None:
-            return self.settings.endpoints[self.settings.baseline]
-        return self.settings.base_url
+            return self.settings.baseline
+        return BASE_ROUTE
 
-    def _payload(self, config: RunConfig, prompt: Prompt, url: str, max_new_tokens: int) -> dict[str, Any]:
+    def _payload(self, config: RunConfig, prompt: Prompt, route: str, max_new_tokens: int) -> dict[str, Any]:
         payload: dict[str, Any] = {
-            "model": self._models[url]["request_model"],
+            "model": self._models[route]["request_model"],
             "max_tokens": max_new_tokens,
             "temperature": 0,
         }
@@ -204,8 +310,9 @@ class OpenAIEngine(Engine):
             payload["vllm_xargs"] = {"securesd": json.dumps(securesd_fields(config))}
         return payload
 
-    def _answer(self, reply: dict[str, Any], seconds: float) -> Answer:
-        """A Generation from one reply, or a failure when the reply has no usable answer."""
+    def _answer(self, reply: dict[str, Any], seconds: float, max_new_tokens: int) -> Answer:
+        """A Generation from one reply, or a failure when the reply has no usable answer. The text
+        has its lone surrogates replaced by U+FFFD (`valid_unicode`), so it can be written out."""
         from hf_securesd.vllm.stats import speculative_stats
 
         try:
@@ -214,10 +321,11 @@ class OpenAIEngine(Engine):
         except (KeyError, IndexError, TypeError):
             return GenerationFailure(
                 f"the reply has no choices[0].{'message.content' if self.settings.chat else 'text'}"
-                f": {json.dumps(reply)[:200]}"
+                f": {redacted_excerpt(json.dumps(reply), self._secrets)}"
             )
         if not isinstance(text, str):
             return GenerationFailure(f"the reply's text is {type(text).__name__}, not a string")
+        text = valid_unicode(text)
         token_ids = choice.get("token_ids")
         if self.settings.token_ids:
             if not isinstance(token_ids, list) or not all(isinstance(token, int) for token in token_ids):
@@ -231,6 +339,9 @@ class OpenAIEngine(Engine):
             new_tokens = len(token_ids) if isinstance(token_ids, list) else 0
         metrics = reply.get("metrics") or choice.get("metrics")
         spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
+        problem = speculative_metrics_problem(spec, max_new_tokens) if isinstance(spec, dict) else None
+        if problem is not None:
+            return GenerationFailure(f"the reply's metrics.speculative_decoding cannot be right: {problem}")
         try:
             stats = speculative_stats(spec) if isinstance(spec, dict) else None
         except (ValueError, TypeError):
@@ -242,19 +353,25 @@ class OpenAIEngine(Engine):
     def generate(
         self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int, num_assistant_tokens: int
     ) -> list[Answer]:
-        url = self._url_for(config)
+        route = self._route_for(config)
         path = "/chat/completions" if self.settings.chat else "/completions"
-        payloads = [self._payload(config, prompt, url, max_new_tokens) for prompt in prompts]
+        payloads = [self._payload(config, prompt, route, max_new_tokens) for prompt in prompts]
         start = time.perf_counter()
-        replies = self._clients[url].post_many(path, payloads)
+        replies = self._clients[route].post_many(path, payloads)
         seconds = (time.perf_counter() - start) / len(prompts)  # the batch's time, split evenly over its rows
-        answers: list[Answer] = []
-        for reply in replies:
-            if isinstance(reply, RequestFailed):
-                answers.append(GenerationFailure(str(reply), reply.attempts))
-            else:
-                answers.append(self._answer(reply, seconds))
-        return answers
+        return [self._read(reply, seconds, max_new_tokens) for reply in replies]
+
+    def _read(self, reply: dict[str, Any] | RequestFailed, seconds: float, max_new_tokens: int) -> Answer:
+        """The answer for one request's outcome: its failure, or what its reply holds (a reply that
+        cannot be read within the available memory is a failure, not the end of the run)."""
+        if isinstance(reply, RequestFailed):
+            return GenerationFailure(str(reply), reply.attempts)
+        try:
+            return self._answer(reply, seconds, max_new_tokens)
+        except MemoryError:
+            return GenerationFailure(
+                "reading the reply ran out of memory; the reply is not a plausible answer"
+            )
 
     def close(self) -> None:
         for client in self._clients.values():

@@ -1,0 +1,287 @@
+"""`--engine openai` against hostile OpenAI-compatible servers on 127.0.0.1 that this test controls:
+a gzip bomb, encodings the client does not decode, JSON nested too deeply to parse, speculative
+metrics sized to exhaust memory, replies that echo the API key where errors quote them, model text
+that is not valid Unicode, and a third-party endpoint hoping to receive the key meant for another
+server. Each is a failed request (recorded, never scored) or harmless; none stops the run."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import tracemalloc
+import zlib
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.engines.base import EngineError, Generation, GenerationFailure, Prompt
+from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
+from hf_securesd.bench.engines.openai import OpenAIEngine, OpenAISettings, parse_endpoint_key_envs
+from hf_securesd.bench.plan import TARGET
+from hf_securesd.bench.results import FAILURES, GENERATIONS, MANIFEST, read_jsonl
+from hf_securesd.cli import main
+
+KEY = "sk-fake-audit-5e1f9a3c7b20d486"
+OTHER_KEY = "sk-fake-second-0a1b2c3d4e5f6789"
+KEY_VARIABLE = "SECURESD_TEST_HOSTILE_KEY"
+OTHER_KEY_VARIABLE = "SECURESD_TEST_HOSTILE_OTHER_KEY"
+ANSWER = "I'm sorry, but I cannot help with that."
+GOOD = json.dumps({"choices": [{"text": ANSWER, "message": {"role": "assistant", "content": ANSWER}}],
+                   "usage": {"completion_tokens": 4}}).encode()
+DEEP = b"[" * 100_000 + b"]" * 100_000  # 200 KB: json.loads raises RecursionError
+MiB = 1024 * 1024
+
+Respond = Callable[[BaseHTTPRequestHandler, dict], None]
+
+
+def send(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+    handler.send_response(status)
+    for name, value in {"Content-Length": str(len(body)), **headers}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+@pytest.fixture
+def serve():
+    """Starts servers: GET answers the model list `models`, POST calls `respond(handler, state)`;
+    `state` holds the POST count and every request's headers."""
+    servers: list[ThreadingHTTPServer] = []
+
+    def start(respond: Respond, models: bytes = b'{"data": [{"id": "fake-model"}]}') -> tuple[str, dict]:
+        state: dict = {"posts": 0, "headers": [], "lock": threading.Lock()}
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):  # noqa: N802
+                state["headers"].append(dict(self.headers))
+                send(self, 200, models)
+
+            def do_POST(self):  # noqa: N802
+                self.rfile.read(int(self.headers["Content-Length"]))
+                with state["lock"]:
+                    state["posts"] += 1
+                    state["headers"].append(dict(self.headers))
+                try:
+                    respond(self, state)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass
+
+            def log_message(self, *args):
+                pass
+
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        servers.append(server)
+        return f"http://127.0.0.1:{server.server_address[1]}/v1", state
+
+    yield start
+    for server in servers:
+        server.shutdown()
+        server.server_close()
+
+
+def bench_argv(url: str, out: Path, data_dir: Path, *extra: str, tasks: tuple[str, ...] = ("jailbreak",),
+               limit: int = 3) -> list[str]:
+    return ["bench", "--engine", "openai", "--base-url", url, "--tokenizer", "tiny", "--tasks", *tasks,
+            "--limit", str(limit), "--max-new-tokens", "4", "--data-dir", str(data_dir), "--batch-size", "3",
+            "--concurrency", "1", "--request-timeout", "5", "--max-retries", "0", "--out", str(out),
+            "--no-progress", *extra]
+
+
+def chat_engine(url: str, **settings) -> OpenAIEngine:
+    return OpenAIEngine(OpenAISettings(base_url=url, chat=True, **settings,
+                                       client=ClientSettings(request_timeout_s=5, max_retries=0)))
+
+
+PROMPT = Prompt(text=None, messages=[{"role": "user", "content": "hi"}])
+
+
+def gzip_bomb(mebibytes: int) -> bytes:
+    """`mebibytes` MiB of zeros gzipped twice (for ``Content-Encoding: gzip, gzip``): a few KiB."""
+    inner = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+    block = b"\0" * MiB
+    return gzip.compress(b"".join([inner.compress(block) for _ in range(mebibytes)] + [inner.flush()]), 9)
+
+
+def test_a_gzip_bomb_is_refused_without_inflating_it(serve):
+    """256 MiB in ~1 KiB of nested gzip: refused at the 1 MiB cap without holding much more than the
+    cap (httpx inflated a whole raw chunk before the cap was checked), and not retried."""
+    body = gzip_bomb(256)
+    url, state = serve(lambda handler, state: send(handler, 200, body, **{"Content-Encoding": "gzip, gzip"}))
+    client = OpenAIClient(url, None, ClientSettings(request_timeout_s=30, max_retries=2, max_response_bytes=MiB))
+    tracemalloc.start()
+    try:
+        with pytest.raises(RequestFailed, match="gzip body decodes to more than the 1048576-byte cap"):
+            client.request("POST", "/completions", {"prompt": "x"})
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 32 * MiB
+    assert state["posts"] == 1
+    assert state["headers"][0]["Accept-Encoding"] == "identity"
+
+
+@pytest.mark.parametrize("encoding", ["br", "zstd", "compress", "gzip, gzip, gzip, gzip, gzip"])
+def test_an_encoding_the_client_does_not_decode_is_a_failed_request(serve, encoding):
+    """Refused with the reason (not read as garbage and retried)."""
+    url, state = serve(lambda handler, state: send(handler, 200, b"\x1f\x8b...", **{"Content-Encoding": encoding}))
+    client = OpenAIClient(url, None, ClientSettings(request_timeout_s=5, max_retries=2, backoff_s=0))
+    with pytest.raises(RequestFailed, match="Content-Encoding .*(is not gzip or deflate|nests more than 4)"):
+        client.request("POST", "/completions", {"prompt": "x"})
+    assert state["posts"] == 1
+
+
+def test_json_nested_too_deeply_is_a_malformed_reply(serve):
+    """RecursionError used to escape post_many: now every prompt gets its failure."""
+    url, state = serve(lambda handler, state: send(handler, 200, DEEP))
+    client = OpenAIClient(url, None, ClientSettings(request_timeout_s=5, max_retries=1, backoff_s=0))
+    replies = client.post_many("/completions", [{"prompt": str(index)} for index in range(3)])
+    assert all(isinstance(reply, RequestFailed) for reply in replies)
+    assert all("nested too deeply" in str(reply) and reply.attempts == 2 for reply in replies)
+    assert state["posts"] == 6
+
+
+def test_json_nested_too_deeply_fails_one_prompt_of_a_bench_run(serve, tmp_path, data_dir):
+    def respond(handler, state):
+        send(handler, 200, DEEP if state["posts"] == 2 else GOOD)
+
+    url, _ = serve(respond)
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--no-report")) == 1
+    failures = read_jsonl(out / FAILURES)
+    assert len(failures) == 1 and "nested too deeply" in failures[0]["error"]
+    assert len(read_jsonl(out / GENERATIONS)) == 2
+
+
+def test_a_run_where_every_prompt_fails_ends_with_a_message_not_a_traceback(serve, tmp_path, data_dir, capsys):
+    url, _ = serve(lambda handler, state: send(handler, 500, b'{"error": "down"}'))
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir)) == 1
+    err = capsys.readouterr().err
+    assert "no report: no configuration" in err and "failures.jsonl" in err
+    assert len(read_jsonl(out / FAILURES)) == 3
+    assert not (out / "report").exists()
+
+
+@pytest.mark.parametrize("metrics, problem", [
+    ({"per_step_drafted": [10**7], "per_step_accepted": [0]}, "at most 1024 drafts a step"),
+    ({"per_step_drafted": [4], "per_step_accepted": [5]}, "never more accepted than drafted"),
+    ({"per_step_drafted": [4, -1], "per_step_accepted": [1, 0]}, "non-negative integers"),
+    ({"per_step_drafted": [4, 4], "per_step_accepted": [1]}, "of equal length"),
+    ({"per_step_drafted": [True], "per_step_accepted": [0]}, "non-negative integers"),
+    ({"per_step_drafted": "4", "per_step_accepted": [0]}, "non-negative integers"),
+    ({"per_step_drafted": [1024] * 3000, "per_step_accepted": [1024] * 3000}, "past the request's max_tokens"),
+])
+def test_implausible_speculative_metrics_are_a_failed_reply(serve, metrics, problem):
+    """A 150-byte reply claiming 10**9 drafts in one step made the engine allocate gigabytes (or
+    raise MemoryError): per-step counts are checked before any statistics are sized by them."""
+    body = json.dumps({"choices": [{"message": {"content": "hello"},
+                                    "metrics": {"speculative_decoding": metrics}}]}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, GenerationFailure)
+    assert "speculative_decoding cannot be right" in answer.error and problem in answer.error
+
+
+def test_plausible_speculative_metrics_are_still_recorded(serve):
+    metrics = {"per_step_drafted": [3, 3], "per_step_accepted": [2, 1]}
+    body = json.dumps({"choices": [{"message": {"content": "hello"},
+                                    "metrics": {"speculative_decoding": metrics}}]}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, Generation)
+    assert (answer.stats.drafted_tokens, answer.stats.accepted_tokens) == (6, 3)
+
+
+def test_running_out_of_memory_on_a_reply_is_a_failed_reply(serve, monkeypatch):
+    def exhausted(metrics):
+        raise MemoryError
+
+    monkeypatch.setattr("hf_securesd.vllm.stats.speculative_stats", exhausted)
+    body = json.dumps({"choices": [{"message": {"content": "hello"}, "metrics": {"speculative_decoding": {
+        "per_step_drafted": [3], "per_step_accepted": [1]}}}]}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, GenerationFailure) and "ran out of memory" in answer.error
+
+
+def _echoing(mode: str) -> Respond:
+    """Replies that put the bearer key where error messages quote the server."""
+
+    def respond(handler, state):
+        key = handler.headers.get("Authorization", "").removeprefix("Bearer ")
+        if mode == "location":
+            send(handler, 302, b"{}", Location=f"http://127.0.0.1:9/v1/completions?stolen={key}")
+        elif mode == "no-choices":
+            send(handler, 200, json.dumps({"error": {"message": f"bad key {key}"}}).encode())
+        else:  # the key straddles the 200-character excerpt: all but its last character inside
+            send(handler, 500, b"x" * (200 - len(key) + 1) + key.encode())
+
+    return respond
+
+
+@pytest.mark.parametrize("mode", ["location", "no-choices", "straddling"])
+def test_an_echoed_key_reaches_no_file_and_no_output(serve, tmp_path, data_dir, monkeypatch, capfd, mode):
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    url, state = serve(_echoing(mode))
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--api-key-env", KEY_VARIABLE, "--no-report")) == 1
+    assert any(KEY in str(headers) for headers in state["headers"])  # sent, and echoed back
+    errors = [record["error"] for record in read_jsonl(out / FAILURES)]
+    assert len(errors) == 3 and all("[redacted]" in error for error in errors)
+    leaked = [str(path) for path in tmp_path.rglob("*") if path.is_file() and KEY[:-1].encode() in path.read_bytes()]
+    assert leaked == []
+    captured = capfd.readouterr()
+    assert KEY[:-1] not in captured.out and KEY[:-1] not in captured.err
+
+
+def test_each_key_goes_only_to_the_server_it_was_given_for(serve, tmp_path, data_dir, monkeypatch):
+    """--api-key-env used to be sent to every --endpoint as well: a third-party endpoint received the
+    key of --base-url. Now --base-url gets its key, an endpoint only the one named for it."""
+    monkeypatch.setenv(KEY_VARIABLE, KEY)
+    monkeypatch.setenv(OTHER_KEY_VARIABLE, OTHER_KEY)
+    respond = lambda handler, state: send(handler, 200, GOOD)  # noqa: E731
+    (base, seen_base), (audited, seen_audited), (keyed, seen_keyed) = (serve(respond) for _ in range(3))
+    argv = bench_argv(base, tmp_path / "out", data_dir, "--api-key-env", KEY_VARIABLE,
+                      "--endpoint", f"audited={audited}", "--endpoint", f"keyed={keyed}",
+                      "--endpoint-api-key-env", f"keyed={OTHER_KEY_VARIABLE}", "--no-report")
+    assert main(argv) == 0
+    authorizations = {name: {headers.get("Authorization") for headers in seen["headers"]}
+                      for name, seen in (("base", seen_base), ("audited", seen_audited), ("keyed", seen_keyed))}
+    assert authorizations == {"base": {f"Bearer {KEY}"}, "audited": {None}, "keyed": {f"Bearer {OTHER_KEY}"}}
+    assert seen_audited["posts"] == seen_keyed["posts"] == 3
+
+
+def test_keys_must_name_their_server(monkeypatch):
+    with pytest.raises(EngineError, match="--api-key-env is the key of --base-url, and there is no --base-url"):
+        OpenAISettings(endpoints={"prod": "http://127.0.0.1:9/v1"}, baseline="prod", api_key_env=KEY_VARIABLE)
+    with pytest.raises(EngineError, match="--endpoint-api-key-env 'prdo' is not an --endpoint"):
+        OpenAISettings(base_url="http://127.0.0.1:9/v1", endpoints={"prod": "http://127.0.0.1:8/v1"},
+                       endpoint_key_envs={"prdo": KEY_VARIABLE})
+    for typed in (f"prod={KEY}", KEY):  # a key typed in place of the variable, or of NAME=VARIABLE
+        with pytest.raises(EngineError, match="number 1 is not NAME=VARIABLE") as caught:
+            parse_endpoint_key_envs([typed])
+        assert KEY not in str(caught.value)
+    monkeypatch.delenv(KEY_VARIABLE, raising=False)
+    settings = OpenAISettings(base_url="http://127.0.0.1:9/v1", endpoints={"prod": "http://127.0.0.1:8/v1"},
+                              endpoint_key_envs={"prod": KEY_VARIABLE})
+    with pytest.raises(EngineError, match=f"--endpoint-api-key-env prod={KEY_VARIABLE}: .* not set"):
+        settings.api_key("prod")
+
+
+def test_text_that_is_not_valid_unicode_is_recorded_and_reported(serve, tmp_path, data_dir):
+    """A JSON "\\ud800" parses to a str UTF-8 cannot encode: the report crashed on it in an answer,
+    and the run on it in a model name from /models. The client now replaces lone surrogates with
+    U+FFFD where it takes text from a reply."""
+    body = b'{"choices": [{"text": "I\'m sorry \\ud800 42"}], "usage": {"completion_tokens": 4}}'
+    url, _ = serve(lambda handler, state: send(handler, 200, body), models=b'{"data": [{"id": "m\\udfff"}]}')
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, tasks=("jailbreak", "gsm8k"), limit=2)) == 0
+    assert {record["response"] for record in read_jsonl(out / GENERATIONS)} == {"I'm sorry \ufffd 42"}
+    assert "\ufffd" in (out / "report" / "report.md").read_text(encoding="utf-8")
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["server_models"][url]["server_models"] == ["m\ufffd"]
