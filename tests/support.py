@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import threading
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
 import torch
@@ -96,3 +99,61 @@ def scored_cell(kind: str, config: str, task: str, task_kind: str, scores: list[
         "prr": None,
         "prr_ci": None,
     }
+
+
+def recording_handler(
+    respond: Callable[[BaseHTTPRequestHandler, dict], None], refuse_after: int | None = None
+) -> tuple[type[BaseHTTPRequestHandler], dict]:
+    """A quiet request handler class and its state: each POST's body is read, the request counted in
+    state["requests"] and its headers appended to state["headers"], then `respond(handler, state)`
+    answers it (HTTP 500 instead once more than `refuse_after` requests came); a client that hangs up
+    mid-reply is ignored. The handler's `state["get"]`, when set, answers GET the same way."""
+    state: dict = {"requests": 0, "headers": [], "lock": threading.Lock()}
+
+    class RecordingHandler(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            state["headers"].append(dict(self.headers))
+            state["get"](self, state)
+
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            with state["lock"]:
+                state["requests"] += 1
+                state["headers"].append(dict(self.headers))
+                count = state["requests"]
+            if refuse_after is not None and count > refuse_after:
+                self.send_error(500)
+                return
+            try:
+                respond(self, state)
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
+        def log_message(self, *args):
+            pass
+
+    return RecordingHandler, state
+
+
+def send_reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
+    """Answer with `status`, `body` (its Content-Length set) and `headers`."""
+    handler.send_response(status)
+    for name, value in {"Content-Length": str(len(body)), **headers}.items():
+        handler.send_header(name, value)
+    handler.end_headers()
+    handler.wfile.write(body)
+
+
+def serve_locally(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPServer, str]:
+    """A threading HTTP server on 127.0.0.1 (a free port) running `handler` in a daemon thread, and its
+    /v1 base URL; call `stop_servers` on it."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
+
+
+def stop_servers(servers: list[ThreadingHTTPServer]) -> None:
+    for server in servers:
+        server.shutdown()
+        server.server_close()

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import tracemalloc
 import zlib
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
+from support import recording_handler, send_reply as send, serve_locally, stop_servers
 
 from hf_securesd.bench.engines.base import EngineError, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
@@ -37,51 +37,21 @@ MiB = 1024 * 1024
 Respond = Callable[[BaseHTTPRequestHandler, dict], None]
 
 
-def send(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
-    handler.send_response(status)
-    for name, value in {"Content-Length": str(len(body)), **headers}.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    handler.wfile.write(body)
-
-
 @pytest.fixture
 def serve():
     """Starts servers: GET answers the model list `models`, POST calls `respond(handler, state)`;
-    `state` holds the POST count and every request's headers."""
-    servers: list[ThreadingHTTPServer] = []
+    `state` holds the POST count ("requests") and every request's headers."""
+    servers: list = []
 
     def start(respond: Respond, models: bytes = b'{"data": [{"id": "fake-model"}]}') -> tuple[str, dict]:
-        state: dict = {"posts": 0, "headers": [], "lock": threading.Lock()}
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):  # noqa: N802
-                state["headers"].append(dict(self.headers))
-                send(self, 200, models)
-
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                with state["lock"]:
-                    state["posts"] += 1
-                    state["headers"].append(dict(self.headers))
-                try:
-                    respond(self, state)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        Handler, state = recording_handler(respond)
+        state["get"] = lambda handler, _: send(handler, 200, models)
+        server, url = serve_locally(Handler)
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/v1", state
+        return url, state
 
     yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
+    stop_servers(servers)
 
 
 def bench_argv(url: str, out: Path, data_dir: Path, *extra: str, tasks: tuple[str, ...] = ("jailbreak",),
@@ -121,7 +91,7 @@ def test_a_gzip_bomb_is_refused_without_inflating_it(serve):
     finally:
         tracemalloc.stop()
     assert peak < 32 * MiB
-    assert state["posts"] == 1
+    assert state["requests"] == 1
     assert state["headers"][0]["Accept-Encoding"] == "identity"
 
 
@@ -132,7 +102,7 @@ def test_an_encoding_the_client_does_not_decode_is_a_failed_request(serve, encod
     client = OpenAIClient(url, None, ClientSettings(request_timeout_s=5, max_retries=2, backoff_s=0))
     with pytest.raises(RequestFailed, match="Content-Encoding .*(is not gzip or deflate|nests more than 4)"):
         client.request("POST", "/completions", {"prompt": "x"})
-    assert state["posts"] == 1
+    assert state["requests"] == 1
 
 
 def test_json_nested_too_deeply_is_a_malformed_reply(serve):
@@ -142,12 +112,12 @@ def test_json_nested_too_deeply_is_a_malformed_reply(serve):
     replies = client.post_many("/completions", [{"prompt": str(index)} for index in range(3)])
     assert all(isinstance(reply, RequestFailed) for reply in replies)
     assert all("nested too deeply" in str(reply) and reply.attempts == 2 for reply in replies)
-    assert state["posts"] == 6
+    assert state["requests"] == 6
 
 
 def test_json_nested_too_deeply_fails_one_prompt_of_a_bench_run(serve, tmp_path, data_dir):
     def respond(handler, state):
-        send(handler, 200, DEEP if state["posts"] == 2 else GOOD)
+        send(handler, 200, DEEP if state["requests"] == 2 else GOOD)
 
     url, _ = serve(respond)
     out = tmp_path / "out"
@@ -253,7 +223,7 @@ def test_each_key_goes_only_to_the_server_it_was_given_for(serve, tmp_path, data
     authorizations = {name: {headers.get("Authorization") for headers in seen["headers"]}
                       for name, seen in (("base", seen_base), ("audited", seen_audited), ("keyed", seen_keyed))}
     assert authorizations == {"base": {f"Bearer {KEY}"}, "audited": {None}, "keyed": {f"Bearer {OTHER_KEY}"}}
-    assert seen_audited["posts"] == seen_keyed["posts"] == 3
+    assert seen_audited["requests"] == seen_keyed["requests"] == 3
 
 
 def test_keys_must_name_their_server(monkeypatch):

@@ -7,14 +7,14 @@ from __future__ import annotations
 
 import gzip
 import json
-import threading
 import time
 import tracemalloc
 import zlib
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 
 import pytest
+from support import recording_handler, send_reply as reply, serve_locally, stop_servers
 
 from hf_securesd.judges.backends import JudgeBackendError, OpenAIChatBackend, ResponseTooLarge, retry_after
 from hf_securesd.judges.secrets import redact, reject_secret_options
@@ -29,45 +29,17 @@ Handler = Callable[[BaseHTTPRequestHandler, int], None]
 
 @pytest.fixture
 def serve():
-    servers: list[ThreadingHTTPServer] = []
+    servers: list = []
 
     def start(handle: Handler) -> tuple[str, dict]:
-        state = {"requests": 0, "sent": 0, "headers": []}
-
-        class RequestHandler(BaseHTTPRequestHandler):
-            def do_POST(self):  # noqa: N802
-                self.rfile.read(int(self.headers["Content-Length"]))
-                state["requests"] += 1
-                state["headers"].append(dict(self.headers))
-                if state["requests"] > MAX_REQUESTS:
-                    self.send_error(500)
-                    return
-                try:
-                    handle(self, state)
-                except (BrokenPipeError, ConnectionResetError):
-                    pass
-
-            def log_message(self, *args):
-                pass
-
-        server = ThreadingHTTPServer(("127.0.0.1", 0), RequestHandler)
-        server.daemon_threads = True
-        threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+        RequestHandler, state = recording_handler(handle, refuse_after=MAX_REQUESTS)
+        state["sent"] = 0
+        server, url = serve_locally(RequestHandler)
         servers.append(server)
-        return f"http://127.0.0.1:{server.server_address[1]}/v1", state
+        return url, state
 
     yield start
-    for server in servers:
-        server.shutdown()
-        server.server_close()
-
-
-def reply(handler: BaseHTTPRequestHandler, status: int, body: bytes, **headers: str) -> None:
-    handler.send_response(status)
-    for name, value in {"Content-Length": str(len(body)), **headers}.items():
-        handler.send_header(name, value)
-    handler.end_headers()
-    handler.wfile.write(body)
+    stop_servers(servers)
 
 
 @pytest.mark.parametrize("value, expected", [("-1", 0.25), ("nan", 0.25), ("inf", 0.25), ("-inf", 0.25),
