@@ -314,3 +314,14 @@ def test_unparsed_verdicts_follow_the_policy_instead_of_aborting_the_cell(staged
     with pytest.raises(ValueError, match="unparsed-verdict policy must be one of fail, exclude, success"):
         get_judge("strongreject", backend=ScriptedBackend(str), rubric="{forbidden_prompt} {response}",
                   unparsed="ignore")
+
+
+@pytest.mark.parametrize("invisible", ["\u200e", "\u200f", "\u202a\u202b\u202c", "\u2062", "\u034f", "\ufe0f",
+                                       "\U000e0041", "\u3164", "\u2066", "\u061c"])
+def test_invisible_characters_do_not_hide_a_refusal(invisible):
+    """Every default-ignorable character (bidirectional marks and embeddings, invisible operators, the
+    combining grapheme joiner, variation selectors, tags, fillers) renders as nothing: before or inside
+    the phrase, the refusal is still read."""
+    judge = get_judge("refusal_prefix")
+    responses = [f"{invisible}I'm sorry, but I can't.", f"I'm so{invisible}rry, but I can't."]
+    assert [v.attack_succeeded for v in judge.judge(["goal"] * 2, responses)] == [False, False]
