@@ -20,6 +20,18 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def positive_int(text: str) -> int:
+    """An option's whole number >= 1 (an argparse type for every subcommand): 0 and negatives are
+    refused, never replaced by a default."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="securesd", description=__doc__.splitlines()[0])
     subparsers = parser.add_subparsers(dest="command", required=True)

@@ -25,6 +25,7 @@ from typing import Any
 from hf_securesd.bench.cli_engines import add_engine_options, build_engine, endpoint_configs, study_models
 from hf_securesd.bench.engines.base import EngineError
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
+from hf_securesd.cli import positive_int
 
 
 def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
@@ -49,12 +50,12 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     )
     parser.add_argument(
         "--max-new-tokens",
-        type=int,
+        type=positive_int,
         default=None,
         help="generation length for every task (default: the profile's caps on each task's own)",
     )
     parser.add_argument(
-        "--num-assistant-tokens", type=int, default=None, help="draft tokens per round k (default 5)"
+        "--num-assistant-tokens", type=positive_int, default=None, help="draft tokens per round k (default 5)"
     )
     parser.add_argument(
         "--seed", type=int, default=None, help="task sampling seed (default: each task's own, 0)"
@@ -92,10 +93,10 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
     parser.add_argument("--cache-dir", default=None, help="folder of the offline model copies")
     parser.add_argument(
-        "--batch-size", type=int, default=None, help="prompts per generate call (default: the profile's)"
+        "--batch-size", type=positive_int, default=None, help="prompts per generate call (default: the profile's)"
     )
     parser.add_argument(
-        "--threads", type=int, default=None, help="torch CPU threads (default: the profile's, else torch's)"
+        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the profile's, else torch's)"
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     accept_underscores(parser)
@@ -109,6 +110,16 @@ def accept_underscores(parser: argparse.ArgumentParser) -> None:
             alias = "--" + option[2:].replace("-", "_")
             if option.startswith("--") and alias != option:
                 parser._option_string_actions.setdefault(alias, action)
+
+
+def check_out_dir(out: Path) -> None:
+    """Refuse, before any model is loaded, an --out that is a file or cannot be created."""
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"--out {out} cannot be created ({error.strerror}); give a writable directory") from None
 
 
 def parse_limit(text: str) -> int | float:
@@ -255,6 +266,7 @@ def run(args: argparse.Namespace) -> int:
         verifiers = args.verifiers if args.engine == "openai" else args.verifiers or profile.verifiers
         sweep = sweep_configs(verifiers, schedules) if verifiers else []
         configs = [*endpoint_configs(args), *sweep]
+        check_out_dir(args.out)
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
     except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError, EngineError: ValueErrors
@@ -266,7 +278,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress,
                             notes=notes)
-    except EngineError as error:
+    except (EngineError, ValueError) as error:  # ValueError: --out holds results for other settings
         print(f"error: {error}", file=sys.stderr)
         return 2
     finally:

@@ -23,7 +23,7 @@ import json
 import sys
 
 from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, schedule_name
-from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, prepare
+from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, check_out_dir, prepare
 from hf_securesd.segments import LOSSLESS, Segments
 
 DEFAULT_VERIFIER = "mars:0.5"
@@ -171,12 +171,17 @@ def run(args: argparse.Namespace) -> int:
     try:
         segments = segments_template(args.segment_boundary, args.segment_before)
         configs = calibration_configs(args.verifier, args.lengths, segments)
+        check_out_dir(args.out)
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
     except (KeyError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
+    try:
+        run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
+    except ValueError as error:  # --out holds results for other settings
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     results = ResultsDir(args.out)
     current = {task_run.baseline_id for task_run in tasks}
     cells = [cell for cell in results.runs() if cell["baseline_id"] in current]

@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
 from hf_securesd.bench.profiles import TINY
+from hf_securesd.cli import positive_int
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -107,7 +108,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--concurrency",
-        type=int,
+        type=positive_int,
         default=4,
         help="openai: requests in flight at once (default 4; at most --batch-size are sent together)",
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from hf_securesd.judges import get_judge
 from hf_securesd.judges.backends import JudgeBackendError
+from hf_securesd.cli import positive_int
 from hf_securesd.judges.data import DATA_DIR_ENV, data_file
 from hf_securesd.judges.refusal_prefix import PREFIX_LISTS
 from hf_securesd.judges.strongreject import DEFAULT_THRESHOLD
@@ -70,8 +71,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="strongreject: judge model (Hub id or folder for transformers)")
     parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
                         help="strongreject: attack succeeded when the score exceeds this")
-    parser.add_argument("--max-new-tokens", type=int, default=512, help="strongreject with transformers")
-    parser.add_argument("--limit", type=int, help="judge only the first N rows")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=512, help="strongreject with transformers")
+    parser.add_argument("--limit", type=positive_int, help="judge only the first N rows (N >= 1)")
 
 
 def _build_judge(args: argparse.Namespace):

@@ -205,3 +205,30 @@ def test_calibrate_accepts_underscore_spellings_too() -> None:
     cli_calibrate.configure(parser)
     args = parser.parse_args(["--out", "x", "--spd_tolerance", "0.2", "--batch_size", "4"])
     assert args.spd_tolerance == 0.2 and args.batch_size == 4
+
+
+@pytest.mark.parametrize("option", ["--max-new-tokens", "--num-assistant-tokens", "--batch-size", "--threads"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_counts_below_one_are_refused_not_replaced_by_a_default(option, value) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse("--out", "x", option, value)
+    assert exit_info.value.code == 2
+
+
+def test_an_out_that_is_a_file_or_cannot_be_created_is_a_one_line_error(tmp_path, capsys) -> None:
+    (tmp_path / "file").write_text("")
+    for out in (tmp_path / "file", tmp_path / "file" / "below"):
+        code = cli_bench.run(parse("--profile", "smoke", "--out", str(out)))
+        error = capsys.readouterr().err
+        assert code == 2 and error.startswith(f"error: --out {out}") and "Traceback" not in error
+
+
+def test_an_out_holding_other_settings_is_a_one_line_error(tmp_path, data_dir, capsys) -> None:
+    base = ("--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--max-new-tokens", "2", "--data-dir",
+            str(data_dir), "--verifiers", "mars:0.5", "--schedules", "none", "--no-progress", "--no-report",
+            "--out", str(tmp_path))
+    assert cli_bench.run(parse(*base)) == 0
+    capsys.readouterr()
+    assert cli_bench.run(parse(*base, "--seed", "3")) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and "holds results for other settings (seed: None there, 3 now)" in error

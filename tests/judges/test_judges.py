@@ -325,3 +325,11 @@ def test_invisible_characters_do_not_hide_a_refusal(invisible):
     judge = get_judge("refusal_prefix")
     responses = [f"{invisible}I'm sorry, but I can't.", f"I'm so{invisible}rry, but I can't."]
     assert [v.attack_succeeded for v in judge.judge(["goal"] * 2, responses)] == [False, False]
+
+
+@pytest.mark.parametrize("limit", ["0", "-5"])
+def test_judge_validate_refuses_a_limit_below_one(limit):
+    """--limit -5 used to judge rows[:-5] and --limit 0 every row."""
+    with pytest.raises(SystemExit) as exit_info:
+        _args("--limit", limit)
+    assert exit_info.value.code == 2
