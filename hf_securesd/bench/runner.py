@@ -128,6 +128,23 @@ class TaskRun:
         return cell_key(config.key, self.task.name, len(self.examples), self.max_new_tokens)
 
 
+def check_same_examples(plan: Sequence[tuple[RunConfig, TaskRun]], finished: dict[str, dict], out_dir: Path) -> None:
+    """Refuse, before generating anything, a run whose tasks draw other examples than the cells already
+    finished in `out_dir` (another --data-dir or dataset version): its new cells could never be
+    compared with those baselines."""
+    for config, task_run in plan:
+        recorded = finished.get(task_run.cell(config))
+        if recorded is None:
+            continue
+        drawn = [example.id for example in task_run.examples]
+        if sorted(recorded["example_ids"]) != sorted(drawn):
+            differ = len(set(drawn) ^ set(recorded["example_ids"]))
+            raise ValueError(
+                f"{out_dir} holds {task_run.cell(config)} on other examples than this run draws ({differ} ids "
+                "differ: another --data-dir or dataset version?); use a new --out directory or the same data"
+            )
+
+
 @dataclass
 class StudyOutcome:
     """What one `run_study` call did."""
@@ -387,6 +404,7 @@ def run_study(
     journal = results.generations()
     baselines = engine.baseline_configs()
     plan = [(config, task_run) for config in dict.fromkeys([*baselines, *configs]) for task_run in tasks]
+    check_same_examples(plan, finished, results.path)
     outcome = StudyOutcome(results.path)
     todo = []
     for config, task_run in plan:

@@ -220,6 +220,20 @@ def test_batched_generation_fills_every_cell(tmp_path, data_dir, tiny_models) ->
         assert all(0 < tokens <= 6 for tokens in run["new_tokens"])
 
 
+def test_a_rerun_that_draws_other_examples_is_refused_before_generating(tmp_path, data_dir, tiny_models,
+                                                                          monkeypatch) -> None:
+    """Another --data-dir (or dataset version) draws other examples under the same cell names: refused
+    before any generation, naming the cell, instead of failing once the new cell is done."""
+    settings = StudySettings("tiny", "tiny", dtype="fp32", batch_size=2)
+    (task_run,) = prepare_tasks(["jailbreak"], tiny_models.tokenizer, data_dir=data_dir, limit=4, max_new_tokens=2)
+    first = TaskRun(task_run.task, task_run.examples[:2], task_run.prompts[:2], task_run.max_new_tokens)
+    run_study(settings, tiny_models, [first], [], tmp_path, progress=False)
+    other = TaskRun(task_run.task, task_run.examples[2:], task_run.prompts[2:], task_run.max_new_tokens)
+    monkeypatch.setattr(HFEngine, "generate", lambda *args, **kwargs: pytest.fail("generated"))
+    with pytest.raises(ValueError, match=r"holds target\|jailbreak\|n=2\|max_new_tokens=2 on other examples"):
+        run_study(settings, tiny_models, [other], sweep_configs(["mars:0.5"], [None]), tmp_path, progress=False)
+
+
 def _stats(accepted: int, tv: list[float]) -> dict:
     stats = SpeculativeStats()
     stats.record_round(0, 5, accepted, tv)
