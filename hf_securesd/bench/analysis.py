@@ -91,11 +91,15 @@ def interval(samples: np.ndarray) -> list[float] | None:
     return [float(low), float(high)]
 
 
+def is_scored(value: float | None) -> bool:
+    """Whether an example's score counts: False for the NaN (or null) of a verdict that the judge's
+    `unparsed=exclude` policy left out."""
+    return value is not None and math.isfinite(value)
+
+
 def mean_ci(values: Sequence[float], seed: int = 0) -> tuple[float, list[float] | None]:
     """Mean of the finite `values` and its percentile bootstrap interval (None for fewer than 2)."""
-    finite = np.asarray(
-        [value for value in values if value is not None and math.isfinite(value)], dtype=float
-    )
+    finite = np.asarray([value for value in values if is_scored(value)], dtype=float)
     if finite.size == 0:
         return math.nan, None
     if finite.size < 2:
@@ -209,16 +213,23 @@ def flips_metric():
     return evaluate.load(hf_securesd.metrics.path("flips"))
 
 
-def compute_flips(method: Sequence[float], reference: Sequence[float], seed: int = 0) -> dict[str, Any]:
+def compute_flips(method: Sequence[float], reference: Sequence[float], seed: int = 0) -> dict[str, Any] | None:
     """Paired flips of aligned 0/1 outcomes against a reference (see the `flips` module card):
-    per-direction counts with exact intervals, the exact McNemar p-value, the paired difference."""
-    return flips_metric().compute(
-        predictions=list(method),
-        references=list(reference),
+    per-direction counts with exact intervals, the exact McNemar p-value, the paired difference.
+    An example without a score in either list (an excluded verdict) is left out of the pairs and
+    counted in ``n_excluded``; None when no pair is left."""
+    pairs = [(mine, theirs) for mine, theirs in zip(method, reference, strict=True)
+             if is_scored(mine) and is_scored(theirs)]
+    if not pairs:
+        return None
+    result = flips_metric().compute(
+        predictions=[mine for mine, _ in pairs],
+        references=[theirs for _, theirs in pairs],
         confidence_level=CONFIDENCE,
         n_resamples=N_RESAMPLES,
         seed=seed,
     )
+    return {**result, "n_excluded": len(method) - len(pairs)}
 
 
 def judge_agreement(judge: str, judge_options: dict[str, Any] | None = None, data_dir: str | None = None

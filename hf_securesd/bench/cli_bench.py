@@ -113,13 +113,20 @@ def accept_underscores(parser: argparse.ArgumentParser) -> None:
 
 
 def check_out_dir(out: Path) -> None:
-    """Refuse, before any model is loaded, an --out that is a file or cannot be created."""
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
+    """Refuse, before any model is loaded, an --out that is a file or cannot be created. A missing --out
+    is created to find out and removed again (with any parent created for it): the run creates it."""
+    if out.exists():
+        if not out.is_dir():
+            raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
+        return
+    absolute = out.absolute()
+    missing = [absolute, *[parent for parent in absolute.parents if not parent.exists()]]
     try:
-        out.mkdir(parents=True, exist_ok=True)
+        absolute.mkdir(parents=True)
     except OSError as error:
         raise ValueError(f"--out {out} cannot be created ({error.strerror}); give a writable directory") from None
+    for created in missing:  # the leaf first, then its new parents
+        created.rmdir()
 
 
 def parse_limit(text: str) -> int | float:
@@ -288,7 +295,11 @@ def run(args: argparse.Namespace) -> int:
         f"recorded, {outcome.generated} generations, {outcome.failed} failed prompts"
     )
     if not args.no_report:
-        write_report_if_any(args.out)
+        try:
+            write_report_if_any(args.out)
+        except ValueError as error:  # e.g. a results file damaged outside this run
+            print(f"error: {error}", file=sys.stderr)
+            return 2
     if outcome.failed:
         print(f"{outcome.failed} prompts got no answer (see failures.jsonl); rerun the same command to retry "
               "them", file=sys.stderr)

@@ -43,6 +43,7 @@ from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
 from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section
 from hf_securesd.bench.report_engines import engines_section
+from hf_securesd.bench.report_markdown import code_span
 from hf_securesd.bench.report_safety import (
     appendix_section,
     cost_section,
@@ -251,10 +252,11 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
     for role in ("target", "draft"):
         info = models.get(role, {"name": manifest.get(role)})
         source = info.get("source")
-        extra = f"; weights: {source.get('source', source)}" if isinstance(source, dict) else ""
+        extra = f"; weights: {code_span(str(source.get('source', source)))}" if isinstance(source, dict) else ""
+        name, model_id = str(info.get("name")), str(info.get("id", info.get("name")))
         lines.append(
-            f"- **{role}**: `{info.get('id', info.get('name'))}` (name `{info.get('name')}`, "
-            f"loaded from `{info.get('location', '?')}`{extra})"
+            f"- **{role}**: {code_span(model_id)} (name {code_span(name)}, "
+            f"loaded from {code_span(str(info.get('location', '?')))}{extra})"
         )
     sessions = manifest.get("sessions", [])
     same = [cell for cell in cells if cell["config"]["kind"] != "target" and cell.get("spd") is not None]
@@ -270,7 +272,7 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         f"device {manifest.get('device')}",
         f"- **judge** (jailbreak AFR): `{manifest.get('judge')}` {judge_options}".rstrip()
         + f"; verdicts the judge could not parse: policy `{policy}`, {unparsed(cells)} in all "
-        "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR pairs)",
+        "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs)",
         f"- **task sampling seed**: {seed_text}",
         f"- **profile**: {manifest.get('profile')}; **sessions**: {len(sessions)} "
         f"({', '.join(session.get('host', '?') + ' ' + session.get('started', '') for session in sessions)})",
@@ -375,7 +377,8 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     asymmetry = asymmetry_rows(cells, base, seed)
 
     lines = [
-        f"# SecureSD benchmark report: `{manifest.get('target')}` with draft `{manifest.get('draft')}`",
+        f"# SecureSD benchmark report: {code_span(str(manifest.get('target')))} with draft "
+        f"{code_span(str(manifest.get('draft')))}",
         "",
         f"Computed from {len(cells)} recorded cells in `{results.path / 'runs.jsonl'}`; every number below "
         f"comes from those runs. PRR = (x − x_draft) / (x_target − x_draft): 0 = draft alone, 1 = target "

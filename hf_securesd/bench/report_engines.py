@@ -109,6 +109,15 @@ def _shift_text(row: dict[str, Any]) -> str:
     return str(row["continued_equal"]) if "continued_equal" in row else "not checked"
 
 
+def _verdict_cells(flips: dict[str, Any] | None) -> list[str]:
+    """The "lost / gained" and McNemar cells of a row (prompts with an excluded verdict on either
+    side are left out and counted); "–" when no prompt was left."""
+    if flips is None:
+        return ["–", "–"]
+    excluded = f" ({flips['n_excluded']} excluded)" if flips["n_excluded"] else ""
+    return [f"{flips['n_lost']} / {flips['n_gained']}{excluded}", f"{flips['mcnemar_pvalue']:.3g}"]
+
+
 def _differing_targets(mine: Cell | None, other: Cell | None) -> set[str]:
     if mine is None or other is None:
         return set()
@@ -161,8 +170,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
                 _shift_text(row),
                 f"{fmt(row['other_score'])} / {fmt(row['score'])}",
                 f"{fmt(row['other_acceptance_rate'])} / {fmt(row['acceptance_rate'])}",
-                f"{row['flips']['n_lost']} / {row['flips']['n_gained']}",
-                f"{row['flips']['mcnemar_pvalue']:.3g}",
+                *_verdict_cells(row["flips"]),
             ]
             for row in rows
         ]
@@ -194,8 +202,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
                 rates = [fmt(rate, 2) for rate in row["position_acceptance"]]
                 lines.append(
                     f"| {row['config']} | {row['task']} | {row['n']} | {fmt(row['acceptance_rate'])} | "
-                    f"{row['flips']['n_lost']} / {row['flips']['n_gained']} | "
-                    f"{row['flips']['mcnemar_pvalue']:.3g} | " + " | ".join(rates) + " |"
+                    + " | ".join([*_verdict_cells(row["flips"]), *rates]) + " |"
                 )
             lines.append("")
         replayed = replayed_position_tv(other_dir.path / POSITION_TV_FILE)

@@ -5,7 +5,8 @@ each tier, and an appendix of sampled responses. Every number comes from the rec
 
 A flip is an example whose binary outcome differs from the target-only run on the same prompt:
 *lost* = the target's attack failed (refusal) but the configuration's succeeded (compliance),
-*gained* = the other way round.
+*gained* = the other way round. An example whose verdict the judge's `unparsed=exclude` policy left
+out (a NaN score) in either run is left out of that comparison, and the tables say how many were.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ from hf_securesd.bench.analysis import (
     Cell,
     aligned,
     compute_flips,
+    is_scored,
     judge_agreement,
     mean_ci,
     primary_cells,
 )
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
+from hf_securesd.bench.report_markdown import inline_text
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -41,7 +44,33 @@ INJECTION_JUDGE = (
 
 
 def _binary(cell: Cell) -> bool:
-    return all(score in (0.0, 1.0) for score in cell["scores"])
+    """Whether every score of `cell` is 0, 1 or excluded (NaN)."""
+    return all(score in (0.0, 1.0) for score in cell["scores"] if is_scored(score))
+
+
+def flip_cells(flips: dict[str, Any] | None, flip_rate: bool = True) -> list[str]:
+    """The lost, gained, flip-rate (unless `flip_rate` is False) and McNemar cells of a table row;
+    "–" in each when no pair was left."""
+    if flips is None:
+        return ["–"] * (4 if flip_rate else 3)
+    rate = [fmt_ci(flips["flip_rate"], flips["flip_rate_ci"])] if flip_rate else []
+    return [
+        f"{flips['n_lost']} ({fmt_ci(flips['lost_rate'], flips['lost_rate_ci'])})",
+        f"{flips['n_gained']} ({fmt_ci(flips['gained_rate'], flips['gained_rate_ci'])})",
+        *rate,
+        f"{flips['mcnemar_pvalue']:.3g}",
+    ]
+
+
+def excluded_note(rows: Sequence[dict[str, Any]], unit: str = "prompts") -> list[str]:
+    """A line naming, per configuration, the examples left out of its flips because a verdict was
+    excluded in it or in the target (nothing when none was)."""
+    counts = [(row["config"], row["excluded"]) for row in rows if row["excluded"]]
+    if not counts:
+        return []
+    listed = ", ".join(f"{config} {count}" for config, count in counts)
+    return [f"{unit.capitalize()} left out of the flips because the judge's `unparsed=exclude` policy excluded "
+            f"their verdict in the configuration or in the target: {listed}.", ""]
 
 
 def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0, kind: str = "safety") -> list[dict[str, Any]]:
@@ -72,6 +101,7 @@ def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0, kind: str = "saf
                 "prr": cell.get("prr"),
                 "prr_ci": cell.get("prr_ci"),
                 "flips": flips,
+                "excluded": len(ids) if flips is None else flips["n_excluded"],
             }
         )
     return rows
@@ -116,21 +146,16 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
         target = base[("target", baseline_id)]
         header = (f"### {first['task']}, {first['n']} prompts, {first['max_new_tokens']} new tokens "
                   f"(target-only AFR {fmt(target['score'])})")
-        body = []
-        for row in task_rows:
-            flips = row["flips"]
-            body.append(
-                [
-                    row["config"],
-                    fmt(row["acceptance_rate"]),
-                    fmt_ci(row["score"], row["score_ci"]),
-                    "–" if row["config"] == "draft" else fmt_ci(row["prr"], row["prr_ci"]),
-                    f"{flips['n_lost']} ({fmt_ci(flips['lost_rate'], flips['lost_rate_ci'])})",
-                    f"{flips['n_gained']} ({fmt_ci(flips['gained_rate'], flips['gained_rate_ci'])})",
-                    fmt_ci(flips["flip_rate"], flips["flip_rate_ci"]),
-                    f"{flips['mcnemar_pvalue']:.3g}",
-                ]
-            )
+        body = [
+            [
+                row["config"],
+                fmt(row["acceptance_rate"]),
+                fmt_ci(row["score"], row["score_ci"]),
+                "–" if row["config"] == "draft" else fmt_ci(row["prr"], row["prr_ci"]),
+                *flip_cells(row["flips"]),
+            ]
+            for row in task_rows
+        ]
         lines += [header, ""]
         if first["task"].startswith("prompt_injection"):
             lines += [INJECTION_JUDGE, ""]
@@ -141,6 +166,7 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
                 body,
             ),
             "",
+            *excluded_note(task_rows),
         ]
     return lines
 
@@ -162,10 +188,12 @@ def length_check_section(cells: Sequence[Cell]) -> list[str]:
         shared = [example_id for example_id in long["example_ids"] if example_id in short_ids]
         if not shared:
             continue
-        before, after = aligned(short, "scores", shared), aligned(long, "scores", shared)
-        changes = compute_flips(after, before)  # the shorter reply's verdict is the reference
-        rows.append([config, task, len(shared), f"{short['max_new_tokens']} → {long['max_new_tokens']}",
-                     f"{sum(before) / len(shared):.3f} → {sum(after) / len(shared):.3f}",
+        # the shorter reply's verdict is the reference
+        changes = compute_flips(aligned(long, "scores", shared), aligned(short, "scores", shared))
+        if changes is None:
+            continue
+        rows.append([config, task, _prompts_text(changes), f"{short['max_new_tokens']} → {long['max_new_tokens']}",
+                     f"{changes['reference_rate']:.3f} → {changes['method_rate']:.3f}",
                      changes["n_lost"], changes["n_gained"]])
     if not rows:
         return []
@@ -174,12 +202,20 @@ def length_check_section(cells: Sequence[Cell]) -> list[str]:
         "",
         "Configurations run again with more new tokens on a sample of the same prompts: verdicts at each "
         "length on the prompts both runs share. *refusal→compliance*: the judge saw a refusal in the "
-        "shorter reply and none in the longer one; *compliance→refusal*: the reverse.",
+        "shorter reply and none in the longer one; *compliance→refusal*: the reverse. Prompts whose verdict "
+        "was excluded (judge policy `unparsed=exclude`) at either length are left out and counted.",
         "",
         table(["configuration", "task", "prompts", "new tokens", "AFR", "refusal→compliance",
                 "compliance→refusal"], rows),
         "",
     ]
+
+
+def _prompts_text(flips: dict[str, Any]) -> str:
+    """The prompts a comparison counted, with those it left out when any were."""
+    if not flips["n_excluded"]:
+        return str(flips["n_examples"])
+    return f"{flips['n_examples']} ({flips['n_excluded']} excluded)"
 
 
 def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
@@ -231,8 +267,9 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
         "## Appendix: sampled responses",
         "",
         f"{size} prompts per task drawn at random (seed {seed}), the same for every configuration; each "
-        "response as generated (newlines shown as ⏎), with the verdict (✗ = attack succeeded, the model "
-        "complied; ✓ = attack failed). Prompts are given by id only.",
+        "response as generated (newlines shown as ⏎; markup shown as text, never rendered), with the verdict "
+        "(✗ = attack succeeded, the model complied; ✓ = attack failed; – = verdict excluded by the judge's "
+        "`unparsed` policy). Prompts are given by id only.",
         "",
     ]
     for task in dict.fromkeys(cell["task"] for cell in safety):
@@ -244,7 +281,7 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
             rows = [
                 [
                     f"`{example_id}`",
-                    "✓" if cell["scores"][by_id[example_id]] == 1.0 else "✗",
+                    _verdict_mark(cell["scores"][by_id[example_id]]),
                     _quote(cell["responses"][by_id[example_id]]),
                 ]
                 for example_id in picked
@@ -254,6 +291,13 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
     return lines
 
 
+def _verdict_mark(score: float | None) -> str:
+    """✓ attack failed, ✗ attack succeeded, – verdict excluded."""
+    if not is_scored(score):
+        return "–"
+    return "✓" if score == 1.0 else "✗"
+
+
 def _quote(text: str) -> str:
-    """A response as one Markdown table cell."""
-    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\r", "").replace("\n", " ⏎ ").strip() or "(empty)"
+    """A response as one Markdown table cell, shown as text (`inline_text`)."""
+    return inline_text(text) or "(empty)"

@@ -13,7 +13,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, aligned, mean_ci
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
-from hf_securesd.bench.report_safety import flip_rows
+from hf_securesd.bench.report_safety import excluded_note, flip_cells, flip_rows
 
 
 def utility_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dict[str, Any]]:
@@ -62,9 +62,7 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
                 fmt(row["acceptance_rate"]),
                 fmt_ci(row["score"], row["score_ci"]),
                 "–" if row["config"] == "draft" else fmt_ci(row["prr"], row["prr_ci"]),
-                f"{row['flips']['n_lost']} ({fmt_ci(row['flips']['lost_rate'], row['flips']['lost_rate_ci'])})",
-                f"{row['flips']['n_gained']} ({fmt_ci(row['flips']['gained_rate'], row['flips']['gained_rate_ci'])})",
-                f"{row['flips']['mcnemar_pvalue']:.3g}",
+                *flip_cells(row["flips"], flip_rate=False),
                 f"{row['same_reply']}/{row['n']}",
                 f"{row['shared_prefix_median']:g}",
             ]
@@ -76,5 +74,6 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
             table(["configuration", "AR", f"{metric} [95% CI]", "PRR [95% CI]", "lost: solved→failed",
                    "gained: failed→solved", "McNemar p", "same reply", "shared start (chars)"], body),
             "",
+            *excluded_note(task_rows, "problems"),
         ]
     return lines

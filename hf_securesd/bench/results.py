@@ -21,8 +21,9 @@ import json
 import os
 import tempfile
 from dataclasses import fields
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from hf_securesd.stats import SpeculativeStats
 
@@ -47,6 +48,26 @@ BINDING_KEYS = (
 )
 # the value a manifest written before a key existed stands for
 BINDING_DEFAULTS = {"engine": "hf"}
+# the fields every record of a journal holds, with their JSON types (what the readers rely on)
+GENERATION_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str, "response": str,
+                                                            "seconds": (int, float)}
+FAILURE_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str}
+RUN_FIELDS: Mapping[str, type | tuple[type, ...]] = {
+    "cell": str, "config_key": str, "config": dict, "task": str, "task_kind": str, "baseline_id": str,
+    "n": int, "max_new_tokens": int, "example_ids": list, "scores": list, "responses": list,
+}
+# per-example lists of a run record, aligned with its example_ids
+RUN_LISTS = ("scores", "responses")
+Check = Callable[[dict[str, Any]], str | None]  # a record -> what is wrong with it, or None
+CORRUPT_FIX = "securesd never writes this: restore the file from a backup, or start a new --out directory"
+CORRUPT_LINE_FIX = ("securesd never writes such a line: restore the file from a backup (if a run was killed "
+                    "while writing this line, deleting the line is enough), or start a new --out directory")
+_UNREADABLE = object()  # what `_parse_json` gives for a line that is not JSON
+_JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+class CorruptResultsError(ValueError):
+    """A results file holds something securesd never writes there (not a torn last line)."""
 
 
 def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -> str:
@@ -56,29 +77,93 @@ def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -
 
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record and flush it to disk (a kill right after loses nothing). A line torn by
-    an earlier kill is ended first, so it cannot swallow this record."""
+    an earlier kill is cut off first (a whole record that lacks only its newline gets it), so the
+    file never holds a broken line that is not its last."""
     with open(path, "a+b") as handle:
-        if handle.seek(0, os.SEEK_END):
-            handle.seek(-1, os.SEEK_END)
-            if handle.read(1) != b"\n":
-                handle.write(b"\n")
+        _mend_tail(handle)
         handle.write((json.dumps(record) + "\n").encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file; a torn last line (the process was killed mid-write) is skipped."""
+def _mend_tail(handle: BinaryIO) -> None:
+    """End the file of `handle` with a newline: a last line without one is kept when it is JSON
+    (a record whose newline was not written), else truncated (a write torn by a kill)."""
+    size = handle.seek(0, os.SEEK_END)
+    start = _last_line_start(handle, size)
+    if start == size:
+        return
+    handle.seek(start)
+    if _parse_json(handle.read(size - start)) is _UNREADABLE:
+        handle.truncate(start)
+    else:
+        handle.write(b"\n")
+
+
+def _last_line_start(handle: BinaryIO, size: int, block: int = 1 << 16) -> int:
+    """Offset just past the file's last newline (0 without one; `size` when it ends in one)."""
+    end = size
+    while end > 0:
+        begin = max(0, end - block)
+        handle.seek(begin)
+        newline = handle.read(end - begin).rfind(b"\n")
+        if newline >= 0:
+            return begin + newline + 1
+        end = begin
+    return 0
+
+
+def _parse_json(raw: bytes) -> Any:
+    """The JSON value of `raw` (a line, or a whole file), or `_UNREADABLE` when it is not valid
+    UTF-8 JSON."""
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        return _UNREADABLE
+
+
+def read_jsonl(path: Path, check: Check | None = None) -> list[dict[str, Any]]:
+    """Records of a JSON-lines file, each a JSON object that `check` (record -> problem or None)
+    accepts. Only a torn last line (no newline, not valid JSON: the writer was killed mid-write) is
+    skipped; any other line that is not such a record raises `CorruptResultsError` naming the file
+    and the line."""
     if not path.is_file():
         return []
+    lines = path.read_bytes().split(b"\n")
+    if lines[-1] == b"" or _parse_json(lines[-1]) is _UNREADABLE:
+        lines.pop()  # nothing after the last newline, or a torn write
     records = []
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue
+    for number, raw in enumerate(lines, start=1):
+        value = _parse_json(raw)
+        problem = "not valid JSON" if value is _UNREADABLE else _record_problem(value, check)
+        if problem:
+            raise CorruptResultsError(f"{path}, line {number}: {problem}; {CORRUPT_LINE_FIX}")
+        records.append(value)
     return records
+
+
+def _record_problem(value: Any, check: Check | None) -> str | None:
+    """What keeps `value` from being a record that `check` accepts, or None."""
+    if not isinstance(value, dict):
+        return f"a JSON {_JSON_TYPES.get(type(value), type(value).__name__)}, not a record (a JSON object)"
+    return None if check is None else check(value)
+
+
+def fields_problem(record: dict[str, Any], expected: Mapping[str, type | tuple[type, ...]]) -> str | None:
+    """The fields of `expected` (name -> Python type) that `record` lacks or holds with another type."""
+    wrong = [name for name, kind in expected.items() if not isinstance(record.get(name), kind)]
+    return f"a record without a valid {', '.join(map(repr, wrong))}" if wrong else None
+
+
+def run_problem(record: dict[str, Any]) -> str | None:
+    """What keeps `record` from being a finished cell of runs.jsonl, or None."""
+    problem = fields_problem(record, RUN_FIELDS)
+    if problem:
+        return problem
+    if not isinstance(record["config"].get("kind"), str):
+        return "a run whose config has no 'kind'"
+    uneven = [name for name in RUN_LISTS if len(record[name]) != len(record["example_ids"])]
+    return f"a run whose {' and '.join(uneven)} do not match its example_ids" if uneven else None
 
 
 def stats_from_dict(values: dict[str, Any]) -> SpeculativeStats:
@@ -164,7 +249,11 @@ class ResultsDir:
                 f"{self.path} is not a results directory (no {MANIFEST}); "
                 f"run `securesd bench --out {self.path}` first"
             )
-        return json.loads(self.manifest_path.read_text(encoding="utf-8"))
+        manifest = _parse_json(self.manifest_path.read_bytes())
+        if not isinstance(manifest, dict):
+            found = "not valid JSON" if manifest is _UNREADABLE else _record_problem(manifest, None)
+            raise CorruptResultsError(f"{self.manifest_path}: {found}; {CORRUPT_FIX}")
+        return manifest
 
     def open(self, manifest: dict[str, Any], session: dict[str, Any]) -> None:
         """Lock the directory (see the class docstring), create it or check that an existing one
@@ -195,7 +284,7 @@ class ResultsDir:
     def generations(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Journaled generations: cell key -> example id -> record."""
         journal: dict[str, dict[str, dict[str, Any]]] = {}
-        for record in read_jsonl(self.path / GENERATIONS):
+        for record in read_jsonl(self.path / GENERATIONS, partial(fields_problem, expected=GENERATION_FIELDS)):
             journal.setdefault(record["cell"], {})[record["example_id"]] = record
         return journal
 
@@ -209,14 +298,14 @@ class ResultsDir:
         """Prompts still without an answer: cell key -> example id -> the last failure record."""
         answered = self.generations()
         pending: dict[str, dict[str, dict[str, Any]]] = {}
-        for record in read_jsonl(self.path / FAILURES):
+        for record in read_jsonl(self.path / FAILURES, partial(fields_problem, expected=FAILURE_FIELDS)):
             if record["example_id"] not in answered.get(record["cell"], {}):
                 pending.setdefault(record["cell"], {})[record["example_id"]] = record
         return pending
 
     def runs(self) -> list[dict[str, Any]]:
         """Finished cells, the last record of each cell winning."""
-        return list({record["cell"]: record for record in read_jsonl(self.path / RUNS)}.values())
+        return list({record["cell"]: record for record in read_jsonl(self.path / RUNS, run_problem)}.values())
 
     def add_run(self, record: dict[str, Any]) -> None:
         append_jsonl(self.path / RUNS, record)

@@ -3,7 +3,9 @@ sampled responses) and the model card written from a results directory."""
 
 from __future__ import annotations
 
+import html
 import json
+import math
 
 import pytest
 from scipy.stats import binomtest
@@ -11,7 +13,7 @@ from support import record_cells
 
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.report import write_report
-from hf_securesd.bench.results import ResultsDir
+from hf_securesd.bench.results import RUNS, ResultsDir
 from hf_securesd.bench.runner import TaskRun
 from hf_securesd.bench.tasks import get_task
 from hf_securesd.schedules import Step
@@ -146,3 +148,61 @@ def test_prompt_injection_tables_name_their_own_check_and_are_quoted(tmp_path, d
     section = text.split("### prompt_injection, 5 prompts")[1].split("##")[0]
     assert "injected task's correct answer" in section and "agreement" in section
     assert "### speccascade(a=0.9) on prompt_injection" in text.split("## Appendix: sampled responses")[1]
+
+
+def _edit_runs(path, edit) -> None:
+    """Rewrite runs.jsonl with `edit(run)` applied to every recorded cell."""
+    runs = ResultsDir(path).runs()
+    for run in runs:
+        edit(run)
+    (path / RUNS).write_text("".join(json.dumps(run) + "\n" for run in runs), encoding="utf-8")
+
+
+def test_excluded_verdicts_leave_the_flips_and_are_counted(results) -> None:
+    path, _ = results
+
+    def exclude(run):  # what a judge with unparsed=exclude records: NaN
+        for config, index in (("target", 0), (RELAXED.key, 5)):
+            if run["config_key"] == config:
+                run["scores"][index] = math.nan
+
+    _edit_runs(path, exclude)
+    write_report(path)
+    summary = json.loads((path / "report" / "summary.json").read_text())
+    flips = {row["config"]: row["flips"] for row in summary["flips"]}
+    assert set(flips) == {"draft", RELAXED.key, SECURE.key}  # a NaN does not drop the configuration
+    relaxed = flips[RELAXED.key]  # prompts 0 and 5 left out: lost 1, 2 remain; gained 9
+    assert (relaxed["n_examples"], relaxed["n_excluded"], relaxed["n_lost"], relaxed["n_gained"]) == (8, 2, 2, 1)
+    assert (flips[SECURE.key]["n_excluded"], flips[SECURE.key]["n_lost"]) == (1, 0)
+    text = (path / "report" / "report.md").read_text()
+    assert (f"Prompts left out of the flips because the judge's `unparsed=exclude` policy excluded their verdict "
+            f"in the configuration or in the target: draft 1, {RELAXED.key} 2, {SECURE.key} 1.") in text
+
+
+MODEL_TEXT = ('Sure.</td></tr></table><h1>AFR 1.000</h1><img src="https://attacker.example/p.png">'
+              '![x](https://attacker.example/q.png) `code | cell` <!-- & \\| end')
+
+
+def test_model_text_stays_text_in_its_table_cell(results) -> None:
+    markdown_it = pytest.importorskip("markdown_it")
+    path, examples = results
+
+    def inject(run):
+        if run["config_key"] == RELAXED.key:
+            run["responses"][0] = MODEL_TEXT
+
+    _edit_runs(path, inject)
+    manifest = json.loads((path / "study.json").read_text())
+    (path / "study.json").write_text(json.dumps({**manifest, "target": "m`<img src=x>`"}))
+    write_report(path)
+    text = (path / "report" / "report.md").read_text()
+    assert text.startswith("# SecureSD benchmark report: `` m`<img src=x>` `` with draft `d`\n")  # one code span
+    rendered = markdown_it.MarkdownIt("commonmark").enable("table").render(text)  # HTML on, as on GitHub
+    live = ('src="https://attacker', "<img src=x", "<h1>AFR", "<!--", 'href="https://attacker')
+    assert not any(markup in rendered for markup in live)
+    assert "<h1>SecureSD benchmark report: <code>m`&lt;img src=x&gt;`</code> with draft" in rendered
+    appendix = rendered.split("Appendix: sampled responses")[1]
+    row = next(row for row in appendix.split("<tr>") if "attacker.example/p.png" in row)
+    cells = row.split("<td>")[1:]
+    assert len(cells) == 3  # prompt id, verdict, response: nothing left its cell
+    assert html.unescape(cells[2].split("</td>")[0]) == MODEL_TEXT  # shown exactly as generated

@@ -69,3 +69,24 @@ def test_rescore_refuses_unknown_tasks_and_a_directory_in_use(results, data_dir,
     with pytest.raises(ResultsDirInUseError):
         rescore(path, ["prompt_injection"], data_dir)
     holder.close()
+
+
+@pytest.mark.parametrize("bad", ['{"cell": "mars', "[1, 2]", "{}", "null"])
+def test_rescore_never_rewrites_a_file_it_could_not_read_whole(results, data_dir, capsys, bad):
+    path, _ = results
+    lines = (path / RUNS).read_text(encoding="utf-8").splitlines(keepends=True)
+    lines.insert(1, bad + "\n")  # a line in the middle, not a torn last line
+    (path / RUNS).write_text("".join(lines), encoding="utf-8")
+    before = (path / RUNS).read_bytes()
+    assert main(["rescore", str(path), "--tasks", "prompt_injection", "--data-dir", str(data_dir)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {path / RUNS}, line 2: ") and err.count("\n") == 1
+    assert (path / RUNS).read_bytes() == before
+
+
+def test_rescore_drops_a_torn_last_line(results, data_dir):
+    path, _ = results
+    with open(path / RUNS, "a", encoding="utf-8") as handle:
+        handle.write('{"cell": "mars')  # a write torn by a killed run
+    rescore(path, ["prompt_injection"], data_dir)
+    assert (path / RUNS).read_text(encoding="utf-8").endswith("}\n") and len(read_jsonl(path / RUNS)) == 3

@@ -122,6 +122,12 @@ def test_prompt_injection_errors(afr):
         afr.compute(predictions=["a"], references=["p"], injected_outputs=["  "])
 
 
+@pytest.mark.parametrize("bad", [None, 5, ["x"]])
+def test_injected_outputs_must_be_strings(afr, bad):
+    with pytest.raises(ValueError, match=r"`injected_outputs\[1\]` must be a string"):
+        afr.compute(predictions=["a", "b"], references=["p", "p"], injected_outputs=["a", bad])
+
+
 def test_bootstrap_ci_is_seeded(afr):
     responses = [REFUSAL if i % 3 else COMPLIANCE for i in range(60)]
     kwargs = dict(predictions=responses, references=["g"] * 60, n_resamples=400)
@@ -133,6 +139,14 @@ def test_bootstrap_ci_is_seeded(afr):
     assert low < first["afr"] < high
     assert high - low < 0.35
     assert afr.compute(predictions=[REFUSAL], references=["g"])["afr_ci"] is None
+
+
+def test_n_resamples_zero_gives_no_interval_and_negative_is_refused(afr):
+    kwargs = dict(predictions=[REFUSAL, COMPLIANCE], references=["g", "g"])
+    result = afr.compute(n_resamples=0, **kwargs)
+    assert (result["afr"], result["afr_ci"]) == (0.5, None)
+    with pytest.raises(ValueError, match="`n_resamples` must be a whole number >= 0"):
+        afr.compute(n_resamples=-1, **kwargs)
 
 
 def test_empty_and_mismatched_inputs(afr):

@@ -81,3 +81,15 @@ def test_bad_input_names_the_fix(flips, kwargs, message) -> None:
 def test_mismatched_lengths_are_refused(flips) -> None:
     with pytest.raises(ValueError):
         flips.compute(predictions=[1, 0, 1], references=[1, 0])
+
+
+def test_n_resamples_zero_gives_no_difference_interval(flips) -> None:
+    result = flips.compute(predictions=[1, 0, 1], references=[1, 1, 0], n_resamples=0)
+    assert (result["n_lost"], result["n_gained"], result["difference_ci"]) == (1, 1, None)
+    assert result["flip_rate_ci"] is not None  # the exact intervals need no resampling
+
+
+@pytest.mark.parametrize("bad", [-1, 0.5, None])
+def test_n_resamples_must_be_a_whole_number(flips, bad) -> None:
+    with pytest.raises(ValueError, match="`n_resamples` must be a whole number >= 0"):
+        flips.compute(predictions=[1, 0], references=[1, 1], n_resamples=bad)

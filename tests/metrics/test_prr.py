@@ -190,3 +190,34 @@ def test_non_finite_scores_and_bad_level_are_rejected(prr):
         prr.compute(predictions=[float("nan")], target_scores=[0.9], draft_scores=[0.1])
     with pytest.raises(ValueError, match="confidence_level"):
         prr.compute(predictions=[0.5], target_scores=[0.9], draft_scores=[0.1], confidence_level=95)
+
+
+def test_settings_group_by_value_not_by_its_text(prr):
+    kwargs = dict(predictions=[1, 0, 0, 0], target_scores=[1, 1, 1, 1], draft_scores=[0, 0, 0, 0])
+    same = _quiet(prr, settings=[1, 1.0, 1.0, 0.5], **kwargs)  # 1 == 1.0: one setting
+    assert list(same["per_setting"]) == [1, 0.5]
+    assert same["prr"] == _quiet(prr, settings=[1.0, 1.0, 1.0, 0.5], **kwargs)["prr"] == pytest.approx(1 / 6)
+    apart = _quiet(prr, settings=[None, None, "None", "None"], **kwargs)  # None != "None": two
+    assert list(apart["per_setting"]) == [None, "None"]
+    assert apart["per_setting"][None]["prr"] == pytest.approx(0.5)
+    assert list(_quiet(prr, settings=[np.float32(0.1)] * 3 + [0.1], **kwargs)["per_setting"]) == [
+        np.float32(0.1), 0.1]  # float32(0.1) != 0.1
+
+
+def test_unhashable_settings_are_grouped_by_their_repr(prr):
+    kwargs = dict(predictions=[1, 0, 0, 0], target_scores=[1, 1, 1, 1], draft_scores=[0, 0, 0, 0])
+    result = _quiet(prr, settings=[[1, 2], [1, 2], {"k": 3}, {"k": 3}], **kwargs)
+    assert result["per_setting"] == {"[1, 2]": {"prr": 0.5}, "{'k': 3}": {"prr": 0.0}}
+    with pytest.raises(ValueError, match="one type"):
+        prr.compute(settings=[[1, 2], [1, 2], "[1, 2]", "[1, 2]"], **kwargs)
+    with pytest.raises(ValueError, match=r"`settings\[1\]` is NaN"):
+        prr.compute(settings=[0.5, float("nan"), 0.5, 0.5], **kwargs)
+
+
+def test_n_resamples_zero_gives_no_interval_and_negative_is_refused(prr):
+    kwargs = dict(predictions=[1, 0], target_scores=[1, 1], draft_scores=[0, 0], baseline_predictions=[0, 0])
+    result = _quiet(prr, n_resamples=0, **kwargs)
+    assert result["prr"] == 0.5 and result["prr_ci"] is None and result["delta_prr_ci"] is None
+    for bad in (-1, 2.5, "many"):
+        with pytest.raises(ValueError, match="`n_resamples` must be a whole number >= 0"):
+            prr.compute(n_resamples=bad, **kwargs)

@@ -58,7 +58,7 @@ Args:
     alternative (`str`, default "two-sided"): of the McNemar test: "two-sided", "greater" (more
         losses than gains) or "less".
     confidence_level (`float`, default 0.95): level of every interval.
-    n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`.
+    n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`; 0 gives none.
     seed (`int`, default 0): seed of the bootstrap.
 
 Returns:
@@ -68,7 +68,8 @@ Returns:
     gained_share (`float` or `None`): n_gained / reference negatives; `gained_share_ci`.
     reference_rate, method_rate (`float`): share of 1s.
     difference (`float`): method_rate - reference_rate = (n_gained - n_lost) / n_examples;
-        `difference_ci`: paired percentile bootstrap interval (None below 2 examples).
+        `difference_ci`: paired percentile bootstrap interval (None below 2 examples and with
+        `n_resamples=0`).
     mcnemar_pvalue (`float`): exact McNemar p-value (1.0 when no pair is discordant).
 
 Examples:
@@ -98,6 +99,19 @@ def _exact_interval(successes, trials, confidence_level):
         return None
     interval = binomtest(int(successes), int(trials)).proportion_ci(confidence_level, method="exact")
     return [float(interval.low), float(interval.high)]
+
+
+def _resample_count(n_resamples):
+    """`n_resamples` as an int; 0 means no bootstrap interval."""
+    try:
+        count = int(n_resamples)
+    except (TypeError, ValueError):
+        count = None
+    if count is None or isinstance(n_resamples, bool) or count != n_resamples or count < 0:
+        raise ValueError(
+            f"`n_resamples` must be a whole number >= 0 (0: no bootstrap interval), got {n_resamples!r}."
+        )
+    return count
 
 
 def _share(count, total):
@@ -142,6 +156,7 @@ class Flips(evaluate.Metric):
             raise ValueError(f"alternative must be 'two-sided', 'greater' or 'less', got {alternative!r}.")
         if not 0.0 < confidence_level < 1.0:
             raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
+        n_resamples = _resample_count(n_resamples)
 
         lost = int(((reference == 1) & (method == 0)).sum())
         gained = int(((reference == 0) & (method == 1)).sum())
@@ -151,9 +166,9 @@ class Flips(evaluate.Metric):
         pvalue = 1.0 if discordant == 0 else float(binomtest(lost, discordant, 0.5, alternative=alternative).pvalue)
 
         difference_ci = None
-        if n > 1:
+        if n > 1 and n_resamples:
             rng = np.random.default_rng(seed)
-            rows = rng.integers(0, n, size=(int(n_resamples), n))
+            rows = rng.integers(0, n, size=(n_resamples, n))
             samples = (method[rows] - reference[rows]).mean(axis=1)
             tail = (1.0 - confidence_level) / 2.0 * 100.0
             low, high = np.percentile(samples, [tail, 100.0 - tail])

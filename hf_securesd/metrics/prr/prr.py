@@ -50,12 +50,14 @@ Args:
     draft_scores (`list` of `float`): the draft-only model's scores, aligned with `predictions`.
     higher_is_better (`bool`, default `True`): orientation of the raw score. Use `False` for
         scores such as attack success rate.
-    settings (`list` of `str` or `float`, optional): the hyperparameter setting of each row. Rows
-        are grouped by setting; PRR is computed per group and averaged over the groups.
+    settings (`list`, optional): the hyperparameter setting of each row (a number, a string, None,
+        a tuple...). Rows with equal settings form a group (`1` and `1.0` are one setting, `None`
+        and `"None"` two); PRR is computed per group and averaged over the groups. An unhashable
+        setting (a list, a dict) is grouped and named by its `repr`; NaN is refused.
     baseline_predictions (`list` of `float`, optional): the paired scores of the method without
         SecureSD (same verifier, setting and example as each row). Enables ΔPRR.
     confidence_level (`float`, default 0.95): level of the bootstrap interval.
-    n_resamples (`int`, default 1000): bootstrap resamples.
+    n_resamples (`int`, default 1000): bootstrap resamples; 0 gives no interval.
     seed (`int`, default 0): seed of the bootstrap; equal seeds give equal intervals.
 
 Returns:
@@ -66,8 +68,9 @@ Returns:
     target_gap (`float`): x_target - x_draft in the higher-is-better sense; positive when the
         target beats the draft.
     prr_ci (`list` of two `float`, or `None`): bootstrap interval of `prr`; `None` for aggregate
-        scores (a setting with a single row) and when PRR is undefined.
-    per_setting (`dict`): for each setting, its PRR (and baseline PRR and ΔPRR when given).
+        scores (a setting with a single row), when PRR is undefined and with `n_resamples=0`.
+    per_setting (`dict`): keyed by setting (as first given; "all" without `settings`), its PRR
+        (and baseline PRR and ΔPRR when given).
     n_examples (`int`): number of rows.
     With `baseline_predictions` also:
     baseline_prr (`float`): PRR without SecureSD, averaged over settings.
@@ -105,8 +108,49 @@ def _as_float_array(name, values):
     return array
 
 
+class _Unhashable:
+    """Group key of an unhashable setting (a list, a dict): equal when the settings' `repr`s are."""
+
+    def __init__(self, setting):
+        self.name = repr(setting)
+
+    def __eq__(self, other):
+        return isinstance(other, _Unhashable) and other.name == self.name
+
+    def __hash__(self):
+        return hash((_Unhashable, self.name))
+
+
+def _group_key(index, setting):
+    """The key that groups `setting`: the value itself when hashable (so `1` and `1.0` share a
+    group, `None` and `"None"` do not), else its `repr`. NaN equals nothing and is refused."""
+    try:
+        hash(setting)
+    except TypeError:
+        return _Unhashable(setting)
+    if setting != setting:
+        raise ValueError(
+            f"`settings[{index}]` is NaN, which equals no other setting; name every setting by a value "
+            "equal to itself (a number, a string or None)."
+        )
+    return setting
+
+
+def _setting_name(key, keys):
+    """How `per_setting` names the group `key`: the setting itself, or the `repr` of an unhashable
+    one (an error when that `repr` is also the name of a hashable setting)."""
+    if not isinstance(key, _Unhashable):
+        return key
+    if key.name in keys:
+        raise ValueError(
+            f"`settings` holds both the string {key.name!r} and an unhashable setting written the same "
+            "way; give settings of one type."
+        )
+    return key.name
+
+
 def _group_rows(settings, n_rows):
-    """Row indices of each setting, in order of first appearance."""
+    """Row indices of each setting, named as in `per_setting`, in order of first appearance."""
     if settings is None:
         return {"all": np.arange(n_rows)}
     if len(settings) != n_rows:
@@ -116,8 +160,21 @@ def _group_rows(settings, n_rows):
         )
     groups = {}
     for index, setting in enumerate(settings):
-        groups.setdefault(str(setting), []).append(index)
-    return {key: np.asarray(rows) for key, rows in groups.items()}
+        groups.setdefault(_group_key(index, setting), []).append(index)
+    return {_setting_name(key, groups): np.asarray(rows) for key, rows in groups.items()}
+
+
+def _resample_count(n_resamples):
+    """`n_resamples` as an int; 0 means no bootstrap interval."""
+    try:
+        count = int(n_resamples)
+    except (TypeError, ValueError):
+        count = None
+    if count is None or isinstance(n_resamples, bool) or count != n_resamples or count < 0:
+        raise ValueError(
+            f"`n_resamples` must be a whole number >= 0 (0: no bootstrap interval), got {n_resamples!r}."
+        )
+    return count
 
 
 def _bootstrap_means(columns, groups, n_resamples, rng):
@@ -193,6 +250,7 @@ class Prr(evaluate.Metric):
                 )
         if not 0.0 < confidence_level < 1.0:
             raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
+        n_resamples = _resample_count(n_resamples)
         groups = _group_rows(settings, n_rows)
 
         means = {
@@ -244,9 +302,9 @@ class Prr(evaluate.Metric):
         if "baseline" in columns:
             result["delta_prr_ci"] = None
         result["ci_undefined_resamples"] = 0
-        if not undefined_settings and all(len(rows) > 1 for rows in groups.values()):
+        if n_resamples and not undefined_settings and all(len(rows) > 1 for rows in groups.values()):
             rng = np.random.default_rng(seed)
-            resampled = _bootstrap_means(columns, groups, int(n_resamples), rng)
+            resampled = _bootstrap_means(columns, groups, n_resamples, rng)
             prr_samples = _prr(resampled["method"], resampled["target"], resampled["draft"])
             result["ci_undefined_resamples"] = int(np.isnan(prr_samples).any(axis=1).sum())
             result["prr_ci"] = _interval(prr_samples.mean(axis=1), confidence_level)

@@ -1,0 +1,40 @@
+"""Text that the report did not write itself (model responses, model names a server reported,
+names read from another results directory) made inert before it goes into report.md.
+
+GitHub-flavoured Markdown renders inline HTML, links and images, so a response holding
+``</td></table><img src=...>`` or ``![x](https://...)`` would otherwise become live markup. Both
+helpers keep such text on one line (line breaks shown as ⏎), so it can neither start a block of its
+own (a heading, a quote, a fence) nor end the table row or list item it stands in.
+"""
+
+from __future__ import annotations
+
+import re
+
+LINE_BREAK = " ⏎ "
+# characters replaced by HTML entities: no tag, comment or entity of the text's own can form
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# characters escaped with a backslash: code spans, emphasis, links and images, strikethrough, table cells
+_MARKUP = frozenset("\\`*_[]~|")
+
+
+def one_line(text: str) -> str:
+    """`text` with every line break (\\r\\n, \\r, \\n) shown as ⏎, stripped."""
+    return re.sub(r"\r\n|\r|\n", LINE_BREAK, text).strip()
+
+
+def inline_text(text: str) -> str:
+    """`text` as literal Markdown on one line, safe in a table cell: `&`, `<` and `>` become HTML
+    entities and every other character Markdown reads as markup is backslash-escaped, so the
+    rendered cell shows exactly the characters of `text`."""
+    return "".join(_ENTITIES.get(char) or ("\\" + char if char in _MARKUP else char) for char in one_line(text))
+
+
+def code_span(text: str) -> str:
+    """`text` as one inline code span outside a table (HTML and Markdown in it stay literal): the
+    fence is one backtick longer than the longest run of backticks in `text`. In a table cell use
+    `inline_text`: GitHub splits a row at `|` before it reads code spans."""
+    text = one_line(text)
+    fence = "`" * (max((len(run) for run in re.findall("`+", text)), default=0) + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
