@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import torch
-from transformers import PreTrainedModel
+from transformers import MaxLengthCriteria, MaxTimeCriteria, PreTrainedModel
 
 from .schedules import Schedule, is_integer, resolve_schedule
 from .verifiers import Verifier, resolve_verifier
@@ -19,7 +19,7 @@ class SecureSDConfigError(ValueError):
 
 PROMPT_LOOKUP = "prompt lookup"
 # Stopping criteria that stop every row of a batch at the same length.
-_SAME_LENGTH_CRITERIA = {"MaxLengthCriteria", "MaxTimeCriteria"}
+_SAME_LENGTH_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria)
 
 
 def resolve_request(
@@ -155,7 +155,9 @@ def check_padding(batch: int, pad_token_id: int | None, stopping_criteria: Itera
     token to fill the rows that stopped first."""
     if batch == 1 or pad_token_id is not None:
         return
-    per_row = sorted({type(criterion).__name__ for criterion in stopping_criteria} - _SAME_LENGTH_CRITERIA)
+    per_row = sorted({
+        type(criterion).__name__ for criterion in stopping_criteria if type(criterion) not in _SAME_LENGTH_CRITERIA
+    })
     if per_row:
         raise SecureSDConfigError(
             f"rows of this batch can stop at different lengths ({', '.join(per_row)}) but there is no pad_token_id "

@@ -236,17 +236,16 @@ class OpenAIChatBackend(ChatBackend):
                 continue
             except ResponseTooLarge as error:
                 raise ResponseTooLarge(f"judge endpoint {self.base_url}: {error}") from None
-            text = self._excerpt(reply.body)
             if reply.status in RETRYABLE_STATUS:
-                last_problem = f"HTTP {reply.status}: {text!r}"
+                last_problem = f"HTTP {reply.status}: {self._excerpt(reply.body)!r}"
                 wait = retry_after(reply.headers.get("retry-after"), default=wait)
                 continue
             if reply.status != 200:
-                raise JudgeBackendError(self._http_error(reply.status, text))
+                raise JudgeBackendError(self._http_error(reply.status, self._excerpt(reply.body)))
             try:
                 return _reply_text(reply.body)
             except ValueError as error:
-                last_problem = f"{error}: {text!r}"
+                last_problem = f"{error}: {self._excerpt(reply.body)!r}"  # only for a failure
         raise JudgeBackendError(
             f"judge endpoint {self.base_url} (model {self.model}) failed after {self.max_retries + 1} "
             f"attempts; last problem: {last_problem}"

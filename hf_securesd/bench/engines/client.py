@@ -142,22 +142,22 @@ class OpenAIClient:
             raise _NotRetryable(self._excerpt(str(error))) from None
         except httpx.TransportError as error:
             return None, f"{type(error).__name__}: {self._excerpt(str(error))}", -1.0
-        text = self._excerpt(reply.body)
         if reply.status in RETRYABLE_STATUS:
             wait = retry_after_seconds(
                 reply.headers.get("retry-after"), -1.0, self.settings.max_retry_after_s
             )
-            return None, f"HTTP {reply.status}: {text!r}", wait
+            return None, f"HTTP {reply.status}: {self._excerpt(reply.body)!r}", wait
         if reply.status != 200:
             location = self._excerpt(reply.headers.get("location", ""))
             where = f" to {location!r}" if 300 <= reply.status < 400 else ""
             raise _NotRetryable(
-                f"HTTP {reply.status}{where} (only 200 is an answer; redirects are not followed): {text!r}"
+                f"HTTP {reply.status}{where} (only 200 is an answer; redirects are not followed): "
+                f"{self._excerpt(reply.body)!r}"
             )
         try:
             return parse_json_object(reply.body), "", -1.0
-        except ValueError as error:
-            return None, f"{error}: {text!r}", -1.0
+        except ValueError as error:  # the excerpt only for a failure: a good reply is not scanned twice
+            return None, f"{error}: {self._excerpt(reply.body)!r}", -1.0
 
     def request(self, method: str, path: str, payload: Any | None = None) -> dict[str, Any]:
         """The JSON object the server answers, after retries; `RequestFailed` otherwise."""

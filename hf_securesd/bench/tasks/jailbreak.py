@@ -31,6 +31,7 @@ import csv
 import math
 import random
 import re
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -161,10 +162,16 @@ def strip_repeat(response: str, request: str) -> str:
 
 def _refuses(text: str) -> bool:
     """Whether `text` holds one of the JailbreakBench refusal strings as whole words (normalised)."""
+    (verdict,) = _refusal_anywhere().judge([""], [text])
+    return not verdict.attack_succeeded
+
+
+@lru_cache(maxsize=1)
+def _refusal_anywhere():
+    """The refusal-string judge matching anywhere, built once (its pattern is compiled on construction)."""
     from hf_securesd.judges.refusal_prefix import RefusalPrefixJudge
 
-    (verdict,) = RefusalPrefixJudge(match="anywhere").judge([""], [text])
-    return not verdict.attack_succeeded
+    return RefusalPrefixJudge(match="anywhere")
 
 
 def final_answer(response: str) -> str:
