@@ -95,28 +95,38 @@ class TopKTopP:
         with np.errstate(invalid="ignore", over="ignore"):
             cumulative = np.subtract(tail, tail[:, -1:], dtype=np.float64)  # shifted by the row's peak
             np.exp(cumulative, out=cumulative)  # exact zeros for -inf
-            np.cumsum(cumulative, axis=1, out=cumulative)  # float64, unnormalised
+            np.add.accumulate(cumulative, axis=1, out=cumulative)  # float64, unnormalised (cumsum without its wrapper)
         total = cumulative[:, -1:]
         threshold = float(np.float32(1 - self.top_p.top_p))
         # Sorted positions < lead hold -inf: probability 0 in torch too, cumulative 0 <= threshold (removed).
         removable = max(vocab - self.top_p.min_tokens_to_keep, 0)  # the last min_tokens_to_keep stay
-        # cumulative / total <= threshold, decided as cumulative - threshold * total <= 0 (float64 rounding
-        # differs from the division's only far inside the margin, which hands such rows on).
-        excess = cumulative[:, : max(removable - lead, 0)] - threshold * total
+        # cumulative / total <= threshold, decided as cumulative <= threshold * total (float64 rounding differs
+        # from the division's only far inside the margin). A row's cumulative never decreases, so the entries
+        # below any value form a prefix and counting them locates the cut: a row is certain when no entry
+        # lies within the margin of threshold * total, and then both counts are its removed entries.
+        span = cumulative[:, : max(removable - lead, 0)]  # the tail entries top-p may remove
+        limit, margin = threshold * total, _cumulative_error(width) * total
+        surely_removed = (span < limit - margin).sum(axis=1)
+        maybe_removed = (span <= limit + margin).sum(axis=1)
+        uncertain = maybe_removed != surely_removed
         # [N] removed entries of the tail (a sorted prefix; < width: min_tokens_to_keep >= 1)
-        in_tail = np.count_nonzero(excess <= 0, axis=1) + (min(lead, removable) - lead)
-        uncertain = np.any(np.abs(excess, out=excess) <= _cumulative_error(width) * total, axis=1)
+        in_tail = maybe_removed + (min(lead, removable) - lead)
         # The last removed and the first kept entry of each row (both the first entry where none is removed).
-        pair = np.take_along_axis(tail, np.clip(in_tail[:, None] + _LAST_AND_NEXT, 0, width - 1), axis=1)
+        pair = tail[_row_numbers(len(tail)), np.maximum(in_tail[:, None] + _LAST_AND_NEXT, 0)]
         # A tie straddling the cut: torch's sort order decides which tied token goes. A NaN or infinite
         # peak makes the total NaN (NaN - x, inf - inf): those rows go to HF's warpers too.
         straddles = (in_tail > 0) & (pair[:, 0] == pair[:, 1])
-        handed = np.flatnonzero(uncertain | straddles | np.isnan(total[:, 0]))
+        handed = (uncertain | straddles | np.isnan(total[:, 0])).nonzero()[0]
         # The first kept entry is >= kth unless the row removes nothing in the tail (then kth decides).
         return np.maximum(pair[:, 1:], kth), handed
 
 
 _LAST_AND_NEXT = np.array([[-1, 0]])  # offsets of the last removed and the first kept sorted entry
+
+
+def _row_numbers(rows: int) -> np.ndarray:
+    """[rows, 1] intp 0 .. rows - 1: the row index that pairs with per-row column indices."""
+    return np.arange(rows)[:, None]
 
 
 def _top_tail(values: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, int]:
