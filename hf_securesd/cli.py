@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
@@ -29,6 +30,18 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """An option's finite number >= 0 (an argparse type): NaN, infinities and negatives are refused (a NaN
+    tolerance would make every comparison with it false)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
     return value
 
 

@@ -81,15 +81,30 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def relaxed_verifier(name: str, strength: float | None):
-    """The verifier `name` with its knob set to `strength` (or the demo's lossy default)."""
+    """The verifier `name` with its knob set to `strength` (or the demo's lossy default); a ValueError
+    names a verifier that is not relaxed or a strength the verifier refuses."""
     from hf_securesd.verifiers import VERIFIERS
 
     relaxed = [verifier for verifier in VERIFIERS if verifier != "lossless"]
     if name not in relaxed:
-        raise SystemExit(f"error: --verifier must be a relaxed verifier: {', '.join(relaxed)}")
+        raise ValueError(f"--verifier must be a relaxed verifier: {', '.join(relaxed)}")
     cls = VERIFIERS[name]
     value = strength if strength is not None else DEFAULT_STRENGTH.get(name)
-    return cls(**{cls.knob: value}) if value is not None else cls()
+    try:
+        return cls(**{cls.knob: value}) if value is not None else cls()
+    except ValueError as error:
+        raise ValueError(f"--strength {value}: {error}") from None
+
+
+def check_json_path(path: Path | None) -> None:
+    """Refuse a --json that could not be written, before any answer is generated (a folder, or a file in
+    a folder that does not exist)."""
+    if path is None:
+        return
+    if path.is_dir():
+        raise ValueError(f"--json {path} is a folder; give a file name, e.g. {path / 'demo.json'}")
+    if not path.parent.is_dir():
+        raise ValueError(f"--json {path}: the folder {path.parent} does not exist; create it or choose another")
 
 
 def label(verifier) -> str:
@@ -145,17 +160,19 @@ def run(args: argparse.Namespace) -> int:
     """Load the pair, answer every prompt three ways, print the answers and a summary."""
     import hf_securesd
     from hf_securesd.judges import get_judge
-    from hf_securesd.models import AssemblyError, ModelResolutionError, load_pair
+    from hf_securesd.models import DEFAULT_PAIR, AssemblyError, ModelResolutionError, load_pair
     from hf_securesd.models.hardware import resolve_device, resolve_dtype
 
-    verifier = relaxed_verifier(args.verifier, args.strength)
-    prompts = [("custom", text) for text in args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
     try:
+        verifier = relaxed_verifier(args.verifier, args.strength)
+        schedule = hf_securesd.Step(L=args.L)
+        check_json_path(args.json)
         device = resolve_device(args.device)
         dtype, reason = resolve_dtype(args.dtype, device)
-    except ValueError as error:
+    except ValueError as error:  # DeviceError is a ValueError
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
+    prompts = [("custom", text) for text in args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
     print(f"device {device}, dtype {dtype} ({reason})", file=sys.stderr)
     print("Loading the draft/target pair (first use downloads and caches it; see docs/models.md) …",
           file=sys.stderr, flush=True)
@@ -164,11 +181,16 @@ def run(args: argparse.Namespace) -> int:
                                              offline=args.offline, cache_dir=args.cache_dir)
     except (AssemblyError, ModelResolutionError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+        return 2
+    except (OSError, ValueError) as error:  # transformers could not load a folder or reach a Hub id
+        pair = f"--draft {args.draft or DEFAULT_PAIR.draft}, --target {args.target or DEFAULT_PAIR.target}"
+        print(f"error: could not load the pair ({pair}): {error}. Give a folder holding a transformers model, "
+              "a known name (`securesd models where` lists them), or a Hub id reachable from here", file=sys.stderr)
+        return 2
     target = hf_securesd.wrap(target)
     judge = get_judge("refusal_prefix")
     configs = [("target only", None, None), (label(verifier), verifier, None),
-               (f"{label(verifier)} + Step(L={args.L})", verifier, hf_securesd.Step(L=args.L))]
+               (f"{label(verifier)} + Step(L={args.L})", verifier, schedule)]
     width = shutil.get_terminal_size((120, 24)).columns
     results: list[Answer] = []
     with tqdm(total=len(prompts) * len(configs), desc="answers", unit="answer", file=sys.stderr) as progress:

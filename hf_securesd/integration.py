@@ -22,7 +22,7 @@ from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
-from .segments import Segments, resolve_boundaries
+from .segments import Segments, check_boundary_ids, resolve_boundaries
 from .stats import SegmentStats, SpeculativeStats, segment_statistics
 from .validation import (
     OTHER_METHODS,
@@ -35,6 +35,7 @@ from .validation import (
     check_lengths,
     check_proposer,
     resolve_request,
+    vocab_size,
 )
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
@@ -175,6 +176,7 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
         check_proposer(resolved, PROMPT_LOOKUP)
     else:
         check_models(model, draft)
+    check_boundary_ids(schedule, vocab_size(model))
     return _with_fields(
         bound,
         generation_config,
@@ -452,6 +454,7 @@ def securesd_generate(
     resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
     schedule = resolve_boundaries(schedule, None)  # transformers passes no tokenizer= to a callable
     check_models(model, draft)
+    check_boundary_ids(schedule, vocab_size(model))
     options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
     check_options({**options, "streamer": streamer, "synced_gpus": synced_gpus}, input_ids)
     generation_config.verifier = resolved

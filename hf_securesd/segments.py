@@ -261,8 +261,8 @@ class Segments(Schedule):
 
     def with_tokenizer(self, tokenizer: Any) -> "Segments":
         """This schedule with its text boundaries resolved to token ids by `tokenizer` (equal to it and
-        serialised the same way: the text is kept). A string that is one entry of the vocabulary (an
-        added token such as Qwen3's `</think>`) is that token; other text is the tokenizer's split of it
+        serialised the same way: the text is kept). A string that is one entry of the vocabulary and
+        decodes back to itself (an added token such as Qwen3's `</think>`) is that token; other text is the tokenizer's split of it
         alone, refused unless it decodes back to the same text. A model may split the same text
         differently in context: give those splits as token-id boundaries too."""
         resolved = tuple(
@@ -381,7 +381,9 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
             "or give the boundary as token ids"
         )
     vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    if text in vocabulary:
+    if text in vocabulary and tokenizer.decode([int(vocabulary[text])]) == text:
+        # One entry that stands for this text (an added token). A byte-level vocabulary also has keys such
+        # as "§" or "é" that stand for one byte of the text's encoding, not for the text: those go below.
         return (int(vocabulary[text]),)
     ids = tuple(int(token) for token in tokenizer.encode(text, add_special_tokens=False))
     if not ids:
@@ -394,6 +396,23 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
             "give the boundary as the token ids the model emits, e.g. Segments([id, ...], ...)"
         )
     return ids
+
+
+def check_boundary_ids(schedule: Schedule | None, vocab_size: int) -> None:
+    """Refuse a `Segments` schedule whose token-id boundaries hold an id the model cannot emit (>= its
+    `vocab_size` scores): that boundary would never occur, and the segments after it would silently never
+    start. Any other schedule, and text boundaries not resolved yet, pass."""
+    if not isinstance(schedule, Segments) or schedule.token_boundaries is None:
+        return
+    for boundary in schedule.token_boundaries:
+        outside = [token for token in boundary if token >= vocab_size]
+        if outside:
+            raise SecureSDConfigError(
+                f"Segments boundary {list(boundary)} holds the token id {outside[0]}, outside this model's "
+                f"vocabulary ({vocab_size} tokens), so it would never occur and its segments never start; give "
+                "the boundary as text with tokenizer= (resolved with this model's tokenizer), or as this model's "
+                "own token ids"
+            )
 
 
 def resolve_boundaries(schedule: Schedule | None, tokenizer: Any) -> Schedule | None:

@@ -49,7 +49,8 @@ def check_proposer(verifier: Verifier, proposer: str) -> None:
         raise SecureSDConfigError(str(error)) from None
 
 
-def _vocab_size(model: PreTrainedModel) -> int:
+def vocab_size(model: PreTrainedModel) -> int:
+    """The number of tokens `model` scores (its output layer's rows, else its config's vocabulary size)."""
     head = model.get_output_embeddings()
     if head is not None and getattr(head, "weight", None) is not None:
         return int(head.weight.shape[0])
@@ -79,7 +80,7 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
                 f"the {role} model is an encoder-decoder; speculative decoding with a verifier supports "
                 "decoder-only causal language models"
             )
-    target_vocab, draft_vocab = _vocab_size(target), _vocab_size(draft)
+    target_vocab, draft_vocab = vocab_size(target), vocab_size(draft)
     if target_vocab != draft_vocab:
         raise SecureSDConfigError(
             f"vocabulary mismatch: the target scores {target_vocab} tokens but the draft scores {draft_vocab}; "

@@ -24,6 +24,7 @@ import sys
 
 from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, schedule_name
 from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, check_out_dir, prepare
+from hf_securesd.cli import non_negative_float
 from hf_securesd.segments import LOSSLESS, Segments
 
 DEFAULT_VERIFIER = "mars:0.5"
@@ -60,13 +61,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--tolerance",
-        type=float,
+        type=non_negative_float,
         default=0.05,
         help="allowed safety-PRR shortfall from lossless (default 0.05)",
     )
     parser.add_argument(
         "--spd-tolerance",
-        type=float,
+        type=non_negative_float,
         default=0.1,
         help="allowed SPD loss relative to the relaxed verifier, as a fraction (default 0.1)",
     )

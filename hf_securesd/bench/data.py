@@ -13,8 +13,9 @@ import gzip
 import json
 import os
 import random
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Sequence, TypeVar
+from typing import Any, Iterator, Sequence, TypeVar
 
 ENV_VAR = "SECURESD_DATA_DIR"
 
@@ -50,6 +51,11 @@ def local_file(data_dir: Path, *candidates: str) -> Path:
                             f"from the Hugging Face Hub")
 
 
+class BenchmarkDataUnavailable(FileNotFoundError):
+    """A benchmark's data could be read neither from the Hugging Face Hub nor from a local copy. A
+    FileNotFoundError, so whatever reports a missing local file reports this the same way."""
+
+
 def load_hub(dataset_id: str, config: str | None = None, split: str = "test",
              **kwargs: Any) -> list[dict[str, Any]]:
     """Rows of a Hub dataset split, as dicts. Errors explain the offline alternative."""
@@ -58,7 +64,7 @@ def load_hub(dataset_id: str, config: str | None = None, split: str = "test",
     try:
         dataset = datasets.load_dataset(dataset_id, config, split=split, **kwargs)
     except Exception as error:
-        raise RuntimeError(
+        raise BenchmarkDataUnavailable(
             f"could not load {dataset_id!r} (config={config!r}, split={split!r}) from the Hugging "
             f"Face Hub: {error}. Without network access (or with HF_HUB_OFFLINE=1 and no cache), "
             f"pass --data-dir or set ${ENV_VAR} to a local copy laid out as in docs/benchmarks.md"
@@ -69,20 +75,30 @@ def load_hub(dataset_id: str, config: str | None = None, split: str = "test",
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Rows of a JSON-lines file, gzip-compressed when the name ends in `.gz`."""
     opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
+    with _named_errors(path), opener(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line) for line in handle if line.strip()]
 
 
 def read_csv(path: Path, delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL) -> list[dict[str, str]]:
     """Rows of a CSV/TSV file with a header line (a UTF-8 byte-order mark is tolerated)."""
-    with open(path, encoding="utf-8-sig", newline="") as handle:
+    with _named_errors(path), open(path, encoding="utf-8-sig", newline="") as handle:
         return list(csv.DictReader(handle, delimiter=delimiter, quoting=quoting))
 
 
 def read_lines(path: Path) -> list[str]:
     """Lines of a text file without their line endings (CRLF tolerated)."""
-    with open(path, encoding="utf-8") as handle:
+    with _named_errors(path), open(path, encoding="utf-8") as handle:
         return [line.rstrip("\r\n") for line in handle]
+
+
+@contextmanager
+def _named_errors(path: Path) -> Iterator[None]:
+    """A local benchmark file that is not UTF-8, not valid JSON lines or not valid CSV raises a ValueError
+    naming the file (the parsers' own messages say only where in it)."""
+    try:
+        yield
+    except (UnicodeDecodeError, json.JSONDecodeError, csv.Error, EOFError, gzip.BadGzipFile) as error:
+        raise ValueError(f"benchmark file {path} could not be read: {error}") from None
 
 
 def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:

@@ -51,9 +51,13 @@ def agreement_stats(predicted: Sequence[bool], human: Sequence[bool]) -> dict[st
 
 
 def load_comparison(data_dir: str | None) -> list[dict[str, str]]:
-    """The rows of `classifier_comparison.csv`."""
-    with data_file(COMPARISON_FILE, data_dir).open(newline="", encoding="utf-8") as handle:
-        return list(csv.DictReader(handle))
+    """The rows of `classifier_comparison.csv`; a file that is not UTF-8 CSV raises a ValueError naming it."""
+    path = data_file(COMPARISON_FILE, data_dir)
+    try:
+        with path.open(newline="", encoding="utf-8") as handle:
+            return list(csv.DictReader(handle))
+    except (UnicodeDecodeError, csv.Error) as error:
+        raise ValueError(f"{path} could not be read as UTF-8 CSV: {error}") from None
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

@@ -21,7 +21,7 @@ import logging
 import os
 from typing import Any, Callable
 
-from ..segments import Segments
+from ..segments import Segments, check_boundary_ids
 from ..validation import SecureSDConfigError
 from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, SecureSDRequest, looks_like_securesd, parse_request, request_for
 
@@ -91,6 +91,7 @@ def check_request(params: Any, vllm_config: Any) -> None:
         request.verifier.check_draft_length(speculative.num_speculative_tokens)
     except ValueError as error:
         raise SecureSDConfigError(f"{error} (k is the engine's num_speculative_tokens here)") from None
+    check_boundary_ids(request.schedule, vllm_config.model_config.get_vocab_size())
 
 
 def check_proposer(request: SecureSDRequest, speculative: Any) -> None:

@@ -196,6 +196,19 @@ def test_run_prints_budget_records_provenance_and_per_example_ar(tmp_path, data_
     assert calls == [] and budget.sources == {"target": "journal", "draft": "journal", "speculative": "journal"}
 
 
+@pytest.mark.parametrize("option", ["--tolerance", "--spd-tolerance"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-0.1", "x"])
+def test_calibrate_tolerances_are_finite_and_non_negative(option, value) -> None:
+    """A NaN tolerance would make every comparison false, so no L would ever be recommended."""
+    from hf_securesd.bench import cli_calibrate
+
+    parser = argparse.ArgumentParser()
+    cli_calibrate.configure(parser)
+    with pytest.raises(SystemExit) as exit_info:
+        parser.parse_args(["--out", "x", option, value])
+    assert exit_info.value.code == 2
+
+
 def test_calibrate_accepts_underscore_spellings_too() -> None:
     import argparse
 
@@ -232,3 +245,24 @@ def test_an_out_holding_other_settings_is_a_one_line_error(tmp_path, data_dir, c
     assert cli_bench.run(parse(*base, "--seed", "3")) == 2
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "holds results for other settings (seed: None there, 3 now)" in error
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_benchmark_data_out_of_reach_is_a_one_line_error(command, tmp_path, monkeypatch, capsys) -> None:
+    """No --data-dir and no Hub (offline): the error names --data-dir, with no traceback, in both commands."""
+    import datasets
+
+    from hf_securesd.bench import cli_calibrate
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("offline")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    monkeypatch.delenv("SECURESD_DATA_DIR", raising=False)
+    module = cli_bench if command == "bench" else cli_calibrate
+    parser = argparse.ArgumentParser()
+    module.configure(parser)
+    options = ["--tasks", "jailbreak"] if command == "bench" else []
+    code = module.run(parser.parse_args(["--profile", "smoke", *options, "--out", str(tmp_path / "out")]))
+    error = capsys.readouterr().err
+    assert code == 2 and error.startswith("error: could not load") and "--data-dir" in error

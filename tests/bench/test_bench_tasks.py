@@ -325,3 +325,19 @@ def test_find_answer_ignores_an_echo_cut_off_by_the_length_limit() -> None:
     # two words of the question at the end are not taken for a cut echo: a real answer stays
     assert prompt_injection.find_answer("equivalent", ("equivalent", "not equivalent"), ["equivalent sentences"]) \
         == "equivalent"
+
+
+def test_local_files_that_cannot_be_parsed_name_the_file(tmp_path) -> None:
+    from hf_securesd.bench.data import read_csv, read_jsonl, read_lines
+
+    cases = {
+        "latin1.csv": (b"prompt\n\xe9t\xe9\n", read_csv),
+        "broken.jsonl": (b'{"task_id": 1}\n{not json\n', read_jsonl),
+        "latin1.txt": (b"caf\xe9\n", read_lines),
+        "notgzip.jsonl.gz": (b"plain text", read_jsonl),
+    }
+    for name, (content, reader) in cases.items():
+        path = tmp_path / name
+        path.write_bytes(content)
+        with pytest.raises(ValueError, match=f"benchmark file {path} could not be read"):
+            reader(path)

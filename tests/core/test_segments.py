@@ -16,7 +16,7 @@ from transformers import GenerationConfig
 
 from hf_securesd import Linear, Power, Schedule, Segments, Step
 from hf_securesd.schedules import resolve_schedule, schedule_weights
-from hf_securesd.segments import BoundaryResolutionError, resolve_boundaries
+from hf_securesd.segments import BoundaryResolutionError, check_boundary_ids, resolve_boundaries
 from hf_securesd.tiny import byte_tokenizer
 from hf_securesd.validation import SecureSDConfigError
 
@@ -225,6 +225,26 @@ def test_a_text_boundary_without_a_tokenizer_names_the_fix():
     assert isinstance(error.value, SecureSDConfigError)
     with pytest.raises(BoundaryResolutionError, match="token ids"):
         resolve_boundaries(schedule, None)
+
+
+def test_a_vocabulary_key_that_stands_for_a_byte_is_split_like_other_text():
+    """A byte-level vocabulary has keys such as "§" that stand for one byte of an encoding: "§" is the two
+    tokens the model writes, not the key's one token (which also ends "ç" and would start a segment there)."""
+    tokenizer = byte_tokenizer()
+    assert "§" in tokenizer.get_vocab() and tokenizer.decode([tokenizer.get_vocab()["§"]]) != "§"
+    for text in ("§", "é"):
+        resolved = Segments(text).with_tokenizer(tokenizer)
+        assert resolved.token_boundaries == (tuple(tokenizer.encode(text, add_special_tokens=False)),)
+    assert Segments("§").with_tokenizer(tokenizer).segment_starts(tokenizer.encode("une façade")) == []
+    assert Segments("<|im_end|>").with_tokenizer(tokenizer).token_boundaries == ((258,),)  # an added token
+
+
+def test_boundary_ids_outside_the_vocabulary_are_refused():
+    check_boundary_ids(Segments([5, 258]), 259)
+    check_boundary_ids(Segments("</think>"), 259)  # text not resolved yet: checked once it is
+    check_boundary_ids(None, 259)
+    with pytest.raises(SecureSDConfigError, match=r"token id 259, outside this model's vocabulary \(259 tokens\)"):
+        check_boundary_ids(Segments([[5], [1, 259]]), 259)
 
 
 class _UnfaithfulTokenizer:

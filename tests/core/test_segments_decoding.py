@@ -24,6 +24,7 @@ import hf_securesd
 from hf_securesd import VERIFIERS, LossySD, Segments, Step, securesd_generate
 from hf_securesd.segments import BoundaryResolutionError
 from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
+from hf_securesd.validation import SecureSDConfigError
 
 K = 4
 NEW_TOKENS = 26
@@ -300,6 +301,22 @@ def test_text_boundary_without_tokenizer_is_refused_before_decoding(pair, tokeni
     prompt = torch.tensor([prompt_of(tokenizer, "hi")])
     with pytest.raises(BoundaryResolutionError, match="pass tokenizer=<the target's tokenizer> to generate"):
         run(pair, prompt, Segments("</think>"))
+
+
+def test_boundary_ids_outside_the_vocabulary_are_refused_before_decoding(pair, tokenizer):
+    """Qwen3's `</think>` id on a model of 259 tokens would never occur: the exact segment would silently
+    never start. Refused on every route: a draft model, prompt lookup and custom_generate."""
+    draft, target = pair
+    prompt = torch.tensor([prompt_of(tokenizer, "hi")])
+    with pytest.raises(SecureSDConfigError, match="token id 151668, outside this model's vocabulary"):
+        run(pair, prompt, Segments([151668]))
+    with pytest.raises(SecureSDConfigError, match="token id 259, outside"):
+        target.generate(prompt, prompt_lookup_num_tokens=3, verifier=RELAXED, secure_schedule=Segments(259),
+                        max_new_tokens=NEW_TOKENS, do_sample=False)
+    plain_draft, plain_target = tiny_pair(TinyPairSpec(architecture="llama", seed=0))
+    with pytest.raises(SecureSDConfigError, match="token id 259, outside"):
+        plain_target.generate(prompt, custom_generate=securesd_generate, draft=plain_draft, verifier=RELAXED,
+                              secure_schedule=Segments(259), max_new_tokens=NEW_TOKENS, do_sample=False)
 
 
 def test_saved_generation_config_with_a_text_boundary(pair, tokenizer, tmp_path):

@@ -287,6 +287,15 @@ def test_judge_validate_without_data_fails_clearly(tmp_path, capsys):
     assert "does not exist" in capsys.readouterr().err
 
 
+def test_judge_validate_names_a_file_that_is_not_utf8_csv(tmp_path, capsys):
+    path = tmp_path / validate.COMPARISON_FILE
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"goal,target_response\n\xff\xfe,x\n")
+    assert validate.run(_args("--data-dir", str(tmp_path))) == 2
+    error = capsys.readouterr().err
+    assert f"{path} could not be read as UTF-8 CSV" in error and "Traceback" not in error
+
+
 # -- unparsed-verdict policy in the benchmark --------------------------------------------------------
 
 

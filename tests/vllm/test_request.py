@@ -69,7 +69,8 @@ def engine_config(speculative=True, method="draft_model", k=3, v2=False):
             method=method, num_speculative_tokens=k, use_heterogeneous_vocab=False, rejection_sample_method="standard",
             uses_draft_model=lambda: method == "draft_model",
         )
-    return SimpleNamespace(speculative_config=spec, use_v2_model_runner=v2)
+    model = SimpleNamespace(get_vocab_size=lambda: 259)
+    return SimpleNamespace(speculative_config=spec, use_v2_model_runner=v2, model_config=model)
 
 
 def params(extra_args):
@@ -98,6 +99,15 @@ def test_admission_refuses_what_the_engine_cannot_run(config, message) -> None:
     request = {"securesd": {"verifier": {"verifier": "fly", "window": 3}}} if "FLy" in message else {"securesd": CONFIG}
     with pytest.raises(SecureSDConfigError, match=message):
         check_request(params(request), config)
+
+
+def test_segment_boundary_ids_outside_the_model_vocabulary_are_refused() -> None:
+    """Qwen3's `</think>` id sent to a model of 259 tokens would never occur: refused, not ignored."""
+    request = {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [151668]}}
+    with pytest.raises(SecureSDConfigError, match="token id 151668, outside this model's vocabulary"):
+        check_request(params({"securesd": request}), engine_config())
+    request["secure_schedule"]["boundary"] = [258]
+    check_request(params({"securesd": request}), engine_config())
 
 
 @pytest.mark.parametrize("method", ["draft_model", "eagle", "eagle3", "ngram"])

@@ -1,0 +1,72 @@
+"""`securesd demo` on the tiny pair (load_pair patched: no download): the three configurations answer, the
+JSON file is written, and bad options are one-line errors (exit 2) before any model is loaded."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+import hf_securesd.models as models_package
+from hf_securesd import demo
+from hf_securesd.tiny import byte_tokenizer, tiny_pair
+
+
+def parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    demo.configure(parser)
+    return parser.parse_args(["--max-new-tokens", "3", "--prompt", "hi", "--device", "cpu", "--dtype", "fp32", *argv])
+
+
+@pytest.fixture
+def loads(monkeypatch) -> list[tuple]:
+    """load_pair returns the tiny pair; the list records each call."""
+    calls: list[tuple] = []
+
+    def tiny(draft, target, **options):
+        calls.append((draft, target))
+        draft_model, target_model = tiny_pair()
+        return byte_tokenizer(), draft_model, target_model
+
+    monkeypatch.setattr(models_package, "load_pair", tiny)
+    return calls
+
+
+def test_the_demo_answers_three_ways_and_writes_json(loads, tmp_path, capsys) -> None:
+    out = tmp_path / "answers.json"
+    assert demo.run(parse("--verifier", "mars", "--L", "2", "--json", str(out))) == 0
+    rows = json.loads(out.read_text())
+    assert [row["config"] for row in rows] == ["target only", "MARS(theta=0.5)", "MARS(theta=0.5) + Step(L=2)"]
+    assert all(row["prompt"] == "hi" and row["new_tokens"] == 3 for row in rows)
+    assert "harmful refused" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (("--strength", "7"), "--strength 7.0: "),
+        (("--verifier", "lossless"), "--verifier must be a relaxed verifier"),
+        (("--L", "-2"), "L"),
+        (("--json", "{tmp}"), "is a folder"),
+        (("--json", "{tmp}/missing/out.json"), "does not exist"),
+        (("--device", "tpu9"), "tpu9"),
+    ],
+)
+def test_bad_options_are_refused_before_loading(options, message, loads, tmp_path, capsys) -> None:
+    options = tuple(option.replace("{tmp}", str(tmp_path)) for option in options)
+    assert demo.run(parse(*options)) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and message in error and "Traceback" not in error
+    assert loads == []
+
+
+def test_a_pair_that_cannot_be_loaded_is_a_one_line_error(monkeypatch, capsys) -> None:
+    def unreachable(draft, target, **options):
+        raise OSError("We couldn't connect to 'https://huggingface.co'")
+
+    monkeypatch.setattr(models_package, "load_pair", unreachable)
+    assert demo.run(parse("--target", "/no/such/folder")) == 2
+    error = capsys.readouterr().err.splitlines()[-1]  # after the device and loading lines
+    assert error.startswith("error: could not load the pair (--draft qwen-0.5b, --target /no/such/folder)")
+    assert "a known name" in error
