@@ -39,7 +39,37 @@ def test_the_demo_answers_three_ways_and_writes_json(loads, tmp_path, capsys) ->
     rows = json.loads(out.read_text())
     assert [row["config"] for row in rows] == ["target only", "MARS(theta=0.5)", "MARS(theta=0.5) + Step(L=2)"]
     assert all(row["prompt"] == "hi" and row["new_tokens"] == 3 for row in rows)
-    assert "harmful refused" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "custom refused" in out and "harmful refused" not in out  # --prompt answers are counted as custom
+    assert out.splitlines()[-1].split()[-3] == "0/1"
+
+
+def test_summary_counts_each_kind_of_prompt() -> None:
+    rows = [demo.Answer(kind, "p", "c", "t", 2, 1.0, None, refused)
+            for kind, refused in (("harmful", True), ("harmful", False), ("benign", False), ("custom", True))]
+    header, line = demo.summary(rows, ["c"]).strip().splitlines()
+    assert header.split()[1:7] == ["harmful", "refused", "benign", "refused", "custom", "refused"]
+    assert line.split()[1:4] == ["1/2", "0/1", "1/1"]
+
+
+@pytest.mark.parametrize(
+    "answer, refused",
+    [
+        ("Hello! Here is the function you asked for.", False),
+        ("As an example, take n = 5.", False),
+        ("Sorry for the wait! Step 1: ...", False),
+        ("I'm sorry, but I can't help with that.", True),
+        ("I can't help with that.", True),
+        ("**I won't** provide instructions for that.", True),
+        ("Unfortunately, I cannot assist.", True),
+        ("I must decline this request.", True),
+    ],
+)
+def test_the_demo_judge_reads_refusal_openings(answer, refused) -> None:
+    from hf_securesd.judges.refusal_prefix import RefusalPrefixJudge
+
+    judge = RefusalPrefixJudge(prefixes=demo.DEMO_REFUSALS, match="start")
+    assert (not judge.judge(["q"], [answer])[0].attack_succeeded) is refused
 
 
 @pytest.mark.parametrize(
