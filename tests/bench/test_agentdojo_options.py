@@ -14,6 +14,7 @@ SKIP_REASON = 'agentdojo is not installed (optional extra: pip install "hf-secur
 pytest.importorskip("agentdojo", reason=SKIP_REASON)
 
 from hf_securesd.bench import agentdojo as ad  # noqa: E402
+from hf_securesd.bench.agentdojo import cli as ad_cli  # noqa: E402
 from hf_securesd.cli import main  # noqa: E402
 from hf_securesd.models import AssemblyError, ModelNotCachedError  # noqa: E402
 from hf_securesd.tiny import byte_tokenizer, tiny_pair  # noqa: E402
@@ -155,7 +156,7 @@ def no_loading(monkeypatch):
     def load_models(args, device):
         raise AssertionError("a model was loaded")
 
-    monkeypatch.setattr(ad, "load_models", load_models)
+    monkeypatch.setattr(ad_cli, "load_models", load_models)
 
 
 SPECULATIVE = ["--target", "tiny", "--draft", "tiny", "--no-progress"]
@@ -203,7 +204,7 @@ def test_cli_load_failures_are_one_error_line(monkeypatch, capsys, failure):
     def load_models(args, device):
         raise failure
 
-    monkeypatch.setattr(ad, "load_models", load_models)
+    monkeypatch.setattr(ad_cli, "load_models", load_models)
     code = _cli(monkeypatch, "--target", "qwen-1.5b", "--target-only")
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1
@@ -230,7 +231,7 @@ def test_cli_prints_the_result_before_writing_it(monkeypatch, capsys, tmp_path):
     def write_result(path, text):
         raise OSError("No space left on device")
 
-    monkeypatch.setattr(ad, "write_result", write_result)
+    monkeypatch.setattr(ad_cli, "write_result", write_result)
     monkeypatch.setattr(
         ad.HFPromptingLLM, "generate", lambda self, chat: "<function-call>[]</function-call><answer>done</answer>"
     )
