@@ -97,8 +97,8 @@ def check_lengths(max_new_tokens: Any, max_length: Any) -> None:
 
 
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
-    """The prompt [B, P] must hold integer token ids, at least one per row, and the attention mask, if any,
-    its shape with no row padded on the right (a row's next token would follow its padding)."""
+    """The prompt [B, P] must hold integer token ids, at least one row and one token per row, and the attention
+    mask, if any, its shape with no row padded on the right (a row's next token would follow its padding)."""
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise SecureSDConfigError(
             f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the tokenizer's input_ids "
@@ -108,6 +108,10 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
         raise SecureSDConfigError(
             f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}); speculative decoding needs at least "
             "one prompt token per row (e.g. the tokenizer's BOS token)"
+        )
+    if input_ids.shape[0] == 0:
+        raise SecureSDConfigError(
+            f"input_ids holds no rows (shape {tuple(input_ids.shape)}); pass at least one prompt"
         )
     if attention_mask is None:
         return

@@ -95,6 +95,9 @@ def test_bad_inputs_get_clear_errors(llama_pair):
         (dict(inputs=PROMPT, max_new_tokens=2.5), "max_new_tokens must be an integer"),
         (dict(inputs=PROMPT, attention_mask=torch.ones(1, 7, dtype=torch.long)), "attention_mask has shape"),
         (dict(inputs=torch.zeros(1, 0, dtype=torch.long)), "the prompt is empty"),
+        (dict(inputs=torch.zeros(0, 5, dtype=torch.long)), r"input_ids holds no rows \(shape \(0, 5\)\)"),
+        (dict(inputs=torch.zeros(0, 5, dtype=torch.long), attention_mask=torch.ones(0, 5, dtype=torch.long)),
+         "input_ids holds no rows"),
     ]
     for kwargs, match in cases:
         kwargs.setdefault("max_new_tokens", 4)
