@@ -314,7 +314,7 @@ class SpeculativeLoop:
             self.recorder.finish() if self.recorder is not None else None,
             self.scores,
             self.raw_logits,
-            None if self.target.has_holes or self.batch > 1 else self.target.cache,
+            None if self.target.has_holes or self.batch > 1 else self.target.handed_back_cache(),
         )
 
 

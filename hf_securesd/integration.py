@@ -20,6 +20,7 @@ from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
+from .cache_support import check_cache_layers, check_cache_support
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
 from .segments import Segments, check_boundary_ids, resolve_boundaries
@@ -176,6 +177,8 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
         check_proposer(resolved, PROMPT_LOOKUP)
     else:
         check_models(model, draft)
+        check_cache_layers("draft", draft, None)
+    check_cache_layers("target", model, arguments.get("past_key_values", arguments.get("cache")))
     check_boundary_ids(schedule, vocab_size(model))
     return _with_fields(
         bound,
@@ -187,6 +190,24 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
             **draft_length.generation_fields(),
         },
     )
+
+
+def _check_caches(
+    model: PreTrainedModel,
+    draft: PreTrainedModel | None,
+    target_cache: object | None,
+    input_ids: torch.Tensor,
+    max_length: int,
+    draft_length: DraftLength,
+) -> None:
+    """Both models' caches can be rolled back draft by draft for this call (`cache_support`). input_ids:
+    [B, P]; the heuristic draft-length schedule may grow k up to the remaining new tokens."""
+    batch, prompt_length = input_ids.shape
+    max_new_tokens = max(int(max_length) - prompt_length, 0)
+    max_drafts = max_new_tokens if draft_length.schedule == "heuristic" else draft_length.num_tokens
+    check_cache_support("target", model, target_cache, batch, prompt_length, max_new_tokens, max_drafts)
+    if draft is not None:
+        check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens, max_drafts)
 
 
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -226,10 +247,13 @@ def _run_speculative(
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)
     input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
     return_dict = generation_config.return_dict_in_generate
+    draft_length = DraftLength.from_generation_config(generation_config)
+    target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
+    _check_caches(model, draft, target_cache, input_ids, generation_config.max_length, draft_length)
     settings = DecodeSettings(
         verifier=generation_config.verifier,
         schedule=generation_config.secure_schedule,
-        draft_length=DraftLength.from_generation_config(generation_config),
+        draft_length=draft_length,
         do_sample=bool(generation_config.do_sample),
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
@@ -254,7 +278,7 @@ def _run_speculative(
         draft=draft,
         prompt_lookup=lookup,
         attention_mask=model_kwargs.get("attention_mask"),
-        target_cache=model_kwargs.get("cache", model_kwargs.get("past_key_values")),
+        target_cache=target_cache,
     )
     if not return_dict:
         return result.sequences
@@ -454,6 +478,8 @@ def securesd_generate(
     resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
     schedule = resolve_boundaries(schedule, None)  # transformers passes no tokenizer= to a callable
     check_models(model, draft)
+    check_cache_layers("draft", draft, None)
+    check_cache_layers("target", model, model_kwargs.get("cache", model_kwargs.get("past_key_values")))
     check_boundary_ids(schedule, vocab_size(model))
     options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
     check_options({**options, "streamer": streamer, "synced_gpus": synced_gpus}, input_ids)

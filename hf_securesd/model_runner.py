@@ -13,6 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
+from .cache_support import records_past, stop_recording
 from .host_values import long_tensor
 
 # Layers whose whole per-row state is `keys` and `values` [B, heads, slots, head_dim].
@@ -34,6 +35,8 @@ class ModelRunner:
         self.device = model.device
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
         self.num_slots = self.cache.get_seq_length() if cache is not None else 0
+        # Sliding-window layers keep every slot until the round's crop trims them (`cache_support`).
+        self._trims = isinstance(self.cache, DynamicCache) and records_past(self.cache)
         self._mask: torch.Tensor | None = None  # [B, capacity] long: 1 = valid slot, 0 = hole
         self._valid: torch.Tensor | None = None  # [B, 1] long: valid slots per row
         self._position_table: torch.Tensor | None = None  # [B, capacity] long: 0, 1, 2, ... in every row
@@ -128,9 +131,17 @@ class ModelRunner:
         self._valid = self._mask[:, : self.num_slots].sum(dim=-1, keepdim=True)
 
     def _crop_to(self, length: int) -> None:
-        if length < self.num_slots:
+        """Drop the slots from `length` on; sliding-window layers are also trimmed back to their window."""
+        if length < self.num_slots or self._trims:
             self.cache.crop(length - self.num_slots)
             self.num_slots = length
+
+    def handed_back_cache(self) -> DynamicCache:
+        """The cache as plain decoding leaves it, for the caller (sliding windows trimmed, no longer
+        recording); the runner is not fed again after this."""
+        if self._trims:
+            stop_recording(self.cache)
+        return self.cache
 
     def select_rows(self, rows: torch.Tensor) -> None:
         select_cache_rows(self.cache, rows.to(self.device))

@@ -157,3 +157,18 @@ def stop_servers(servers: list[ThreadingHTTPServer]) -> None:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def sharp_random_model(config, seed: int):
+    """A randomly initialised causal LM built from `config` with seed `seed`, weights scaled by 3 (sharp
+    distributions, so drafts are accepted and rejected alike), EOS off; `generate` pads with id 256."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    config.eos_token_id = None
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(3.0)
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 256
+    return model

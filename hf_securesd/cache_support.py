@@ -1,0 +1,165 @@
+"""Which KV caches the speculative loop can roll back, and how sliding-window layers are kept exact.
+
+Each round appends drafts to both models' caches and crops the rejected ones away (`ModelRunner`):
+
+* Full-attention key/value layers (`DynamicLayer` and its subclasses but the quantized ones) crop any
+  number of slots.
+* Sliding-window layers (`DynamicSlidingWindowLayer`: Gemma 2/3, Mistral with `sliding_window`, ...) keep
+  only their window's last slots once it is reached, so a crop after that point would need slots they
+  dropped. They are put in past-recording mode, as transformers' own assisted decoding does: each layer
+  keeps every slot until the next crop, which trims it back to the window. A cache handed back to the
+  caller leaves that mode (`stop_recording`), as plain `generate` leaves it.
+* Static layers (`cache_implementation="static"`) crop by rewinding their length where transformers gives
+  them a `crop`. They hold a fixed number of slots (a static sliding-window layer: at most its window, and
+  it cannot bring back what it evicted), so a call that could fill more is refused.
+* Other layers are refused: linear attention and state-space layers (Mamba-style, RecurrentGemma, hybrid
+  models) hold a running state that cannot be cropped slot by slot, and quantized layers crop only their
+  unquantized residual.
+
+A batch of several rows leaves masked slots (holes) where one row rejected drafts that another kept. A
+sliding window counts cache slots, so a row whose window holds holes would attend to fewer of its own
+tokens than plain decoding does. Holes are harmless while no row can reach the window: a batch is
+admitted when the prompt plus every slot the loop can add fits in the smallest window
+(`check_cache_support`), and refused otherwise with the fix named.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers import cache_utils
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    LinearAttentionCacheLayerMixin,
+    StaticLayer,
+)
+
+from .validation import SecureSDConfigError
+
+# Quantized layers subclass DynamicLayer but crop only their unquantized residual (transformers 5.24 names
+# the base class BaseQuantizedLayer, 5.17 QuantizedLayer).
+_QUANTIZED = tuple(
+    getattr(cache_utils, name) for name in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cache_utils, name)
+)
+
+
+def cache_layers(model: PreTrainedModel, cache: object | None) -> list:
+    """The layers of `cache`, or of the cache `generate` builds for `model` when none is passed."""
+    if cache is None:
+        cache = DynamicCache(config=model.config)
+    return list(getattr(cache, "layers", None) or [])
+
+
+def smallest_window(layers: list) -> int | None:
+    """The smallest window among dynamic sliding-window layers, None when none of them slides."""
+    windows = [int(layer.sliding_window) for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)]
+    return min(windows) if windows else None
+
+
+def _croppable(layer: object) -> bool:
+    """A key/value layer (dynamic or static) that transformers lets crop."""
+    return (
+        isinstance(layer, (DynamicLayer, StaticLayer))
+        and not isinstance(layer, (LinearAttentionCacheLayerMixin, *_QUANTIZED))
+        and callable(getattr(layer, "crop", None))
+    )
+
+
+def check_cache_layers(role: str, model: PreTrainedModel, cache: object | None) -> None:
+    """Raise SecureSDConfigError when a layer of `model`'s cache (the `cache` passed to `generate`, or
+    None: the one built from the config) cannot be cropped draft by draft. role: "target" or "draft"."""
+    unsupported = sorted({type(layer).__name__ for layer in cache_layers(model, cache) if not _croppable(layer)})
+    if unsupported:
+        raise SecureSDConfigError(
+            f"the {role} model ({type(model).__name__}) keeps {', '.join(unsupported)} cache layers, which cannot be "
+            "rolled back draft by draft (a running state of linear attention or state-space layers, or a layer "
+            "this transformers release cannot crop); speculative decoding with a verifier supports models whose "
+            "layers all keep keys and values (full or sliding-window attention), in a DynamicCache where "
+            "cache_implementation is left unset"
+        )
+
+
+def check_cache_support(
+    role: str,
+    model: PreTrainedModel,
+    cache: object | None,
+    batch: int,
+    prompt_length: int,
+    max_new_tokens: int,
+    max_draft_tokens: int,
+) -> None:
+    """Raise SecureSDConfigError when the loop cannot keep `model`'s cache exact for this call: its layers
+    (`check_cache_layers`), then its sliding windows.
+
+    The slots the call can fill: one row's never pass max_length - 1 (its drafts are capped by its budget);
+    a batch's are bounded by the prompt's prompt_length, at most one slot per new token of each row (a
+    round grows the cache by the most tokens any row committed) and one round's pending token plus at
+    most max_draft_tokens drafts in flight. A static cache must hold that many slots. A model with
+    dynamic sliding-window layers is admitted at batch 1, or for a larger batch when that bound fits in
+    the smallest window."""
+    check_cache_layers(role, model, cache)
+    layers = cache_layers(model, cache)
+    drafts = min(max_draft_tokens, max_new_tokens)
+    if batch == 1:
+        reach, bound = prompt_length + max_new_tokens - 1, "prompt length + max_new_tokens - 1"
+    else:
+        reach = prompt_length + batch * max_new_tokens + 1 + drafts
+        bound = "prompt length + rows x max_new_tokens + draft length + 1"
+    static = [int(layer.max_cache_len) for layer in layers if isinstance(layer, StaticLayer)]
+    if static and reach > min(static):
+        raise SecureSDConfigError(
+            f"the {role} cache is static and holds {min(static)} slots per layer, but this call could fill {reach} "
+            f"({bound}): rows that keep different numbers of drafts leave masked slots, and a static sliding "
+            "window cannot bring back what it evicted. Leave cache_implementation unset (a DynamicCache grows "
+            "as needed and keeps sliding windows exact), or pass one row per generate call"
+        )
+    window = smallest_window(layers)
+    if window is None or batch == 1 or reach <= window:
+        return
+    raise SecureSDConfigError(
+        f"the {role} model ({type(model).__name__}) has sliding-window attention (window {window}), and a batch "
+        f"of {batch} rows could fill {reach} cache slots: rows that keep different numbers of drafts leave "
+        "masked slots, and a window that counts them would show a row fewer of its own tokens than plain "
+        f"decoding. Pass one row per generate call, or keep {bound} <= {window} (here {prompt_length} + "
+        f"{batch} x {max_new_tokens} + {drafts} + 1)"
+    )
+
+
+def records_past(cache: DynamicCache) -> bool:
+    """Put the sliding-window layers of `cache` in past-recording mode (see the module doc); True when it
+    has any, so the caller trims them after each round.
+
+    A recording layer keeps more slots than its window between two crops; the attention mask of a forward
+    of q slots covers its window's last window - 1 slots plus the q new ones. transformers from 5.18 on
+    returns exactly those from `update`; 5.17 returns every recorded slot, so each layer's `update` is
+    bounded the same way here (a no-op where transformers already does it)."""
+    sliding = [layer for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+    for layer in sliding:
+        layer.activate_past_recording()
+        if "update" not in vars(layer):
+            layer.update = _window_bounded(layer, type(layer).update)
+    return bool(sliding)
+
+
+def _window_bounded(layer: DynamicSlidingWindowLayer, update: Callable) -> Callable:
+    """`update` of a recording layer returning only the slots its attention mask covers."""
+
+    def bounded(key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        keys, values = update(layer, key_states, value_states, *args, **kwargs)
+        visible = layer.sliding_window - 1 + key_states.shape[-2]
+        return keys[..., -visible:, :], values[..., -visible:, :]
+
+    return bounded
+
+
+def stop_recording(cache: DynamicCache) -> None:
+    """Trim the sliding-window layers of `cache` back to their window and leave past-recording mode, so
+    the cache behaves as plain `generate` leaves it."""
+    cache.crop(0)
+    for layer in cache.layers:
+        if isinstance(layer, DynamicSlidingWindowLayer):
+            layer.record_past = False
+            vars(layer).pop("update", None)

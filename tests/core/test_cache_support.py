@@ -1,0 +1,186 @@
+"""Caches the loop must roll back draft by draft: sliding-window layers past their window (Gemma 2/3,
+Mistral), the batch bound under which masked slots cannot enter a window, and the layers it refuses."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+from transformers import AutoModelForCausalLM
+from transformers.cache_utils import DynamicSlidingWindowLayer, StaticLayer
+
+import hf_securesd
+from hf_securesd import SecureSDConfigError
+from support import sharp_random_model
+
+VOCAB = 259
+PROMPT = torch.tensor([[72, 101, 108, 108, 111, 32, 119, 33]])
+WINDOW = 8
+# A static cache is refused for its size, or, where transformers gives static layers no crop, for its layers.
+STATIC_REFUSAL = r"the target cache is static {}|keeps StaticLayer.* cache layers"
+
+CONFIGS = {
+    "mistral": lambda window: transformers.MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        sliding_window=window, vocab_size=VOCAB,
+    ),
+    "gemma2": lambda window: transformers.Gemma2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=window, final_logit_softcapping=30.0, vocab_size=VOCAB,
+    ),
+    "gemma3": lambda window: transformers.Gemma3TextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, sliding_window=window, vocab_size=VOCAB,
+    ),
+}
+
+
+def _model(family: str, seed: int, window: int = WINDOW):
+    config = CONFIGS[family](window)
+    config.pad_token_id = 256
+    return sharp_random_model(config, seed)
+
+
+def _pair(family: str, window: int = WINDOW):
+    return _model(family, 1, window), hf_securesd.wrap(_model(family, 0, window))
+
+
+def _counting_forwards(model) -> list[int]:
+    calls = []
+    model.register_forward_pre_hook(lambda *_: calls.append(1))
+    return calls
+
+
+@pytest.mark.parametrize("family", sorted(CONFIGS))
+def test_lossless_past_the_sliding_window_equals_target_greedy(family):
+    draft, target = _pair(family)
+    expected = target.generate(PROMPT, max_new_tokens=40, do_sample=False)
+    assert any(isinstance(layer, DynamicSlidingWindowLayer) for layer in transformers.DynamicCache(config=target.config).layers)
+    drafted = target.generate(PROMPT, assistant_model=draft, verifier="lossless", max_new_tokens=40, do_sample=False)
+    looked_up = target.generate(PROMPT, prompt_lookup_num_tokens=3, verifier="lossless", max_new_tokens=40, do_sample=False)
+    assert torch.equal(drafted, expected)
+    assert torch.equal(looked_up, expected)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "mistral"])
+def test_relaxed_rule_past_the_window_keeps_the_secure_prefix(family):
+    draft, target = _pair(family)
+    expected = target.generate(PROMPT, max_new_tokens=40, do_sample=False)
+    out = target.generate(PROMPT, assistant_model=draft, verifier="mars", secure_schedule=hf_securesd.Step(L=2),
+                          max_new_tokens=40, do_sample=False, return_dict_in_generate=True)
+    assert out.sequences.shape[1] == PROMPT.shape[1] + 40
+    assert torch.equal(out.sequences[:, : PROMPT.shape[1] + 2], expected[:, : PROMPT.shape[1] + 2])
+
+
+def test_returned_cache_is_trimmed_and_continues_exactly():
+    draft, target = _pair("gemma2")
+    first = target.generate(PROMPT, assistant_model=draft, verifier="lossless", max_new_tokens=30, do_sample=False,
+                            return_dict_in_generate=True)
+    sliding = [layer for layer in first.cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
+    assert sliding and all(not layer.record_past for layer in sliding), "handed back as plain decoding leaves it"
+    assert all(layer.keys.shape[-2] == WINDOW - 1 for layer in sliding), "trimmed back to the window"
+    conversation = torch.cat([first.sequences, torch.tensor([[65, 66]])], dim=1)
+    expected = target.generate(conversation, max_new_tokens=12, do_sample=False)
+    continued = target.generate(conversation, assistant_model=draft, verifier="lossless", max_new_tokens=12,
+                                do_sample=False, past_key_values=first.cache)
+    assert torch.equal(continued, expected)
+
+
+def test_a_batch_that_cannot_reach_the_window_equals_plain_batched_decoding():
+    draft, target = _pair("mistral", window=64)
+    prompts = torch.tensor([[256, 256, 72, 101, 108], [97, 98, 99, 100, 101]])
+    mask = (prompts != 256).long()
+    # 5 prompt slots + 2 rows x 20 new tokens + 1 pending + 5 drafts = 51 <= 64
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=20, do_sample=False)
+    ours = target.generate(prompts, attention_mask=mask, assistant_model=draft, verifier="lossless",
+                           max_new_tokens=20, do_sample=False)
+    assert torch.equal(ours, expected)
+
+
+def test_a_batch_that_could_reach_the_window_is_refused_before_any_forward():
+    draft, target = _pair("gemma2")
+    calls = _counting_forwards(target)
+    prompts = torch.tensor([[72, 101, 108], [97, 98, 99]])
+    with pytest.raises(SecureSDConfigError, match=r"sliding-window attention \(window 8\).*one row per generate call"):
+        target.generate(prompts, assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False)
+    assert calls == []
+
+
+def test_holes_inside_a_window_would_change_the_tokens():
+    """Why the batch bound exists: with it lifted, masked slots enter the window and rows drift from plain
+    batched decoding (so the refusal above guards a real difference, not a theoretical one)."""
+    from hf_securesd import cache_support
+
+    draft, target = _pair("gemma2")
+    prompts = torch.tensor([[72, 101, 108], [97, 98, 99]])
+    expected = target.generate(prompts, max_new_tokens=30, do_sample=False)
+    original = cache_support.smallest_window
+    try:
+        cache_support.smallest_window = lambda layers: None
+        unguarded = target.generate(prompts, assistant_model=draft, verifier="lossless", max_new_tokens=30, do_sample=False)
+    finally:
+        cache_support.smallest_window = original
+    assert not torch.equal(unguarded, expected)
+
+
+def test_a_static_sliding_window_that_could_be_passed_is_refused():
+    draft, target = _pair("gemma2")
+    with pytest.raises(SecureSDConfigError, match=STATIC_REFUSAL.format(r"and holds 8 slots per layer, but this call could fill 27")):
+        target.generate(PROMPT, assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False,
+                        cache_implementation="static")
+
+
+def test_a_static_cache_is_refused_for_a_batch_whose_holes_could_overflow_it(llama_pair):
+    draft, target = llama_pair
+    prompts = torch.tensor([[256, 256, 72, 101], [97, 98, 99, 100]])
+    with pytest.raises(SecureSDConfigError, match=STATIC_REFUSAL.format("")):
+        target.generate(prompts, attention_mask=(prompts != 256).long(), assistant_model=draft, verifier="lossless",
+                        max_new_tokens=30, do_sample=False, cache_implementation="static")
+
+
+def test_a_static_cache_is_continued_where_transformers_can_crop_it(llama_pair):
+    draft, target = llama_pair
+    prompt = torch.tensor([[12, 40, 7, 99, 3, 18]])
+    expected = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    if callable(getattr(StaticLayer, "crop", None)):
+        ours = target.generate(prompt, assistant_model=draft, verifier="lossless", max_new_tokens=16, do_sample=False,
+                               cache_implementation="static")
+        assert torch.equal(ours, expected)
+    else:
+        with pytest.raises(SecureSDConfigError, match="StaticLayer cache layers"):
+            target.generate(prompt, assistant_model=draft, verifier="lossless", max_new_tokens=16, do_sample=False,
+                            cache_implementation="static")
+
+
+def test_a_model_with_recurrent_state_layers_is_refused_with_its_layer_named():
+    torch.manual_seed(0)
+    config = transformers.RecurrentGemmaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, lru_width=64,
+        attention_window_size=8, vocab_size=VOCAB, pad_token_id=256,
+    )
+    target = hf_securesd.wrap(AutoModelForCausalLM.from_config(config).eval())
+    draft = AutoModelForCausalLM.from_config(config).eval()
+    # Ours names the layers; where this transformers release builds attention layers for the model, its own
+    # refusal of stateful models comes first.
+    refusal = r"the (target|draft) model \(RecurrentGemmaForCausalLM\) keeps .*cannot be rolled back|not supported with stateful models"
+    for kwargs in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        with pytest.raises(ValueError, match=refusal):
+            target.generate(PROMPT, verifier="lossless", max_new_tokens=4, do_sample=False, **kwargs)
+
+
+def test_quantized_cache_layers_are_refused(llama_pair):
+    from transformers.cache_utils import QuantizedLayer
+
+    from hf_securesd.cache_support import check_cache_layers
+
+    class Layer(QuantizedLayer):  # the layer type is what is checked, not its quantizer
+        _quantize = _dequantize = None
+
+    class Quantized(transformers.DynamicCache):
+        def __init__(self):
+            super().__init__()
+            self.layers = [object.__new__(Layer)]
+
+    draft, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match="keeps Layer cache layers, which cannot be rolled back"):
+        check_cache_layers("target", target, Quantized())
