@@ -199,24 +199,30 @@ def test_token_sets_hold_each_prefix_s_tokens_and_nothing_else(rows, hidden):
         assert [set(row) for row in sets.tolist()] == [set(row) for row in views.tolist()], (offset, n)
 
 
-@pytest.mark.parametrize("hidden", [None, torch.tensor([1, 0, 2])])
-def test_draft_steps_penalise_each_rows_own_tokens_across_rounds(hidden):
+@pytest.mark.parametrize("batch", [3, 10])
+@pytest.mark.parametrize("temperature", [None, 0.7])
+@pytest.mark.parametrize("hides", [False, True])
+def test_draft_steps_penalise_each_rows_own_tokens_across_rounds(hides, temperature, batch):
     """The draft steps of a round reuse the committed tokens' sets built at its first step: over rounds
-    (new committed tokens, rows leaving), each call equals HF's penalty applied to every row alone with
-    exactly its committed tokens (hidden left padding excluded) and the drafts before the step."""
+    (new committed tokens, rows leaving), each call equals HF's penalty (then its temperature, fused with
+    it) applied to every row alone with exactly its committed tokens (hidden left padding excluded) and
+    the drafts before the step."""
     generator = torch.Generator().manual_seed(3)
-    vocab, batch = 12, 3
+    vocab = 12
+    hidden = torch.arange(batch) % 3 if hides else None
     buffer = TokenBuffer(torch.randint(0, vocab, (batch, 4), generator=generator), room=4)
     try:
         penalty = RepetitionPenaltyLogitsProcessor(4.0, prompt_ignore_length=hidden)
     except ValueError:
         pytest.skip("this transformers release takes no [B] prompt_ignore_length")
-    processing = RowProcessing(LogitsProcessorList([penalty]), buffer)
-    host_rows, rows = [0, 1, 2], torch.arange(batch)
+    chain = [penalty] + ([TemperatureLogitsWarper(temperature)] if temperature else [])
+    processing = RowProcessing(LogitsProcessorList(chain), buffer)
+    host_rows, rows = list(range(batch)), torch.arange(batch)
     skipped = [0] * batch if hidden is None else hidden.tolist()
     for round_index in range(4):
         if round_index == 2:
-            host_rows, rows = [0, 2], torch.tensor([0, 2])  # row 1 finished
+            host_rows = [row for row in host_rows if row != 1]  # row 1 finished
+            rows = torch.tensor(host_rows)
         drafts = torch.randint(0, vocab, (len(host_rows), 3), generator=generator)
         first = 1 if round_index == 3 else 0  # a round may also begin past step 0 (its first draft written)
         buffer.write(rows, 0, drafts[:, :first], every_row=len(host_rows) == batch)
@@ -226,6 +232,8 @@ def test_draft_steps_penalise_each_rows_own_tokens_across_rounds(hidden):
             for a, row in enumerate(host_rows):
                 own = buffer.tokens[row, skipped[row] : buffer.host_lengths[row]].tolist() + drafts[a, :step].tolist()
                 expected = RepetitionPenaltyLogitsProcessor(4.0)(torch.tensor([own]), raw[a].clone())
+                if temperature:
+                    expected = TemperatureLogitsWarper(temperature)(None, expected)
                 assert torch.equal(out[a : a + 1], expected), (round_index, step, row)
             buffer.write(rows, step, drafts[:, step : step + 1], every_row=len(host_rows) == batch)
         counts = torch.randint(1, 4, (len(host_rows),), generator=generator)
