@@ -83,48 +83,44 @@ def check_cache_layers(role: str, model: PreTrainedModel, cache: object | None) 
 
 
 def check_cache_support(
-    role: str,
-    model: PreTrainedModel,
-    cache: object | None,
-    batch: int,
-    prompt_length: int,
-    max_new_tokens: int,
-    max_draft_tokens: int,
+    role: str, model: PreTrainedModel, cache: object | None, batch: int, prompt_length: int, max_new_tokens: int
 ) -> None:
-    """Raise SecureSDConfigError when the loop cannot keep `model`'s cache exact for this call: its layers
-    (`check_cache_layers`), then its sliding windows.
+    """Raise SecureSDConfigError when the loop cannot keep `model`'s cache exact for this call of `batch`
+    rows of prompt_length tokens: its layers (`check_cache_layers`), then the slots the call can fill.
 
-    The slots the call can fill: one row's never pass max_length - 1 (its drafts are capped by its budget);
-    a batch's are bounded by the prompt's prompt_length, at most one slot per new token of each row (a
-    round grows the cache by the most tokens any row committed) and one round's pending token plus at
-    most max_draft_tokens drafts in flight. A static cache must hold that many slots. A model with
-    dynamic sliding-window layers is admitted at batch 1, or for a larger batch when that bound fits in
-    the smallest window."""
+    The cache never holds more than prompt_length + batch x (max_new_tokens - 1) slots: a round grows it
+    by the most tokens any row put in it (the sum over rows at most, and a row's last token never enters
+    it), and a row drafts no more than its remaining budget, so the drafts in flight fit in that row's
+    share. A static cache must hold that many slots. A model with sliding-window (or chunked) layers is
+    admitted at batch 1, or for a larger batch when that many slots fit in its smallest window."""
     check_cache_layers(role, model, cache)
     layers = cache_layers(model, cache)
-    drafts = min(max_draft_tokens, max_new_tokens)
-    if batch == 1:
-        reach, bound = prompt_length + max_new_tokens - 1, "prompt length + max_new_tokens - 1"
-    else:
-        reach = prompt_length + batch * max_new_tokens + 1 + drafts
-        bound = "prompt length + rows x max_new_tokens + draft length + 1"
-    static = [int(layer.max_cache_len) for layer in layers if isinstance(layer, StaticLayer)]
-    if static and reach > min(static):
+    reach = prompt_length + batch * max(max_new_tokens - 1, 0)
+    bound = "prompt length + rows x (max_new_tokens - 1)"
+    here = f"{prompt_length} + {batch} x ({max_new_tokens} - 1)"
+    static = [layer for layer in layers if isinstance(layer, StaticLayer)]
+    smallest = min(static, key=lambda layer: int(layer.max_cache_len)) if static else None
+    if smallest is not None and reach > int(smallest.max_cache_len):
+        if smallest.is_sliding:
+            why = "a static sliding window cannot bring back what it evicted when rejected drafts are cropped"
+        elif batch > 1:
+            why = "rows that keep different numbers of drafts leave masked slots past the rows' own tokens"
+        else:
+            why = "a static cache has no room beyond the length it was built for"
         raise SecureSDConfigError(
-            f"the {role} cache is static and holds {min(static)} slots per layer, but this call could fill {reach} "
-            f"({bound}): rows that keep different numbers of drafts leave masked slots, and a static sliding "
-            "window cannot bring back what it evicted. Leave cache_implementation unset (a DynamicCache grows "
-            "as needed and keeps sliding windows exact), or pass one row per generate call"
+            f"the {role} cache is static and holds {smallest.max_cache_len} slots per layer, but this call could "
+            f"fill {reach} ({bound} = {here}): {why}. Leave cache_implementation unset and pass no static cache "
+            "(a DynamicCache grows as needed and keeps sliding windows exact)"
+            + ("" if batch == 1 else ", or pass one row per generate call")
         )
     window = smallest_window(layers)
     if window is None or batch == 1 or reach <= window:
         return
     raise SecureSDConfigError(
-        f"the {role} model ({type(model).__name__}) has sliding-window attention (window {window}), and a batch "
-        f"of {batch} rows could fill {reach} cache slots: rows that keep different numbers of drafts leave "
-        "masked slots, and a window that counts them would show a row fewer of its own tokens than plain "
-        f"decoding. Pass one row per generate call, or keep {bound} <= {window} (here {prompt_length} + "
-        f"{batch} x {max_new_tokens} + {drafts} + 1)"
+        f"the {role} model ({type(model).__name__}) has sliding-window (or chunked) attention (window {window}), "
+        f"and a batch of {batch} rows could fill {reach} cache slots: rows that keep different numbers of drafts "
+        "leave masked slots, and a window that counts them would show a row fewer of its own tokens than plain "
+        f"decoding. Pass one row per generate call, or keep {bound} <= {window} (here {here})"
     )
 
 

@@ -152,7 +152,8 @@ class SpeculativeLoop:
         batch, self.prompt_length = input_ids.shape
         self.batch = batch
         self.prompt_mask = attention_mask.bool() if attention_mask is not None and not bool(attention_mask.all()) else None
-        self.cached = target_cache.get_seq_length() if target_cache is not None else 0
+        # int(): a static cache's length is its own counter tensor, which the cache advances in place
+        self.cached = int(target_cache.get_seq_length()) if target_cache is not None else 0
         if self.cached >= self.prompt_length:
             raise ValueError(
                 f"the cache passed to generate already holds {self.cached} tokens but the input has "

@@ -193,21 +193,16 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
 
 
 def _check_caches(
-    model: PreTrainedModel,
-    draft: PreTrainedModel | None,
-    target_cache: object | None,
-    input_ids: torch.Tensor,
+    model: PreTrainedModel, draft: PreTrainedModel | None, target_cache: object | None, input_ids: torch.Tensor,
     max_length: int,
-    draft_length: DraftLength,
 ) -> None:
-    """Both models' caches can be rolled back draft by draft for this call (`cache_support`). input_ids:
-    [B, P]; the heuristic draft-length schedule may grow k up to the remaining new tokens."""
+    """Both models' caches can be rolled back draft by draft for this call (`cache_support`); input_ids
+    [B, P]."""
     batch, prompt_length = input_ids.shape
     max_new_tokens = max(int(max_length) - prompt_length, 0)
-    max_drafts = max_new_tokens if draft_length.schedule == "heuristic" else draft_length.num_tokens
-    check_cache_support("target", model, target_cache, batch, prompt_length, max_new_tokens, max_drafts)
+    check_cache_support("target", model, target_cache, batch, prompt_length, max_new_tokens)
     if draft is not None:
-        check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens, max_drafts)
+        check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens)
 
 
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -247,13 +242,12 @@ def _run_speculative(
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)
     input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
     return_dict = generation_config.return_dict_in_generate
-    draft_length = DraftLength.from_generation_config(generation_config)
     target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    _check_caches(model, draft, target_cache, input_ids, generation_config.max_length, draft_length)
+    _check_caches(model, draft, target_cache, input_ids, generation_config.max_length)
     settings = DecodeSettings(
         verifier=generation_config.verifier,
         schedule=generation_config.secure_schedule,
-        draft_length=draft_length,
+        draft_length=DraftLength.from_generation_config(generation_config),
         do_sample=bool(generation_config.do_sample),
         max_length=generation_config.max_length,
         eos_token_id=getattr(generation_config, "_eos_token_tensor", None),

@@ -34,7 +34,8 @@ class ModelRunner:
         self.model = model
         self.device = model.device
         self.cache = cache if cache is not None else DynamicCache(config=model.config)
-        self.num_slots = self.cache.get_seq_length() if cache is not None else 0
+        # int(): a static cache's length is its own counter tensor, which `+=` below would advance twice
+        self.num_slots = int(self.cache.get_seq_length()) if cache is not None else 0
         # Sliding-window layers keep every slot until the round's crop trims them (`cache_support`).
         self._trims = isinstance(self.cache, DynamicCache) and records_past(self.cache)
         self._mask: torch.Tensor | None = None  # [B, capacity] long: 1 = valid slot, 0 = hole

@@ -3,6 +3,8 @@ Mistral), the batch bound under which masked slots cannot enter a window, and th
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import transformers
@@ -90,7 +92,7 @@ def test_a_batch_that_cannot_reach_the_window_equals_plain_batched_decoding():
     draft, target = _pair("mistral", window=64)
     prompts = torch.tensor([[256, 256, 72, 101, 108], [97, 98, 99, 100, 101]])
     mask = (prompts != 256).long()
-    # 5 prompt slots + 2 rows x 20 new tokens + 1 pending + 5 drafts = 51 <= 64
+    # 5 prompt slots + 2 rows x (20 - 1) new tokens' slots = 43 <= 64
     expected = target.generate(prompts, attention_mask=mask, max_new_tokens=20, do_sample=False)
     ours = target.generate(prompts, attention_mask=mask, assistant_model=draft, verifier="lossless",
                            max_new_tokens=20, do_sample=False)
@@ -101,7 +103,7 @@ def test_a_batch_that_could_reach_the_window_is_refused_before_any_forward():
     draft, target = _pair("gemma2")
     calls = _counting_forwards(target)
     prompts = torch.tensor([[72, 101, 108], [97, 98, 99]])
-    with pytest.raises(SecureSDConfigError, match=r"sliding-window attention \(window 8\).*one row per generate call"):
+    with pytest.raises(SecureSDConfigError, match=r"sliding-window \(or chunked\) attention \(window 8\).*could fill 41 .*one row per generate call"):
         target.generate(prompts, assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False)
     assert calls == []
 
@@ -125,7 +127,7 @@ def test_holes_inside_a_window_would_change_the_tokens():
 
 def test_a_static_sliding_window_that_could_be_passed_is_refused():
     draft, target = _pair("gemma2")
-    with pytest.raises(SecureSDConfigError, match=STATIC_REFUSAL.format(r"and holds 8 slots per layer, but this call could fill 27")):
+    with pytest.raises(SecureSDConfigError, match=STATIC_REFUSAL.format(r"and holds 8 slots per layer, but this call could fill 27 .*cannot bring back")):
         target.generate(PROMPT, assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False,
                         cache_implementation="static")
 
@@ -184,3 +186,43 @@ def test_quantized_cache_layers_are_refused(llama_pair):
     draft, target = llama_pair
     with pytest.raises(SecureSDConfigError, match="keeps Layer cache layers, which cannot be rolled back"):
         check_cache_layers("target", target, Quantized())
+
+
+def test_a_static_cache_too_small_for_the_call_is_refused_with_the_reason(llama_pair):
+    """Plain `generate` fails on such a cache with an IndexError from inside the attention; here it is named."""
+    draft, target = llama_pair
+    if not callable(getattr(StaticLayer, "crop", None)):
+        pytest.skip("this transformers release gives static layers no crop (refused for that, tested above)")
+    prompt = torch.tensor([[12, 40, 7, 99, 3, 18]])
+    cache = transformers.StaticCache(config=target.config, max_cache_len=14)  # sized for the first call
+    first = target.generate(prompt, max_new_tokens=8, do_sample=False, cache=cache, return_dict_in_generate=True)
+    conversation = torch.cat([first.sequences, torch.tensor([[5, 6]])], dim=1)
+    with pytest.raises(SecureSDConfigError, match="holds 14 slots per layer, but this call could fill 23 .*has no room"):
+        target.generate(conversation, assistant_model=draft, verifier="lossless", max_new_tokens=8, do_sample=False,
+                        cache=cache)
+
+
+def test_a_static_cache_from_a_previous_call_is_continued_exactly(llama_pair):
+    """A static cache reports its length as its own counter tensor: the loop must count slots in a copy."""
+    draft, target = llama_pair
+    if not callable(getattr(StaticLayer, "crop", None)):
+        pytest.skip("this transformers release gives static layers no crop (refused for that, tested above)")
+    prompt = torch.tensor([[12, 40, 7, 99, 3, 18]])
+    cache = transformers.StaticCache(config=target.config, max_cache_len=48)
+    first = target.generate(prompt, max_new_tokens=8, do_sample=False, cache=cache, return_dict_in_generate=True)
+    conversation = torch.cat([first.sequences, torch.tensor([[5, 6]])], dim=1)
+    expected = target.generate(conversation, max_new_tokens=12, do_sample=False, cache=copy.deepcopy(cache))
+    ours = target.generate(conversation, assistant_model=draft, verifier="lossless", max_new_tokens=12, do_sample=False,
+                           cache=cache)
+    assert torch.equal(ours, expected)
+
+
+def test_a_draft_with_a_window_bounds_the_batch_too(llama_pair):
+    _, target = llama_pair  # full attention
+    draft = _model("mistral", 1)
+    prompts = torch.tensor([[72, 101, 108], [97, 98, 99]])
+    with pytest.raises(SecureSDConfigError, match=r"the draft model \(MistralForCausalLM\) has sliding-window"):
+        target.generate(prompts, assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False)
+    expected = target.generate(prompts[:1], max_new_tokens=20, do_sample=False)
+    ours = target.generate(prompts[:1], assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False)
+    assert torch.equal(ours, expected)
