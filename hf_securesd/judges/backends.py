@@ -94,10 +94,7 @@ class TransformersChatBackend(ChatBackend):
             pad_id = self.tokenizer.eos_token_id
         replies: list[str] = []
         for start in range(0, len(conversations), self.batch_size):
-            texts = [
-                self.tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=False)
-                for messages in conversations[start:start + self.batch_size]
-            ]
+            texts = [self._prompt(list(messages)) for messages in conversations[start:start + self.batch_size]]
             ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
             width = max(len(row) for row in ids)
             input_ids = torch.tensor([[pad_id] * (width - len(row)) + row for row in ids])
@@ -112,6 +109,25 @@ class TransformersChatBackend(ChatBackend):
                 )
             replies.extend(self.tokenizer.batch_decode(output[:, width:], skip_special_tokens=True))
         return replies
+
+
+    def _prompt(self, messages: list[Message]) -> str:
+        """The conversation through the judge's chat template. Templates that refuse a system turn (Gemma's
+        raise "System role not supported") get its text at the head of the first user turn instead, as
+        their models are prompted; any other template error is a JudgeBackendError naming it."""
+        from jinja2.exceptions import TemplateError
+
+        try:
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except TemplateError as error:
+            first, rest = messages[0], messages[1:]
+            if first.get("role") != "system" or not rest or rest[0].get("role") != "user":
+                raise JudgeBackendError(f"the judge's chat template refused the conversation: {error}") from error
+            merged = [{"role": "user", "content": f"{first['content']}\n\n{rest[0]['content']}"}, *rest[1:]]
+            try:
+                return self.tokenizer.apply_chat_template(merged, add_generation_prompt=True, tokenize=False)
+            except TemplateError as again:
+                raise JudgeBackendError(f"the judge's chat template refused the conversation: {again}") from again
 
 
 class ResponseTooLarge(JudgeBackendError):

@@ -274,3 +274,25 @@ def test_transformers_backend_needs_a_chat_template():
     tokenizer.chat_template = None
     with pytest.raises(ValueError, match="chat template"):
         TransformersChatBackend(tiny_pair()[1], tokenizer)
+
+
+NO_SYSTEM_TEMPLATE = (  # the shape of Gemma's template: no system turn
+    "{% if messages[0]['role'] == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def test_a_template_without_a_system_turn_gets_the_system_text_in_the_first_user_turn():
+    from hf_securesd.tiny import byte_tokenizer, tiny_pair
+
+    tokenizer = byte_tokenizer()
+    tokenizer.chat_template = NO_SYSTEM_TEMPLATE
+    backend = TransformersChatBackend(tiny_pair()[1], tokenizer, max_new_tokens=4)
+    assert backend._prompt([{"role": "system", "content": "RUBRIC"}, {"role": "user", "content": "GOAL"}]) == (
+        "<|im_start|>user\nRUBRIC\n\nGOAL<|im_end|><|im_start|>assistant\n"
+    )
+    verdicts = StrongRejectJudge(backend=backend, rubric=SHORT_RUBRIC).judge(["goal"], ["Sure"])
+    assert [verdict.outcome for verdict in verdicts] == ["unparsed"]  # judged (by a random model), not crashed
+    with pytest.raises(JudgeBackendError, match="refused the conversation: System role not supported"):
+        backend._prompt([{"role": "system", "content": "only a system turn"}])
