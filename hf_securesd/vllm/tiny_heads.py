@@ -25,6 +25,14 @@ def _head_config(target_dir: Path, architecture: str, **extra: object):
     from transformers import LlamaConfig
 
     target = json.loads((Path(target_dir) / "config.json").read_text())
+    needed = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "vocab_size",
+              "max_position_embeddings", "rms_norm_eps")
+    missing = [key for key in needed if key not in target]
+    if missing:
+        raise ValueError(
+            f"{target_dir}/config.json has no {', '.join(missing)}: tiny EAGLE heads are built for Llama-style "
+            "targets (Llama, Qwen2/3, Mistral, Phi-3: RMS norm, grouped-query attention)"
+        )
     return LlamaConfig(
         hidden_size=target["hidden_size"], intermediate_size=target["intermediate_size"], num_hidden_layers=1,
         num_attention_heads=target["num_attention_heads"], num_key_value_heads=target["num_key_value_heads"],
