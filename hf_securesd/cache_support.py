@@ -129,9 +129,9 @@ def records_past(cache: DynamicCache) -> bool:
     has any, so the caller trims them after each round.
 
     A recording layer keeps more slots than its window between two crops; the attention mask of a forward
-    of q slots covers its window's last window - 1 slots plus the q new ones. transformers from 5.18 on
-    returns exactly those from `update`; 5.17 returns every recorded slot, so each layer's `update` is
-    bounded the same way here (a no-op where transformers already does it)."""
+    of q slots covers its window's last window - 1 slots plus the q new ones. transformers 5.24 returns
+    exactly those from `update`; 5.17 returns every recorded slot, so each layer's `update` is bounded the
+    same way here (a no-op where transformers already does it)."""
     sliding = [layer for layer in cache.layers if isinstance(layer, DynamicSlidingWindowLayer)]
     for layer in sliding:
         layer.activate_past_recording()
