@@ -71,7 +71,11 @@ def _croppable(layer: object) -> bool:
 def check_cache_layers(role: str, model: PreTrainedModel, cache: object | None) -> None:
     """Raise SecureSDConfigError when a layer of `model`'s cache (the `cache` passed to `generate`, or
     None: the one built from the config) cannot be cropped draft by draft. role: "target" or "draft"."""
-    unsupported = sorted({type(layer).__name__ for layer in cache_layers(model, cache) if not _croppable(layer)})
+    _refuse_uncroppable(role, model, cache_layers(model, cache))
+
+
+def _refuse_uncroppable(role: str, model: PreTrainedModel, layers: list) -> None:
+    unsupported = sorted({type(layer).__name__ for layer in layers if not _croppable(layer)})
     if unsupported:
         raise SecureSDConfigError(
             f"the {role} model ({type(model).__name__}) keeps {', '.join(unsupported)} cache layers, which cannot be "
@@ -93,8 +97,8 @@ def check_cache_support(
     it), and a row drafts no more than its remaining budget, so the drafts in flight fit in that row's
     share. A static cache must hold that many slots. A model with sliding-window (or chunked) layers is
     admitted at batch 1, or for a larger batch when that many slots fit in its smallest window."""
-    check_cache_layers(role, model, cache)
     layers = cache_layers(model, cache)
+    _refuse_uncroppable(role, model, layers)
     reach = prompt_length + batch * max(max_new_tokens - 1, 0)
     bound = "prompt length + rows x (max_new_tokens - 1)"
     here = f"{prompt_length} + {batch} x ({max_new_tokens} - 1)"
