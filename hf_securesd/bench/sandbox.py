@@ -4,8 +4,9 @@ Layers, outermost first:
 
 1. **bubblewrap** (`sandbox_bwrap`): new user, PID, network, IPC, UTS and cgroup namespaces, a
    cleared environment, uid/gid ``nobody`` without capabilities, only ``/usr`` and the interpreter
-   mounted (read-only), a size-limited tmpfs as the only writable place. When the program's main
-   process ends (normally, by error or killed), the kernel kills everything it left running.
+   mounted (read-only), two size-limited tmpfs as the only writable places. The runner is the PID
+   namespace's init: when it ends (normally, by error or killed), the kernel kills everything the
+   program left running.
    **Required by default**: without a usable bubblewrap the sandbox refuses to run and says why
    and how to install it. Running untrusted code with resource limits only is an explicit opt-in,
    ``isolation="unsafe-none"`` (CLI ``--unsafe-no-isolation``), and warns loudly.
@@ -25,8 +26,9 @@ by the next `Sandbox`.
 Verdicts (`Sandbox.check`): the solution runs in its own interpreter, and a separate, trusted
 checker process runs the tests, calling the solution through a pipe with plain data only. Only
 the checker holds the file descriptor on which ``passed`` is reported (see `sandbox_runner`), so a
-solution cannot forge a pass by printing a marker, exiting early with status 0, or returning an
-object that equals everything. `Sandbox.run` executes a whole program in one process and reports
+solution under bubblewrap cannot forge a pass by printing a marker, exiting early with status 0, or
+returning an object that equals everything (without isolation it runs as the harness's user and can:
+``unsafe-none`` verdicts are only as good as the code scored). `Sandbox.run` executes a whole program in one process and reports
 whether it ran to its end; that report can be forged by the program itself, so it is for trusted
 code and tests of the sandbox, not for scoring.
 
@@ -41,8 +43,10 @@ Example:
 from __future__ import annotations
 
 import json
+import keyword
 import logging
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -69,15 +73,15 @@ Isolation = Literal["auto", "bwrap", "unsafe-none"]
 ISOLATIONS = ("auto", "bwrap", "unsafe-none")
 OUTPUT_TAIL_CHARS = 2000
 POLL_INTERVAL_S = 0.05
-# tasks the sandbox itself adds to a run: bwrap and its PID 1 (with bubblewrap), the checker (`check`)
-BWRAP_TASKS = 2
+# tasks the sandbox itself adds to a run: bwrap outside the namespace (with bubblewrap), the checker (`check`)
+BWRAP_TASKS = 1
 CHECKER_TASKS = 1
 
 UNSAFE_WARNING = (
     "isolation='unsafe-none': generated code runs WITHOUT isolation, with resource limits and a "
     "timeout only. It can read and write anything this user can (keys in the environment of other "
-    "processes, the home folder, the working tree) and open network connections. Only use this for "
-    "code you trust. To isolate it: " + INSTALL_HINT + "."
+    "processes, the home folder, the working tree and the expected answers), open network connections, "
+    "leave processes running and forge its own verdict. Only use this for code you trust. To isolate it: " + INSTALL_HINT + "."
 )
 
 # Runs in the child before the sandbox: die with the harness, join the run's control group,
@@ -185,9 +189,8 @@ def _kill_tree(process: subprocess.Popen) -> None:
 def _feed(pipe, data: bytes) -> threading.Thread:
     """Write `data` to the runner's standard input and close it, in a thread (a pipe holds 64 KiB).
 
-    A pipe, not a file: bubblewrap's PID 1 inside the sandbox keeps the runner's standard input open,
-    and the solution may open its descriptors through /proc; a pipe that the checker has read to its
-    end (before it starts the solution) has nothing left to give."""
+    A pipe, not a file: the sandbox's filesystem is the solution's to search, and a pipe that the
+    checker has read to its end (before it starts the solution) has nothing left to give."""
 
     def write() -> None:
         try:
@@ -214,12 +217,49 @@ def _encodes(text: str) -> bool:
     return True
 
 
-def _tail(path: Path) -> str:
-    with open(path, "rb") as handle:
-        handle.seek(0, os.SEEK_END)
-        size = handle.tell()
-        handle.seek(max(0, size - OUTPUT_TAIL_CHARS))
-        return handle.read().decode(errors="replace")
+class _OutputTail:
+    """Drains the run's standard output and error (one pipe) in a thread, keeping the last
+    `OUTPUT_TAIL_CHARS` bytes.
+
+    A pipe, not a file in the scratch folder: a file would be the run's own (its user is the harness's
+    user, mapped), and the program could change it through its descriptor, e.g. make it a setuid
+    executable that another local user opens while the run lasts. A pipe is no file of anyone's."""
+
+    def __init__(self, pipe) -> None:
+        self._fd = pipe.fileno()
+        self._pipe = pipe
+        self._kept = bytearray()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, name="sandbox-output", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        deadline = None
+        while True:
+            readable, _, _ = select.select([self._fd], [], [], POLL_INTERVAL_S)
+            if self._stop.is_set():
+                # Every writer is dead by now, unless one escaped the kill (possible only without
+                # isolation): read what is left for at most one more interval, then stop waiting.
+                deadline = deadline or time.monotonic() + POLL_INTERVAL_S
+                if not readable or time.monotonic() > deadline:
+                    return
+            if not readable:
+                continue
+            try:
+                chunk = os.read(self._fd, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self._kept += chunk
+            del self._kept[:-OUTPUT_TAIL_CHARS]
+
+    def finish(self) -> str:
+        """The tail, once every writer has exited (or after one more poll interval)."""
+        self._stop.set()
+        self._thread.join()
+        self._pipe.close()
+        return self._kept.decode(errors="replace")
 
 
 @lru_cache(maxsize=1)
@@ -266,7 +306,7 @@ class Sandbox:
     def run(self, program: str) -> ExecutionResult:
         """Execute one program as a module; "passed" when it exits 0 after running to its end.
         The program can forge that (see the module docstring): use `check` to score untrusted code."""
-        return self._execute({"program.py": program}, ["run", "{inputs}/program.py"], b"completed", 0)
+        return self._execute({"program.py": program}, "run", "program.py", [], b"completed", 0)
 
     def check(self, solution: str, tests: str, entry_point: str, helpers: str = "") -> ExecutionResult:
         """Run `solution` and, in a separate trusted process, `tests` (which define
@@ -274,25 +314,33 @@ class Sandbox:
         `helpers` is trusted code the tests may use (e.g. a HumanEval prompt's helper functions)."""
         # The tests and helpers reach the checker on its standard input, never a file: the solution
         # shares the sandbox's filesystem and could otherwise read the expected answers.
+        if not isinstance(entry_point, str) or not entry_point.isidentifier() or keyword.iskeyword(entry_point):
+            return ExecutionResult(False, "error", None, 0.0,
+                                   f"entry_point {entry_point!r} is not a Python function name; the task's "
+                                   "entry_point must name the function the tests call")
         trusted = json.dumps({"tests": tests, "helpers": helpers})
-        arguments = ["check", "{inputs}/solution.py", entry_point]
-        return self._execute({"solution.py": solution}, arguments, b"passed", CHECKER_TASKS, trusted)
+        return self._execute({"solution.py": solution}, "check", "solution.py", [entry_point], b"passed",
+                             CHECKER_TASKS, trusted)
 
-    def _execute(self, files: dict[str, str], arguments: list[str], token: bytes,
+    def _execute(self, files: dict[str, str], mode: str, program: str, arguments: list[str], token: bytes,
                  own_tasks: int, trusted_input: str = "") -> ExecutionResult:
-        """Run the runner with `arguments`; "passed" when it exits 0 after writing `token` to its
-        result descriptor. `own_tasks`: trusted processes of the runner beside the program's.
-        `trusted_input`: the runner's standard input, through a pipe (see `_feed`)."""
+        """Run the runner in `mode` on input file `program` (one of `files`) with `arguments`; "passed"
+        when it exits 0 after writing `token` to its result descriptor. `own_tasks`: trusted processes
+        of the runner beside the program's. `trusted_input`: the runner's standard input, through a
+        pipe (see `_feed`)."""
         unencodable = [name for name, text in files.items() if not _encodes(text)]
         if unencodable:  # e.g. a lone surrogate in model-written text: no interpreter could read it
             return ExecutionResult(False, "failed", None, 0.0,
                                    f"{unencodable[0]} is not valid Unicode text (it cannot be written as UTF-8)")
         overhead = own_tasks + (BWRAP_TASKS if self.isolation == "bwrap" else 0)
+        # mkdtemp: a folder only this user can enter (0700); the run's user inside the sandbox is this
+        # user, mapped, so it reads its inputs as their owner
         scratch = Path(tempfile.mkdtemp(prefix=f"{RUN_PREFIX}{os.getpid()}-"))
         start = time.monotonic()
         read_end, write_end = os.pipe()
         cgroup = None
         process = None
+        output_tail = None
         status = ""
         try:
             inputs = scratch / "in"
@@ -302,17 +350,14 @@ class Sandbox:
             shutil.copyfile(sandbox_runner.__file__, inputs / "runner.py")
             for name, text in files.items():
                 (inputs / name).write_text(text, encoding="utf-8")
-            for path in (scratch, inputs, *inputs.iterdir()):
-                path.chmod(0o755 if path.is_dir() else 0o644)
             cgroup = RunCgroup.create(self.limits, overhead)
-            command = self._command(scratch, arguments, write_end, cgroup, overhead)
-            log_path = scratch / "output.log"
+            command = self._command(scratch, mode, program, arguments, write_end, cgroup, overhead)
             env = {"PATH": "/usr/bin:/bin", "HOME": str(workdir), "LANG": "C.UTF-8",
                    "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"}
-            with open(log_path, "wb") as log:
-                process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.PIPE,
-                                           stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                                           pass_fds=(write_end,))
+            process = subprocess.Popen(command, cwd=workdir, env=env, stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                       pass_fds=(write_end,))
+            output_tail = _OutputTail(process.stdout)
             feeder = _feed(process.stdin, trusted_input.encode("utf-8"))
             os.close(write_end)
             write_end = -1
@@ -330,12 +375,15 @@ class Sandbox:
                 reported = os.read(read_end, 64)
             except BlockingIOError:  # a writer escaped the kill (possible only without isolation)
                 reported = b""
-            output = _tail(log_path)
+            output = output_tail.finish()
+            output_tail = None
         except OSError as error:
             return ExecutionResult(False, "error", None, time.monotonic() - start, f"sandbox error: {error}")
         finally:
             if process is not None and process.returncode is None:
                 _kill_tree(process)
+            if output_tail is not None:
+                output_tail.finish()
             if cgroup is not None:
                 cgroup.destroy()
             for fd in (read_end, write_end):
@@ -352,12 +400,12 @@ class Sandbox:
             status = limit_hit or status or "failed"
         return ExecutionResult(status == "passed", status, returncode, duration, output.strip("\n"))
 
-    def _command(self, scratch: Path, arguments: list[str], result_fd: int, cgroup: RunCgroup | None,
-                 overhead: int) -> list[str]:
+    def _command(self, scratch: Path, mode: str, program: str, arguments: list[str], result_fd: int,
+                 cgroup: RunCgroup | None, overhead: int) -> list[str]:
         """The launcher, then bwrap (or nothing, unsafe), then the runner with its arguments."""
         inside = INSIDE_INPUTS if self.isolation == "bwrap" else str(scratch / "in")
-        runner = [self.python, "-I", "-S", f"{inside}/runner.py",
-                  *(argument.format(inputs=inside) for argument in arguments), str(result_fd)]
+        runner = [self.python, "-I", "-S", f"{inside}/runner.py", mode, f"{inside}/{program}", *arguments,
+                  str(result_fd)]
         nproc = self.limits.max_processes + overhead
         if os.getuid() != 0:  # the kernel counts every task of the user against RLIMIT_NPROC
             nproc += _user_task_count(os.getuid())

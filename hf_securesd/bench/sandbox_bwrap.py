@@ -4,14 +4,22 @@ needs, and a diagnosis that names the real cause when bubblewrap cannot start it
 Inside, the program sees: read-only ``/usr`` (with the usual ``/bin``, ``/lib``... links), the
 interpreter's own prefixes read-only (``sys.prefix``, ``sys.base_prefix`` and the real folder of
 its executable, so an interpreter or virtual environment under ``/tmp`` or ``/root`` works), its
-own ``/proc`` and minimal ``/dev``, a size-limited tmpfs at ``/tmp`` (the only writable place; the
-working directory is ``/tmp/work``) and a tiny one at ``/dev/shm``, and the run's inputs read-only
-at ``/sandbox``. Not mounted: ``/etc``, ``/home``, ``/root`` (beyond the interpreter), the working
-tree, the host's ``/proc``, ``/dev/shm`` and ``/tmp``. Every namespace is new (user, PID, network,
-IPC, UTS, cgroup), the environment is cleared, the program runs as ``nobody`` (65534) with no
-capabilities and cannot create further user namespaces. With bubblewrap's own PID 1 (no
-``--as-pid-1``), the namespace ends when the program's main process ends: every process it left
-behind is killed by the kernel, on a normal exit as well as on a timeout.
+own ``/proc`` and minimal ``/dev``, a size-limited tmpfs at ``/tmp`` (the working directory is
+``/tmp/work``) and a tiny one at ``/dev/shm``, and the run's inputs read-only at ``/sandbox``. Those
+two tmpfs are the only writable places: the root and ``/dev`` (tmpfs that bubblewrap builds) are
+remounted read-only once everything is mounted, so nothing the program writes escapes the size
+limits (writing to ``/dev/null`` and the other device nodes still works). Not mounted: ``/etc``,
+``/home``, ``/root`` (beyond the interpreter), the working tree, the host's ``/proc``,
+``/dev/shm`` and ``/tmp``. Every namespace is new (user, PID, network, IPC, UTS, cgroup), the
+environment is cleared, the program runs as ``nobody`` (65534) with no capabilities and cannot
+create further user namespaces.
+
+The runner is the PID namespace's init (``--as-pid-1``): no bubblewrap process runs inside, so
+the program has no process of the sandbox's to take over (bubblewrap's own PID 1 is the program's
+user's, dumpable, and can be traced and made to outlive the run). When the runner exits, the
+kernel kills every process left in the namespace, on a normal exit as well as on a timeout; the
+runner that checks a solution is not dumpable (`sandbox_runner`), so the solution cannot trace it,
+and signals from inside the namespace cannot kill an init.
 """
 
 from __future__ import annotations
@@ -63,7 +71,7 @@ def bwrap_binary() -> str | None:
 def bwrap_command(python: str, inputs: Path, disk_bytes: int) -> list[str]:
     """bwrap and its arguments, up to (not including) the command to run inside."""
     command = [bwrap_binary() or "bwrap", "--unshare-all", "--unshare-user", "--disable-userns",
-               "--die-with-parent", "--new-session", "--clearenv",
+               "--as-pid-1", "--die-with-parent", "--new-session", "--clearenv",
                "--uid", NOBODY, "--gid", NOBODY, "--cap-drop", "ALL",
                "--ro-bind", "/usr", "/usr"]
     for target, link in _SYSTEM_LINKS:
@@ -79,7 +87,9 @@ def bwrap_command(python: str, inputs: Path, disk_bytes: int) -> list[str]:
     command += ["--ro-bind", str(inputs), INSIDE_INPUTS, "--dir", INSIDE_WORKDIR, "--chdir", INSIDE_WORKDIR,
                 "--setenv", "PATH", "/usr/bin:/bin", "--setenv", "HOME", INSIDE_WORKDIR,
                 "--setenv", "LANG", "C.UTF-8", "--setenv", "OMP_NUM_THREADS", "1",
-                "--setenv", "PYTHONHASHSEED", "0"]
+                "--setenv", "PYTHONHASHSEED", "0",
+                # last: every mount point exists; the two size-limited tmpfs stay writable
+                "--remount-ro", "/dev", "--remount-ro", "/"]
     return command
 
 

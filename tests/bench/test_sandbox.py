@@ -106,6 +106,19 @@ def test_a_completion_that_is_not_valid_unicode_fails_without_stopping_the_other
     assert result.details[0]["status"] == "failed" and "not valid Unicode" in result.details[0]["output"]
 
 
+@pytest.mark.parametrize("entry_point", ["{0}", "{inputs.__class__}", "a b", "class", ""])
+def test_an_entry_point_that_is_not_a_name_fails_that_example_only(problems: dict[str, Example],
+                                                                   entry_point: str) -> None:
+    """The entry point comes from the dataset file: one that names no function is an error for its own
+    example (it used to reach a str.format of the runner's arguments and stop the batch)."""
+    problem = problems["HumanEval/0"]
+    broken = Example(problem.id, {**problem.fields, "entry_point": entry_point})
+    canonical = f"```python\n{problem.fields['prompt']}{problem.fields['canonical_solution']}```"
+    result = get_task("humaneval").score([broken, problem], [canonical, canonical], _options())
+    assert result.per_example == [0.0, 1.0]
+    assert result.details[0]["status"] == "error" and "not a Python function name" in result.details[0]["output"]
+
+
 @needs_bwrap
 def test_deleting_files_outside_the_workdir_is_contained(problems: dict[str, Example],
                                                          tmp_path: Path) -> None:

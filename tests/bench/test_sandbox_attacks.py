@@ -152,7 +152,7 @@ def test_host_processes_are_invisible_and_unkillable(sandbox: Sandbox) -> None:
             pass
     """))
     visible = int(result.output.split("visible")[1].split()[0])
-    assert visible <= 4, result.output  # bwrap's PID 1, the program, a few of its own
+    assert visible <= 4, result.output  # the program (PID 1) and a few of its own
     assert "uid 65534" in result.output
     assert os.getppid() > 1  # the harness (this process) is alive and still has its parent
 
@@ -185,6 +185,99 @@ def test_unsafe_mode_still_kills_background_processes_on_exit() -> None:
     """))
     assert "started" in result.output
     assert _live_cmdlines_with(marker) == []
+
+
+def test_the_only_writable_places_are_the_size_limited_tmpfs(sandbox: Sandbox) -> None:
+    # bubblewrap builds / and /dev as tmpfs without a size: writable, they would hold any amount (memory
+    # that no per-process limit counts), so they are read-only; /tmp and /dev/shm are sized.
+    result = sandbox.run(_program("""
+        import errno, os
+        for folder in ('/', '/root', '/dev', '/sandbox', '/usr', '/tmp', '/dev/shm'):
+            try:
+                with open(os.path.join(folder, 'planted'), 'wb') as handle:
+                    handle.write(b'x')
+                print('writable', folder)
+            except OSError as error:
+                print('refused', folder, errno.errorcode[error.errno])
+        with open('/dev/null', 'wb') as handle:
+            handle.write(b'device nodes still work')
+        print('wrote /dev/null')
+    """))
+    assert result.passed, result.output
+    writable = [line.split()[1] for line in result.output.splitlines() if line.startswith("writable")]
+    assert sorted(writable) == ["/dev/shm", "/tmp"], result.output
+    assert "wrote /dev/null" in result.output
+
+
+def test_the_output_descriptor_is_a_pipe_not_a_host_file(sandbox: Sandbox) -> None:
+    # A file would be owned by the run's user (the harness's, mapped): the program could make it a
+    # setuid executable through its descriptor, for another local user to open while the run lasts.
+    result = sandbox.run(_program("""
+        import os, stat
+        mode = os.fstat(1).st_mode
+        try:
+            os.fchmod(1, 0o4755)
+        except OSError:
+            pass
+        print('fifo', stat.S_ISFIFO(mode), 'regular', stat.S_ISREG(mode))
+    """))
+    assert result.passed and "fifo True regular False" in result.output, result.output
+
+
+_TRACE_EVERY_PROCESS = _program("""
+    import ctypes, os
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.ptrace.restype = ctypes.c_long
+    libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
+    traced = []
+    for pid in sorted(int(entry) for entry in os.listdir('/proc') if entry.isdigit()):
+        if pid != os.getpid() and libc.ptrace(16, pid, None, None) == 0:  # PTRACE_ATTACH
+            traced.append(pid)
+            libc.ptrace(17, pid, None, None)  # PTRACE_DETACH
+    print('traced', traced, 'parent', os.getppid(), flush=True)
+""")
+
+
+@pytest.mark.parametrize("control_groups", [True, False], ids=["control groups", "no control groups"])
+def test_no_process_of_the_sandbox_can_be_traced_and_nothing_outlives_the_run(
+    control_groups: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With bubblewrap's own PID 1 inside, a solution could attach to it (dumpable, the run's user), keep
+    # it from exiting and so keep the namespace, and its own processes, alive after the run. The runner is
+    # the namespace's init instead, and the checker is not dumpable. Without control groups (an
+    # unprivileged harness) the namespace is all that ends leftover processes.
+    if not control_groups:
+        monkeypatch.setattr(RunCgroup, "create", classmethod(lambda cls, limits, headroom: None))
+    marker = f"securesd-orphan-{secrets.token_hex(6)}"
+    solution = _TRACE_EVERY_PROCESS + _program(f"""
+        import subprocess, sys
+        subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)', '{marker}'],
+                         start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    """)
+    tests = "def check(f):\n    assert f(2, 3) == 5\n"
+    result = Sandbox(LIMITS).check(solution + "def add(a, b):\n    return a + b\n", tests, "add")
+    assert result.passed, result.output
+    assert "traced [] parent 1" in result.output, result.output  # the checker is PID 1, out of reach
+    deadline = time.monotonic() + 5
+    while _live_cmdlines_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _live_cmdlines_with(marker) == []
+
+
+def test_files_planted_in_the_working_directory_do_not_reach_the_checker(sandbox: Sandbox) -> None:
+    # The checker prints a traceback when the tests fail; planted files named like its trusted code must
+    # neither put fake lines in it nor block it (a FIFO).
+    planted = _program("""
+        import os
+        for name in ('tests.py', '<tests>', 'helpers.py'):
+            with open(name, 'w') as handle:
+                handle.write('FORGED LINE\\n' * 10)
+        for name in ('runner.py', '<helpers>'):
+            os.mkfifo(name)
+    """)
+    result = sandbox.check(planted + WRONG, TESTS, "add")
+    assert result.status == "failed", result
+    assert "assert f(2, 3) == 5" in result.output and "FORGED" not in result.output, result.output
 
 
 # --- point 3: forged passes -------------------------------------------------------------------
