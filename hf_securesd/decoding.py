@@ -34,7 +34,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .draft_length import DraftLength, DraftLengthController
 from .host_values import long_tensor
 from .model_runner import ModelRunner
-from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops
+from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops, without_invalid_values
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
 from .schedules import Schedule
 from .stats import RoundRecorder, SpeculativeStats
@@ -202,7 +202,8 @@ class SpeculativeLoop:
             tokens, mask = torch.cat([self.pending, drafts], dim=1), None
             first_kept = self.target.num_slots
         raw = self.target.forward(tokens, mask, keep=k + 1)
-        self.health.flag_nonfinite("target_model", raw)
+        if not self.processing.cleans_invalid:
+            self.health.flag_nonfinite("target_model", raw)
         processed = self.processing(raw, self.rows, self.host_rows, offset=0)
         if self.processing.processors:
             vocab = raw.shape[-1]
@@ -225,14 +226,21 @@ class SpeculativeLoop:
             draft_counts=proposal.counts,
             starts=self.active_lengths() - self.prompt_length,
             target_logits=scored.processed,
-            target_raw_logits=scored.raw,
+            target_raw_logits=self._rules_raw(scored.raw),
             greedy=not self.settings.do_sample,
             draft_logits=proposal.logits,
-            draft_raw_logits=proposal.raw_logits,
+            draft_raw_logits=self._rules_raw(proposal.raw_logits),
             responses=responses,
             draft_probs=proposal.probs,
         )
         return core_step.verify_step(round_, collect_deviation=self.settings.collect_deviation)
+
+    def _rules_raw(self, raw: torch.Tensor | None) -> torch.Tensor | None:
+        """The raw logits the rules read: the model's own, cleaned of NaN and infinities when the call asks
+        for it (`remove_invalid_values`; `output_logits` still returns the model's own, as HF does)."""
+        if raw is None or not self.processing.cleans_invalid:
+            return raw
+        return without_invalid_values(raw)
 
     def commit(self, proposal: Proposal, scored: Scored, outcome: StepOutput) -> tuple[Committed, torch.Tensor]:
         """Write each row's accepted drafts and next token, cut at EOS, the length and stopping criteria,

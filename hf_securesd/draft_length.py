@@ -90,9 +90,14 @@ class DraftLength:
 
 
 def resolve_draft_length(
-    explicit: Mapping[str, Any], passed_config: GenerationConfig | None, draft_config: GenerationConfig | None
+    explicit: Mapping[str, Any],
+    passed_config: GenerationConfig | None,
+    draft_config: GenerationConfig | None,
+    target_config: GenerationConfig | None = None,
 ) -> DraftLength:
     """Apply the precedence explicit kwarg > passed GenerationConfig > draft's generation_config > default.
+    The fields that select another kind of drafting (`_UNSUPPORTED`) are refused from any of them and from
+    the target's generation_config too, which transformers reads for them.
 
     In a config object, a field equal to transformers' global default counts as unset: some callers
     (pipelines on transformers 5.17) pass configs with every default filled in, which would otherwise
@@ -103,13 +108,7 @@ def resolve_draft_length(
     def pick(name: str) -> Any:
         return next((source[name] for source in sources if source.get(name) is not None), None)
 
-    for name, reason in _UNSUPPORTED.items():
-        value = pick(name)
-        if value is not None and value is not False:
-            raise DraftLengthError(
-                f"{name}={value!r} is not supported with verifier=: {reason}. Remove it from the generate call, the "
-                "GenerationConfig and the draft model's generation_config"
-            )
+    _refuse_unsupported(sources + ([_explicit_fields(target_config)] if target_config is not None else []))
     defaults = DraftLength()
     values = {
         "num_tokens": pick("num_assistant_tokens"),
@@ -120,21 +119,28 @@ def resolve_draft_length(
 
 
 def resolve_prompt_lookup(
-    explicit: Mapping[str, Any], passed_config: GenerationConfig | None, draft: Any, max_matching_ngram_size: Any
+    explicit: Mapping[str, Any],
+    passed_config: GenerationConfig | None,
+    draft: Any,
+    max_matching_ngram_size: Any,
+    target_config: GenerationConfig | None = None,
 ) -> DraftLength:
-    """Draft length of prompt lookup: k = `prompt_lookup_num_tokens` (HF's field), the dynamic schedule
-    as for a draft model; a draft model, `num_assistant_tokens` or a confidence threshold alongside it
-    would be ignored, so they are refused."""
+    """Draft length of prompt lookup: k = `prompt_lookup_num_tokens` (HF's field: the call, else a passed
+    GenerationConfig, else the target's generation_config, as in transformers), the dynamic schedule as
+    for a draft model; a draft model, `num_assistant_tokens`, a confidence threshold or a field of another
+    kind of drafting (`_UNSUPPORTED`) alongside it would be ignored or change the drafting, so they are
+    refused."""
     if draft is not None:
         raise DraftLengthError(
             "prompt_lookup_num_tokens selects prompt lookup drafting, but a draft model (assistant_model=) was "
             "given too; transformers would silently use prompt lookup only. Pass one of them"
         )
-    sources = [explicit] + ([_explicit_fields(passed_config)] if passed_config is not None else [])
+    sources = [explicit] + [_explicit_fields(config) for config in (passed_config, target_config) if config is not None]
 
     def pick(name: str) -> Any:
         return next((source[name] for source in sources if source.get(name) is not None), None)
 
+    _refuse_unsupported(sources)
     k = pick("prompt_lookup_num_tokens")
     if not is_integer(k) or int(k) < 1:
         raise DraftLengthError(f"prompt_lookup_num_tokens (the draft length k) must be an integer >= 1, got {k!r}")
@@ -149,6 +155,17 @@ def resolve_prompt_lookup(
         if value is not None and value != 0:
             raise DraftLengthError(f"{name}={value!r} does not apply to prompt lookup: {why}")
     return DraftLength(num_tokens=int(k), schedule=pick("num_assistant_tokens_schedule") or "constant")
+
+
+def _refuse_unsupported(sources: list[Mapping[str, Any]]) -> None:
+    """Raise DraftLengthError when any source sets a field of another kind of drafting (`_UNSUPPORTED`)."""
+    for name, reason in _UNSUPPORTED.items():
+        value = next((source[name] for source in sources if source.get(name) is not None), None)
+        if value is not None and value is not False:
+            raise DraftLengthError(
+                f"{name}={value!r} is not supported with verifier=: {reason}. Remove it from the generate call, the "
+                "GenerationConfig and the target's and the draft model's generation_config"
+            )
 
 
 def _explicit_fields(config: GenerationConfig) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from .validation import (
     OTHER_METHODS,
     PROMPT_LOOKUP,
     SecureSDConfigError,
+    check_model_inputs,
     check_models,
     check_options,
     check_inputs,
@@ -159,10 +160,14 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
         return _stripped(args, kwargs)  # a configured verifier without a proposer: plain decoding
     if lookup is not None:
         draft_length = resolve_prompt_lookup(
-            arguments, generation_config, draft, _effective("max_matching_ngram_size", arguments, generation_config, model)
+            arguments, generation_config, draft, _effective("max_matching_ngram_size", arguments, generation_config, model),
+            target_config=model.generation_config,
         )
     else:
-        draft_length = resolve_draft_length(arguments, generation_config, getattr(draft, "generation_config", None))
+        draft_length = resolve_draft_length(
+            arguments, generation_config, getattr(draft, "generation_config", None), target_config=model.generation_config
+        )
+    check_model_inputs(arguments, _effective("cache_implementation", arguments, generation_config, model))
     resolved, schedule, k = resolve_request(
         verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens
     )
@@ -233,7 +238,7 @@ def _run_speculative(
         if value is not None and key not in ("attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep")
     }
     if unsupported:
-        raise ValueError(
+        raise SecureSDConfigError(
             f"model inputs {sorted(unsupported)} are not supported with verifier=; "
             "speculative decoding here takes input_ids and attention_mask"
         )
@@ -467,7 +472,8 @@ def securesd_generate(
     # generate() has filled HF's defaults into generation_config, so only this call's own argument and the
     # draft's generation_config can set the draft length here.
     draft_length = resolve_draft_length(
-        {"num_assistant_tokens": num_assistant_tokens}, None, getattr(draft, "generation_config", None)
+        {"num_assistant_tokens": num_assistant_tokens}, None, getattr(draft, "generation_config", None),
+        target_config=generation_config,
     )
     resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
     schedule = resolve_boundaries(schedule, None)  # transformers passes no tokenizer= to a callable

@@ -244,6 +244,13 @@ class Health:
         return self.MESSAGES[order[hits[0]]] if hits else None
 
 
+def without_invalid_values(logits: torch.Tensor) -> torch.Tensor:
+    """logits [..., V] with NaN as 0 and +-inf as the dtype's largest / smallest finite value: what HF's
+    `InfNanRemoveLogitsProcessor` (`remove_invalid_values=True`) does to the scores it processes, applied
+    to the raw logits the relaxed rules read."""
+    return torch.nan_to_num(logits, nan=0.0)
+
+
 def all_finite(values: torch.Tensor) -> torch.Tensor:
     """0-dim bool: every entry of `values` is finite (`torch.isfinite(values).all()`, without the
     vocabulary-sized bool tensor: 0 * x is 0 for a finite x and NaN for an infinite or NaN one, so the
@@ -281,6 +288,10 @@ class RowProcessing:
         self.processors = list(processors)
         self.buffer = buffer
         self.row_independent = all(row_independent(processor) for processor in self.processors)
+        # `remove_invalid_values=True`: the model's NaN and infinite logits are expected and cleaned
+        self.cleans_invalid = any(
+            type(processor) is logits_process.InfNanRemoveLogitsProcessor for processor in self.processors
+        )
         # What `_all_rows_at_once` calls: HF's repetition penalty + temperature pair and its top-k + top-p
         # pair fused (the same scores, fewer vocabulary-sized copies, no sort).
         self._batched = fuse_top_k_top_p(fuse_penalty_temperature(self.processors))

@@ -169,7 +169,8 @@ class DraftModelProposer:
             empty = self.input_ids.new_zeros(active, 0)
             return Proposal(empty, counts, None, None, None, host_counts)
         raw = torch.cat(raw_steps, dim=1)
-        self.health.flag_nonfinite("draft_model", raw)
+        if not self.processing.cleans_invalid:
+            self.health.flag_nonfinite("draft_model", raw)
         processed = raw
         if any(step is not None for step in processed_steps):
             processed = torch.stack(

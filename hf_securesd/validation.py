@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 import torch
 from transformers import MaxLengthCriteria, MaxTimeCriteria, PreTrainedModel
@@ -15,6 +15,11 @@ DEFAULT_NUM_DRAFT_TOKENS = 5
 
 class SecureSDConfigError(ValueError):
     """A speculative decoding request that cannot run as asked."""
+
+
+class SecureSDConfigTypeError(SecureSDConfigError, TypeError):
+    """A generate argument of the wrong type (e.g. `verifier=3`): a `SecureSDConfigError` that is also the
+    `TypeError` the rule's own check raises."""
 
 
 PROMPT_LOOKUP = "prompt lookup"
@@ -31,14 +36,42 @@ def resolve_request(
             "secure_schedule was given without a verifier; pass verifier='mars' (or another name) "
             "together with the schedule, or drop secure_schedule"
         )
-    resolved = resolve_verifier(verifier)
-    schedule = resolve_schedule(secure_schedule)
+    try:
+        resolved = resolve_verifier(verifier)
+        schedule = resolve_schedule(secure_schedule)
+    except TypeError as error:  # the rules' own messages, as the one error type of generate
+        raise SecureSDConfigTypeError(str(error)) from error
+    except ValueError as error:
+        raise SecureSDConfigError(str(error)) from error
     k = DEFAULT_NUM_DRAFT_TOKENS if num_assistant_tokens is None else num_assistant_tokens
     if not is_integer(k) or int(k) < 1:
         raise SecureSDConfigError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
     k = int(k)
     resolved.check_draft_length(k)
     return resolved, schedule, k
+
+
+def check_model_inputs(arguments: Mapping[str, Any], cache_implementation: Any) -> None:
+    """Refuse generate arguments that the speculative loop would otherwise drop without a word.
+
+    - `position_ids`: the loop places every token from each row's attention mask (left padding
+      skipped), as plain decoding does when none are given; positions of the caller's own would change
+      the tokens and cannot be extended draft by draft.
+    - `cache_implementation="paged"`: transformers then switches to continuous batching, its own
+      decoding loop, before assisted decoding (and so the verifier) is ever reached."""
+    if arguments.get("position_ids") is not None:
+        raise SecureSDConfigError(
+            "position_ids= is not supported with verifier=: the speculative loop places each token from the "
+            "row's attention mask (left padding skipped), as plain decoding does without position_ids; drop "
+            "position_ids (and pass attention_mask= for padding)"
+        )
+    if cache_implementation == "paged":
+        raise SecureSDConfigError(
+            "cache_implementation='paged' is not supported with verifier=: transformers then switches to "
+            "continuous batching, a decoding loop of its own without assisted decoding, so no draft would be "
+            "verified; leave cache_implementation unset (or 'dynamic'), or serve with the vLLM plugin "
+            "(docs/vllm.md) for paged attention"
+        )
 
 
 def check_proposer(verifier: Verifier, proposer: str) -> None:

@@ -266,3 +266,25 @@ def test_per_token_outputs_without_a_dict_have_no_effect_on_a_batch(llama_pair, 
     assert torch.equal(
         target.generate(batch, max_new_tokens=4, assistant_model=draft, verifier="mars", **{option: True}), expected
     )
+
+
+@pytest.mark.parametrize("proposer", ["draft", "prompt_lookup"])
+@pytest.mark.parametrize("option, match", [
+    (dict(position_ids=torch.arange(5)[None] * 3), r"position_ids= is not supported with verifier="),
+    (dict(cache_implementation="paged"), r"cache_implementation='paged' is not supported with verifier=: transformers then switches to continuous batching"),
+], ids=["position_ids", "paged"])
+def test_inputs_the_loop_would_drop_are_refused(llama_pair, forward_calls, proposer, option, match):
+    """Plain generate honours custom position_ids, and a paged cache switches transformers to continuous
+    batching before assisted decoding: both used to run without the option (or the verifier) in effect."""
+    draft, target = llama_pair
+    drafting = dict(assistant_model=draft) if proposer == "draft" else dict(prompt_lookup_num_tokens=3)
+    expect_error(target, forward_calls, match, verifier="mars", secure_schedule=Step(L=2), **drafting, **option)
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(verifier="foo"), dict(verifier={"theta": 0.5}), dict(verifier={"verifier": "mars", "theta": 5}),
+    dict(verifier="mars", secure_schedule="step"), dict(verifier="mars", secure_schedule={"schedule": "step", "L": -1}),
+], ids=["unknown name", "dict without its rule", "theta out of range", "schedule of a wrong type", "negative L"])
+def test_bad_verifiers_and_schedules_raise_the_one_error_type_of_generate(llama_pair, forward_calls, arguments):
+    draft, target = llama_pair
+    expect_error(target, forward_calls, ".", assistant_model=draft, **arguments)

@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import BertConfig, BertModel, StoppingCriteria, StoppingCriteriaList
 
+import hf_securesd
 from hf_securesd import LossySD, Power, SecureSDConfigError, Step
 from hf_securesd.schedules import Schedule, resolve_schedule
 
@@ -119,3 +120,41 @@ def test_bad_inputs_get_clear_errors(llama_pair):
 def test_malformed_schedules_name_the_problem(bad, match):
     with pytest.raises((TypeError, ValueError), match=match):
         resolve_schedule(bad)
+
+
+def _invalid_logits(module, args, kwargs, output):
+    """Every logit of token 7 -inf, of token 11 NaN, and of token 13 +inf after each input token divisible
+    by 5: non-finite values that depend only on the token, so every forward layout gives the same ones."""
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    logits = output.logits
+    logits[..., 7] = float("-inf")
+    logits[..., 11] = float("nan")
+    logits[..., 13] = torch.where(ids[:, -logits.shape[1]:] % 5 == 0, float("inf"), logits[..., 13])
+    return output
+
+
+@pytest.fixture
+def invalid_logits_pair(llama_pair):
+    draft, target = llama_pair
+    hooks = [model.register_forward_hook(_invalid_logits, with_kwargs=True) for model in (draft, target)]
+    yield draft, target
+    for hook in hooks:
+        hook.remove()
+
+
+@pytest.mark.parametrize("proposer", ["draft", "prompt_lookup"])
+def test_remove_invalid_values_is_honoured_for_the_models_own_nan_and_infinities(invalid_logits_pair, proposer):
+    draft, target = invalid_logits_pair
+    prompt = torch.tensor([[3, 9, 27, 81, 5, 44, 3, 9]])
+    plain = target.generate(prompt, max_new_tokens=16, do_sample=False, remove_invalid_values=True)
+    assert (plain[0, prompt.shape[1]:] == 13).any()  # the +inf token is chosen where it appears
+    drafting = dict(assistant_model=draft) if proposer == "draft" else dict(prompt_lookup_num_tokens=3)
+    ours = target.generate(prompt, max_new_tokens=16, do_sample=False, remove_invalid_values=True,
+                           verifier="lossless", **drafting)
+    assert torch.equal(ours, plain)
+    torch.manual_seed(0)
+    relaxed = target.generate(prompt, max_new_tokens=16, do_sample=True, remove_invalid_values=True,
+                              verifier="mars", secure_schedule=Step(L=2), **drafting)
+    assert relaxed.shape == plain.shape
+    with pytest.raises(hf_securesd.NonFiniteLogitsError, match="produced NaN or infinite logits"):
+        target.generate(prompt, max_new_tokens=16, do_sample=False, verifier="lossless", **drafting)

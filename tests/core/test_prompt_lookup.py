@@ -6,6 +6,8 @@ generate feature that works with a draft model works with prompt lookup."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from support import empirical_tv, exact_joint, noise_floor
@@ -116,11 +118,36 @@ def test_rules_that_read_the_draft_logits_are_refused(llama_pair, verifier):
     (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=0), "max_matching_ngram_size"),
     (dict(prompt_lookup_num_tokens=3, num_assistant_tokens=4), "does not apply to prompt lookup"),
     (dict(prompt_lookup_num_tokens=3, assistant_confidence_threshold=0.4), "no draft probabilities"),
+    (dict(prompt_lookup_num_tokens=3, assistant_early_exit=1), "assistant_early_exit=1 is not supported"),
+    (dict(prompt_lookup_num_tokens=3, assistant_lookbehind=5), "assistant_lookbehind=5 is not supported"),
+    (dict(prompt_lookup_num_tokens=3, target_lookbehind=5), "target_lookbehind=5 is not supported"),
 ])
 def test_options_that_do_not_apply_are_refused(llama_pair, bad, match):
     _, target = llama_pair
     with pytest.raises(SecureSDConfigError, match=match):
         target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", **bad)
+
+
+def test_prompt_lookup_from_the_models_generation_config_is_honoured(llama_pair):
+    """transformers reads prompt_lookup_num_tokens (and the verifier) from the model's own generation_config."""
+    _, target = llama_pair
+    prompt = REPEATING[0]
+    expected = target.generate(prompt, max_new_tokens=12, do_sample=False, verifier="lossless", prompt_lookup_num_tokens=3,
+                               return_dict_in_generate=True)
+    saved = copy.deepcopy(target.generation_config)
+    try:
+        target.generation_config.prompt_lookup_num_tokens = 3
+        ours = target.generate(prompt, max_new_tokens=12, do_sample=False, verifier="lossless", return_dict_in_generate=True)
+        target.generation_config.verifier = "lossless"
+        defaults_only = target.generate(prompt, max_new_tokens=12, do_sample=False)
+        target.generation_config.assistant_early_exit = 1
+        with pytest.raises(SecureSDConfigError, match="assistant_early_exit=1 is not supported"):
+            target.generate(prompt, max_new_tokens=12, do_sample=False)
+    finally:
+        target.generation_config = saved
+    assert torch.equal(ours.sequences, expected.sequences) and torch.equal(defaults_only, expected.sequences)
+    assert ours.speculative_stats.drafted_per_round == expected.speculative_stats.drafted_per_round
+    assert sum(expected.speculative_stats.drafted_per_round) > 0
 
 
 def test_features_work_with_prompt_lookup(llama_pair):
