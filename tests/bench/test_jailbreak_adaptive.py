@@ -6,7 +6,8 @@ from __future__ import annotations
 
 
 from hf_securesd.bench.tasks import ScoreOptions, get_task
-from hf_securesd.bench.tasks.jailbreak import DELAY_TEXT, final_answer, strip_repeat
+from hf_securesd.bench.tasks.jailbreak import DELAY_TEXT, strip_repeat
+from hf_securesd.judges.reasoning import final_answer
 
 
 
