@@ -1,6 +1,11 @@
 """The `securesd` command. Each subcommand lives in its own module, which exposes
 `configure(parser: argparse.ArgumentParser) -> None` and `run(args: argparse.Namespace) -> int`;
-modules are imported only when their subcommand runs, so `securesd --help` stays fast."""
+modules are imported only when their subcommand runs, so `securesd --help` stays fast.
+
+Exit statuses shared by the subcommands that write a results directory (`bench`, `rescore`): 0
+done; 1 prompts left without an answer (`bench`; the same command again completes them); 2 bad
+options or settings, nothing run; `EXIT_JUDGE_FAILED` the judge could not score (what was journaled
+is kept); `EXIT_IN_USE` another run holds the results directory."""
 
 from __future__ import annotations
 
@@ -9,6 +14,8 @@ import importlib
 import math
 import sys
 
+EXIT_JUDGE_FAILED = 3
+EXIT_IN_USE = 4
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("hf_securesd.demo", "side-by-side answers: target-only, relaxed verifier, SecureSD"),
     "models": ("hf_securesd.models.cli", "resolve, fetch and cache the default draft/target pair"),
@@ -43,6 +50,30 @@ def non_negative_float(text: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
     return value
+
+
+def positive_float(text: str) -> float:
+    """An option's finite number > 0 (an argparse type): 0, negatives, NaN and infinities are refused
+    (an infinite timeout overflows the clocks it is added to)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
+    return value
+
+
+def environment_variable(text: str) -> str:
+    """An option naming an environment variable (an argparse type): letters, digits and ``_``, not
+    starting with a digit. Anything else is refused without being shown: it may be the secret itself,
+    typed in place of the variable's name."""
+    if not (text.isascii() and text.isidentifier()):
+        raise argparse.ArgumentTypeError(
+            "takes the NAME of the environment variable that holds the key, not the key itself; what was "
+            "given is not a variable name (letters, digits, '_'), so it is not shown here"
+        )
+    return text
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,8 +12,9 @@ The size cap holds for the decoded body too: requests ask for ``Accept-Encoding:
 body is read as the server sent it, and a gzip or deflate encoding applied anyway (nested ones
 included) is undone here with the cap on every layer's output, so a few kilobytes that inflate to
 gigabytes are refused after `max_bytes`; other encodings (br, zstd, ...) are refused.
-`json_body` reads a reply's JSON, turning input nested too deeply for the parser into a
-`ValueError` like any other malformed reply.
+`json_body` reads a reply's JSON, turning input nested too deeply for the parser, or holding more
+values than `MAX_JSON_VALUES` (counted before parsing, so a reply of millions of ``{}`` is refused
+before it becomes millions of dicts), into a `ValueError` like any other malformed reply.
 
     >>> client = DeadlineClient("http://127.0.0.1:8000/v1")                          # doctest: +SKIP
     >>> reply = client.exchange("POST", "/completions", {"prompt": "hi"}, deadline_s=30,
@@ -49,6 +50,9 @@ class UndecodableReply(Exception):
 
 
 MAX_CONTENT_CODINGS = 4
+# Parsing costs up to ~70 bytes of Python objects per JSON value (an empty dict, for "{}" of 2 bytes):
+# a reply may hold at most this many values (~17 MiB of objects), far above any real reply.
+MAX_JSON_VALUES = 250_000
 _ZLIB_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 _RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -127,8 +131,10 @@ class DeadlineClient:
         Content-Length), streams or decodes to more than `max_bytes`, `UndecodableReply` for a
         Content-Encoding other than gzip/deflate (or a body that does not decode), and httpx's
         `TransportError`s (connection refused or reset, a reply cut short) as they come."""
-        if deadline_s <= 0 or max_bytes <= 0:
-            raise ValueError(f"need deadline_s > 0 and max_bytes > 0, got {deadline_s} and {max_bytes}")
+        if not (0 < deadline_s < math.inf and max_bytes > 0):
+            raise ValueError(
+                f"need a finite deadline_s > 0 and max_bytes > 0, got {deadline_s} and {max_bytes}"
+            )
         deadline = time.monotonic() + deadline_s
         watchdog = _Watchdog(deadline)
         try:
@@ -211,9 +217,23 @@ def _inflate_with(data: bytes, coding: str, wbits: int, max_bytes: int) -> bytes
             raise UndecodableReply(f"the reply's {coding} body has data after its end")
 
 
+def json_value_bound(body: bytes) -> int:
+    """An upper bound on the number of values `body` parses to: one per ``,``, ``{`` and ``[``,
+    plus one (those inside strings are counted too; counting them costs no memory)."""
+    return body.count(b",") + body.count(b"{") + body.count(b"[") + 1
+
+
 def json_body(body: bytes) -> Any:
-    """The reply body parsed as JSON. `ValueError` when it is not: invalid JSON or UTF-8, or nested
-    too deeply for the parser (its RecursionError: 200 KB of ``[`` is enough) or its memory."""
+    """The reply body parsed as JSON. `ValueError` when it is not: invalid JSON or UTF-8, more than
+    `MAX_JSON_VALUES` values (checked before parsing: 15 MiB of ``{},`` took ~380 MiB to parse),
+    or nested too deeply for the parser (its RecursionError: 200 KB of ``[`` is enough) or its
+    memory."""
+    values = json_value_bound(body)
+    if values > MAX_JSON_VALUES:
+        raise ValueError(
+            f"the reply holds up to {values:,} JSON values (commas and brackets), more than the "
+            f"{MAX_JSON_VALUES:,} a reply may hold; it is not parsed"
+        )
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:

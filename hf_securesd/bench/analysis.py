@@ -1,6 +1,7 @@
 """Numbers derived from recorded cells: PRR and ΔPRR (through the `prr` evaluate module of
-`hf_securesd.metrics`), SPD and ΔSPD with paired bootstrap intervals, and the groupings the report
-and the calibration read (relaxed sweeps, AR bins, per-position TV).
+`hf_securesd.metrics`), SPD and ΔSPD with paired bootstrap intervals, the fields a cell's record
+holds against its baselines (`derived_fields`), and the groupings the report and the calibration
+read (relaxed sweeps, AR bins, per-position TV).
 
 A *cell* is one record of `runs.jsonl` (see `results.py`): a decoding configuration on one task,
 with per-example scores and seconds aligned with `example_ids`.
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import math
 import warnings
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Iterable, Sequence
 
@@ -65,6 +67,13 @@ def compute_prr(
 
 def aligned(cell: Cell, field: str, example_ids: Sequence[str]) -> list[float]:
     """`cell[field]` (per-example list) in the order of `example_ids`."""
+    counts = Counter(cell["example_ids"])
+    if len(counts) != len(cell["example_ids"]):
+        repeated = next(example_id for example_id, count in counts.items() if count > 1)
+        raise ValueError(
+            f"cell {cell['cell']} holds example {repeated!r} more than once (results merged by hand?); each "
+            "example must appear once per cell for paired comparisons"
+        )
     by_id = dict(zip(cell["example_ids"], cell[field]))
     missing = [example_id for example_id in example_ids if example_id not in by_id]
     if missing:
@@ -79,6 +88,50 @@ def speedup(target_seconds: Sequence[float], method_seconds: Sequence[float]) ->
     """SPD: total target-only wall time / total wall time of the method on the same prompts."""
     total = float(sum(method_seconds))
     return float(sum(target_seconds)) / total if total > 0 else math.nan
+
+
+def finite_or_none(value: float | None) -> float | None:
+    """`value` as a float, or None when it is missing, NaN or infinite."""
+    return None if value is None or not math.isfinite(value) else float(value)
+
+
+def prr_fields(cell: Cell, target: Cell, draft: Cell, seed: int) -> dict[str, Any]:
+    """The PRR fields of a speculative or endpoint `cell` against its baseline cells. Examples
+    without a score in any of the three cells (a judge verdict excluded by the judge's `unparsed`
+    policy) are left out of the paired comparison."""
+    ids = cell["example_ids"]
+    columns = [cell["scores"], aligned(target, "scores", ids), aligned(draft, "scores", ids)]
+    rows = [row for row in zip(*columns) if all(is_scored(value) for value in row)]
+    undefined = {"prr": math.nan, "prr_ci": None, "undefined": True, "target_score": math.nan,
+                 "draft_score": math.nan}
+    prr = compute_prr(*(list(column) for column in zip(*rows)), seed=seed) if rows else undefined
+    return {
+        "prr": finite_or_none(prr["prr"]),
+        "prr_ci": prr["prr_ci"],
+        "prr_undefined": prr["undefined"],
+        "target_score": prr["target_score"],
+        "draft_score": prr["draft_score"],
+    }
+
+
+def derived_fields(cell: Cell, base: dict[tuple[str, str], Cell], seed: int) -> dict[str, Any]:
+    """What a cell's record holds against its baselines in `base` (`results.baselines`: (kind,
+    baseline id) -> cell): its SPD against the target-only cell (a target-only cell against
+    itself), whether the two were timed in one session and, for a speculative or endpoint cell
+    with both baselines, its PRR fields (`prr_fields`). The same whichever finished first, so a
+    cell finished before a baseline gets them when the baseline finishes."""
+    kind = cell["config"]["kind"]
+    target = cell if kind == "target" else base.get(("target", cell["baseline_id"]))
+    draft = base.get(("draft", cell["baseline_id"]))
+    fields: dict[str, Any] = {
+        "spd": None if target is None else finite_or_none(
+            speedup(aligned(target, "seconds", cell["example_ids"]), cell["seconds"])
+        ),
+        "spd_same_session": target is not None and len(set(target["sessions"]) | set(cell["sessions"])) == 1,
+    }
+    if kind in ("speculative", "endpoint") and target and draft:
+        fields.update(prr_fields(cell, target, draft, seed))
+    return fields
 
 
 def interval(samples: np.ndarray) -> list[float] | None:

@@ -13,19 +13,33 @@
 A profile (`bench/profiles.py`) sets every default; the flags override it. Rerunning with the same
 --out resumes: recorded cells and examples are not redone. The report is written at the end
 (`securesd report` rewrites it).
+
+Exit status: 0 every cell finished; 1 prompts got no answer (recorded in failures.jsonl; the same
+command again retries them); 2 bad options or settings (nothing generated; also an --out holding
+results of other settings); 3 the judge could not score a finished cell (`EXIT_JUDGE_FAILED`: its
+endpoint failed, or the run deadline passed; the journaled generations are kept and the same
+command again scores them); 4 another run holds --out (`EXIT_IN_USE`).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
-from hf_securesd.bench.cli_engines import add_engine_options, build_engine, endpoint_configs, study_models
+from hf_securesd.bench.cli_engines import (
+    add_engine_options,
+    build_engine,
+    endpoint_configs,
+    engine_secrets,
+    study_models,
+)
 from hf_securesd.bench.engines.base import EngineError
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
-from hf_securesd.cli import positive_int
+from hf_securesd.bench.results import REMOTE_ENGINES
+from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, positive_int
 
 
 def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
@@ -74,7 +88,8 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         choices=("auto", "bf16", "fp16", "fp32"),
         default=None,
         help="model dtype; auto: bf16 on GPUs that support it, on CPUs only where bf16 is native and "
-        "faster in a timed matmul, else fp32 (default: the profile's)",
+        "faster in a timed matmul (vllm: where it is native), else fp32; not used by --engine openai "
+        "(default: the profile's)",
     )
     parser.add_argument("--judge", default="refusal_prefix", help="jailbreak judge of hf_securesd.judges")
     parser.add_argument(
@@ -183,32 +198,65 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def machine_settings(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
-    """Device, dtype, threads and batch size for this machine: the flags, else the profile's
-    defaults, with ``auto`` resolved (`hf_securesd.models.hardware`); each with the reason for
-    it, printed before anything is loaded."""
-    import torch
+def vllm_dtype(spec: str, device: str) -> tuple[str, str]:
+    """(dtype, reason) for the vllm engine: ``auto`` on a CPU is bf16 where the CPU has native bf16,
+    else fp32, without the timed matmul of the hf engine's rule (it times torch, not vLLM's kernels,
+    and its noise would let the dtype, a binding setting, differ between sessions); everything else
+    as `resolve_dtype` decides."""
+    from hf_securesd.models.hardware import BF16_FLAGS, cpu_flags, resolve_dtype
 
+    if (spec or "auto").strip().lower() != "auto" or not device.startswith("cpu"):
+        return resolve_dtype(spec, device)
+    if (cpu_flags() or set()) & set(BF16_FLAGS):
+        return "bf16", "the CPU has native bf16 (vllm engine: no timed matmul)"
+    return "fp32", "the CPU has no native bf16 (no avx512_bf16/amx_bf16)"
+
+
+def device_and_dtype(
+    args: argparse.Namespace, profile: Profile, batch_size: int
+) -> dict[str, tuple[Any, str]]:
+    """The device and dtype the engine's models run at, each with the reason: ``auto`` resolved
+    (`hf_securesd.models.hardware`; `vllm_dtype` for the vllm engine), the profile's dtype unless
+    --dtype is given. Neither is used (None) by an engine that generates on its servers, so nothing
+    is resolved or timed for it."""
     from hf_securesd.models.hardware import resolve_device, resolve_dtype
 
+    engine = getattr(args, "engine", "hf")
+    if engine in REMOTE_ENGINES:
+        unused = f"not used: the {engine} engine generates on its servers"
+        return {"device": (None, unused), "dtype": (None, unused)}
     device = resolve_device(args.device)
+    spec = args.dtype or profile.dtype
+    if engine == "vllm":
+        dtype, dtype_reason = vllm_dtype(spec, device)
+    else:
+        dtype, dtype_reason = resolve_dtype(spec, device, rows=batch_size)
+    if args.dtype is None and dtype_reason == "requested":
+        dtype_reason = f"the {profile.name} profile's"
+    return {
+        "device": (device, "requested" if args.device not in (None, "auto") else "auto"),
+        "dtype": (dtype, dtype_reason),
+    }
+
+
+def machine_settings(args: argparse.Namespace, profile: Profile) -> dict[str, Any]:
+    """Device, dtype (`device_and_dtype`), threads and batch size for this machine: the flags,
+    else the profile's defaults; each with the reason for it, printed before anything is loaded."""
+    import torch
+
     batch_size = args.batch_size if args.batch_size is not None else profile.batch_size
     if batch_size < 1:
         raise ValueError(f"--batch-size must be at least 1, got {batch_size}")
-    dtype, dtype_reason = resolve_dtype(args.dtype or profile.dtype, device, rows=batch_size)
-    if args.dtype is None and dtype_reason == "requested":
-        dtype_reason = f"the {profile.name} profile's"
+    chosen = device_and_dtype(args, profile, batch_size)
     threads = args.threads or profile.threads
     if threads:
         torch.set_num_threads(threads)
     threads_reason = "--threads" if args.threads else f"the {profile.name} profile's" if threads else "torch's default"
-    chosen = {
-        "device": (device, "requested" if args.device not in (None, "auto") else "auto"),
-        "dtype": (dtype, dtype_reason),
-        "threads": (torch.get_num_threads(), threads_reason),
-        "batch_size": (batch_size, "--batch-size" if args.batch_size is not None else f"the {profile.name} profile's"),
-    }
-    print("machine: " + "; ".join(f"{key} {value} ({why})" for key, (value, why) in chosen.items()), flush=True)
+    chosen["threads"] = (torch.get_num_threads(), threads_reason)
+    batch_reason = "--batch-size" if args.batch_size is not None else f"the {profile.name} profile's"
+    chosen["batch_size"] = (batch_size, batch_reason)
+    print("machine: " + "; ".join(f"{key} {'–' if value is None else value} ({why})"
+                                  for key, (value, why) in chosen.items()), flush=True)
     return {key: value for key, (value, _) in chosen.items()}
 
 
@@ -263,8 +311,10 @@ def write_report_if_any(out: Path) -> None:
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
     from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
-    from hf_securesd.bench.runner import run_study
+    from hf_securesd.bench.results import ResultsDirInUseError
+    from hf_securesd.bench.runner import JudgeFailedError, run_study
 
+    started = time.monotonic()  # the engine's run deadline counts from its build, a little later
     profile = get_profile(args.profile)
     try:
         schedules = [parse_schedule(spec) for spec in (args.schedules or profile.schedules)]
@@ -282,9 +332,16 @@ def run(args: argparse.Namespace) -> int:
     notes = {}
     if any(task_run.task.name.startswith("jailbreak") for task_run in tasks):
         notes["judge_agreement"] = judge_agreement(settings.judge, dict(settings.judge_options), args.data_dir)
+    deadline = None if args.run_deadline is None else started + args.run_deadline
     try:
         outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress,
-                            notes=notes)
+                            notes=notes, secrets=engine_secrets(args), run_deadline=deadline)
+    except ResultsDirInUseError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_IN_USE
+    except JudgeFailedError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_JUDGE_FAILED
     except (EngineError, ValueError) as error:  # ValueError: --out holds results for other settings
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -8,17 +8,22 @@
         --endpoint-api-key-env prod=PROD_API_KEY ...                 # endpoints as configurations
 
 Only the ``openai`` options are new flags; every other flag means what it means for ``hf``.
+Endpoint URLs with a query string or fragment are refused (a key there would be recorded with the
+URL): keys go through environment variables only, and `engine_secrets` gives their values to the
+results directory, which redacts them wherever a server echoes them.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 from typing import Any, Sequence
 
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
 from hf_securesd.bench.profiles import TINY
-from hf_securesd.cli import positive_int
+from hf_securesd.cli import environment_variable, positive_float, positive_int
+from hf_securesd.judges.secrets import redact, url_before_query
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -44,6 +49,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--api-key-env",
+        type=environment_variable,
         default=None,
         metavar="NAME",
         help="openai: the API key of --base-url, read from this environment variable (never written "
@@ -95,16 +101,16 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--request-timeout",
-        type=float,
+        type=positive_float,
         default=300.0,
         help="openai: seconds for one whole request, headers and body (default 300)",
     )
     group.add_argument(
         "--run-deadline",
-        type=float,
+        type=positive_float,
         default=None,
         help="openai: seconds for the whole run; requests still waiting then are recorded as "
-        "failed (a rerun completes them)",
+        "failed (a rerun completes them), and the judge sends nothing more",
     )
     group.add_argument(
         "--concurrency",
@@ -171,6 +177,35 @@ def _tokenizer(name: str, offline: bool | None, cache_dir: str | None) -> Any:
     return AutoTokenizer.from_pretrained(resolve_model(name, offline=offline, cache_dir=cache_dir))
 
 
+def check_endpoint_urls(base_url: str | None, endpoints: dict[str, str]) -> None:
+    """EngineError for an endpoint URL with a query string or fragment (``?api_key=...``): it
+    would be recorded in study.json and the report, and request paths would follow it. The
+    message shows the URL up to the ``?`` or ``#`` and names the option that carries a key."""
+    urls = [("--base-url ", base_url, "--api-key-env NAME")] if base_url else []
+    urls += [(f"--endpoint {name}=", url, f"--endpoint-api-key-env {name}=NAME")
+             for name, url in endpoints.items()]
+    for flag, url, key_option in urls:
+        before_query = url_before_query(url)
+        if before_query is not None:
+            shown = f"{redact(before_query)}{url[len(before_query)]}..."
+            raise EngineError(
+                f"{flag}{shown} has a query string or fragment, which would be recorded with the results "
+                f"(a key in it too); give the URL without it, and a key through the environment: {key_option}"
+            )
+
+
+def engine_secrets(args: argparse.Namespace) -> list[str]:
+    """The API keys the ``openai`` engine sends (the values of the variables --api-key-env and
+    --endpoint-api-key-env name), for the results directory to redact wherever a server echoes
+    them; none for the other engines."""
+    if getattr(args, "engine", "hf") != "openai":
+        return []
+    from hf_securesd.bench.engines.openai import parse_endpoint_key_envs
+
+    variables = [args.api_key_env, *parse_endpoint_key_envs(args.endpoint_api_key_env).values()]
+    return [os.environ[variable] for variable in variables if variable and os.environ.get(variable)]
+
+
 def _client_settings(args: argparse.Namespace):
     from hf_securesd.bench.engines.client import ClientSettings
 
@@ -235,6 +270,8 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
             parse_endpoints,
         )
 
+        endpoints = parse_endpoints(args.endpoint)
+        check_endpoint_urls(args.base_url, endpoints)
         tokenizer_name = args.tokenizer or args.target
         if not args.chat and tokenizer_name is None:
             raise EngineError(
@@ -250,7 +287,7 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
             api_key_env=args.api_key_env,
             chat=args.chat,
             token_ids=args.token_ids,
-            endpoints=parse_endpoints(args.endpoint),
+            endpoints=endpoints,
             endpoint_key_envs=parse_endpoint_key_envs(args.endpoint_api_key_env),
             baseline=args.baseline,
             draft_baseline=args.draft_baseline,

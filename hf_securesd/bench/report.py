@@ -52,7 +52,7 @@ from hf_securesd.bench.report_safety import (
     length_check_section,
 )
 from hf_securesd.bench.report_utility import utility_rows, utility_section
-from hf_securesd.bench.results import ResultsDir, baselines
+from hf_securesd.bench.results import ResultsDir, baselines, json_text
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
 
@@ -245,6 +245,25 @@ def _knob_name(cell: Cell) -> str:
     return VERIFIERS[cell["config"]["verifier"]["verifier"]].knob
 
 
+def judge_text(manifest: dict[str, Any]) -> str:
+    """The judge as the setup names it: its name and options, and the model behind it (recorded in
+    study.json as ``judge_backend``: the model, and the endpoint of an ``openai`` backend)."""
+    options = manifest.get("judge_options") or {}
+    text = f"`{manifest.get('judge')}` {redact(json.dumps(options)) if options else ''}".rstrip()
+    backend = manifest.get("judge_backend")
+    if not isinstance(backend, dict):
+        return text
+    where = f" at {code_span(str(backend['endpoint']))}" if backend.get("endpoint") else ""
+    return f"{text}, model {code_span(str(backend.get('model')))}{where} ({backend.get('kind')} backend)"
+
+
+def machine_text(manifest: dict[str, Any]) -> str:
+    """Dtype and device of the models, or where they are not used (an engine generating on servers)."""
+    if manifest.get("dtype") is None and manifest.get("device") is None:
+        return f"dtype and device: the servers' (the {manifest.get('engine')} engine generates on them)"
+    return f"dtype {manifest.get('dtype')}, device {manifest.get('device')}"
+
+
 def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -> list[str]:
     """Models, decoding, tasks and sample sizes, seeds, judge, CIs and timing provenance."""
     models = manifest.get("models", {})
@@ -264,13 +283,11 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
     seed = manifest.get("seed")
     seed_text = "each task's default (0)" if seed is None else str(seed)
     options = manifest.get("judge_options") or {}
-    judge_options = redact(json.dumps(options)) if options else ""
     policy = options.get("unparsed") or f"{DEFAULT_UNPARSED_POLICY} (default)"
     lines += [
         f"- **decoding**: {manifest.get('decoding')}, batch size {manifest.get('batch_size', 1)}, "
-        f"k = {manifest.get('num_assistant_tokens')} draft tokens per round, dtype {manifest.get('dtype')}, "
-        f"device {manifest.get('device')}",
-        f"- **judge** (jailbreak AFR): `{manifest.get('judge')}` {judge_options}".rstrip()
+        f"k = {manifest.get('num_assistant_tokens')} draft tokens per round, {machine_text(manifest)}",
+        f"- **judge** (jailbreak AFR): {judge_text(manifest)}"
         + f"; verdicts the judge could not parse: policy `{policy}`, {unparsed(cells)} in all "
         "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs)",
         f"- **task sampling seed**: {seed_text}",
@@ -349,11 +366,19 @@ def runs_section(cells: Sequence[Cell]) -> list[str]:
     ]
 
 
+def baselines_first(cells: Sequence[Cell]) -> list[Cell]:
+    """`cells` in the order a study runs them: the target-only cells, the draft-only cells, then the
+    others, each group in recorded order (a baseline that finished in a later session than the
+    cells compared with it is listed where a single session would have it)."""
+    rank = {"target": 0, "draft": 1}
+    return sorted(cells, key=lambda cell: rank.get(cell["config"]["kind"], 2))
+
+
 def write_report(results_dir: str | os.PathLike) -> Path:
     """Write RESULTS/report/ (see the module docstring); returns the Markdown file's path."""
     results = ResultsDir(results_dir)
     manifest = results.read_manifest()
-    cells = results.runs()
+    cells = baselines_first(results.runs())
     if not cells:
         raise ValueError(
             f"{results.path} has no finished runs yet; run `securesd bench --out {results.path}`"
@@ -505,5 +530,5 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         "asymmetry": asymmetry,
         "engines": engines,
     }
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    (out / "summary.json").write_text(json_text(summary, indent=2, default=str) + "\n", encoding="utf-8")
     return path

@@ -16,7 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hf_securesd.bench.analysis import N_RESAMPLES, Cell, aligned, interval, primary_cells
+from hf_securesd.bench.analysis import N_RESAMPLES, Cell, aligned, interval, is_scored, primary_cells
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 
 # A target–draft gap at or below this is no gap (the `prr` module's tolerance).
@@ -48,9 +48,13 @@ def _task_prr(cell: Cell, base: dict, seed: int, stream: int) -> dict[str, Any] 
     if target is None or draft is None:
         return None
     ids = cell["example_ids"]
-    method_scores = aligned(cell, "scores", ids)
-    target_scores = aligned(target, "scores", ids)
-    draft_scores = aligned(draft, "scores", ids)
+    # Examples without a score in any of the three cells (an excluded judge verdict) are left out, as
+    # in the per-configuration tables (`analysis.prr_fields`), so both report the same PRR and interval.
+    columns = (aligned(cell, "scores", ids), aligned(target, "scores", ids), aligned(draft, "scores", ids))
+    rows = [row for row in zip(*columns) if all(is_scored(value) for value in row)]
+    if not rows:
+        return None
+    method_scores, target_scores, draft_scores = (list(column) for column in zip(*rows))
     gap = float(np.mean(target_scores) - np.mean(draft_scores))
     if abs(gap) <= _EQUAL_TOLERANCE:
         return None

@@ -4,24 +4,67 @@ again with the current scorers, without generating anything.
 A judge or a task's answer check that is corrected after a study ran (for example a prompt-injection
 reply cut off inside its echo of the injected question) changes verdicts, not responses. This
 re-scores every recorded cell of the named tasks — with the judge, judge options and task seed the
-directory's manifest records — recomputes each cell's score and, for speculative and endpoint
-cells, its PRR against the re-scored baseline cells, and rewrites `runs.jsonl` in place (atomically,
-under the directory's lock). It prints each cell whose verdicts changed, with the prompt ids.
+directory's manifest records — recomputes each cell's score, its SPD and, for speculative and
+endpoint cells, its PRR against the re-scored baseline cells (`derived_fields`), and rewrites
+`runs.jsonl` in place (atomically, under the directory's lock). It prints each cell whose verdicts
+changed, with the prompt ids.
+
+The judge's model and endpoint come from the environment (``SECURESD_JUDGE_*``), as in `bench`. When
+they are not the ones study.json records, every task scored by the judge must be named, so the
+directory holds one judge's verdicts; study.json then records the new judge, and `bench` resumes
+with it.
 
     securesd rescore model_cards/my-pair-results --tasks prompt_injection --data-dir ../shared/data
+
+Exit status: 0 rescored; 2 bad arguments or results (nothing rewritten); 3 the judge failed
+(nothing rewritten); 4 another run holds the directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
-from hf_securesd.bench.results import ResultsDir
-from hf_securesd.bench.runner import prr_fields
+from hf_securesd.bench.analysis import derived_fields
+from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines
 from hf_securesd.bench.tasks import ScoreOptions, get_task, task_names
+from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED
+from hf_securesd.judges import JudgeError, describe_judge
+
+
+def judged_tasks(runs: Sequence[dict[str, Any]]) -> set[str]:
+    """Tasks whose recorded cells hold judge verdicts (scorer details naming a ``judge``)."""
+    return {run["task"] for run in runs if any(isinstance(detail, dict) and "judge" in detail
+                                                for detail in run.get("details") or [])}
+
+
+def check_judge_switch(
+    manifest: dict[str, Any],
+    current: dict[str, Any] | None,
+    runs: Sequence[dict[str, Any]],
+    tasks: Sequence[str],
+) -> bool:
+    """Whether this rescore, by the judge `current` (`describe_judge`, resolved now), may record that
+    judge in study.json: it covers every task the judge scored. A rescore by another judge than the
+    recorded one that leaves such a task out is refused."""
+    left_out = sorted(judged_tasks(runs) - set(tasks))
+    if "judge_backend" in manifest and manifest["judge_backend"] != current and left_out:
+        raise ValueError(
+            f"the recorded verdicts come from judge {manifest['judge_backend']}, and this rescore would use "
+            f"{current}; name every task that judge scored, so the directory holds one judge's verdicts: "
+            f"add {', '.join(left_out)} to --tasks; nothing was rewritten"
+        )
+    return not left_out
+
+
+def same_score(old: float | None, new: float) -> bool:
+    """Whether a recorded score equals a new one (two excluded verdicts, NaN or null, are equal)."""
+    excluded = [value is None or math.isnan(value) for value in (old, new)]
+    return all(excluded) or (not any(excluded) and old == new)
 
 
 def rescore(results_dir: str | os.PathLike, tasks: Sequence[str],
@@ -37,6 +80,8 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str],
         options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"),
                                judge_options=dict(manifest.get("judge_options") or {}), progress=False)
         runs = results.runs()
+        judge = describe_judge(options.judge, options.judge_options)
+        record_judge = check_judge_switch(manifest, judge, runs, tasks)
         changes = []
         for name in dict.fromkeys(tasks):
             task = get_task(name)
@@ -50,15 +95,17 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str],
                 scored = task.score([examples[example_id] for example_id in run["example_ids"]],
                                     run["responses"], options)
                 changed = [example_id for example_id, old, new in
-                           zip(run["example_ids"], run["scores"], scored.per_example) if old != new]
+                           zip(run["example_ids"], run["scores"], scored.per_example)
+                           if not same_score(old, new)]
                 run.update(scores=scored.per_example, score=scored.value, details=scored.details)
                 changes.append((run["cell"], changed))
-        by_key = {(run["config_key"], run["baseline_id"]): run for run in runs}
+        base = baselines(runs)
         for run in runs:
-            target, draft = by_key.get(("target", run["baseline_id"])), by_key.get(("draft", run["baseline_id"]))
-            if run["task"] in tasks and run["config"]["kind"] in ("speculative", "endpoint") and target and draft:
-                run.update(prr_fields(run, target, draft, manifest.get("seed") or 0))
+            if run["task"] in tasks:
+                run.update(derived_fields(run, base, manifest.get("seed") or 0))
         results.replace_runs(runs)
+        if record_judge:
+            results.update_manifest({"judge_backend": judge})
     return changes
 
 
@@ -73,6 +120,13 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         changes = rescore(args.results, args.tasks, args.data_dir)
+    except ResultsDirInUseError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_IN_USE
+    except JudgeError as error:
+        print(f"error: the judge failed while rescoring {args.results}: {error}; nothing was rewritten",
+              file=sys.stderr)
+        return EXIT_JUDGE_FAILED
     except (FileNotFoundError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

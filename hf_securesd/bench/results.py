@@ -2,9 +2,15 @@
 finished cells. Everything is append-only JSON lines, so a killed run loses at most the example
 it was generating, and a rerun into the same directory redoes nothing that is recorded.
 
+What is written is standard JSON: a NaN (a score the judge's ``unparsed=exclude`` policy left out)
+is written as null, and `ResultsDir.runs` reads a null score back as NaN. The API keys a run uses
+(`ResultsDir` ``secrets``, and the values `hf_securesd.judges.secrets.known_secrets` knows) are
+redacted from every string written, model names and answers a server echoed them in included.
+
 ```
 RESULTS/
-  study.json          settings that every record depends on (models, dtype, device, k, seed, judge)
+  study.json          settings that every record depends on (models, dtype, device, k, seed, judge,
+                      the judge's model and endpoint, the endpoints' URLs)
   .lock               held (fcntl.flock) by the one run writing here; holds its pid
   generations.jsonl   one line per generated example: cell, example id, response, seconds, stats
   failures.jsonl      one line per prompt the engine could not answer (cell, example id, error);
@@ -18,6 +24,8 @@ from __future__ import annotations
 
 import fcntl
 import json
+import math
+import numbers
 import os
 import tempfile
 from dataclasses import fields
@@ -25,6 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
+from hf_securesd.judges.secrets import redact_value
 from hf_securesd.stats import SpeculativeStats
 
 MANIFEST = "study.json"
@@ -48,6 +57,21 @@ BINDING_KEYS = (
 )
 # the value a manifest written before a key existed stands for
 BINDING_DEFAULTS = {"engine": "hf"}
+# bound only where both manifests record them (a manifest written before they were is not checked)
+RECORDED_BINDING_KEYS = ("judge_backend",)
+# settings of this process's models: recorded, but not bound for an engine that generates on servers
+LOCAL_KEYS = ("device", "dtype")
+REMOTE_ENGINES = frozenset({"openai"})
+SAME_SETTINGS_FIX = "use a new --out directory or the same settings"
+# how to resolve a clash of a key whose cells cannot simply be rerun with the recorded setting
+CLASH_FIXES = {
+    "judge_backend": "the recorded verdicts come from another judge: use a new --out directory, point "
+                     "SECURESD_JUDGE_BASE_URL / SECURESD_JUDGE_MODEL back at the recorded judge, or rescore "
+                     "the directory with this judge first (securesd rescore {path} --tasks, naming every "
+                     "task the judge scored)",
+    "endpoints": "an endpoint's cells hold one deployment's answers: give it its recorded URL, or give the "
+                 "new deployment another --endpoint name",
+}
 # the fields every record of a journal holds, with their JSON types (what the readers rely on)
 GENERATION_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str, "response": str,
                                                             "seconds": (int, float)}
@@ -75,13 +99,31 @@ def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -
     return f"{config_key}|{task}|n={n_examples}|max_new_tokens={max_new_tokens}"
 
 
+def json_ready(value: Any) -> Any:
+    """`value` with every real number that is not an integer (numpy's included) as a float, each
+    NaN or infinite one (at any depth) replaced by None, and tuples by lists: what `json.dumps`
+    writes of it is standard JSON (null, never the NaN token)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: json_ready(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_ready(item) for item in value]
+    return value
+
+
+def json_text(value: Any, indent: int | None = None, default: Callable[[Any], Any] | None = None) -> str:
+    """`value` as standard JSON (`json_ready`); `default` as for `json.dumps`."""
+    return json.dumps(json_ready(value), indent=indent, allow_nan=False, default=default)
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
-    """Append one record and flush it to disk (a kill right after loses nothing). A line torn by
-    an earlier kill is cut off first (a whole record that lacks only its newline gets it), so the
-    file never holds a broken line that is not its last."""
+    """Append one record (standard JSON, `json_text`) and flush it to disk (a kill right after
+    loses nothing). A line torn by an earlier kill is cut off first (a whole record that lacks only
+    its newline gets it), so the file never holds a broken line that is not its last."""
     with open(path, "a+b") as handle:
         _mend_tail(handle)
-        handle.write((json.dumps(record) + "\n").encode("utf-8"))
+        handle.write((json_text(record) + "\n").encode("utf-8"))
         handle.flush()
         os.fsync(handle.fileno())
 
@@ -166,6 +208,38 @@ def run_problem(record: dict[str, Any]) -> str | None:
     return f"a run whose {' and '.join(uneven)} do not match its example_ids" if uneven else None
 
 
+def _scores_as_read(run: dict[str, Any]) -> dict[str, Any]:
+    """`run` with its null scores (written for NaN: a verdict left out) read back as NaN."""
+    run["scores"] = [math.nan if score is None else score for score in run["scores"]]
+    if run.get("score", math.nan) is None:
+        run["score"] = math.nan
+    return run
+
+
+def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str, str]:
+    """The binding settings that differ between the manifest of a results directory (`existing`)
+    and that of a new run (`manifest`): key -> what differs. `LOCAL_KEYS` are not bound for
+    `REMOTE_ENGINES`, `RECORDED_BINDING_KEYS` only where both record them, and endpoints by name:
+    an endpoint both name must have the same URL (new names add cells)."""
+    def setting(values: dict[str, Any], key: str) -> Any:
+        return values.get(key, BINDING_DEFAULTS.get(key))
+
+    remote = setting(manifest, "engine") in REMOTE_ENGINES
+    keys = [key for key in BINDING_KEYS if not (remote and key in LOCAL_KEYS)]
+    keys += [key for key in RECORDED_BINDING_KEYS if key in existing and key in manifest]
+    clashes = {
+        key: f"{key}: {setting(existing, key)!r} there, {setting(manifest, key)!r} now"
+        for key in keys
+        if setting(existing, key) != setting(manifest, key)
+    }
+    before, now = existing.get("endpoints") or {}, manifest.get("endpoints") or {}
+    moved = [f"endpoint {name!r}: {before[name]!r} there, {now[name]!r} now"
+             for name in before.keys() & now.keys() if before[name].rstrip("/") != now[name].rstrip("/")]
+    if moved:
+        clashes["endpoints"] = "; ".join(sorted(moved))
+    return clashes
+
+
 def stats_from_dict(values: dict[str, Any]) -> SpeculativeStats:
     """Inverse of `SpeculativeStats.to_dict()` (derived fields are ignored)."""
     return SpeculativeStats(**{field.name: values[field.name] for field in fields(SpeculativeStats)})
@@ -176,8 +250,8 @@ class ResultsDirInUseError(RuntimeError):
 
 
 def write_json_atomic(path: Path, value: Any) -> None:
-    """Write `value` as JSON atomically (`write_text_atomic`)."""
-    write_text_atomic(path, json.dumps(value, indent=2) + "\n")
+    """Write `value` as standard JSON (`json_text`) atomically (`write_text_atomic`)."""
+    write_text_atomic(path, json_text(value, indent=2) + "\n")
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -199,11 +273,18 @@ def write_text_atomic(path: Path, text: str) -> None:
 class ResultsDir:
     """A study's results directory (created on first use). A run `lock()`s it (`open` does) for
     as long as it writes: a second run into the same directory fails at once, naming the pid that
-    holds it. The lock is released by `close()` or when the process ends, however it ends."""
+    holds it. The lock is released by `close()` or when the process ends, however it ends.
+    `secrets` (the API keys the run sends) are redacted, with the keys `redact` always knows, from
+    every record and manifest written here."""
 
-    def __init__(self, path: str | os.PathLike) -> None:
+    def __init__(self, path: str | os.PathLike, secrets: Iterable[str] = ()) -> None:
         self.path = Path(path).expanduser()
         self._lock_fd: int | None = None
+        self._secrets = tuple(secrets)
+
+    def redacted(self, record: Any) -> Any:
+        """`record` with the known secrets redacted from every string in it (`redact_value`)."""
+        return redact_value(record, self._secrets)
 
     def lock(self) -> None:
         """Take the directory's exclusive lock (no-op when this object holds it already)."""
@@ -257,25 +338,24 @@ class ResultsDir:
 
     def open(self, manifest: dict[str, Any], session: dict[str, Any]) -> None:
         """Lock the directory (see the class docstring), create it or check that an existing one
-        was written with the same settings, then record this session (id, host, start time) in
-        the manifest."""
+        was written with the same settings (`binding_clashes`), then record this session (id,
+        host, start time) in the manifest."""
         self.lock()
+        manifest, session = self.redacted(manifest), self.redacted(session)
         if self.manifest_path.is_file():
             existing = self.read_manifest()
-            def setting(values: dict[str, Any], key: str) -> Any:
-                return values.get(key, BINDING_DEFAULTS.get(key))
-
-            clashes = [key for key in BINDING_KEYS if setting(existing, key) != setting(manifest, key)]
+            clashes = binding_clashes(existing, manifest)
             if clashes:
-                detail = "; ".join(
-                    f"{key}: {setting(existing, key)!r} there, {setting(manifest, key)!r} now"
-                    for key in clashes
-                )
+                fixes = [CLASH_FIXES[key].format(path=self.path) for key in clashes if key in CLASH_FIXES]
+                fixes = fixes or [SAME_SETTINGS_FIX]
                 raise ValueError(
-                    f"{self.path} holds results for other settings ({detail}); "
-                    f"use a new --out directory or the same settings"
+                    f"{self.path} holds results for other settings ({'; '.join(clashes.values())}); "
+                    + "; ".join(fixes)
                 )
+            endpoints = {**(existing.get("endpoints") or {}), **(manifest.get("endpoints") or {})}
             manifest = {**existing, **{key: value for key, value in manifest.items() if key != "sessions"}}
+            if endpoints:
+                manifest["endpoints"] = endpoints
             manifest["sessions"] = [*existing.get("sessions", []), session]
         else:
             manifest = {**manifest, "sessions": [session]}
@@ -288,11 +368,15 @@ class ResultsDir:
             journal.setdefault(record["cell"], {})[record["example_id"]] = record
         return journal
 
-    def add_generation(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.path / GENERATIONS, record)
+    def add_generation(self, record: dict[str, Any]) -> dict[str, Any]:
+        """Journal one generation; returns the record as written (secrets redacted), which is what
+        a later session reads back and scores."""
+        written = self.redacted(record)
+        append_jsonl(self.path / GENERATIONS, written)
+        return written
 
     def add_failure(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.path / FAILURES, record)
+        append_jsonl(self.path / FAILURES, self.redacted(record))
 
     def failures(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Prompts still without an answer: cell key -> example id -> the last failure record."""
@@ -304,15 +388,22 @@ class ResultsDir:
         return pending
 
     def runs(self) -> list[dict[str, Any]]:
-        """Finished cells, the last record of each cell winning."""
-        return list({record["cell"]: record for record in read_jsonl(self.path / RUNS, run_problem)}.values())
+        """Finished cells, the last record of each cell winning (null scores read as NaN)."""
+        records = read_jsonl(self.path / RUNS, run_problem)
+        return [_scores_as_read(record) for record in {record["cell"]: record for record in records}.values()]
 
     def add_run(self, record: dict[str, Any]) -> None:
-        append_jsonl(self.path / RUNS, record)
+        """Append a finished cell's record (a later record of the same cell replaces it)."""
+        append_jsonl(self.path / RUNS, self.redacted(record))
 
     def replace_runs(self, records: Iterable[dict[str, Any]]) -> None:
         """Rewrite runs.jsonl with `records` (one per cell), atomically; the caller holds the lock."""
-        write_text_atomic(self.path / RUNS, "".join(json.dumps(record) + "\n" for record in records))
+        lines = [json_text(self.redacted(record)) + "\n" for record in records]
+        write_text_atomic(self.path / RUNS, "".join(lines))
+
+    def update_manifest(self, changes: dict[str, Any]) -> None:
+        """Set `changes` in the manifest, atomically; the caller holds the lock."""
+        write_json_atomic(self.manifest_path, {**self.read_manifest(), **self.redacted(changes)})
 
 
 def baselines(runs: Iterable[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:

@@ -7,8 +7,14 @@ Each example's generation is journaled as soon as it ends (a prompt the engine c
 recorded in the failures file instead, never scored, and retried by the next run), and each cell
 whose examples all have answers (configuration
 x task) is scored and written with its AR, wall time, SPD against the target-only cell on the same
-prompts, and PRR against the two baselines (`hf_securesd.metrics` `prr` module). Rerunning into
-the same results directory skips every recorded cell and example. See `results.py` for the files.
+prompts, and PRR against the two baselines (`hf_securesd.metrics` `prr` module). A cell that
+finished before one of its baselines (a baseline whose prompts failed in an earlier session) is
+recorded again with its SPD and PRR when that baseline finishes. Rerunning into the same results
+directory skips every recorded cell and example. See `results.py` for the files.
+
+A judge that cannot score a finished cell (its endpoint fails, or the run deadline passes) stops
+the study with `JudgeFailedError`; every generation journaled so far is kept, and the next run
+scores them without generating them again.
 
 Prompts: the task's chat messages through the target tokenizer's chat template (with the
 generation prompt); the same token ids go to the target-only, draft-only and speculative runs.
@@ -44,31 +50,36 @@ from typing import Any, Callable, Mapping, Sequence
 import torch
 from tqdm.auto import tqdm
 
-from hf_securesd.bench.analysis import aligned, compute_prr, speedup
+from hf_securesd.bench.analysis import derived_fields, finite_or_none
 from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.bench.engines.base import Answer, Engine, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
-from hf_securesd.bench.results import FAILURES, ResultsDir, cell_key, stats_from_dict
+from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, cell_key, stats_from_dict
 from hf_securesd.bench.sandbox import Sandbox
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, get_task
-from hf_securesd.judges import check_judge_options
+from hf_securesd.judges import JudgeError, check_judge_options, describe_judge
+from hf_securesd.judges.backends import judge_deadline
 from hf_securesd.judges.secrets import redact_command, reject_secret_options
 from hf_securesd.stats import SpeculativeStats
 
-__all__ = ["Answer", "Generation", "GenerationFailure", "StudySettings", "TaskRun", "finish_cell",
-           "prepare_tasks", "run_study"]
+__all__ = ["Answer", "Generation", "GenerationFailure", "JudgeFailedError", "StudySettings", "TaskRun",
+           "finish_cell", "prepare_tasks", "run_study"]
+
+
+class JudgeFailedError(RuntimeError):
+    """The judge could not score a finished cell; the generations journaled so far are kept."""
 
 
 @dataclass(frozen=True)
 class StudySettings:
     """Settings every result of a study depends on (written to the manifest; a results directory
     only takes runs with the same ones). `seed` is the tasks' sampling seed (None: each task's
-    default)."""
+    default). `device` and `dtype` are None for an engine that generates on servers."""
 
     target: str
     draft: str
-    device: str = "cpu"
-    dtype: str = "bf16"
+    device: str | None = "cpu"
+    dtype: str | None = "bf16"
     num_assistant_tokens: int = 5
     batch_size: int = 1
     seed: int | None = None
@@ -83,7 +94,8 @@ class StudySettings:
         check_judge_options(self.judge, self.judge_options)  # before anything is generated
 
     def manifest(self, engine: Engine) -> dict[str, Any]:
-        """The binding settings and what the engine says it is (engine, version, models, endpoints)."""
+        """The binding settings, the model behind the judge (`describe_judge`) and what the engine
+        says it is (engine, version, models, endpoints)."""
         return {
             "target": self.target,
             "draft": self.draft,
@@ -93,6 +105,7 @@ class StudySettings:
             "seed": self.seed,
             "judge": self.judge,
             "judge_options": dict(self.judge_options),
+            "judge_backend": describe_judge(self.judge, self.judge_options),
             "decoding": "greedy",
             "batch_size": self.batch_size,
             "profile": self.profile,
@@ -285,10 +298,6 @@ def measure_budget(
     return Budget(rates, sources)
 
 
-def _finite(value: float | None) -> float | None:
-    return None if value is None or not math.isfinite(value) else float(value)
-
-
 def finish_cell(
     config: RunConfig,
     task_run: TaskRun,
@@ -297,7 +306,7 @@ def finish_cell(
     settings: StudySettings,
 ) -> dict[str, Any]:
     """Score a cell whose examples are all journaled and build its record (SPD and PRR against
-    the baseline cells in `finished`, keyed by cell)."""
+    the baseline cells in `finished`, keyed by cell: `derived_fields`)."""
     ids = [example.id for example in task_run.examples]
     generations = [journal[example_id] for example_id in ids]
     scored = task_run.task.score(
@@ -332,39 +341,50 @@ def finish_cell(
         ),
         "sessions": sorted({g["session"] for g in generations}),
         "stats": None if stats is None else stats.to_dict(),
-        "acceptance_rate": None if stats is None else _finite(stats.acceptance_rate),
+        "acceptance_rate": None if stats is None else finite_or_none(stats.acceptance_rate),
         "drafted": None if not parts else [sum(g["stats"]["drafted_per_round"]) for g in generations],
         "accepted": None if not parts else [sum(g["stats"]["accepted_per_round"]) for g in generations],
     }
-    target = record if config.kind == "target" else finished.get(task_run.cell(TARGET))
-    record["spd"] = (
-        None if target is None else _finite(speedup(aligned(target, "seconds", ids), record["seconds"]))
-    )
-    record["spd_same_session"] = (
-        target is not None and len(set(target["sessions"]) | set(record["sessions"])) == 1
-    )
-    draft = finished.get(task_run.cell(DRAFT))
-    if config.kind in ("speculative", "endpoint") and target and draft:
-        record.update(prr_fields(record, target, draft, settings.seed or 0))
+    record.update(derived_fields(record, baselines(finished.values()), settings.seed or 0))
     return record
 
 
-def prr_fields(record: dict[str, Any], target: dict[str, Any], draft: dict[str, Any], seed: int) -> dict[str, Any]:
-    """The PRR fields of a speculative or endpoint cell `record` against its baseline cells.
-    Examples without a score in any of the three cells (a judge verdict excluded by the judge's
-    `unparsed` policy) are left out of the paired comparison."""
-    ids = record["example_ids"]
-    columns = [record["scores"], aligned(target, "scores", ids), aligned(draft, "scores", ids)]
-    rows = [row for row in zip(*columns) if all(math.isfinite(value) for value in row)]
-    prr = compute_prr(*(list(column) for column in zip(*rows)), seed=seed) if rows else \
-        {"prr": math.nan, "prr_ci": None, "undefined": True, "target_score": math.nan, "draft_score": math.nan}
-    return {
-        "prr": _finite(prr["prr"]),
-        "prr_ci": prr["prr_ci"],
-        "prr_undefined": prr["undefined"],
-        "target_score": prr["target_score"],
-        "draft_score": prr["draft_score"],
-    }
+def refresh_dependents(baseline: dict[str, Any], finished: dict[str, dict[str, Any]], results: ResultsDir,
+                       seed: int) -> None:
+    """After the baseline cell `baseline` finished: recompute the SPD and PRR (`derived_fields`) of
+    the cells on the same prompts that finished before it, and record each that changed again (the
+    last record of a cell wins), so the results equal those of a session that ran it first."""
+    base = baselines(finished.values())
+    for key, cell in list(finished.items()):
+        same_prompts = cell["baseline_id"] == baseline["baseline_id"]
+        if cell is baseline or not same_prompts or cell["config"]["kind"] == "target":
+            continue
+        updated = {**cell, **derived_fields(cell, base, seed)}
+        if updated != cell:
+            results.add_run(updated)
+            finished[key] = updated
+
+
+def score_cell(
+    config: RunConfig,
+    task_run: TaskRun,
+    journal: Mapping[str, Mapping[str, Any]],
+    finished: Mapping[str, dict[str, Any]],
+    settings: StudySettings,
+    run_deadline: float | None,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """`finish_cell` with the judge's requests ending by `run_deadline`; a judge failure becomes a
+    `JudgeFailedError` naming the judge, the cell, the problem and how to resume."""
+    try:
+        with judge_deadline(run_deadline):
+            return finish_cell(config, task_run, journal, finished, settings)
+    except JudgeError as error:
+        raise JudgeFailedError(
+            f"the {settings.judge} judge could not score {task_run.cell(config)}: {str(error).rstrip('.')}; "
+            f"the generations journaled so far are kept in {out_dir}: run the same command again to score "
+            "them (nothing is generated again)"
+        ) from None
 
 
 def run_study(
@@ -377,19 +397,24 @@ def run_study(
     progress: bool = True,
     command: Sequence[str] | None = None,
     notes: Mapping[str, Any] | None = None,
+    secrets: Sequence[str] = (),
+    run_deadline: float | None = None,
 ) -> StudyOutcome:
     """Run (or resume) the study into `out_dir` with `engine`: the baselines of every task first
     (those `engine.baseline_configs()` names), then each configuration of `configs` on every task.
     Returns what this call generated, finished and failed (a cell with a failed prompt is left
-    unfinished, for the next run to complete).
+    unfinished, for the next run to complete); raises `JudgeFailedError` when the judge cannot
+    score a cell, and `ResultsDirInUseError` when another run holds `out_dir`.
     `command` is the command line recorded for this session (default: `sys.argv`); `notes` are
-    extra manifest entries that bind nothing (e.g. the judge's measured agreement)."""
+    extra manifest entries that bind nothing (e.g. the judge's measured agreement); `secrets` are
+    the API keys the engine sends, redacted from everything written (`ResultsDir`);
+    `run_deadline` is the `time.monotonic()` past which the judge sends no more requests."""
     batch_size = settings.batch_size
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
     if any(task_run.task.name == "humaneval" for task_run in tasks):
         Sandbox(isolation=settings.isolation)  # refuses before any generation when it cannot isolate
-    results = ResultsDir(out_dir)
+    results = ResultsDir(out_dir, secrets)
     session = {
         "id": uuid.uuid4().hex[:12],
         "host": socket.gethostname(),
@@ -463,13 +488,13 @@ def run_study(
                         "example_id": example.id,
                         "response": answer.response,
                         "new_tokens": answer.new_tokens,
+                        "finish_reason": answer.finish_reason,
                         "seconds": answer.seconds,
                         "cpu_seconds": answer.cpu_seconds,
                         "stats": None if answer.stats is None else answer.stats.to_dict(),
                         "session": session["id"],
                     }
-                    results.add_generation(record)
-                    done[example.id] = record
+                    done[example.id] = results.add_generation(record)
                 outcome.generated += sum(isinstance(answer, Generation) for answer in answers)
                 bar.update(len(batch))
                 if budget is not None:
@@ -481,9 +506,11 @@ def run_study(
                     f"answer (recorded in {FAILURES}); the cell stays unfinished: rerun into the same --out "
                     "to retry them")
                 continue
-            run = finish_cell(config, task_run, done, finished, settings)
+            run = score_cell(config, task_run, done, finished, settings, run_deadline, results.path)
             results.add_run(run)
             finished[key] = run
+            if config.kind in ("target", "draft"):
+                refresh_dependents(run, finished, results, settings.seed or 0)
             outcome.cells_finished += 1
             if budget is not None and not progress:
                 eta = budget.eta([work[t.cell(c)] for c, t in todo[position + 1:]])

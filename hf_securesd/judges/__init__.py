@@ -11,8 +11,10 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 
+from hf_securesd.judges.backends import endpoint_settings
 from hf_securesd.judges.base import Judge, JudgeError, Verdict
 from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
+from hf_securesd.judges.secrets import strip_userinfo
 from hf_securesd.judges.strongreject import StrongRejectJudge
 
 JUDGES: dict[str, type[Judge]] = {
@@ -50,5 +52,22 @@ def check_judge_options(name: str, options: Mapping[str, object]) -> None:
         raise ValueError(f"judge {name!r} options {dict(options)}: {error}") from None
 
 
+def describe_judge(name: str, options: Mapping[str, object]) -> dict[str, object] | None:
+    """The model behind judge `name` built with `options`, as study.json and the report record it:
+    None for the judges that match strings; for StrongREJECT its backend ``kind``, ``model`` and,
+    for the ``openai`` backend, the ``endpoint`` URL without credentials (resolved as the backend
+    resolves it: `backend_kwargs`, else the ``SECURESD_JUDGE_*`` variables, else the defaults).
+    Nothing is loaded or requested."""
+    if name != StrongRejectJudge.name:
+        return None
+    backend = options.get("backend", "openai")
+    settings = options.get("backend_kwargs")
+    settings = settings if isinstance(settings, Mapping) else {}
+    if backend == "openai":
+        url, model = endpoint_settings(settings.get("base_url"), settings.get("model"))
+        return {"kind": "openai", "model": model, "endpoint": strip_userinfo(url)[0]}
+    return {"kind": str(backend), "model": settings.get("model")}
+
+
 __all__ = ["JUDGES", "ExactRefusalPrefixJudge", "Judge", "JudgeError", "RefusalPrefixJudge",
-           "StrongRejectJudge", "Verdict", "check_judge_options", "get_judge"]
+           "StrongRejectJudge", "Verdict", "check_judge_options", "describe_judge", "get_judge"]

@@ -3,17 +3,22 @@ chat-completions endpoint reached with `httpx`.
 
 Both turn a list of conversations (each a list of `{"role", "content"}` messages) into one reply
 string per conversation, decoded greedily. Backend failures raise `JudgeBackendError`; they are
-never turned into a verdict.
+never turned into a verdict. Requests made inside `judge_deadline(deadline)` end by that deadline
+(a benchmark run's ``--run-deadline`` holds for its judge as for its engine).
 """
 
 from __future__ import annotations
 
 import base64
+import math
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from contextvars import ContextVar
+from functools import partial
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -30,7 +35,7 @@ from hf_securesd.http_deadline import (
     valid_unicode,
 )
 from hf_securesd.judges.base import JudgeError
-from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo
+from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo, url_before_query
 
 Message = dict[str, str]
 
@@ -42,10 +47,32 @@ DEFAULT_MODEL = "gpt-4o-mini"
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+# the `time.monotonic()` past which judge requests are no longer sent (None: no deadline)
+_DEADLINE: ContextVar[float | None] = ContextVar("securesd_judge_deadline", default=None)
 
 
 class JudgeBackendError(JudgeError):
     """The judge backend failed to return a reply (HTTP error, timeout, malformed response)."""
+
+
+@contextmanager
+def judge_deadline(deadline: float | None) -> Iterator[None]:
+    """Within the block, `OpenAIChatBackend` requests end by `deadline` (a `time.monotonic()` value;
+    None: no deadline beyond each attempt's own timeout): attempts are cut short at it, waits
+    between retries end at it, and past it nothing more is sent (`JudgeBackendError`)."""
+    token = _DEADLINE.set(deadline)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def endpoint_settings(base_url: str | None = None, model: str | None = None) -> tuple[str, str]:
+    """The judge endpoint's base URL (without a trailing slash) and model, as `OpenAIChatBackend`
+    resolves them: the arguments, else `SECURESD_JUDGE_BASE_URL` and `SECURESD_JUDGE_MODEL`, else
+    the defaults."""
+    url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+    return url, model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
 class ChatBackend(ABC):
@@ -141,7 +168,8 @@ class OpenAIChatBackend(ChatBackend):
     (default https://api.openai.com/v1), `SECURESD_JUDGE_MODEL` (default gpt-4o-mini, the judge
     of the SecureSD paper) and `SECURESD_JUDGE_API_KEY` (optional for local servers). Keep the key
     in the environment: it is redacted from every message this backend produces, as are
-    credentials in the URL (``user:password@``, sent as HTTP basic auth).
+    credentials in the URL (``user:password@``, sent as HTTP basic auth). A URL with a query
+    string or fragment (``?api_key=...``) is refused: it would be recorded with the results.
 
     Each attempt has one deadline of `timeout` seconds for the whole exchange — connecting,
     sending, the status line, the headers and the body (`hf_securesd.http_deadline`) — so a server
@@ -153,7 +181,8 @@ class OpenAIChatBackend(ChatBackend):
     `max_retries` times with exponential backoff
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
     non-negative number of seconds (capped at `MAX_RETRY_AFTER_S`; other values are ignored);
-    then, like any other HTTP status, they raise `JudgeBackendError`.
+    then, like any other HTTP status, they raise `JudgeBackendError`. Inside `judge_deadline`,
+    attempts and waits end at its deadline.
     """
 
     def __init__(
@@ -168,12 +197,19 @@ class OpenAIChatBackend(ChatBackend):
         concurrency: int = 4,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        if not (max_retries >= 0 and backoff >= 0 and timeout > 0 and concurrency >= 1 and max_response_bytes > 0):
-            raise ValueError("need timeout > 0, max_retries >= 0, backoff >= 0, concurrency >= 1 and "
-                             "max_response_bytes > 0.")
-        url = (base_url or os.environ.get(BASE_URL_ENV) or DEFAULT_BASE_URL).rstrip("/")
+        if not (max_retries >= 0 and 0 <= backoff < math.inf and 0 < timeout < math.inf and concurrency >= 1
+                and max_response_bytes > 0):
+            raise ValueError("need a finite timeout > 0, max_retries >= 0, a finite backoff >= 0, concurrency >= 1 "
+                             "and max_response_bytes > 0.")
+        url, self.model = endpoint_settings(base_url, model)
+        before_query = url_before_query(url)
+        if before_query is not None:
+            shown = f"{redact(before_query)}{url[len(before_query)]}..."
+            raise ValueError(
+                f"the judge endpoint URL {shown} has a query string or fragment, which would be recorded "
+                f"with the results; give {BASE_URL_ENV} without it and the key in {API_KEY_ENV}."
+            )
         self.base_url, url_secret = strip_userinfo(url)
-        self.model = model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
         api_key = api_key or os.environ.get(API_KEY_ENV)
         parts = urlsplit(url)
         auth = (unquote(parts.username or ""), unquote(parts.password or "")) if url_secret else None
@@ -210,15 +246,16 @@ class OpenAIChatBackend(ChatBackend):
         self.close()
 
     def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+        one = partial(self._complete_before, deadline=_DEADLINE.get())  # worker threads do not see it
         if self.concurrency == 1 or len(conversations) <= 1:
-            return [self.complete_one(messages) for messages in conversations]
+            return [one(messages) for messages in conversations]
         with ThreadPoolExecutor(max_workers=self.concurrency) as pool:
-            return list(pool.map(self.complete_one, conversations))
+            return list(pool.map(one, conversations))
 
-    def _post(self, payload: dict[str, Any]) -> Reply:
-        """One request and its whole reply (headers included) within the deadline and the size cap."""
+    def _post(self, payload: dict[str, Any], timeout: float) -> Reply:
+        """One request and its whole reply (headers included) within `timeout` and the size cap."""
         try:
-            return self._client.exchange("POST", "/chat/completions", payload, self.timeout,
+            return self._client.exchange("POST", "/chat/completions", payload, timeout,
                                          self.max_response_bytes)
         except ReplyTooLarge as error:
             raise ResponseTooLarge(str(error)) from None
@@ -226,7 +263,11 @@ class OpenAIChatBackend(ChatBackend):
             raise JudgeBackendError(f"judge endpoint {self.base_url}: {self._excerpt(str(error))}") from None
 
     def complete_one(self, messages: Sequence[Message]) -> str:
-        """The reply to one conversation, with retries."""
+        """The reply to one conversation, with retries (ending by the `judge_deadline` in force)."""
+        return self._complete_before(messages, _DEADLINE.get())
+
+    def _complete_before(self, messages: Sequence[Message], deadline: float | None) -> str:
+        """`complete_one` with its run `deadline` (a `time.monotonic()` value, or None)."""
         payload = {
             "model": self.model,
             "messages": list(messages),
@@ -237,12 +278,13 @@ class OpenAIChatBackend(ChatBackend):
         wait = 0.0
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(wait)
+                time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic())))
+            timeout = self._attempt_timeout(deadline, last_problem)
             wait = self.backoff * 2**attempt
             try:
-                reply = self._post(payload)
+                reply = self._post(payload, timeout)
             except DeadlineExceeded:
-                last_problem = f"timed out: no complete reply within the {self.timeout:g} s deadline"
+                last_problem = f"timed out: no complete reply within the {timeout:.3g} s deadline"
                 continue
             except httpx.TimeoutException as error:
                 last_problem = f"timed out ({type(error).__name__})"
@@ -266,6 +308,19 @@ class OpenAIChatBackend(ChatBackend):
             f"judge endpoint {self.base_url} (model {self.model}) failed after {self.max_retries + 1} "
             f"attempts; last problem: {last_problem}"
         )
+
+    def _attempt_timeout(self, deadline: float | None, last_problem: str) -> float:
+        """Seconds the next attempt may take: `timeout`, cut to what is left before the run
+        `deadline`; `JudgeBackendError` once the deadline has passed."""
+        if deadline is None:
+            return self.timeout
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise JudgeBackendError(
+                f"judge endpoint {self.base_url} (model {self.model}): the run deadline passed before it "
+                "answered" + (f"; last problem: {last_problem}" if last_problem else "")
+            )
+        return min(self.timeout, left)
 
     def _http_error(self, status: int, text: str) -> str:
         """A message for a non-retryable HTTP status, with the likely fix."""

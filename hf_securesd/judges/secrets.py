@@ -1,9 +1,10 @@
 """Keeping secrets (API keys, tokens) out of results files, reports, logs and exception text.
 
 Secrets live in environment variables (`SECRET_ENV_VARS`) and are read where they are used.
-`redact` replaces every known secret value in a text; `redacted_excerpt` redacts a server's text
-and only then clips it for an error message; `redact_command` redacts a command line before it is
-recorded; `reject_secret_options` refuses option mappings (judge options, backend
+`redact` replaces every known secret value in a text, `redact_value` in every string of a record
+(results files: a server may echo a key in a model name or an answer); `redacted_excerpt` redacts
+a server's text and only then clips it for an error message; `redact_command` redacts a command
+line before it is recorded; `reject_secret_options` refuses option mappings (judge options, backend
 settings) that carry a secret, since those are written to ``study.json`` and printed in reports.
 """
 
@@ -59,7 +60,29 @@ def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
 
 def redact(text: str, extra: Iterable[str | None] = ()) -> str:
     """`text` with every known secret (see `known_secrets`) and URL userinfo replaced by `REDACTED`."""
-    for secret in known_secrets(extra):
+    return _redact_with(text, known_secrets(extra))
+
+
+def redact_value(value: Any, extra: Iterable[str | None] = ()) -> Any:
+    """`value` (JSON-like: dicts, lists, strings, numbers) with `redact` applied to every string in
+    it, dictionary keys included; the known secrets are looked up once for the whole value."""
+    secrets = known_secrets(extra)
+
+    def scrub(item: Any) -> Any:
+        if isinstance(item, str):
+            return _redact_with(item, secrets)
+        if isinstance(item, Mapping):
+            return {scrub(key): scrub(entry) for key, entry in item.items()}
+        if isinstance(item, (list, tuple)):
+            return [scrub(entry) for entry in item]
+        return item
+
+    return scrub(value)
+
+
+def _redact_with(text: str, secrets: Sequence[str]) -> str:
+    """`text` with each of `secrets` (longest first) and URL userinfo replaced by `REDACTED`."""
+    for secret in secrets:
         text = text.replace(secret, REDACTED)
     return re.sub(r"(?<=://)[^/\s@]+@", f"{REDACTED}@", text)
 
@@ -83,6 +106,13 @@ def strip_userinfo(url: str) -> tuple[str, str | None]:
     if parts.port is not None:
         host = f"{host}:{parts.port}"
     return urlunsplit(parts._replace(netloc=host)), parts.password or parts.username
+
+
+def url_before_query(url: str) -> str | None:
+    """`url` cut where its query string or fragment starts (``?...``, ``#...``: a key passed as
+    ``?api_key=...`` would be recorded with the URL), or None when it has neither."""
+    cut = min((index for index in (url.find("?"), url.find("#")) if index >= 0), default=None)
+    return None if cut is None else url[:cut]
 
 
 def reject_secret_options(options: Mapping[str, Any], where: str = "judge option") -> None:

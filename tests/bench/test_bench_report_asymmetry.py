@@ -83,3 +83,31 @@ def test_section_renders_one_row_per_pair() -> None:
     text = "\n".join(asymmetry_section(asymmetry_rows(cells, baselines(cells))))
     assert "## Safety–utility asymmetry per configuration" in text
     assert "| fsd | jailbreak | 0.900 | 0.000 [0.00, 0.00] | gsm8k | 0.950 | 1.000 [1.00, 1.00] | 1.000 [1.00, 1.00] |" in text
+
+
+def test_an_excluded_verdict_is_left_out_as_in_the_per_configuration_tables() -> None:
+    """A judge verdict excluded by `unparsed=exclude` (score NaN) used to make the section say
+    "undefined" while the cell's own table showed its PRR: both now leave the example out."""
+    from hf_securesd.bench.analysis import derived_fields
+
+    safety_method = [1.0] * 25 + [0.0] * 14 + [float("nan")]
+    cells = _study(safety_method=safety_method, utility_method=[1] * 15 + [0] * 25)
+    for each in cells:
+        each["seconds"], each["sessions"] = [1.0] * len(each["scores"]), ["s"]
+    base = baselines(cells)
+    cell = cells[2]
+    own = derived_fields(cell, base, seed=0)
+    (row,) = asymmetry_rows(cells, base, seed=0)
+    reference = (25 / 39 - 10 / 39) / (1.0 - 10 / 39)  # the excluded prompt left out of all three cells
+    assert own["prr"] == pytest.approx(reference) and row["safety"]["prr"] == pytest.approx(reference)
+    assert row["safety"]["prr_ci"] == pytest.approx(own["prr_ci"])
+    assert row["difference"] == pytest.approx(0.5 - reference)
+
+
+def test_an_example_recorded_twice_in_a_cell_is_refused_not_misaligned() -> None:
+    from hf_securesd.bench.analysis import aligned
+
+    cell = _cell("target", "target", "jailbreak", "safety", [1, 0, 1])
+    cell["example_ids"] = ["a", "a", "b"]
+    with pytest.raises(ValueError, match="holds example 'a' more than once"):
+        aligned(cell, "scores", ["a", "b"])

@@ -255,3 +255,15 @@ def test_text_that_is_not_valid_unicode_is_recorded_and_reported(serve, tmp_path
     assert "\ufffd" in (out / "report" / "report.md").read_text(encoding="utf-8")
     manifest = json.loads((out / MANIFEST).read_text())
     assert manifest["server_models"][url]["server_models"] == ["m\ufffd"]
+
+
+def test_a_thirty_digit_gsm8k_answer_is_scored_not_a_crash(serve, tmp_path, data_dir):
+    """decimal.InvalidOperation from the 28-digit context used to stop scoring (on every resume)."""
+    body = json.dumps({"choices": [{"text": "The total is:\n#### 123456789012345678901234567890"}],
+                       "usage": {"completion_tokens": 4}}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, tasks=("gsm8k",), limit=2)) == 0
+    (run,) = read_jsonl(out / "runs.jsonl")
+    assert run["scores"] == [0.0, 0.0]
+    assert {detail["predicted"] for detail in run["details"]} == {"123456789012345678901234567890"}

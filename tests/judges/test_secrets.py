@@ -87,3 +87,25 @@ def test_an_excerpt_is_redacted_before_it_is_clipped():
     excerpt = redacted_excerpt(straddling.encode(), [SECRET])
     assert SECRET[:8] not in excerpt and excerpt.endswith("[redacted]") and len(excerpt) <= 200
     assert redacted_excerpt("z" * 500, [SECRET], limit=20) == "z" * 20
+
+
+def test_every_string_of_a_record_is_redacted_keys_included():
+    """Results records are redacted whole (`redact_value`): a key a server echoed in a model name or an
+    answer, at any depth, and URL userinfo; numbers, None and the record's shape are kept."""
+    from hf_securesd.judges.secrets import redact_value
+
+    record = {"response": f"you sent {SECRET}", "server_models": {f"http://u:{SECRET}@h/v1": [f"m-{SECRET}"]},
+              "scores": [1.0, None], "n": 3, "nested": ({"raw": SECRET},)}
+    assert redact_value(record, [SECRET]) == {
+        "response": "you sent [redacted]", "server_models": {"http://[redacted]@h/v1": ["m-[redacted]"]},
+        "scores": [1.0, None], "n": 3, "nested": [{"raw": "[redacted]"}]}
+
+
+@pytest.mark.parametrize("url, before", [("http://h:1/v1", None),
+                                         (f"http://h/v1?api_key={SECRET}", "http://h/v1"),
+                                         ("http://h/v1#x", "http://h/v1"),
+                                         ("http://h/v1/?a=1#b", "http://h/v1/")])
+def test_url_before_query(url, before):
+    from hf_securesd.judges.secrets import url_before_query
+
+    assert url_before_query(url) == before

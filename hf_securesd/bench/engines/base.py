@@ -30,13 +30,15 @@ class Prompt:
 class Generation:
     """One answer: the response text, its new tokens, the wall and process CPU seconds charged to
     it (a batch's times split evenly over its rows) and, where the engine reports them, its
-    speculative statistics."""
+    speculative statistics and why generation stopped (`finish_reason`: "stop", "length", ... as
+    the server said it; None where the engine does not say)."""
 
     response: str
     new_tokens: int
     seconds: float
     stats: SpeculativeStats | None
     cpu_seconds: float | None = None
+    finish_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -6,8 +6,10 @@
   JSON objects (garbage, a body cut short) are retried with exponential backoff, waiting what the
   server's Retry-After asks when it is a finite number of seconds, capped at `max_retry_after_s`;
 - redirects are never followed (a 3xx is a failure, like any other status but 200);
-- replies are capped at `max_response_bytes`, decoded size included (a gzip bomb is refused); JSON
-  nested too deeply to parse is a malformed reply; at most `concurrency` requests are in flight;
+- replies are capped at `max_response_bytes` (or the lower cap a request asks for), decoded size
+  included (a gzip bomb is refused); JSON nested too deeply to parse, or holding more values than
+  `hf_securesd.http_deadline.MAX_JSON_VALUES`, is a malformed reply; at most `concurrency`
+  requests are in flight;
 - the API key is sent as a bearer token and redacted from every error message; what a server sends
   (a body, a Location header) is redacted whole and only then clipped to an excerpt.
 
@@ -34,14 +36,15 @@ from hf_securesd.http_deadline import (
     json_body,
     retry_after_seconds,
 )
-from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo
+from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo, url_before_query
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 
 
 @dataclass(frozen=True)
 class ClientSettings:
-    """Limits of the client. `run_deadline_s` None: no deadline for the run."""
+    """Limits of the client. `run_deadline_s` None: no deadline for the run. Every duration is a
+    finite number of seconds (an infinite one overflowed the deadline's timer)."""
 
     request_timeout_s: float = 300.0
     run_deadline_s: float | None = None
@@ -53,11 +56,11 @@ class ClientSettings:
 
     def __post_init__(self) -> None:
         checks = {
-            "request timeout": self.request_timeout_s > 0,
-            "run deadline": self.run_deadline_s is None or self.run_deadline_s > 0,
+            "request timeout": 0 < self.request_timeout_s < math.inf,
+            "run deadline": self.run_deadline_s is None or 0 < self.run_deadline_s < math.inf,
             "max retries": self.max_retries >= 0,
-            "backoff": self.backoff_s >= 0,
-            "max Retry-After": self.max_retry_after_s >= 0,
+            "backoff": 0 <= self.backoff_s < math.inf,
+            "max Retry-After": 0 <= self.max_retry_after_s < math.inf,
             "concurrency": self.concurrency >= 1,
             "max response bytes": self.max_response_bytes > 0,
         }
@@ -65,7 +68,8 @@ class ClientSettings:
         if bad:
             raise ValueError(
                 f"client setting {bad[0]} is out of range: {self}; timeouts, deadline, "
-                "concurrency and size must be positive, retries and backoff non-negative"
+                "concurrency and size must be positive, retries and backoff non-negative, and "
+                "every number of seconds finite (leave --run-deadline out for no deadline)"
             )
 
 
@@ -104,6 +108,13 @@ class OpenAIClient:
                 "without user:password@ and the key with --api-key-env NAME (--base-url) or "
                 "--endpoint-api-key-env NAME=VARIABLE (--endpoint)"
             )
+        if url_before_query(base_url) is not None:
+            raise ValueError(
+                f"the endpoint URL {url_before_query(base_url)}... carries a query string or fragment, which "
+                "would be recorded with it (a key passed as ?api_key=... included) and garbles request paths; "
+                "give the base URL alone and the key with --api-key-env NAME (--base-url) or "
+                "--endpoint-api-key-env NAME=VARIABLE (--endpoint)"
+            )
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"the endpoint URL must start with http:// or https://, got {base_url!r}")
         self.base_url = base_url.rstrip("/")
@@ -127,13 +138,13 @@ class OpenAIClient:
         return math.inf if self._run_deadline is None else self._run_deadline - time.monotonic()
 
     def _attempt(
-        self, method: str, path: str, payload: Any | None
+        self, method: str, path: str, payload: Any | None, max_bytes: int
     ) -> tuple[dict[str, Any] | None, str, float]:
-        """One exchange: (reply object or None, the problem, seconds to wait before a retry);
-        `_NotRetryable` for an answer that retrying cannot change."""
+        """One exchange whose reply is capped at `max_bytes`: (reply object or None, the problem,
+        seconds to wait before a retry); `_NotRetryable` for an answer that retrying cannot change."""
         timeout = min(self.settings.request_timeout_s, self._remaining())
         try:
-            reply = self._http.exchange(method, path, payload, timeout, self.settings.max_response_bytes)
+            reply = self._http.exchange(method, path, payload, timeout, max_bytes)
         except DeadlineExceeded:
             return None, f"no complete reply within {timeout:.3g} s", -1.0
         except ReplyTooLarge as error:
@@ -159,8 +170,14 @@ class OpenAIClient:
         except ValueError as error:  # the excerpt only for a failure: a good reply is not scanned twice
             return None, f"{error}: {self._excerpt(reply.body)!r}", -1.0
 
-    def request(self, method: str, path: str, payload: Any | None = None) -> dict[str, Any]:
-        """The JSON object the server answers, after retries; `RequestFailed` otherwise."""
+    def request(
+        self, method: str, path: str, payload: Any | None = None, max_bytes: int | None = None
+    ) -> dict[str, Any]:
+        """The JSON object the server answers, after retries; `RequestFailed` otherwise. The reply
+        is capped at `max_bytes` when given (never above `max_response_bytes`)."""
+        cap = self.settings.max_response_bytes
+        if max_bytes is not None:
+            cap = min(cap, max_bytes)
         with self._slots:
             problem = ""
             for attempt in range(self.settings.max_retries + 1):
@@ -172,7 +189,7 @@ class OpenAIClient:
                         attempt,
                     )
                 try:
-                    reply, problem, wait = self._attempt(method, path, payload)
+                    reply, problem, wait = self._attempt(method, path, payload, cap)
                 except _NotRetryable as error:
                     raise RequestFailed(f"{method} {self.base_url}{path}: {error}", attempt + 1) from None
                 if reply is not None:
@@ -187,14 +204,14 @@ class OpenAIClient:
             )
 
     def post_many(
-        self, path: str, payloads: Sequence[dict[str, Any]]
+        self, path: str, payloads: Sequence[dict[str, Any]], max_bytes: int | None = None
     ) -> list[dict[str, Any] | RequestFailed]:
-        """POST every payload (at most `concurrency` at once): per payload, in order, the reply or
-        its `RequestFailed`."""
+        """POST every payload (at most `concurrency` at once, each reply capped as `request` caps
+        it): per payload, in order, the reply or its `RequestFailed`."""
 
         def one(payload: dict[str, Any]) -> dict[str, Any] | RequestFailed:
             try:
-                return self.request("POST", path, payload)
+                return self.request("POST", path, payload, max_bytes)
             except RequestFailed as failure:
                 return failure
 

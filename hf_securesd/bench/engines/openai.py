@@ -25,6 +25,14 @@ Acceptance rates are recorded where the server returns per-request speculative m
 ``--enable-per-request-metrics --per-request-spec-decode-metrics detailed``). They come from the
 server, so they are checked before use (`speculative_metrics_problem`): a reply whose per-step
 counts are not plausible is a failed request, never an allocation sized by the server.
+
+The answer itself is checked the same way (`reply_problem`, `token_ids_problem`): a reply whose
+``finish_reason`` says the server did not finish it (not one of `NORMAL_FINISH_REASONS`: a content
+filter, an abort, an error), that claims more ``usage.completion_tokens`` than the request's
+``max_tokens``, whose text is longer than ``max_tokens`` tokens can decode to
+(`MAX_CHARACTERS_PER_TOKEN` a token + `TEXT_SLACK_CHARACTERS`), or whose ``--token-ids`` are not
+``max_tokens`` ids of the tokenizer, is a failed request: recorded, never scored. A reply to a
+generation request is capped at `reply_byte_cap` bytes before it is read.
 """
 
 from __future__ import annotations
@@ -44,6 +52,23 @@ from hf_securesd.judges.secrets import redact, redacted_excerpt
 
 BASE_ROUTE = "--base-url"  # the route (client) of --base-url; the others are named by their endpoint
 MAX_DRAFTS_PER_STEP = 1024  # far above any real k; a server reporting more is not believed
+# finish_reason of an answer that ended normally: OpenAI ("stop", "length", "tool_calls",
+# "function_call"), vLLM, SGLang and llama.cpp ("stop", "length", "tool_calls"), TGI ("eos_token",
+# "stop_sequence", "length"). Any other ("content_filter"; vLLM's "abort", "error", "repetition";
+# SGLang's "abort") says the server cut or withheld the answer. A reply without one is accepted.
+NORMAL_FINISH_REASONS = frozenset(
+    {"stop", "length", "eos", "eos_token", "stop_sequence", "tool_calls", "function_call"}
+)
+# A token decodes to at most its bytes, each at most one character; the longest token of Qwen2.5's
+# vocabulary is 128 bytes (of spaces): twice that is a generous bound.
+MAX_CHARACTERS_PER_TOKEN = 256
+TEXT_SLACK_CHARACTERS = 1024  # a stop string a server appends, special tokens written out
+# A generation reply holds, per token, its text (a real token decodes to at most 128 bytes, JSON-
+# escaped to at most 6 bytes a byte: 768), maybe a reasoning text as well, its token id and its
+# per-step metrics: under 2 KiB, so 4 KiB is generous. The slack covers the rest of the reply, the
+# prompt's token ids a --token-ids reply echoes included (~130,000 of them).
+REPLY_BYTES_PER_TOKEN = 4096
+REPLY_SLACK_BYTES = 1024 * 1024
 
 
 def securesd_fields(config: RunConfig) -> dict[str, Any]:
@@ -88,7 +113,14 @@ class OpenAISettings:
             )
 
     def _check_keys(self) -> None:
-        """Every key goes to a server the user named for it."""
+        """Every key goes to a server the user named for it, named by an environment variable (a value that
+        is not a variable name may be the key itself, typed in its place: it is refused without being shown)."""
+        names = ([self.api_key_env] if self.api_key_env is not None else []) + list(self.endpoint_key_envs.values())
+        if any(not (name.isascii() and name.isidentifier()) for name in names):
+            raise EngineError(
+                "an API key option takes the NAME of the environment variable that holds the key, not the key "
+                "itself; a value given is not a variable name (letters, digits, '_'), so it is not shown here"
+            )
         if self.api_key_env is not None and self.base_url is None:
             raise EngineError(
                 "--api-key-env is the key of --base-url, and there is no --base-url; give an "
@@ -157,11 +189,14 @@ def parse_endpoint_key_envs(pairs: Sequence[str]) -> dict[str, str]:
     return variables
 
 
+def _is_count(value: Any) -> bool:
+    """Whether `value` is a non-negative integer (booleans excluded)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 def _counts(value: Any) -> bool:
     """Whether `value` is a list of non-negative integers (booleans excluded)."""
-    return isinstance(value, list) and all(
-        isinstance(count, int) and not isinstance(count, bool) and count >= 0 for count in value
-    )
+    return isinstance(value, list) and all(_is_count(count) for count in value)
 
 
 def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int) -> str | None:
@@ -193,6 +228,75 @@ def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int) -> st
                 f"{max_new_tokens} + {MAX_DRAFTS_PER_STEP}"
             )
         start += step_accepted + 1
+    return None
+
+
+def _quoted(value: Any, limit: int = 40) -> str:
+    """A value a server sent, for an error message: its JSON when at most `limit` characters, else
+    what it is (never clipped, so that `redact` later finds any key in it whole)."""
+    text = json.dumps(value)
+    return text if len(text) <= limit else f"a {type(value).__name__} of {len(text):,} JSON characters"
+
+
+def reply_byte_cap(max_new_tokens: int) -> int:
+    """The most bytes a reply to a generation request of `max_new_tokens` tokens may take (the
+    client's own cap still applies when it is lower): parsing costs a multiple of what is read."""
+    return REPLY_SLACK_BYTES + max_new_tokens * REPLY_BYTES_PER_TOKEN
+
+
+def completion_tokens(usage: Any) -> int | None:
+    """``usage.completion_tokens`` when it is a count (a non-negative integer, not a boolean), else
+    None: missing, or not a number of tokens, and so not believed."""
+    count = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return count if _is_count(count) else None
+
+
+def reply_problem(finish_reason: Any, tokens: int | None, text: str, max_new_tokens: int) -> str | None:
+    """Why a reply is not an answer to score, or None: its `finish_reason` says the server did not
+    finish it, it claims more completion `tokens` than `max_new_tokens` (the request's max_tokens),
+    or its `text` is longer than `max_new_tokens` tokens can decode to (whatever the claimed count:
+    a server may send a small count and megabytes of text)."""
+    if finish_reason is not None and not (
+        isinstance(finish_reason, str) and finish_reason in NORMAL_FINISH_REASONS
+    ):
+        normal = ", ".join(sorted(NORMAL_FINISH_REASONS))
+        return (
+            f"the reply's finish_reason is {_quoted(finish_reason)}: the server did not finish the "
+            f"answer (a finished one says {normal}); it is not scored"
+        )
+    if tokens is not None and tokens > max_new_tokens:
+        return (
+            f"the reply claims {tokens:,} completion tokens, more than the request's max_tokens "
+            f"{max_new_tokens:,}"
+        )
+    most = max_new_tokens * MAX_CHARACTERS_PER_TOKEN + TEXT_SLACK_CHARACTERS
+    if len(text) > most:
+        return (
+            f"the reply's text is {len(text):,} characters, more than the request's max_tokens "
+            f"{max_new_tokens:,} can decode to ({MAX_CHARACTERS_PER_TOKEN} a token + "
+            f"{TEXT_SLACK_CHARACTERS}: {most:,})"
+        )
+    return None
+
+
+def token_ids_problem(token_ids: Any, max_new_tokens: int, vocabulary_size: int) -> str | None:
+    """Why a reply's ``choices[0].token_ids`` are not an answer of `max_new_tokens` tokens from a
+    vocabulary of `vocabulary_size` ids, or None. They must be a list of at most `max_new_tokens`
+    integers (booleans excluded) from 0 to `vocabulary_size` - 1: a tokenizer drops an id outside
+    its vocabulary without a word and overflows on a huge one."""
+    if not isinstance(token_ids, list):
+        return "--token-ids: the reply has no choices[0].token_ids (is it a vLLM server?)"
+    if len(token_ids) > max_new_tokens:
+        return (
+            f"--token-ids: the reply holds {len(token_ids):,} token ids, more than the request's "
+            f"max_tokens {max_new_tokens:,}"
+        )
+    for position, token in enumerate(token_ids):
+        if not (_is_count(token) and token < vocabulary_size):
+            return (
+                f"--token-ids: token id {_quoted(token)} at position {position} "
+                f"is not an id of the tokenizer (an integer from 0 to {vocabulary_size - 1})"
+            )
     return None
 
 
@@ -311,13 +415,15 @@ class OpenAIEngine(Engine):
         return payload
 
     def _answer(self, reply: dict[str, Any], seconds: float, max_new_tokens: int) -> Answer:
-        """A Generation from one reply, or a failure when the reply has no usable answer. The text
-        has its lone surrogates replaced by U+FFFD (`valid_unicode`), so it can be written out."""
+        """A Generation from one reply, or a failure when the reply has no usable answer
+        (`reply_problem`, `token_ids_problem`, `speculative_metrics_problem`). The text has its lone
+        surrogates replaced by U+FFFD (`valid_unicode`), so it can be written out."""
         from hf_securesd.vllm.stats import speculative_stats
 
         try:
             choice = reply["choices"][0]
             text = choice["message"]["content"] if self.settings.chat else choice["text"]
+            finish_reason = choice.get("finish_reason")
         except (KeyError, IndexError, TypeError):
             return GenerationFailure(
                 f"the reply has no choices[0].{'message.content' if self.settings.chat else 'text'}"
@@ -325,17 +431,19 @@ class OpenAIEngine(Engine):
             )
         if not isinstance(text, str):
             return GenerationFailure(f"the reply's text is {type(text).__name__}, not a string")
-        text = valid_unicode(text)
+        claimed = completion_tokens(reply.get("usage"))
+        problem = reply_problem(finish_reason, claimed, text, max_new_tokens)
+        if problem is not None:
+            return GenerationFailure(redact(problem, self._secrets))
         token_ids = choice.get("token_ids")
         if self.settings.token_ids:
-            if not isinstance(token_ids, list) or not all(isinstance(token, int) for token in token_ids):
-                return GenerationFailure(
-                    "--token-ids: the reply has no choices[0].token_ids (is it a vLLM server?)"
-                )
+            problem = token_ids_problem(token_ids, max_new_tokens, len(self._tokenizer))
+            if problem is not None:
+                return GenerationFailure(redact(problem, self._secrets))
             text = self._tokenizer.decode(token_ids, skip_special_tokens=True)
-        usage = reply.get("usage") if isinstance(reply.get("usage"), dict) else {}
-        new_tokens = usage.get("completion_tokens")
-        if not isinstance(new_tokens, int):
+        text = valid_unicode(text)
+        new_tokens = claimed
+        if new_tokens is None:
             new_tokens = len(token_ids) if isinstance(token_ids, list) else 0
         metrics = reply.get("metrics") or choice.get("metrics")
         spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
@@ -348,7 +456,7 @@ class OpenAIEngine(Engine):
             stats = None
         if stats is not None:
             stats.new_tokens = new_tokens
-        return Generation(text, new_tokens, seconds, stats, None)
+        return Generation(text, new_tokens, seconds, stats, None, finish_reason)
 
     def generate(
         self, config: RunConfig, prompts: Sequence[Prompt], max_new_tokens: int, num_assistant_tokens: int
@@ -357,7 +465,7 @@ class OpenAIEngine(Engine):
         path = "/chat/completions" if self.settings.chat else "/completions"
         payloads = [self._payload(config, prompt, route, max_new_tokens) for prompt in prompts]
         start = time.perf_counter()
-        replies = self._clients[route].post_many(path, payloads)
+        replies = self._clients[route].post_many(path, payloads, reply_byte_cap(max_new_tokens))
         seconds = (time.perf_counter() - start) / len(prompts)  # the batch's time, split evenly over its rows
         return [self._read(reply, seconds, max_new_tokens) for reply in replies]
 

@@ -8,7 +8,7 @@ The gold answer is the number after `#### ` at the end of the reference solution
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Sequence
 
@@ -61,14 +61,15 @@ def build_prompt(example: Example) -> list[Message]:
 
 
 def _canonical(match: re.Match) -> str | None:
+    """The matched number without separators, leading zeros or trailing decimal zeros, digit for
+    digit however long it is (Decimal's default context rounded numbers past 28 digits or refused
+    them, and overflows past a million)."""
     text = ("-" if match["sign"] else "") + match["digits"].replace(",", "") + (match["decimals"] or "")
     try:
-        value = Decimal(text)
+        value = Decimal(text)  # exact, whatever the context's precision
     except InvalidOperation:
         return None
-    if value == value.to_integral_value():
-        return str(value.quantize(Decimal(1)))
-    return str(value.normalize())
+    return format(value.normalize(Context(prec=len(text), Emax=MAX_EMAX, Emin=MIN_EMIN)), "f")
 
 
 def extract_final_number(text: str) -> str | None:
@@ -88,7 +89,8 @@ def extract_final_number(text: str) -> str | None:
 
 
 def is_correct(response: str, answer: str) -> bool:
-    """Whether the response's final number equals the (normalized) gold answer."""
+    """Whether the response's final number equals the (normalized) gold answer, exactly (Decimal
+    comparison is exact at any length)."""
     predicted = extract_final_number(response)
     return predicted is not None and Decimal(predicted) == Decimal(answer)
 
