@@ -36,7 +36,6 @@ from hf_securesd.bench.cli_engines import (
     engine_secrets,
     study_models,
 )
-from hf_securesd.bench.engines.base import EngineError
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
 from hf_securesd.bench.results import REMOTE_ENGINES
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, positive_int
@@ -308,11 +307,25 @@ def write_report_if_any(out: Path) -> None:
     print(f"report: {write_report(out)}")
 
 
+def study_exit_code(error: Exception) -> int:
+    """Print a `run_study` failure that ends the command as one line and return its exit code (see the
+    module docstring): another run holds --out, the judge could not score a finished cell, or --out
+    holds results for other settings (a ValueError, EngineError included). Anything else is re-raised."""
+    from hf_securesd.bench.results import ResultsDirInUseError
+    from hf_securesd.bench.runner import JudgeFailedError
+
+    codes = ((ResultsDirInUseError, EXIT_IN_USE), (JudgeFailedError, EXIT_JUDGE_FAILED), (ValueError, 2))
+    code = next((code for kind, code in codes if isinstance(error, kind)), None)
+    if code is None:
+        raise error
+    print(f"error: {error}", file=sys.stderr)
+    return code
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
     from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
-    from hf_securesd.bench.results import ResultsDirInUseError
-    from hf_securesd.bench.runner import JudgeFailedError, run_study
+    from hf_securesd.bench.runner import run_study
 
     started = time.monotonic()  # the engine's run deadline counts from its build, a little later
     profile = get_profile(args.profile)
@@ -336,15 +349,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress,
                             notes=notes, secrets=engine_secrets(args), run_deadline=deadline)
-    except ResultsDirInUseError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_IN_USE
-    except JudgeFailedError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_JUDGE_FAILED
-    except (EngineError, ValueError) as error:  # ValueError: --out holds results for other settings
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:  # noqa: BLE001 - study_exit_code re-raises what is not a one-line error
+        return study_exit_code(error)
     finally:
         engine.close()
     print(

@@ -23,8 +23,8 @@ import json
 import sys
 
 from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, schedule_name
-from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, check_out_dir, prepare
-from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_negative_float
+from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, check_out_dir, prepare, study_exit_code
+from hf_securesd.cli import non_negative_float
 from hf_securesd.segments import LOSSLESS, Segments
 
 DEFAULT_VERIFIER = "mars:0.5"
@@ -166,8 +166,8 @@ def _markdown(
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.calibrate import calibration_configs, recommend, verifier_labels
     from hf_securesd.bench.plan import resolve_text_boundaries
-    from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError
-    from hf_securesd.bench.runner import JudgeFailedError, run_study
+    from hf_securesd.bench.results import ResultsDir
+    from hf_securesd.bench.runner import run_study
 
     try:
         segments = segments_template(args.segment_boundary, args.segment_before)
@@ -180,15 +180,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
-    except ResultsDirInUseError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_IN_USE
-    except JudgeFailedError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return EXIT_JUDGE_FAILED
-    except ValueError as error:  # --out holds results for other settings
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except Exception as error:  # noqa: BLE001 - study_exit_code re-raises what is not a one-line error
+        return study_exit_code(error)
     results = ResultsDir(args.out)
     current = {task_run.baseline_id for task_run in tasks}
     cells = [cell for cell in results.runs() if cell["baseline_id"] in current]
