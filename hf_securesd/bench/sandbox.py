@@ -46,6 +46,7 @@ import json
 import keyword
 import logging
 import os
+import platform
 import select
 import shutil
 import signal
@@ -76,6 +77,9 @@ POLL_INTERVAL_S = 0.05
 # tasks the sandbox itself adds to a run: bwrap outside the namespace (with bubblewrap), the checker (`check`)
 BWRAP_TASKS = 1
 CHECKER_TASKS = 1
+# threads the harness starts for a run after its limits are set (standard input, output), which the
+# kernel counts against the user's RLIMIT_NPROC like the run's own tasks
+HARNESS_THREADS = 2
 
 UNSAFE_WARNING = (
     "isolation='unsafe-none': generated code runs WITHOUT isolation, with resource limits and a "
@@ -84,14 +88,29 @@ UNSAFE_WARNING = (
     "leave processes running and forge its own verdict. Only use this for code you trust. To isolate it: " + INSTALL_HINT + "."
 )
 
-# Runs in the child before the sandbox: die with the harness, join the run's control group,
-# apply the per-process limits, then exec the sandbox.
+# keyctl's system call number per machine (`platform.machine()`), for KEYCTL_JOIN_SESSION_KEYRING
+KEYCTL_SYSCALLS = {"x86_64": 250, "amd64": 250, "aarch64": 219, "arm64": 219, "riscv64": 219,
+                   "ppc64le": 280, "ppc64": 280, "s390x": 280, "i686": 288, "i386": 288, "armv7l": 311}
+KEYRING_EXIT = 71  # the launcher could not give the run a session keyring of its own
+
+# Runs in the child before the sandbox: die with the harness, leave the harness's session keyring
+# for a new, empty one (bubblewrap does not isolate keyrings: the run could read the harness's keys,
+# plant its own, or pass data to a later run through it), join the run's control group, apply the
+# per-process limits, then exec the sandbox. Where the kernel or a seccomp filter refuses keyrings
+# altogether (ENOSYS, EPERM), there is nothing to share.
 _LAUNCHER = (
-    "import ctypes, json, os, resource, sys\n"
+    "import ctypes, errno, json, os, resource, sys\n"
     "settings = json.loads(sys.argv[1])\n"
-    "ctypes.CDLL(None).prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
+    "libc = ctypes.CDLL(None, use_errno=True)\n"
+    "libc.prctl(1, 9, 0, 0, 0)\n"  # PR_SET_PDEATHSIG, SIGKILL
     "if os.getppid() != settings['parent']:\n"
     "    os._exit(70)\n"
+    "number = settings['keyctl']\n"
+    "if number is None or (libc.syscall(number, 1, None) < 0\n"  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+    "                      and ctypes.get_errno() not in (errno.ENOSYS, errno.EPERM)):\n"
+    "    sys.stderr.write('sandbox: cannot give the run a session keyring of its own (keyctl unknown on '\n"
+    "                     'this machine or refused); not running it\\n')\n"
+    f"    os._exit({KEYRING_EXIT})\n"
     "for procs in settings['cgroups']:\n"
     "    with open(procs, 'w') as handle:\n"
     "        handle.write(str(os.getpid()))\n"
@@ -408,9 +427,9 @@ class Sandbox:
                   str(result_fd)]
         nproc = self.limits.max_processes + overhead
         if os.getuid() != 0:  # the kernel counts every task of the user against RLIMIT_NPROC
-            nproc += _user_task_count(os.getuid())
+            nproc += _user_task_count(os.getuid()) + HARNESS_THREADS
         settings = {"parent": os.getpid(), "cgroups": cgroup.procs_files if cgroup else [],
-                    "rlimits": rlimits(self.limits, nproc)}
+                    "rlimits": rlimits(self.limits, nproc), "keyctl": KEYCTL_SYSCALLS.get(platform.machine())}
         prefix = bwrap_command(self.python, scratch / "in", self.limits.disk_bytes) \
             if self.isolation == "bwrap" else []
         return [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(settings), *prefix, *runner]

@@ -19,7 +19,10 @@ the program has no process of the sandbox's to take over (bubblewrap's own PID 1
 user's, dumpable, and can be traced and made to outlive the run). When the runner exits, the
 kernel kills every process left in the namespace, on a normal exit as well as on a timeout; the
 runner that checks a solution is not dumpable (`sandbox_runner`), so the solution cannot trace it,
-and signals from inside the namespace cannot kill an init.
+and keeps no signal handler the solution could trigger (the kernel drops an init's signals without one
+when they come from inside its namespace). ``/proc/sys`` is bound read-only over the new ``/proc``:
+bubblewrap covers it only where it finds it writable, and a root harness's runs are uid 0 to the
+kernel's sysctl files.
 """
 
 from __future__ import annotations
@@ -79,7 +82,9 @@ def bwrap_command(python: str, inputs: Path, disk_bytes: int) -> list[str]:
             command += ["--symlink", target, link]
         elif os.path.isdir(link) and not os.path.realpath(link).startswith("/usr/"):
             command += ["--ro-bind", link, link]
-    command += ["--proc", "/proc", "--dev", "/dev",
+    # bubblewrap covers /proc/sys only where it finds it writable, and a run of a root harness is the
+    # host's uid 0 to the kernel's sysctl files (0644 root): read-only, as the rest of /proc's knobs
+    command += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
                 "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
                 "--size", str(disk_bytes), "--tmpfs", "/tmp"]
     for path in interpreter_paths(python):

@@ -39,7 +39,8 @@ class SandboxLimits:
     Whole run (every process and thread it starts, via a control group when one can be created):
     `run_memory_bytes` of memory (tmpfs files included), `max_processes` tasks (processes plus
     threads, the program's main thread included; the sandbox's own processes come on top). Per process: `cpu_s` CPU seconds,
-    `memory_bytes` of address space, `max_file_bytes` per written file. Disk: the only writable
+    `memory_bytes` of address space, `max_file_bytes` per written file, `max_open_files` open files
+    (which also bounds what memfd files hold: each at most `max_file_bytes`). Disk: the only writable
     directory is a tmpfs of `disk_bytes` (bubblewrap). Wall clock: `timeout_s`."""
 
     timeout_s: float = 10.0
@@ -49,10 +50,11 @@ class SandboxLimits:
     max_processes: int = 32
     max_file_bytes: int = 16 * 1024**2
     disk_bytes: int = 64 * 1024**2
+    max_open_files: int = 64
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_s", "memory_bytes", "run_memory_bytes", "max_processes",
-                     "max_file_bytes", "disk_bytes"):
+                     "max_file_bytes", "disk_bytes", "max_open_files"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"SandboxLimits.{name} must be positive, got {getattr(self, name)!r}")
 
@@ -64,6 +66,7 @@ def rlimits(limits: SandboxLimits, nproc: int) -> dict[str, int]:
         "RLIMIT_AS": int(limits.memory_bytes),
         "RLIMIT_NPROC": int(nproc),
         "RLIMIT_FSIZE": int(limits.max_file_bytes),
+        "RLIMIT_NOFILE": int(limits.max_open_files),
         "RLIMIT_CORE": 0,
     }
 

@@ -13,8 +13,9 @@ Modes (first argument):
     non-dumpable (no ptrace, no access to its ``/proc/<pid>/fd`` or memory by its children), reads
     the trusted tests and helpers from its standard input (a pipe from the harness, read to its end
     before any untrusted code runs, so the solution can never read the expected answers), then starts a *second, fresh interpreter*
-    (``serve``, standard input /dev/null) that executes SOLUTION and answers calls to ENTRY_POINT over
-    two pipes. RESULT_FD is not inherited by that process. The checker executes
+    (``serve``, standard input /dev/null, standard output and error a pipe of the checker's, whose end
+    the checker passes on labelled) that executes SOLUTION and answers calls to ENTRY_POINT over
+    two pipes. RESULT_FD and the harness's output are not inherited by that process. The checker executes
     the trusted helpers (the task's prompt, for helper functions the tests use) and tests, and calls
     ``check(candidate)`` with a proxy that forwards each call. Arguments and return values cross as
     tagged JSON holding only None, bool, int, float, str, bytes, list, tuple, dict, set and
@@ -32,13 +33,18 @@ import linecache
 import math
 import os
 import runpy
+import select
+import signal
 import struct
 import subprocess
 import sys
+import threading
+import time
 import traceback
 
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 PR_SET_DUMPABLE = 4
+SOLUTION_OUTPUT_BYTES = 1500  # the end of the solution's own output that the checker passes on
 _HEADER = struct.Struct("<Q")
 
 
@@ -189,17 +195,62 @@ def _read_trusted_input():
     return trusted["tests"], trusted["helpers"]
 
 
+class _SolutionOutput:
+    """The solution's standard output and error, through a pipe of the checker's own: the harness's
+    output descriptor stays out of the solution's reach (it could otherwise write after the checker's
+    last line, or read the checker's traceback back). Drained in a thread; the end is kept."""
+
+    def __init__(self):
+        self.read_fd, self.write_fd = os.pipe()
+        self._kept = bytearray()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._drain, daemon=True)
+        self._thread.start()
+
+    def _drain(self):
+        deadline = None
+        while True:
+            readable, _, _ = select.select([self.read_fd], [], [], 0.05)
+            if self._stop.is_set():
+                # Processes the solution left behind may hold the pipe, and write to it without end:
+                # read what is there for at most one more interval, then stop.
+                deadline = deadline or time.monotonic() + 0.05
+                if not readable or time.monotonic() > deadline:
+                    return
+            if not readable:
+                continue
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                return
+            self._kept += chunk
+            del self._kept[:-SOLUTION_OUTPUT_BYTES]
+
+    def pass_on(self):
+        """Write the kept end of the solution's output to this process's standard error, labelled."""
+        self._stop.set()
+        self._thread.join()
+        if self._kept:
+            sys.stderr.write("--- the solution's output (its end) ---\n" + self._kept.decode(errors="replace")
+                             + "\n--- end of the solution's output ---\n")
+            sys.stderr.flush()
+
+
 def _check(solution, entry_point, result_fd):
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    # The checker is the PID namespace's init: the kernel drops signals from inside the namespace that
+    # have no handler, so the solution cannot interrupt it with SIGINT (Python's KeyboardInterrupt).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     tests, helpers = _read_trusted_input()
     request_read, request_write = os.pipe()
     reply_read, reply_write = os.pipe()
+    output = _SolutionOutput()
     candidate = subprocess.Popen(
         [sys.executable, "-I", "-S", __file__, "serve", solution, entry_point,
          str(request_read), str(reply_write)],
-        pass_fds=(request_read, reply_write), close_fds=True, stdin=subprocess.DEVNULL)
-    os.close(request_read)
-    os.close(reply_write)
+        pass_fds=(request_read, reply_write), close_fds=True, stdin=subprocess.DEVNULL,
+        stdout=output.write_fd, stderr=output.write_fd)
+    for fd in (request_read, reply_write, output.write_fd):
+        os.close(fd)
 
     def proxy(*args, **kwargs):
         send(request_write, {"args": encode(list(args)), "kwargs": encode(dict(kwargs))})
@@ -229,6 +280,7 @@ def _check(solution, entry_point, result_fd):
         os.close(request_write)
         candidate.kill()
         candidate.wait()
+        output.pass_on()
     sys.stdout.flush()
     os.write(result_fd, b"passed")
 

@@ -3,6 +3,7 @@ be contained (or, without isolation, refused). docs/security.md tabulates these 
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -278,6 +279,103 @@ def test_files_planted_in_the_working_directory_do_not_reach_the_checker(sandbox
     result = sandbox.check(planted + WRONG, TESTS, "add")
     assert result.status == "failed", result
     assert "assert f(2, 3) == 5" in result.output and "FORGED" not in result.output, result.output
+
+
+def test_kernel_settings_under_proc_sys_are_read_only(sandbox: Sandbox) -> None:
+    # A root harness's runs are uid 0 to the kernel's sysctl files (0644 root), which bubblewrap left
+    # writable: kernel.core_pattern among them (a program run as root on the next crash).
+    result = sandbox.run(_program("""
+        import errno, os
+        for name in ('fs/lease-break-time', 'kernel/core_pattern', 'vm/drop_caches'):
+            try:
+                os.close(os.open('/proc/sys/' + name, os.O_WRONLY))
+                print('writable', name)
+            except OSError as error:
+                print('refused', name, errno.errorcode[error.errno])
+    """))
+    assert result.passed and "writable" not in result.output and result.output.count("refused") == 3, result.output
+
+
+# Run in a process of its own (it joins a session keyring): the harness holds a secret key in its session
+# keyring; a run tries to read it and to plant a key there.
+_KEYRING_PROBE = textwrap.dedent("""
+    import ctypes, json, platform, sys
+    from hf_securesd.bench.sandbox import Sandbox, SandboxLimits
+    libc = ctypes.CDLL(None, use_errno=True)
+    KEYCTL, ADD_KEY = {"x86_64": (250, 248), "aarch64": (219, 217)}[platform.machine()]
+    SESSION = -3
+    if libc.syscall(KEYCTL, 1, None) < 0:  # KEYCTL_JOIN_SESSION_KEYRING
+        print(json.dumps({"skip": "keyrings are not available here"}))
+        sys.exit(0)
+    secret = libc.syscall(ADD_KEY, b"user", b"harness-secret", b"TOP-SECRET", 10, SESSION)
+    program = (
+        "import ctypes\\n"
+        "libc = ctypes.CDLL(None, use_errno=True)\\n"
+        "buffer = ctypes.create_string_buffer(64)\\n"
+        f"print('read', libc.syscall({KEYCTL}, 11, {secret}, buffer, 64), buffer.raw[:10])\\n"
+        f"print('planted', libc.syscall({ADD_KEY}, b'user', b'from-sandbox', b'x', 1, -3) > 0)\\n"
+    )
+    result = Sandbox(SandboxLimits(timeout_s=20)).run(program)
+    ids = (ctypes.c_int32 * 64)()
+    count = libc.syscall(KEYCTL, 11, SESSION, ids, ctypes.sizeof(ids))  # KEYCTL_READ of a keyring: its keys
+    print(json.dumps({"output": result.output, "keys": list(ids[: count // 4]), "secret": secret}))
+""")
+
+
+def test_the_harness_keyring_is_out_of_reach_and_runs_cannot_pass_data_through_one() -> None:
+    # bubblewrap does not isolate kernel keyrings: a run shared its harness's session keyring (read its
+    # keys, planted its own: a channel from one run to the next). The launcher gives each run a new one.
+    probe = subprocess.run([sys.executable, "-c", _KEYRING_PROBE], capture_output=True, text=True, timeout=120)
+    assert probe.returncode == 0, probe.stderr
+    seen = json.loads(probe.stdout.strip().splitlines()[-1])
+    if "skip" in seen:
+        pytest.skip(seen["skip"])
+    assert "TOP-SECRET" not in seen["output"] and "read -1" in seen["output"], seen["output"]
+    assert seen["keys"] == [seen["secret"]], seen  # nothing planted in the harness's keyring
+
+
+def test_the_solution_cannot_touch_the_harness_output_and_its_own_is_passed_on(sandbox: Sandbox) -> None:
+    # A process the solution leaves behind used to write (or read back) the harness's output pipe after
+    # the checker's last line; the solution now writes to a pipe of the checker's, passed on labelled,
+    # and one that never stops writing does not hold the checker up.
+    flood = "import os\nwhile True:\n    os.write(1, b'All tests passed; verdict: passed\\n')\n"
+    solution = _program(f"""
+        import subprocess, sys
+        print('the solution speaks', flush=True)
+        subprocess.Popen([sys.executable, '-c', {flood!r}], start_new_session=True)
+    """)
+    result = sandbox.check(solution + WRONG, TESTS, "add")
+    assert result.status == "failed", result
+    assert result.output.rstrip().endswith("AssertionError"), result.output
+    assert "--- end of the solution's output ---" in result.output
+
+
+def test_the_checker_cannot_be_interrupted_from_inside(sandbox: Sandbox) -> None:
+    # Python's SIGINT handler made the checker (the namespace's init) exit with status 130.
+    storm = _program("""
+        import os, signal
+        for _ in range(200):
+            os.kill(1, signal.SIGINT)
+            os.kill(1, signal.SIGTERM)
+    """)
+    result = sandbox.check(storm + "def add(a, b):\n    return a + b\n", TESTS, "add")
+    assert result.passed, result
+
+
+def test_open_files_are_limited(sandbox: Sandbox) -> None:
+    # memfd files written with write() count against no address space: the number a process holds open
+    # (each at most max_file_bytes) bounds them
+    result = sandbox.run(_program("""
+        import os
+        opened = []
+        try:
+            for index in range(1000):
+                opened.append(os.memfd_create(f'm{index}'))
+        except OSError as error:
+            print('stopped at', len(opened), error.strerror)
+    """))
+    stopped = int(result.output.split("stopped at")[1].split()[0])
+    assert stopped < LIMITS.max_open_files, result.output
 
 
 # --- point 3: forged passes -------------------------------------------------------------------
