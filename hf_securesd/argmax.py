@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+import numpy as np
 import torch
 
 NUMPY_FROM = 512  # entries from which NumPy's argmax (with its conversions) costs less than torch's
@@ -73,6 +74,16 @@ def vocab_argmax(values: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
     inside = _first_maximum(chunks.gather(1, best_chunk[:, :, None].expand(-1, 1, size)), keepdim=False)  # [R, 1]
     index = best_chunk * size + inside
     return index.view(*lead, 1) if keepdim else index.view(lead)
+
+
+def host_argmax(values: torch.Tensor) -> np.ndarray:
+    """`vocab_argmax(values)` for a CPU tensor [..., V], as a NumPy int array [...] (no torch tensor is
+    built where NumPy reduces it)."""
+    if values.dtype in _NUMPY_DTYPES and values.numel() >= NUMPY_FROM and (
+        values.numel() < NUMPY_BELOW or torch.get_num_threads() == 1
+    ):
+        return values.detach().numpy().argmax(axis=-1)
+    return vocab_argmax(values).numpy()
 
 
 def _numpy_argmax(values: torch.Tensor, keepdim: bool) -> torch.Tensor:

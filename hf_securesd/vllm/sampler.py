@@ -27,13 +27,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from functools import lru_cache
+from itertools import accumulate
 from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
 
 from .. import step as core_step
-from ..argmax import vocab_argmax
+from ..argmax import host_argmax, vocab_argmax
 from ..host_values import long_tensor
 from ..step import RowSpec, StepOutput, VerificationRound
 from ..verifiers.base import Verifier
@@ -152,13 +153,9 @@ class _Layout:
     starts: list[int]
 
     def __init__(self, num_draft_tokens: Sequence[int]) -> None:
-        counts = [int(n) for n in num_draft_tokens]
-        starts, total = [], 0
-        for n in counts:
-            starts.append(total)
-            total += n
+        counts = list(map(int, num_draft_tokens))
         object.__setattr__(self, "counts", counts)
-        object.__setattr__(self, "starts", starts)
+        object.__setattr__(self, "starts", [0, *accumulate(counts)][:-1])
 
 
 def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layout: _Layout) -> list[int]:
@@ -275,8 +272,8 @@ def _round(
     flags = [bool(greedy[row]) for row in rows]
     full = all(n == k for n in counts)
     viewed = full and rows == tuple(range(len(layout.counts))) and all(n == k for n in layout.counts)
-    argmax_round = not reads_draft_logits([plan.request for plan in plans], flags)
     lossless = all(plan.request.verifier.is_lossless for plan in plans)
+    argmax_round = lossless and all(flags)  # `reads_draft_logits` false: the rule reads x* alone
     argmax = processed = raw = None
     if argmax_round and target_logits.is_cpu and draft_token_ids.is_cpu and bonus_logits.is_cpu:
         drafts, argmax = _host_argmax_round(rows, counts, layout, viewed, draft_token_ids, target_logits, bonus_logits)
@@ -344,8 +341,8 @@ def _host_argmax_round(
     size, k = len(rows), max(counts)
     if bonus_logits.dtype != target_logits.dtype:
         bonus_logits = bonus_logits.to(target_logits.dtype)
-    at_drafts = vocab_argmax(target_logits).numpy()
-    at_bonus = vocab_argmax(bonus_logits).numpy()
+    at_drafts = host_argmax(target_logits)
+    at_bonus = host_argmax(bonus_logits)
     drafts = draft_token_ids.numpy()
     if viewed:
         best = np.concatenate([at_drafts.reshape(size, k), at_bonus.reshape(size, 1)], axis=1)
@@ -387,7 +384,7 @@ def _row_specs(plans: Sequence[RowPlan]) -> tuple[RowSpec, ...]:
     sees one group without comparing them row by row (its grouping by equality, the verifiers' hash
     and ==, gives the same groups). A batch of the same requests (the same `SecureSDRequest` objects,
     which the runner keeps per request, and generators) gets the RowSpecs built for it before."""
-    owners = tuple(owner for plan in plans for owner in (plan.request, plan.generator))
+    owners = tuple([owner for plan in plans for owner in (plan.request, plan.generator)])
     key = tuple(map(id, owners))
     kept = _ROW_SPECS.get(key)
     if kept is not None:
