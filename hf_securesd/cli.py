@@ -16,6 +16,7 @@ import sys
 
 EXIT_JUDGE_FAILED = 3
 EXIT_IN_USE = 4
+MAX_DURATION_S = 7 * 24 * 3600  # the longest timeout or deadline an option takes: 7 days
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("hf_securesd.demo", "side-by-side answers: target-only, relaxed verifier, SecureSD"),
     "models": ("hf_securesd.models.cli", "resolve, fetch and cache the default draft/target pair"),
@@ -62,6 +63,34 @@ def positive_float(text: str) -> float:
     if not math.isfinite(value) or value <= 0:
         raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text}")
     return value
+
+
+def non_negative_int(text: str) -> int:
+    """An option's whole number >= 0 (an argparse type): negatives are refused at parse time."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
+    return value
+
+
+def duration_seconds(text: str) -> float:
+    """An option's seconds: a finite number > 0 and at most `MAX_DURATION_S` (7 days), so that
+    adding it to a clock or a timestamp cannot overflow."""
+    value = positive_float(text)
+    if value > MAX_DURATION_S:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_DURATION_S} seconds (7 days), got {text}")
+    return value
+
+
+def non_empty_text(text: str) -> str:
+    """An option's name, path or URL (an argparse type): an empty or blank value is refused, never
+    taken as "not given"."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a non-empty value, got an empty one")
+    return text
 
 
 def environment_variable(text: str) -> str:

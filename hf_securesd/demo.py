@@ -24,6 +24,7 @@ import argparse
 import json
 import shutil
 import sys
+import tempfile
 import textwrap
 import time
 from dataclasses import asdict, dataclass
@@ -117,6 +118,21 @@ def check_json_path(path: Path | None) -> None:
         raise ValueError(f"--json {path} is a folder; give a file name, e.g. {path / 'demo.json'}")
     if not path.parent.is_dir():
         raise ValueError(f"--json {path}: the folder {path.parent} does not exist; create it or choose another")
+    if not writable(path):
+        raise ValueError(f"--json {path} cannot be written here; choose a file in a folder you can write to")
+
+
+def writable(path: Path) -> bool:
+    """Whether `path` (in an existing folder) can be written: an existing file opened for appending, else a
+    scratch file created (and removed) beside it; nothing is left behind."""
+    try:
+        if path.exists():
+            with path.open("ab"):
+                return True
+        with tempfile.TemporaryFile(dir=path.parent):
+            return True
+    except OSError:
+        return False
 
 
 def label(verifier) -> str:

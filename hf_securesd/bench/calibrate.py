@@ -19,7 +19,7 @@ from typing import Any, Sequence
 from hf_securesd.bench.analysis import Cell, mean_of, speculative_cells
 from hf_securesd.bench.plan import LOSSLESS, RunConfig, parse_verifier, verifier_label
 from hf_securesd.schedules import Schedule, Step
-from hf_securesd.segments import Segments
+from hf_securesd.segments import Segments, check_boundary_ids
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12)
 
@@ -95,6 +95,36 @@ def calibration_configs(
                 for length in sorted(set(lengths))
             )
     return configs
+
+
+def check_lengths(lengths: Sequence[int]) -> None:
+    """Refuse a negative --L before anything is generated."""
+    negative = [length for length in lengths if length < 0]
+    if negative:
+        raise ValueError(f"--L {negative[0]}: each L must be an integer >= 0 (the number of leading response "
+                         "tokens verified losslessly; 1 is the paper's default)")
+
+
+def check_fraction(option: str, value: float) -> None:
+    """Refuse a fraction outside [0, 1] for `option`."""
+    if not 0 <= value <= 1:
+        raise ValueError(f"{option} {value}: give a fraction between 0 and 1 (e.g. 0.1 for 10%)")
+
+
+def check_boundaries_in_vocabulary(configs: Sequence[RunConfig], engine: Any) -> None:
+    """Refuse --segment-boundary token ids outside the target's vocabulary before anything is generated
+    (engines that run no model in this process are checked by their servers)."""
+    from hf_securesd.validation import vocab_size
+
+    target = getattr(getattr(engine, "models", None), "target", None)
+    if target is None:
+        return
+    size = vocab_size(target)
+    for config in configs:
+        try:
+            check_boundary_ids(config.schedule, size)
+        except ValueError as error:
+            raise ValueError(f"--segment-boundary: {error}") from None
 
 
 def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:

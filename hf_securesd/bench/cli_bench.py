@@ -24,6 +24,8 @@ command again scores them); 4 another run holds --out (`EXIT_IN_USE`).
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -38,7 +40,7 @@ from hf_securesd.bench.cli_engines import (
 )
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
 from hf_securesd.bench.results import REMOTE_ENGINES
-from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, positive_int
+from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text, non_negative_int, positive_int
 
 
 def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
@@ -50,9 +52,9 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         help=f"study size and defaults (default: {default_profile})",
     )
     parser.add_argument(
-        "--target", default=None, help="target model: registry name, Hub id, folder, or 'tiny'"
+        "--target", type=non_empty_text, default=None, help="target model: registry name, Hub id, folder, or 'tiny'"
     )
-    parser.add_argument("--draft", default=None, help="draft model: registry name, Hub id, folder, or 'tiny'")
+    parser.add_argument("--draft", type=non_empty_text, default=None, help="draft model: registry name, Hub id, folder, or 'tiny'")
     parser.add_argument("--tasks", nargs="+", default=None, help="benchmark tasks (default: the profile's)")
     parser.add_argument(
         "--limit",
@@ -71,16 +73,16 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--num-assistant-tokens", type=positive_int, default=None, help="draft tokens per round k (default 5)"
     )
     parser.add_argument(
-        "--seed", type=int, default=None, help="task sampling seed (default: each task's own, 0)"
+        "--seed", type=non_negative_int, default=None, help="task sampling seed (default: each task's own, 0)"
     )
     parser.add_argument(
-        "--data-dir", default=None, help="local benchmark data (default: $SECURESD_DATA_DIR, else the Hub)"
+        "--data-dir", type=non_empty_text, default=None, help="local benchmark data (default: $SECURESD_DATA_DIR, else the Hub)"
     )
     parser.add_argument(
-        "--out", type=Path, required=True, help="results directory (created; reused to resume)"
+        "--out", type=out_path, required=True, help="results directory (created; reused to resume)"
     )
     parser.add_argument(
-        "--device", default="auto", help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ..."
+        "--device", type=non_empty_text, default="auto", help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ..."
     )
     parser.add_argument(
         "--dtype",
@@ -105,7 +107,7 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         help="judge constructor argument (repeatable)",
     )
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
-    parser.add_argument("--cache-dir", default=None, help="folder of the offline model copies")
+    parser.add_argument("--cache-dir", type=non_empty_text, default=None, help="folder of the offline model copies")
     parser.add_argument(
         "--batch-size", type=positive_int, default=None, help="prompts per generate call (default: the profile's)"
     )
@@ -126,21 +128,29 @@ def accept_underscores(parser: argparse.ArgumentParser) -> None:
                 parser._option_string_actions.setdefault(alias, action)
 
 
+def out_path(text: str) -> Path:
+    """``--out`` (an argparse type): an empty or blank path is refused (``Path('')`` is the current
+    folder, which would receive the results)."""
+    return Path(non_empty_text(text))
+
+
 def check_out_dir(out: Path) -> None:
-    """Refuse, before any model is loaded, an --out that is a file or cannot be created. A missing --out
-    is created to find out and removed again (with any parent created for it): the run creates it."""
+    """Refuse, before any model is loaded, an --out that is a file or cannot be created. Nothing is
+    created or removed here: a missing --out needs its nearest existing folder to be a writable
+    directory, and no ``..`` below it (it would step out of a folder the run would have to create)."""
     if out.exists():
         if not out.is_dir():
             raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
         return
     absolute = out.absolute()
-    missing = [absolute, *[parent for parent in absolute.parents if not parent.exists()]]
-    try:
-        absolute.mkdir(parents=True)
-    except OSError as error:
-        raise ValueError(f"--out {out} cannot be created ({error.strerror}); give a writable directory") from None
-    for created in missing:  # the leaf first, then its new parents
-        created.rmdir()
+    existing = next(parent for parent in absolute.parents if parent.exists())
+    missing = absolute.relative_to(existing).parts
+    if ".." in missing:
+        raise ValueError(f"--out {out} steps out ('..') of a folder that does not exist; give the path without '..'")
+    if not existing.is_dir():
+        raise ValueError(f"--out {out}: {existing} is a file; give a directory (created if missing)")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out} cannot be created ({existing} is not writable); give a writable directory")
 
 
 def parse_limit(text: str) -> int | float:
@@ -149,6 +159,8 @@ def parse_limit(text: str) -> int | float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"--limit takes a count or a fraction, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"--limit {text}: give a finite count >= 1 or a fraction in (0, 1)")
     if value >= 1:
         if value != int(value):
             raise argparse.ArgumentTypeError(f"--limit {text}: a count must be a whole number (or use 0 < f < 1)")
@@ -322,6 +334,14 @@ def study_exit_code(error: Exception) -> int:
     return code
 
 
+def check_schedules_have_verifiers(args: argparse.Namespace) -> None:
+    """Refuse --schedules without --verifiers for the openai engine: it runs no relaxed verifier
+    unless asked, so the schedules would be dropped (the in-process engines use the profile's)."""
+    if args.engine == "openai" and args.schedules and not args.verifiers:
+        raise ValueError("--schedules with --engine openai needs --verifiers (e.g. --verifiers mars:0.5); "
+                         "without it no schedule is run")
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
     from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
@@ -334,6 +354,7 @@ def run(args: argparse.Namespace) -> int:
         # the openai engine sends the plugin's request fields only when asked (an audited deployment
         # may not have the plugin); the in-process engines run the profile's sweep by default
         verifiers = args.verifiers if args.engine == "openai" else args.verifiers or profile.verifiers
+        check_schedules_have_verifiers(args)
         sweep = sweep_configs(verifiers, schedules) if verifiers else []
         configs = [*endpoint_configs(args), *sweep]
         check_out_dir(args.out)

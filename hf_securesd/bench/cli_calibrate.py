@@ -164,17 +164,27 @@ def _markdown(
 
 
 def run(args: argparse.Namespace) -> int:
-    from hf_securesd.bench.calibrate import calibration_configs, recommend, verifier_labels
+    from hf_securesd.bench.calibrate import (
+        calibration_configs,
+        check_boundaries_in_vocabulary,
+        check_fraction,
+        check_lengths,
+        recommend,
+        verifier_labels,
+    )
     from hf_securesd.bench.plan import resolve_text_boundaries
     from hf_securesd.bench.results import ResultsDir
     from hf_securesd.bench.runner import run_study
 
     try:
+        check_lengths(args.lengths)
+        check_fraction("--spd-tolerance", args.spd_tolerance)
         segments = segments_template(args.segment_boundary, args.segment_before)
         configs = calibration_configs(args.verifier, args.lengths, segments)
         check_out_dir(args.out)
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
+        check_boundaries_in_vocabulary(configs, engine)
     except (KeyError, ValueError, FileNotFoundError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -22,8 +22,44 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
 from hf_securesd.bench.profiles import TINY
-from hf_securesd.cli import environment_variable, positive_float, positive_int
+from hf_securesd.cli import (
+    duration_seconds,
+    environment_variable,
+    non_empty_text,
+    non_negative_int,
+    positive_int,
+)
 from hf_securesd.judges.secrets import redact, url_before_query
+
+DEFAULT_REQUEST_TIMEOUT_S = 300.0
+DEFAULT_CONCURRENCY = 4
+DEFAULT_MAX_RETRIES = 4
+# option dest -> (flag, the engine it belongs to, its default): given with another engine, it is refused
+ENGINE_OPTIONS: dict[str, tuple[str, str, Any]] = {
+    "base_url": ("--base-url", "openai", None),
+    "model": ("--model", "openai", None),
+    "api_key_env": ("--api-key-env", "openai", None),
+    "chat": ("--chat", "openai", False),
+    "token_ids": ("--token-ids", "openai", False),
+    "tokenizer": ("--tokenizer", "openai", None),
+    "endpoint": ("--endpoint", "openai", []),
+    "endpoint_api_key_env": ("--endpoint-api-key-env", "openai", []),
+    "baseline": ("--baseline", "openai", None),
+    "draft_baseline": ("--draft-baseline", "openai", None),
+    "request_timeout": ("--request-timeout", "openai", DEFAULT_REQUEST_TIMEOUT_S),
+    "run_deadline": ("--run-deadline", "openai", None),
+    "concurrency": ("--concurrency", "openai", DEFAULT_CONCURRENCY),
+    "max_retries": ("--max-retries", "openai", DEFAULT_MAX_RETRIES),
+    "vllm_option": ("--vllm-option", "vllm", []),
+}
+
+
+def url_text(text: str) -> str:
+    """An endpoint URL option (an argparse type): non-empty, without whitespace or control
+    characters (a ``\\r\\n`` in it would split the request line)."""
+    if any(character.isspace() or not character.isprintable() for character in non_empty_text(text)):
+        raise argparse.ArgumentTypeError("expected a URL without spaces or control characters")
+    return text
 
 
 def add_engine_options(parser: argparse.ArgumentParser) -> None:
@@ -38,12 +74,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--base-url",
+        type=url_text,
         default=None,
         help="openai: the server (http://host:port/v1); --verifiers/--schedules go to it as "
         "the plugin's request fields, and without --baseline it serves the target baseline",
     )
     group.add_argument(
         "--model",
+        type=non_empty_text,
         default=None,
         help="openai: the model name sent in requests (default: the first the server lists)",
     )
@@ -68,6 +106,7 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--tokenizer",
+        type=non_empty_text,
         default=None,
         help="openai completions: the tokenizer whose chat template builds prompts (default: --target)",
     )
@@ -101,27 +140,27 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--request-timeout",
-        type=positive_float,
-        default=300.0,
-        help="openai: seconds for one whole request, headers and body (default 300)",
+        type=duration_seconds,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        help="openai: seconds for one whole request, headers and body (default 300; at most 7 days)",
     )
     group.add_argument(
         "--run-deadline",
-        type=positive_float,
+        type=duration_seconds,
         default=None,
-        help="openai: seconds for the whole run; requests still waiting then are recorded as "
-        "failed (a rerun completes them), and the judge sends nothing more",
+        help="openai: seconds for the whole run (at most 7 days); requests still waiting then are recorded "
+        "as failed (a rerun completes them), and the judge sends nothing more",
     )
     group.add_argument(
         "--concurrency",
         type=positive_int,
-        default=4,
+        default=DEFAULT_CONCURRENCY,
         help="openai: requests in flight at once (default 4; at most --batch-size are sent together)",
     )
     group.add_argument(
         "--max-retries",
-        type=int,
-        default=4,
+        type=non_negative_int,
+        default=DEFAULT_MAX_RETRIES,
         help="openai: retries of a request after 429/5xx/connection errors/bad replies (default 4)",
     )
     group.add_argument(
@@ -164,8 +203,9 @@ def study_models(args: argparse.Namespace, target: str, draft: str) -> tuple[str
     return served, f"endpoint:{args.draft_baseline}" if args.draft_baseline else "none"
 
 
-def _tokenizer(name: str, offline: bool | None, cache_dir: str | None) -> Any:
-    """A tokenizer by registry name, Hub id, folder or ``tiny`` (the byte tokenizer)."""
+def _tokenizer(name: str, offline: bool | None, cache_dir: str | None, flag: str = "--tokenizer") -> Any:
+    """A tokenizer by registry name, Hub id, folder or ``tiny`` (the byte tokenizer); one that cannot
+    be loaded is an EngineError naming `flag`."""
     if name == TINY:
         from hf_securesd.tiny import byte_tokenizer
 
@@ -174,7 +214,33 @@ def _tokenizer(name: str, offline: bool | None, cache_dir: str | None) -> Any:
 
     from hf_securesd.models import resolve_model
 
-    return AutoTokenizer.from_pretrained(resolve_model(name, offline=offline, cache_dir=cache_dir))
+    try:
+        return AutoTokenizer.from_pretrained(resolve_model(name, offline=offline, cache_dir=cache_dir))
+    except OSError as error:
+        raise unloadable(f"{flag} {name}", error) from None
+
+
+def unloadable(what: str, error: OSError) -> EngineError:
+    """The one-line error for models or tokenizers (`what`: the options and names) that transformers
+    could not load."""
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return EngineError(
+        f"{what}: cannot be loaded ({reason}); give a registry name, Hub id or folder that exists, "
+        "or --offline (with --cache-dir) for copies fetched with `securesd models`"
+    )
+
+
+def check_engine_options(args: argparse.Namespace) -> None:
+    """EngineError for an option of one engine given with another (it would be silently ignored).
+    An option counts as given when it differs from its default. An engine registered outside this
+    package reads what it wants of `args` (`Engine.from_cli`), so nothing is refused for it."""
+    engine = getattr(args, "engine", "hf")
+    if engine not in {owner for _, owner, _ in ENGINE_OPTIONS.values()} | {"hf"}:
+        return
+    for dest, (flag, owner, default) in ENGINE_OPTIONS.items():
+        if owner != engine and getattr(args, dest, default) != default:
+            raise EngineError(f"{flag} needs --engine {owner} (it is not used by --engine {engine}); "
+                              f"drop it or pass --engine {owner}")
 
 
 def check_endpoint_urls(base_url: str | None, endpoints: dict[str, str]) -> None:
@@ -185,6 +251,9 @@ def check_endpoint_urls(base_url: str | None, endpoints: dict[str, str]) -> None
     urls += [(f"--endpoint {name}=", url, f"--endpoint-api-key-env {name}=NAME")
              for name, url in endpoints.items()]
     for flag, url, key_option in urls:
+        if not url.strip() or any(character.isspace() or not character.isprintable() for character in url):
+            raise EngineError(f"{flag.strip()}: the URL is empty or has spaces or control characters; "
+                              "give a URL such as http://host:port/v1")
         before_query = url_before_query(url)
         if before_query is not None:
             shown = f"{redact(before_query)}{url[len(before_query)]}..."
@@ -227,16 +296,12 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
         from hf_securesd.bench.engines.hf import HFEngine
         from hf_securesd.bench.loading import load_study_models
 
-        return HFEngine(
-            load_study_models(
-                settings.target,
-                settings.draft,
-                device=settings.device,
-                dtype=settings.dtype,
-                offline=args.offline,
-                cache_dir=args.cache_dir,
-            )
-        )
+        try:
+            models = load_study_models(settings.target, settings.draft, device=settings.device,
+                                       dtype=settings.dtype, offline=args.offline, cache_dir=args.cache_dir)
+        except OSError as error:
+            raise unloadable(f"--target {settings.target} / --draft {settings.draft}", error) from None
+        return HFEngine(models)
     if name == "vllm":
         from hf_securesd.bench.engines.vllm import VLLMEngine
         from hf_securesd.bench.loading import _describe
@@ -247,15 +312,18 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
                 "the vllm engine loads models from folders; save a pair with save_pretrained "
                 "and pass the folders as --target/--draft"
             )
-        target, draft = (
-            resolve_model(role, offline=args.offline, cache_dir=args.cache_dir)
-            for role in (settings.target, settings.draft)
-        )
+        try:
+            target, draft = (
+                resolve_model(role, offline=args.offline, cache_dir=args.cache_dir)
+                for role in (settings.target, settings.draft)
+            )
+        except OSError as error:
+            raise unloadable(f"--target {settings.target} / --draft {settings.draft}", error) from None
         options = vllm_options(args.vllm_option)
         return VLLMEngine(
             target,
             draft,
-            _tokenizer(target, args.offline, args.cache_dir),
+            _tokenizer(target, args.offline, args.cache_dir, flag="--target"),
             dtype=settings.dtype,
             num_assistant_tokens=settings.num_assistant_tokens,
             seed=settings.seed or 0,
@@ -278,8 +346,9 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
                 "--engine openai without --chat builds prompts with a tokenizer's chat template: "
                 "give --tokenizer NAME (or --target), or pass --chat"
             )
+        flag = "--tokenizer" if args.tokenizer else "--target"
         tokenizer = (
-            None if tokenizer_name is None else _tokenizer(tokenizer_name, args.offline, args.cache_dir)
+            None if tokenizer_name is None else _tokenizer(tokenizer_name, args.offline, args.cache_dir, flag)
         )
         endpoint_settings = OpenAISettings(
             base_url=args.base_url,
@@ -304,9 +373,8 @@ def endpoint_configs(args: argparse.Namespace) -> list:
     from hf_securesd.bench.engines.openai import parse_endpoints
     from hf_securesd.bench.plan import RunConfig
 
+    check_engine_options(args)
     if getattr(args, "engine", "hf") != "openai":
-        if getattr(args, "endpoint", None):
-            raise EngineError("--endpoint needs --engine openai")
         return []
     baselines = {args.baseline, args.draft_baseline}
     return [

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
+
+from hf_securesd.bench.results import results_path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``securesd report``."""
-    parser.add_argument("results", type=Path, help="results directory written by `securesd bench`")
+    parser.add_argument("results", type=results_path, help="results directory written by `securesd bench`")
 
 
 def run(args: argparse.Namespace) -> int:

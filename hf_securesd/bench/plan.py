@@ -167,16 +167,22 @@ def _parse_json_schedule(spec: str) -> Schedule:
 def parse_verifier(spec: str) -> list[Verifier]:
     """``mars`` -> the relaxed points of the SPEC.md §4 sweep (the lossless end is run once, as the
     ``lossless`` verifier); ``mars:0.9,0.5`` -> those knob values; ``lossless`` -> [Lossless()]."""
-    name, _, values = spec.strip().lower().partition(":")
+    name, colon, values = spec.strip().lower().partition(":")
     if name not in VERIFIERS:
         raise ValueError(f"unknown verifier {name!r} in {spec!r}; choose from {', '.join(VERIFIERS)}")
     cls = VERIFIERS[name]
     if name == "lossless":
+        if colon:
+            raise ValueError(f"verifier {spec!r}: lossless takes no value; give it as lossless")
         return [Lossless()]
-    if not values:
+    if not colon:
         return [verifier for verifier in cls.sweep() if not verifier.is_lossless]
+    items = values.split(",")
+    if not all(item.strip() for item in items):
+        raise ValueError(f"verifier {spec!r} has an empty value; give {name} (its sweep) or "
+                         f"{name}:V1,V2 with a number between the commas, e.g. {name}:0.9,0.5")
     try:
-        knob_values = [float(value) for value in values.split(",") if value.strip()]
+        knob_values = [float(value) for value in items]
     except ValueError as error:
         raise ValueError(f"bad knob values in {spec!r}: give numbers, e.g. {name}:0.9,0.5") from error
     return [cls(**{cls.knob: value}) for value in knob_values]

@@ -386,6 +386,8 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     seed = manifest.get("seed") or 0
     base = baselines(cells)
     out = results.path / "report"
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{out} is not a folder; move that file away so `report` can write the report there")
     out.mkdir(exist_ok=True)
     main = primary_cells(cells)
     tasks = list(dict.fromkeys(cell["task"] for cell in main))

@@ -26,11 +26,10 @@ import argparse
 import math
 import os
 import sys
-from pathlib import Path
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import derived_fields
-from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines
+from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines, results_path
 from hf_securesd.bench.tasks import ScoreOptions, get_task, task_names
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED
 from hf_securesd.judges import JudgeError, describe_judge
@@ -75,6 +74,7 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str],
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(task_names())}")
     with ResultsDir(results_dir) as results:
+        results.read_manifest()  # an existing results directory, before the lock creates anything
         results.lock()
         manifest = results.read_manifest()
         options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"),
@@ -111,7 +111,7 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str],
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``securesd rescore``."""
-    parser.add_argument("results", type=Path, help="results directory written by `securesd bench`")
+    parser.add_argument("results", type=results_path, help="results directory written by `securesd bench`")
     parser.add_argument("--tasks", nargs="+", required=True, help="tasks whose cells are re-scored")
     parser.add_argument("--data-dir", default=os.environ.get("SECURESD_DATA_DIR"),
                         help="local benchmark data (default: $SECURESD_DATA_DIR, else the Hub)")

@@ -67,29 +67,64 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="refusal_prefix: normalised text, refusal at the start (default); "
                              "refusal_prefix_exact: JailbreakBench's case-sensitive substring rule")
     parser.add_argument("--data-dir", help=f"folder holding {COMPARISON_FILE} (default: ${DATA_DIR_ENV})")
-    parser.add_argument("--prefix-list", choices=tuple(PREFIX_LISTS), default="jailbreakbench",
-                        help="refusal_prefix(_exact): which refusal-string list to use")
-    parser.add_argument("--backend", choices=("openai", "transformers"), default="openai",
-                        help="strongreject: OpenAI-compatible endpoint (SECURESD_JUDGE_* variables) "
+    parser.add_argument("--prefix-list", choices=tuple(PREFIX_LISTS), default=None,
+                        help="refusal_prefix(_exact): which refusal-string list to use (default: jailbreakbench)")
+    parser.add_argument("--backend", choices=("openai", "transformers"), default=None,
+                        help="strongreject: OpenAI-compatible endpoint (SECURESD_JUDGE_* variables, the default) "
                              "or local model")
     parser.add_argument("--model", help="strongreject: judge model (Hub id or folder for transformers)")
-    parser.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD,
-                        help="strongreject: attack succeeded when the score exceeds this")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=512, help="strongreject with transformers")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help=f"strongreject: attack succeeded when the score exceeds this (default {DEFAULT_THRESHOLD})")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None,
+                        help="strongreject with transformers (default 512)")
     parser.add_argument("--limit", type=positive_int, help="judge only the first N rows (N >= 1)")
 
 
+# options given on the command line that only some judges (and backends) use: option -> (dest, who uses it)
+_JUDGE_OPTIONS = {
+    "--prefix-list": ("prefix_list", "refusal_prefix and refusal_prefix_exact"),
+    "--backend": ("backend", "strongreject"),
+    "--model": ("model", "strongreject"),
+    "--threshold": ("threshold", "strongreject"),
+    "--max-new-tokens": ("max_new_tokens", "strongreject with --backend transformers"),
+}
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """Refuse options the chosen judge (and backend) would ignore, and a threshold that is not a number."""
+    strongreject = args.judge == "strongreject"
+    unused = {"--prefix-list": strongreject, "--backend": not strongreject, "--model": not strongreject,
+              "--threshold": not strongreject,
+              "--max-new-tokens": not (strongreject and args.backend == "transformers")}
+    for option, ignored in unused.items():
+        dest, users = _JUDGE_OPTIONS[option]
+        if ignored and getattr(args, dest) is not None:
+            raise ValueError(f"{option} is used only by {users}, not by --judge {args.judge}"
+                             f"{' --backend ' + (args.backend or 'openai') if strongreject else ''}; leave it out")
+    if args.threshold is not None and not math.isfinite(args.threshold):
+        raise ValueError(f"--threshold {args.threshold}: give a finite number (default {DEFAULT_THRESHOLD})")
+
+
 def _build_judge(args: argparse.Namespace):
-    """The judge the arguments ask for."""
+    """The judge the arguments ask for (the defaults of options left out filled in)."""
     if args.judge != "strongreject":
-        return get_judge(args.judge, prefix_list=args.prefix_list)
+        return get_judge(args.judge, prefix_list=args.prefix_list or "jailbreakbench")
+    backend = args.backend or "openai"
     backend_kwargs: dict[str, object] = {}
     if args.model:
         backend_kwargs["model"] = args.model
-    if args.backend == "transformers":
-        backend_kwargs["max_new_tokens"] = args.max_new_tokens
-    return get_judge("strongreject", backend=args.backend, threshold=args.threshold,
-                     data_dir=args.data_dir, backend_kwargs=backend_kwargs)
+    if backend == "transformers":
+        backend_kwargs["max_new_tokens"] = args.max_new_tokens or 512
+    threshold = DEFAULT_THRESHOLD if args.threshold is None else args.threshold
+    try:
+        return get_judge("strongreject", backend=backend, threshold=threshold,
+                         data_dir=args.data_dir, backend_kwargs=backend_kwargs)
+    except FileNotFoundError:
+        raise  # a data file securesd names, with its fix
+    except OSError as error:  # transformers could not load the model (not a folder, Hub unreachable or no such id)
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"--model {args.model or '(default)'}: the judge model could not be loaded ({first.rstrip('.')}); give a "
+                         "folder holding a transformers model or a Hub id reachable from here") from None
 
 
 def _row(name: str, stats: dict[str, float]) -> str:
@@ -100,6 +135,7 @@ def _row(name: str, stats: dict[str, float]) -> str:
 def run(args: argparse.Namespace) -> int:
     """Judge the file, print the figures; 0 on success, 1 on a judge failure, 2 without data."""
     try:
+        check_options(args)
         rows = load_comparison(args.data_dir)
         judge = _build_judge(args)
     except (FileNotFoundError, ValueError) as error:
@@ -112,8 +148,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"judge-validate: the judge backend failed: {error}", file=sys.stderr)
         return 1
     kept = [(row, verdict) for row, verdict in zip(rows, verdicts) if verdict.parsed]
-    variant = args.backend if args.judge == "strongreject" else args.prefix_list
-    label = f"{args.judge} ({variant})"
+    variant = (args.backend or "openai") if args.judge == "strongreject" else args.prefix_list
+    label = f"{args.judge} ({variant or 'jailbreakbench'})"
     print(f"judge {label} vs human majority on {len(rows)} responses of {Path(COMPARISON_FILE).name}; "
           "positive class = jailbroken")
     print(f"unparsed judge replies (left out): {len(rows) - len(kept)}")

@@ -1,0 +1,141 @@
+"""The CLI refuses bad input with one line (exit 2) before creating or generating anything: results
+folders that are not results directories, records with mistyped fields, unwritable --json paths,
+calibrate settings out of range, and judge-validate options the chosen judge would ignore."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from support import record_cells
+
+from hf_securesd.bench.plan import DRAFT, TARGET
+from hf_securesd.bench.results import MANIFEST, RUNS, ResultsDir, read_jsonl
+from hf_securesd.bench.runner import TaskRun
+from hf_securesd.bench.tasks import get_task
+from hf_securesd.cli import main
+
+
+def _error(capsys) -> str:
+    """The one stderr line of a refused command."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+@pytest.fixture
+def results(tmp_path, data_dir):
+    task = get_task("prompt_injection")
+    examples = task.examples(data_dir=data_dir, limit=2)
+    store = ResultsDir(tmp_path / "results")
+    store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"}, {"id": "s", "threads": 1})
+    record_cells(store, TaskRun(task, examples, ["" for _ in examples], 16),
+                 [(TARGET, ["I cannot."] * 2), (DRAFT, ["ok"] * 2)], new_tokens=4)
+    store.close()
+    return tmp_path / "results"
+
+
+@pytest.mark.parametrize("where", ["missing", "empty", "file"])
+def test_rescore_and_report_create_nothing_outside_a_results_directory(tmp_path, capsys, where) -> None:
+    path = tmp_path / "x"
+    if where == "empty":
+        path.mkdir()
+    elif where == "file":
+        path.write_text("not a folder", encoding="utf-8")
+    before = sorted(tmp_path.rglob("*"))
+    for command in (["rescore", str(path), "--tasks", "gsm8k"], ["report", str(path)]):
+        assert main(command) == 2
+        assert "is not a results directory" in _error(capsys)
+    assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("command", [["rescore", "", "--tasks", "gsm8k"], ["report", ""]])
+def test_an_empty_results_path_is_refused(tmp_path, monkeypatch, capsys, command) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as caught:
+        main(command)
+    assert caught.value.code == 2
+    assert "RESULTS is empty" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_manifest_seed_that_is_not_an_integer_is_refused(results, capsys) -> None:
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8")) | {"seed": math.nan}
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    assert "'seed' is nan, not an integer" in _error(capsys)
+    assert not (results / "report").exists()
+
+
+@pytest.mark.parametrize("field, value", [("acceptance_rate", "x"), ("wall_time", "fast"), ("stats", "x"),
+                                          ("scores", ["x", 1.0])])
+def test_mistyped_run_fields_stop_report_and_rescore(results, capsys, field, value) -> None:
+    runs = read_jsonl(results / RUNS)
+    runs[0][field] = value
+    text = "".join(json.dumps(run) + "\n" for run in runs)
+    (results / RUNS).write_text(text, encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    line = _error(capsys)
+    assert line.startswith(f"error: {results / RUNS}, line 1: ") and repr(field) in line
+    assert main(["rescore", str(results), "--tasks", "prompt_injection"]) == 2
+    assert f"{results / RUNS}, line 1" in _error(capsys)
+    assert (results / RUNS).read_text(encoding="utf-8") == text  # nothing rewritten
+    assert not (results / "report").exists()
+
+
+def test_report_names_a_report_file_in_the_way(results, capsys) -> None:
+    (results / "report").write_text("in the way", encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    assert "is not a folder" in _error(capsys)
+
+
+def test_demo_refuses_an_unwritable_json_before_loading_anything(capsys) -> None:
+    assert main(["demo", "--json", "/proc/securesd-test.json"]) == 2
+    assert "--json /proc/securesd-test.json cannot be written" in _error(capsys)
+
+
+@pytest.mark.parametrize("option, message", [(["--spd-tolerance", "2"], "--spd-tolerance 2.0: give a fraction"),
+                                             (["--L", "-1"], "--L -1: each L must be")])
+def test_calibrate_refuses_out_of_range_settings_before_generating(tmp_path, capsys, option, message) -> None:
+    out = tmp_path / "out"
+    assert main(["calibrate", "--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--no-progress",
+                 "--out", str(out), *option]) == 2
+    assert message in _error(capsys)
+    assert not out.exists()
+
+
+def test_calibrate_checks_boundary_ids_against_the_vocabulary() -> None:
+    from types import SimpleNamespace
+
+    from hf_securesd.bench.calibrate import calibration_configs, check_boundaries_in_vocabulary
+    from hf_securesd.segments import Segments
+
+    config = SimpleNamespace(get_text_config=lambda: SimpleNamespace(vocab_size=100))
+    target = SimpleNamespace(config=config, get_output_embeddings=lambda: None)
+    engine = SimpleNamespace(models=SimpleNamespace(target=target))
+    configs = calibration_configs(["mars:0.5"], [1], Segments([[999]], before="lossless", after="lossless"))
+    with pytest.raises(ValueError, match="--segment-boundary: .*outside this model's vocabulary"):
+        check_boundaries_in_vocabulary(configs, engine)
+    check_boundaries_in_vocabulary(calibration_configs(["mars:0.5"], [1], Segments([[99]])), engine)
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--backend", "transformers"], "--backend is used only by strongreject"),
+    (["--threshold", "nan"], "--threshold is used only by strongreject"),
+    (["--max-new-tokens", "7"], "--max-new-tokens is used only by strongreject with --backend transformers"),
+    (["--judge", "strongreject", "--prefix-list", "jailbreakbench"], "--prefix-list is used only by refusal_prefix"),
+    (["--judge", "strongreject", "--threshold", "nan"], "--threshold nan: give a finite number"),
+])
+def test_judge_validate_refuses_options_the_judge_ignores(data_dir, capsys, options, message) -> None:
+    assert main(["judge-validate", "--data-dir", str(data_dir), *options]) == 2
+    assert message in _error(capsys)
+
+
+def test_judge_validate_names_a_model_that_cannot_be_loaded(data_dir, tmp_path, capsys) -> None:
+    missing = tmp_path / "nosuch-model"
+    assert main(["judge-validate", "--data-dir", str(data_dir), "--judge", "strongreject", "--backend",
+                 "transformers", "--model", str(missing)]) == 2
+    line = _error(capsys)
+    assert f"--model {missing}: the judge model could not be loaded" in line
+    assert not missing.exists()
