@@ -100,3 +100,12 @@ def test_a_pair_that_cannot_be_loaded_is_a_one_line_error(monkeypatch, capsys) -
     error = capsys.readouterr().err.splitlines()[-1]  # after the device and loading lines
     assert error.startswith("error: could not load the pair (--draft qwen-0.5b, --target /no/such/folder)")
     assert "a known name" in error
+
+
+@pytest.mark.parametrize("option", ["--target", "--draft", "--cache-dir", "--device", "--verifier"])
+def test_an_empty_option_is_refused_not_taken_as_not_given(option, capsys):
+    from hf_securesd.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main(["demo", option, ""])
+    assert exited.value.code == 2 and "expected a non-empty value" in capsys.readouterr().err
