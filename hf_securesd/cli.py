@@ -29,16 +29,21 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def positive_int(text: str) -> int:
-    """An option's whole number >= 1 (an argparse type for every subcommand): 0 and negatives are
-    refused, never replaced by a default."""
+def _whole_number(text: str, minimum: int) -> int:
+    """`text` as an int >= `minimum`, else argparse's type error naming the bound."""
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {value}")
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {text!r}") from None
+    if value < minimum:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= {minimum}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An option's whole number >= 1 (an argparse type for every subcommand): 0 and negatives are
+    refused, never replaced by a default."""
+    return _whole_number(text, 1)
 
 
 def non_negative_float(text: str) -> float:
@@ -67,13 +72,7 @@ def positive_float(text: str) -> float:
 
 def non_negative_int(text: str) -> int:
     """An option's whole number >= 0 (an argparse type): negatives are refused at parse time."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value}")
-    return value
+    return _whole_number(text, 0)
 
 
 def duration_seconds(text: str) -> float:
