@@ -53,8 +53,10 @@ class PenaltyThenTemperature:
         """The same pair with a penalty that reads every position of the ids."""
         return PenaltyThenTemperature(RepetitionPenaltyLogitsProcessor(self.penalty.penalty), self.temperature)
 
-    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-        if not self._fusable_call(input_ids, scores):
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor, ids_in_range: bool | None = None) -> torch.Tensor:
+        """ids_in_range: whether every id lies in [0, V) when the caller already knows it (True skips the
+        check, False runs HF's pair); None checks here."""
+        if not self._fusable_call(input_ids, scores, ids_in_range):
             return self.temperature(input_ids, self.penalty(input_ids, scores))
         penalty, temperature = self.penalty.penalty, self.temperature.temperature
         out = scores / temperature
@@ -62,7 +64,7 @@ class PenaltyThenTemperature:
         out.scatter_(1, input_ids, torch.where(chosen < 0, chosen * penalty, chosen / penalty) / temperature)
         return out
 
-    def _fusable_call(self, input_ids: torch.Tensor, scores: torch.Tensor) -> bool:
+    def _fusable_call(self, input_ids: torch.Tensor, scores: torch.Tensor, ids_in_range: bool | None) -> bool:
         penalty = self.penalty
         return (
             scores.device.type == "cpu"
@@ -74,12 +76,14 @@ class PenaltyThenTemperature:
             and getattr(penalty, "prompt_ignore_length", None) is None
             and getattr(penalty, "logits_indices", None) is None
             and getattr(penalty, "cu_seq_lens_q", None) is None
-            and (input_ids.numel() == 0 or _within(input_ids, scores.shape[1]))
+            and (ids_in_range if ids_in_range is not None else ids_within(input_ids, vocab=scores.shape[1]))
         )
 
 
-def _within(input_ids: torch.Tensor, vocab: int) -> bool:
-    """Every id of input_ids [N, L] (non-empty) lies in [0, vocab): one reduction for both ends."""
+def ids_within(input_ids: torch.Tensor, vocab: int) -> bool:
+    """Every id of input_ids [N, L] lies in [0, vocab): one reduction for both ends."""
+    if input_ids.numel() == 0:
+        return True
     low, high = torch.aminmax(input_ids)
     return int(low) >= 0 and int(high) < vocab
 

@@ -26,7 +26,7 @@ import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
 from transformers.generation import logits_process
 
-from .fused_penalty import PenaltyThenTemperature, fuse_penalty_temperature
+from .fused_penalty import PenaltyThenTemperature, fuse_penalty_temperature, ids_within
 from .fused_warpers import TopKTopP, fuse_top_k_top_p
 
 _SCORES_ONLY = tuple(
@@ -301,6 +301,8 @@ class RowProcessing:
         # (buffer version, rows, hidden, [A, W] ids) of the committed tokens' sets, built at a round's first
         # draft step and extended by the drafts at the next ones (`_prefix_ids`)
         self._committed_sets: tuple[int, torch.Tensor, torch.Tensor | None, torch.Tensor] | None = None
+        # (buffer version, rows, hidden, V, in range) of the ids a round's first draft step showed a fused penalty
+        self._checked_ids: tuple[int, torch.Tensor, torch.Tensor | None, int, bool] | None = None
 
     def __call__(self, raw: torch.Tensor, rows: torch.Tensor, host_rows: list[int], offset: int) -> torch.Tensor:
         """raw [A, n, V]: logits for the tokens that follow each row's committed tokens plus its first
@@ -331,13 +333,41 @@ class RowProcessing:
                 # The penalty skips each batch row's left padding: show those positions as a real token
                 # of the row instead, and apply the plain penalty to all B*n rows at once.
                 hidden_ids = self._prefix_ids(rows, host_rows, offset, n, hidden=ignored)
-                scores = self._plain_penalty(processor)(hidden_ids, scores)
+                scores = self._penalise(self._plain_penalty(processor), hidden_ids, scores, rows, offset, n, ignored)
             else:
                 if ids is None:
                     ids = self._prefix_ids(rows, host_rows, offset, n)
-                scores = processor(ids, scores)
+                scores = self._penalise(processor, ids, scores, rows, offset, n, None)
             fresh = type(processor) in _FRESH_OUTPUT
         return scores.reshape(active, n, vocab)
+
+    def _penalise(
+        self,
+        penalty: logits_process.RepetitionPenaltyLogitsProcessor | PenaltyThenTemperature,
+        ids: torch.Tensor,
+        scores: torch.Tensor,
+        rows: torch.Tensor,
+        offset: int,
+        n: int,
+        hidden: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """penalty(ids, scores) for a repetition penalty (alone or fused with its temperature) over ids
+        [A*n, W] from `_prefix_ids` (hidden: the positions it showed as other tokens of the row). The fused
+        pass needs every id in [0, V) (HF's pair runs otherwise). A round's draft steps after the first show
+        the committed tokens its first step showed plus drafts drawn from V scores, so the check runs at
+        the first step and its answer serves the round."""
+        if type(penalty) is not PenaltyThenTemperature:
+            return penalty(ids, scores)
+        vocab = scores.shape[1]
+        checked = self._checked_ids
+        if n == 1 and offset and checked is not None:
+            version, checked_rows, checked_hidden, checked_vocab, in_range = checked
+            if version == self.buffer.version and checked_rows is rows and checked_hidden is hidden and checked_vocab == vocab:
+                return penalty(ids, scores, ids_in_range=in_range)
+        in_range = ids_within(ids, vocab)
+        if n == 1 and not offset:
+            self._checked_ids = (self.buffer.version, rows, hidden, vocab, in_range)
+        return penalty(ids, scores, ids_in_range=in_range)
 
     def _prefix_ids(
         self,

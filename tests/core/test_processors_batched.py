@@ -136,9 +136,9 @@ def test_row_independent_processors_are_called_once_per_step_for_all_rows(llama_
     # HF puts the temperature right after the penalty: the two run as one pass (`fused_penalty`).
     original = PenaltyThenTemperature.__call__
 
-    def counted(self, input_ids, scores):
+    def counted(self, input_ids, scores, **kwargs):
         calls["n"] += 1
-        return original(self, input_ids, scores)
+        return original(self, input_ids, scores, **kwargs)
 
     monkeypatch.setattr(PenaltyThenTemperature, "__call__", counted)
     forwards = {"draft": 0, "target": 0}
@@ -238,6 +238,48 @@ def test_draft_steps_penalise_each_rows_own_tokens_across_rounds(hides, temperat
             buffer.write(rows, step, drafts[:, step : step + 1], every_row=len(host_rows) == batch)
         counts = torch.randint(1, 4, (len(host_rows),), generator=generator)
         buffer.advance(rows, counts, host_rows, counts.tolist())
+
+
+@pytest.mark.parametrize("outside", [False, True])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_the_fused_penalty_checks_ids_once_per_round(outside, batch, monkeypatch):
+    """The fused penalty needs every id in [0, V): the check runs at a round's first draft step and its
+    answer serves the steps after it (committed tokens plus drafts drawn from V scores). A committed id
+    >= V (an embedding larger than the output layer) sends every step of that round to HF's pair, which
+    drops it: each call still equals HF's penalty then temperature on the row alone."""
+    import hf_securesd.prefixes as prefixes_module
+
+    checks = {"n": 0}
+    original = prefixes_module.ids_within
+
+    def counted(ids, vocab):
+        checks["n"] += 1
+        return original(ids, vocab)
+
+    monkeypatch.setattr(prefixes_module, "ids_within", counted)
+    generator = torch.Generator().manual_seed(5)
+    vocab = 12
+    prompt = torch.randint(0, vocab, (batch, 5), generator=generator)
+    if outside:
+        prompt[0, 2] = vocab + 3
+    buffer = TokenBuffer(prompt, room=4)
+    processing = RowProcessing(LogitsProcessorList([RepetitionPenaltyLogitsProcessor(3.0), TemperatureLogitsWarper(0.6)]), buffer)
+    assert type(processing._batched[0]) is PenaltyThenTemperature
+    host_rows, rows = list(range(batch)), torch.arange(batch)
+    for round_index in range(3):
+        drafts = torch.randint(0, vocab, (batch, 3), generator=generator)
+        for step in range(3):
+            raw = torch.randn(batch, 1, vocab, generator=generator)
+            out = processing(raw, rows, host_rows, offset=step)[:, 0]
+            for row in host_rows:
+                own = buffer.tokens[row, : buffer.host_lengths[row]].tolist() + drafts[row, :step].tolist()
+                expected = RepetitionPenaltyLogitsProcessor(3.0)(torch.tensor([own]), raw[row].clone())
+                expected = TemperatureLogitsWarper(0.6)(None, expected)
+                assert torch.equal(out[row : row + 1], expected), (round_index, step, row)
+            buffer.write(rows, step, drafts[:, step : step + 1], every_row=True)
+        counts = torch.randint(1, 4, (batch,), generator=generator)
+        buffer.advance(rows, counts, host_rows, counts.tolist())
+        assert checks["n"] == round_index + 1
 
 
 class ForceToken(LogitsProcessor):
