@@ -398,10 +398,17 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
     return ids
 
 
-def check_boundary_ids(schedule: Schedule | None, vocab_size: int) -> None:
+_BOUNDARY_ID_FIX = (
+    "give the boundary as text with tokenizer= (resolved with this model's tokenizer), or as this model's own "
+    "token ids"
+)
+
+
+def check_boundary_ids(schedule: Schedule | None, vocab_size: int, fix: str = _BOUNDARY_ID_FIX) -> None:
     """Refuse a `Segments` schedule whose token-id boundaries hold an id the model cannot emit (>= its
     `vocab_size` scores): that boundary would never occur, and the segments after it would silently never
-    start. Any other schedule, and text boundaries not resolved yet, pass."""
+    start. Any other schedule, and text boundaries not resolved yet, pass. `fix`: how the caller's user
+    gives a usable boundary (ends the error message)."""
     if not isinstance(schedule, Segments) or schedule.token_boundaries is None:
         return
     for boundary in schedule.token_boundaries:
@@ -409,9 +416,7 @@ def check_boundary_ids(schedule: Schedule | None, vocab_size: int) -> None:
         if outside:
             raise SecureSDConfigError(
                 f"Segments boundary {list(boundary)} holds the token id {outside[0]}, outside this model's "
-                f"vocabulary ({vocab_size} tokens), so it would never occur and its segments never start; give "
-                "the boundary as text with tokenizer= (resolved with this model's tokenizer), or as this model's "
-                "own token ids"
+                f"vocabulary ({vocab_size} tokens), so it would never occur and its segments never start; {fix}"
             )
 
 

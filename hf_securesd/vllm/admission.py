@@ -91,7 +91,15 @@ def check_request(params: Any, vllm_config: Any) -> None:
         request.verifier.check_draft_length(speculative.num_speculative_tokens)
     except ValueError as error:
         raise SecureSDConfigError(f"{error} (k is the engine's num_speculative_tokens here)") from None
-    check_boundary_ids(request.schedule, vllm_config.model_config.get_vocab_size())
+    try:
+        check_boundary_ids(
+            request.schedule,
+            vllm_config.model_config.get_vocab_size(),
+            fix="give the boundary as text (the server resolves it with this model's tokenizer) or as this "
+            "model's own token ids",
+        )
+    except SecureSDConfigError as error:
+        raise SecureSDConfigError(f'extra_args["{EXTRA_ARGS_KEY}"]["secure_schedule"]: {error}') from None
 
 
 def check_proposer(request: SecureSDRequest, speculative: Any) -> None:

@@ -13,7 +13,9 @@ Over HTTP vLLM only forwards flat values through `vllm_xargs`, so there the same
 JSON string: `"vllm_xargs": {"securesd": "{\\"verifier\\": \\"mars\\"}"}`. A bare verifier name
 (`"mars"`) is accepted wherever a verifier dict is. A server-wide default comes from the
 `SECURESD_VLLM_DEFAULT` environment variable (the same JSON); a request opts out of it with
-`"securesd": null` (or `false`). Nothing here imports vLLM.
+`"securesd": None` (or `False`) in Python, `"securesd": "null"` over HTTP (vLLM turns a JSON `false` in
+`vllm_xargs` into 0, which is refused with that fix). The fields and the rules' options go inside
+`"securesd"`: beside it they are refused, never ignored. Nothing here imports vLLM.
 
 Everything a client sends is untrusted: the JSON text is bounded in length and nesting depth before it
 is parsed, the parsed object in size and depth before it is read, a key that looks like a misspelling
@@ -27,7 +29,7 @@ import difflib
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -93,6 +95,12 @@ def parse_request(
             return None
     if isinstance(value, str):
         value = {"verifier": value}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value in (0, 1):
+        raise SecureSDConfigError(
+            f"{origin} is the number {value!r}; over HTTP vLLM turns a JSON true/false in vllm_xargs into 1/0, so "
+            f'send a verifier name or object as a JSON string ("mars", or {_EXAMPLE}), or the string "null" '
+            "for plain vLLM"
+        )
     if not isinstance(value, Mapping):
         raise SecureSDConfigError(
             f"{origin} must be an object such as {_EXAMPLE} (or its JSON string), got {_short(value)}"
@@ -252,13 +260,29 @@ def _from_json(text: str, origin: str) -> Any:
             f"{_EXAMPLE}"
         )
     try:
-        return json.loads(stripped)
+        return json.loads(stripped, object_pairs_hook=partial(_without_repeats, origin=origin))
+    except _RepeatedKey as error:
+        raise SecureSDConfigError(str(error)) from None
     except json.JSONDecodeError as error:
         raise SecureSDConfigError(
             f"{origin} is not valid JSON ({error.msg} at column {error.colno}): {_short(text)}"
         ) from None
     except ValueError as error:  # e.g. an integer literal longer than Python's digit limit
         raise SecureSDConfigError(f"{origin} is not usable JSON: {_short(str(error))}") from None
+
+
+def _without_repeats(pairs: list[tuple[str, Any]], origin: str) -> dict[str, Any]:
+    """A JSON object's pairs as a dict; a key given twice is refused (which of its values was meant?)."""
+    seen: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in seen:
+            raise _RepeatedKey(f"{origin} gives the key {_short(key)} more than once; send each key once")
+        seen[key] = value
+    return seen
+
+
+class _RepeatedKey(Exception):
+    """Raised inside `json.loads` (whose ValueError handling would rewrap a SecureSDConfigError)."""
 
 
 def json_depth(text: str) -> int:
@@ -293,14 +317,61 @@ def looks_like_securesd(key: Any) -> bool:
 
 
 def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
-    """Raise SecureSDConfigError when one of `keys` looks like a misspelling of "securesd": the request
-    asked for SecureSD under a key the plugin would silently ignore."""
+    """Raise SecureSDConfigError when one of `keys` looks like a misspelling of "securesd", or is (or
+    nearly is) one of the fields that go inside it ("verifier", "secure_schedule"): the request asked
+    for SecureSD under a key the plugin would silently ignore."""
     for key in keys:
         if looks_like_securesd(key):
             raise SecureSDConfigError(
                 f"{origin} has the key {_short(key)}, which SecureSD does not read; did you mean "
                 f'"{EXTRA_ARGS_KEY}"? Rename it (or drop it for plain vLLM)'
             )
+        field = _field_named(key)
+        if field is not None:
+            raise SecureSDConfigError(
+                f"{origin} has the key {_short(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
+                f'it: "{field}" goes inside "{EXTRA_ARGS_KEY}", e.g. "vllm_xargs": {{"{EXTRA_ARGS_KEY}": '
+                f"{json.dumps(_EXAMPLE)}}} (a JSON string over HTTP)"
+            )
+
+
+def refuse_options_beside(keys: Iterable[Any], origin: str) -> None:
+    """Raise SecureSDConfigError when a request that selects SecureSD also has, beside "securesd", a key
+    named like a verifier's or a schedule's option (theta, L, tau, ...): those go inside the verifier or
+    schedule object, and beside it nothing reads them."""
+    options = _option_names()
+    for key in keys:
+        if isinstance(key, str) and key != EXTRA_ARGS_KEY and key in options:
+            raise SecureSDConfigError(
+                f"{origin} has the key {_short(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
+                f"it: a verifier's or a schedule's option goes inside its object, e.g. {_EXAMPLE}"
+            )
+
+
+def _field_named(key: Any) -> str | None:
+    """The request field ("verifier" or "secure_schedule") that `key` names or nearly names, or None."""
+    if not isinstance(key, str):
+        return None
+    letters = "".join(char for char in key.lower() if char.isalnum())
+    for field in _FIELDS:
+        target = field.replace("_", "")
+        if letters == target or difflib.SequenceMatcher(None, letters, target).ratio() >= 0.88:
+            return field
+    return None
+
+
+@lru_cache(maxsize=1)
+def _option_names() -> frozenset[str]:
+    """Every option name of a registered verifier or schedule (their dataclass fields)."""
+    import dataclasses
+
+    from ..schedules import SCHEDULES
+
+    names: set[str] = set()
+    for rule in (*VERIFIERS.values(), *SCHEDULES.values()):
+        if dataclasses.is_dataclass(rule):
+            names.update(field.name for field in dataclasses.fields(rule))
+    return frozenset(names)
 
 
 @lru_cache(maxsize=8)
@@ -318,10 +389,16 @@ def request_for(extra_args: Mapping[str, Any] | None) -> SecureSDRequest | None:
     """The configuration a request runs with: its own `extra_args["securesd"]` when the key is present
     (null/false = plain vLLM), else the server-wide default. A key that looks like a misspelling of
     "securesd" is refused rather than ignored, with or without "securesd" beside it."""
+    origin = "extra_args (vllm_xargs over HTTP)"
     if extra_args:
-        refuse_misspelled_key(extra_args, "extra_args (vllm_xargs over HTTP)")  # also beside "securesd"
+        refuse_misspelled_key(extra_args, origin)  # also beside "securesd"
         if EXTRA_ARGS_KEY in extra_args:
-            return parse_request(extra_args[EXTRA_ARGS_KEY])
+            request = parse_request(extra_args[EXTRA_ARGS_KEY])
+        else:
+            request = server_default()
+        if request is not None:
+            refuse_options_beside(extra_args, origin)
+        return request
     return server_default()
 
 

@@ -354,3 +354,54 @@ def test_text_boundaries_are_written_as_ids_or_refused_with_their_token_count() 
         resolve_text_boundaries(_segments_params("x" * 60), tokenizer)
     with pytest.raises(SecureSDConfigError, match="is not valid Unicode text"):
         resolve_text_boundaries(_segments_params("\ud800"), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "extra_args, field",
+    [
+        ({"securesd": "mars", "secure_schedule": json.dumps({"schedule": "step", "L": 16})}, "secure_schedule"),
+        ({"securesd": "lossless", "verifier": "mars"}, "verifier"),
+        ({"verifier": "mars"}, "verifier"),
+        ({"secure_schedule": {"schedule": "step", "L": 1}}, "secure_schedule"),
+        ({"secureschedule": "x"}, "secure_schedule"),
+        ({"verifer": "mars"}, "verifier"),
+    ],
+)
+def test_request_fields_beside_securesd_are_refused(extra_args, field) -> None:
+    """Fields sent flat in vllm_xargs would be dropped: the schedule the client believes protects the
+    first tokens would not run."""
+    with pytest.raises(SecureSDConfigError, match=rf'beside "securesd".*"{field}" goes inside "securesd"'):
+        request_for(extra_args)
+
+
+def test_rule_options_beside_securesd_are_refused_when_securesd_is_asked_for(monkeypatch) -> None:
+    for key in ("theta", "L", "tau", "epsilon", "boundary"):
+        with pytest.raises(SecureSDConfigError, match=rf"'{key}' beside .*goes inside its object"):
+            request_for({"securesd": "mars", key: 1})
+        assert request_for({key: 1}) is None  # plain vLLM: another plugin's key, left alone
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": "mars"}))
+    with pytest.raises(SecureSDConfigError, match="'theta' beside"):
+        request_for({"theta": 0.9})
+    assert request_for({"securesd": "null", "theta": 0.9}) is None
+
+
+@pytest.mark.parametrize("number", [0, 1, 0.0, 1.0])
+def test_json_booleans_turned_into_numbers_get_the_http_fix(number) -> None:
+    with pytest.raises(SecureSDConfigError, match=r'turns a JSON true/false in vllm_xargs into 1/0.*the string "null"'):
+        parse_request(number)
+
+
+def test_a_key_repeated_in_the_json_is_refused() -> None:
+    with pytest.raises(SecureSDConfigError, match="gives the key 'verifier' more than once"):
+        parse_request('{"verifier": "lossless", "verifier": "mars"}')
+    with pytest.raises(SecureSDConfigError, match="gives the key 'L' more than once"):
+        parse_request('{"verifier": "mars", "secure_schedule": {"schedule": "step", "L": 1, "L": 99}}')
+
+
+def test_a_boundary_outside_the_vocabulary_names_the_field_and_the_http_fix() -> None:
+    request = {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [300]}}
+    with pytest.raises(SecureSDConfigError) as refusal:
+        check_request(params({"securesd": request}), engine_config())
+    message = str(refusal.value)
+    assert message.startswith('extra_args["securesd"]["secure_schedule"]: ') and "tokenizer=" not in message
+    assert "the server resolves it with this model's tokenizer" in message
