@@ -182,6 +182,51 @@ def resolve_text_boundaries(params: Any, tokenizer: Any) -> None:
         params.extra_args = {**extra_args, EXTRA_ARGS_KEY: resolved}
 
 
+def check_some_token_allowed(params: Any, tokenizer: Any) -> None:
+    """Raise SecureSDConfigError when a SecureSD request's `allowed_token_ids` leave it no token to emit:
+    every allowed id is a bad word of one token (banned at every position), or, with `min_tokens` > 0, a
+    bad word or a stop id (banned until min_tokens tokens are out, EOS included unless `ignore_eos`). The
+    target's distribution is then empty and no rule defines the next token. `tokenizer` None: bad words are
+    not tokenized here (vLLM refuses them without a tokenizer itself)."""
+    allowed = getattr(params, "allowed_token_ids", None)
+    if not allowed or request_for(getattr(params, "extra_args", None)) is None:
+        return
+    banned = _single_token_bad_words(getattr(params, "bad_words", None) or (), tokenizer)
+    if set(allowed) <= banned:
+        raise SecureSDConfigError(
+            f"allowed_token_ids {sorted(set(allowed))[:8]} are all banned by bad_words, so no token may ever be "
+            "emitted and the next token is undefined; allow a token that bad_words does not ban"
+        )
+    if getattr(params, "min_tokens", 0) > 0:
+        stops = set(getattr(params, "stop_token_ids", None) or ())
+        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+        if eos is not None and not getattr(params, "ignore_eos", False):
+            stops.add(eos)
+        if set(allowed) <= banned | stops:
+            raise SecureSDConfigError(
+                f"allowed_token_ids {sorted(set(allowed))[:8]} hold only stop tokens and bad words, which "
+                f"min_tokens={params.min_tokens} bans until that many tokens are out, so the first token is "
+                "undefined; allow a token that is neither, or drop min_tokens"
+            )
+
+
+def _single_token_bad_words(bad_words: Any, tokenizer: Any) -> set[int]:
+    """The ids vLLM bans at every position for `bad_words`: a word that is one token, and its form with a
+    leading space when that is one other token (`SamplingParams.update_from_tokenizer` keeps the spaced
+    form only at the unspaced form's length)."""
+    if tokenizer is None:
+        return set()
+    banned = set()
+    for word in bad_words:
+        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        if len(plain) == 1:
+            banned.add(plain[0])
+            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+            if len(spaced) == 1:
+                banned.add(spaced[0])
+    return banned
+
+
 def patch_admission(
     input_processor_class: type, sampling_params_class: type, error_class: type[Exception]
 ) -> Callable[[], None]:
@@ -194,8 +239,10 @@ def patch_admission(
         result = original(self, params, *args, **kwargs)
         if isinstance(params, sampling_params_class):
             try:
-                resolve_text_boundaries(params, getattr(self, "tokenizer", None))
+                tokenizer = getattr(self, "tokenizer", None)
+                resolve_text_boundaries(params, tokenizer)
                 check_request(params, self.vllm_config)
+                check_some_token_allowed(params, tokenizer)
             except SecureSDConfigError as error:
                 raise error_class(str(error), parameter="extra_args.securesd") from None
         return result

@@ -405,3 +405,33 @@ def test_a_boundary_outside_the_vocabulary_names_the_field_and_the_http_fix() ->
     message = str(refusal.value)
     assert message.startswith('extra_args["securesd"]["secure_schedule"]: ') and "tokenizer=" not in message
     assert "the server resolves it with this model's tokenizer" in message
+
+
+def _constrained(extra_args, **fields) -> SimpleNamespace:
+    defaults = dict(allowed_token_ids=None, bad_words=None, min_tokens=0, stop_token_ids=None, ignore_eos=False)
+    return SimpleNamespace(extra_args=extra_args, **{**defaults, **fields})
+
+
+def test_constraints_that_allow_no_token_are_refused_for_securesd_requests() -> None:
+    """allowed_token_ids all banned (by one-token bad words, or by min_tokens on stop ids) leave the target
+    an empty distribution: refused at admission for SecureSD requests, plain requests left to vLLM."""
+    from hf_securesd.tiny import byte_tokenizer
+    from hf_securesd.vllm.admission import check_some_token_allowed
+
+    tokenizer = byte_tokenizer()
+    a, eos = tokenizer.encode("a", add_special_tokens=False)[0], tokenizer.eos_token_id
+    securesd = {"securesd": "mars"}
+    with pytest.raises(SecureSDConfigError, match="all banned by bad_words"):
+        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[a], bad_words=["a"]), tokenizer)
+    with pytest.raises(SecureSDConfigError, match="min_tokens=5 bans"):
+        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[eos], min_tokens=5), tokenizer)
+    with pytest.raises(SecureSDConfigError, match="min_tokens=2 bans"):
+        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[7], stop_token_ids=[7], min_tokens=2), None)
+    for fine in (
+        _constrained(securesd, allowed_token_ids=[a, a + 1], bad_words=["a"]),
+        _constrained(securesd, allowed_token_ids=[a], bad_words=["ab"]),  # two tokens: banned only after the first
+        _constrained(securesd, allowed_token_ids=[eos], min_tokens=5, ignore_eos=True),
+        _constrained(securesd, allowed_token_ids=[eos]),
+        _constrained(None, allowed_token_ids=[a], bad_words=["a"]),  # plain vLLM: untouched
+    ):
+        check_some_token_allowed(fine, tokenizer)

@@ -229,6 +229,22 @@ def test_securesd_where_vllm_would_drop_it_is_refused(server, model_name):
     refused = server.post("/v1/completions", json={**beam, "vllm_xargs": {"securesd": "mars"}})
     assert "use_beam_search cannot run with SecureSD" in error_message(refused)
     assert server.post("/v1/completions", json=beam).status_code == 200  # plain beam search is untouched
+    flat = server.post("/v1/completions", json={**body, "vllm_xargs": {
+        "securesd": "mars", "secure_schedule": '{"schedule": "step", "L": 16}'}})
+    assert '"secure_schedule" goes inside "securesd"' in error_message(flat)
+    assert alive(server, model_name)
+
+
+def test_constraints_that_allow_no_token_are_refused(server, model_name):
+    """allowed_token_ids that bad_words or min_tokens ban entirely leave no token to verify: a 400 for a
+    SecureSD request (never an emitted forbidden token), the engine still serving."""
+    eos = 258  # the byte tokenizer's end-of-sequence id
+    for fields, message in (
+        ({"allowed_token_ids": [97], "bad_words": ["a"]}, "all banned by bad_words"),
+        ({"allowed_token_ids": [eos], "min_tokens": 5}, "min_tokens=5 bans"),
+    ):
+        refused = complete(server, {"verifier": "mars"}, model_name, temperature=1.0, **fields)
+        assert message in error_message(refused)
     assert alive(server, model_name)
 
 
