@@ -24,14 +24,21 @@ only when all of these hold:
 
 The writer never creates symbolic links or special files under these names; one found with such
 a name is unlinked, never followed. Only removals that happened are reported.
+
+Small files (the stamps, the provenance record) are written with `write_file`: into a new partial
+created with ``O_CREAT | O_EXCL | O_NOFOLLOW`` in the folder opened without following a link, then
+renamed over the final name, so a symbolic link placed at that name is replaced, never written
+through, and a folder that is a link is refused.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import re
+import secrets
 import shutil
 import stat
 import tempfile
@@ -89,7 +96,7 @@ def partial_dir(final: Path) -> Iterator[Path]:
     whatever cannot be removed is left, unlocked, for a later sweep. Locking works as in
     `partial_file`, on a read-only descriptor of the folder."""
     path = Path(tempfile.mkdtemp(dir=final.parent, prefix=_prefix(final), suffix=SUFFIX))
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     try:
         _try_lock(fd)
         yield path
@@ -118,9 +125,46 @@ def current_umask() -> int:
 
 def publish(partial: Path, final: Path, mode: int) -> None:
     """Give `partial` (created private) the permissions `mode` less the umask, as a file or folder
-    created normally would have, and rename it to `final`."""
-    os.chmod(partial, mode & ~current_umask())
+    created normally would have, and rename it to `final` (a link at `final` is replaced, not
+    followed). A link in the place of `partial` is refused (an OSError), never followed."""
+    fd = os.open(partial, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        os.fchmod(fd, mode & ~current_umask())
+    finally:
+        os.close(fd)
     os.replace(partial, final)
+
+
+def open_folder(folder: Path) -> int:
+    """A read-only descriptor of the real folder `folder`. A symbolic link there is not followed:
+    it is an OSError (ELOOP) naming the folder, as is anything else that is not a folder."""
+    try:
+        return os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as error:
+        if os.path.islink(folder):
+            message = ("is a symbolic link; the model cache writes only into real folders (remove the "
+                       "link, or choose another cache folder)")
+            raise OSError(errno.ELOOP, message, str(folder)) from error
+        raise
+
+
+def write_file(path: Path, data: bytes) -> None:
+    """Write `data` as the file `path`, never through a symbolic link (see the module docstring).
+    The file gets the permissions a new file normally has (0o666 less the umask)."""
+    folder = open_folder(path.parent)
+    try:
+        name = f"{_prefix(path)}{secrets.token_hex(8)}{SUFFIX}"
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+            os.replace(name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(name, dir_fd=folder)
+            raise
+    finally:
+        os.close(folder)
 
 
 def _writer_pid(name: str, finals: Iterable[str]) -> int | None:

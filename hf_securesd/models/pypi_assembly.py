@@ -18,8 +18,11 @@ The steps, each of which fails with an `AssemblyError` naming the step and the f
    dequantizes it) and ``save_pretrained`` writes a safetensors copy in the requested dtype.
 
 An OS error while the cache is written (no space left, no permission, ``--cache-dir`` below a
-file) is the ``write`` step's error, naming the folder; so is a copy path that is a file or a
-symbolic link, or a GGUF path that is a folder, which are refused rather than removed.
+file) is the ``write`` step's error, naming the folder; so is a copy folder or the GGUF's folder
+that is a file or a symbolic link, or a GGUF path that is a folder, which are refused rather than
+removed or followed. Nothing is written through a symbolic link placed in the cache: small files
+are written with `partials.write_file`, which replaces a link rather than following it. A GGUF
+folder that a failed fetch created is removed again while it is empty.
 
 Every file and folder is written under a hidden, locked partial name and renamed into place only
 after its checks pass, so an interrupted run never leaves anything that counts as cached; the next
@@ -51,7 +54,7 @@ from typing import BinaryIO
 from tqdm.auto import tqdm
 
 from .gguf_header import INTEGER_TYPES, GGUFFormatError, read_gguf_header
-from .partials import partial_dir, partial_file, publish, sweep_partials
+from .partials import partial_dir, partial_file, publish, sweep_partials, write_file
 from .registry import ChunkWheel, ModelSpec
 from .stamps import (
     copy_entries_problem,
@@ -313,19 +316,34 @@ def _remove_stale_gguf(spec: ModelSpec, path: Path) -> None:
     gguf_stamp(path).unlink(missing_ok=True)
 
 
+@contextlib.contextmanager
+def _new_folder(folder: Path) -> Iterator[None]:
+    """Create `folder` (and its parents) when missing; when the block fails, remove it again if it
+    was created here and is still empty (`os.rmdir` neither follows a link nor removes contents)."""
+    created = not os.path.lexists(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    except BaseException:
+        if created:
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)
+        raise
+
+
 def assemble_gguf(spec: ModelSpec, cache_dir: Path, *, downloader: Downloader = download_wheel) -> Path:
     """Download, check and concatenate the chunks of `spec`; return the cached GGUF path.
 
     A GGUF already in the cache is reused when `verified_gguf` vouches for it; otherwise it is
-    removed and assembled again."""
+    removed and assembled again. A GGUF folder that is a symbolic link or a file is refused."""
     final = gguf_path(spec, cache_dir)
     with _write_errors(spec, final.parent):
-        sweep_partials(final.parent, [final.name])
+        _check_folder(spec, final.parent, "the GGUF's folder")
+        sweep_partials(final.parent, [final.name, gguf_stamp(final).name])
         if verified_gguf(final, spec):
             return final
         _remove_stale_gguf(spec, final)
-        final.parent.mkdir(parents=True, exist_ok=True)
-        with partial_file(final) as (partial, handle):
+        with _new_folder(final.parent), partial_file(final) as (partial, handle):
             sha256 = _append_chunks(spec, handle, downloader)
             handle.flush()
             _check_assembled(spec, partial, sha256)
@@ -379,18 +397,24 @@ def _write_provenance(spec: ModelSpec, out_dir: Path, dtype: str) -> None:
         "gguf_sha256": spec.sha256,
         "dtype": dtype,
     }
-    (out_dir / PROVENANCE_FILE).write_text(json.dumps(source, indent=2) + "\n")
+    write_file(out_dir / PROVENANCE_FILE, (json.dumps(source, indent=2) + "\n").encode("utf-8"))
+
+
+def _check_folder(spec: ModelSpec, path: Path, role: str) -> None:
+    """Refuse to write `role` (a folder of the cache) at `path` when something other than a real
+    folder is there: fetch does not follow a symbolic link out of the cache, nor remove a file."""
+    if path.is_symlink():
+        raise AssemblyError(spec.key, "write", f"{path} is a symbolic link; fetch writes a real folder there",
+                            "remove the link (the folder it points to is kept) or choose another --cache-dir")
+    if path.exists() and not path.is_dir():
+        raise AssemblyError(spec.key, "write", f"{path} is a file, where {role} belongs",
+                            "move that file away (or delete it) and fetch again")
 
 
 def _check_copy_path(spec: ModelSpec, path: Path) -> None:
     """Refuse to build the copy at `path` when something other than a folder is there: fetch
     replaces the folder, and does not remove a file or follow a symbolic link to do so."""
-    if path.is_symlink():
-        raise AssemblyError(spec.key, "write", f"{path} is a symbolic link; fetch writes a real folder there",
-                            "remove the link (the folder it points to is kept) or choose another --cache-dir")
-    if path.exists() and not path.is_dir():
-        raise AssemblyError(spec.key, "write", f"{path} is a file, where the copy's folder belongs",
-                            "move that file away (or delete it) and fetch again")
+    _check_folder(spec, path, "the copy's folder")
 
 
 def _convert(spec: ModelSpec, converter: Converter, source: Path, out_dir: Path, dtype: str) -> None:

@@ -1,6 +1,7 @@
 """What the model cache trusts: stamps written after a verified build, and the checks against them.
 
-- A cached GGUF is trusted when its stamp ``<file>.verified.json`` records the pinned sha256 and the
+- A cached GGUF is trusted when it is a regular file (not a link) in a real folder (not a link)
+  and its stamp ``<file>.verified.json`` records the pinned sha256 and the
   file's current size, modification and status-change times (nanoseconds), device and inode; any
   write to the file changes its status-change time, which `os.utime` cannot set back. A file whose
   stamp does not match is re-hashed against the pinned sha256 (and the stamp renewed), so a copied
@@ -16,7 +17,8 @@ Stamps are not signed: they detect damage and accidental or careless changes, no
 write to the cache folder, who can rewrite a stamp as easily as the files. Keep the cache folder
 writable only by its users. A stamp is read only when it is a regular file (not a link) of at most
 `STAMP_MAX_BYTES`; one that cannot be read, parsed or has fields of the wrong types counts as
-missing.
+missing. A stamp is written with `partials.write_file`: a link at its name is replaced, never
+written through, and none is written into a folder that is a link.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import stat
 from pathlib import Path
 
+from .partials import write_file
 from .registry import ModelSpec
 
 STAMP_FILE = "securesd_verified.json"
@@ -105,7 +108,8 @@ def write_copy_stamp(folder: Path, gguf_sha256: str) -> None:
     see `copy_entries_problem`), and the sha256 of the GGUF it was built from."""
     files = {name: {"size": status.st_size, "sha256": sha256_file(Path(folder) / name)}
              for name, status in sorted(_entries(Path(folder)).items())}
-    (Path(folder) / STAMP_FILE).write_text(json.dumps({"gguf_sha256": gguf_sha256, "files": files}, indent=2))
+    stamp = json.dumps({"gguf_sha256": gguf_sha256, "files": files}, indent=2)
+    write_file(Path(folder) / STAMP_FILE, stamp.encode("utf-8"))
 
 
 def is_cached_copy(path: Path, spec: ModelSpec, *, rehash: bool = False) -> bool:
@@ -150,17 +154,20 @@ def _stat_key(status: os.stat_result) -> dict[str, int]:
 
 
 def write_gguf_stamp(path: Path, spec: ModelSpec) -> None:
-    """Stamp the cached GGUF at `path`, checked against `spec`, as it is now."""
-    gguf_stamp(path).write_text(json.dumps({"sha256": spec.sha256, "stat": _stat_key(path.stat())}))
+    """Stamp the cached GGUF at `path`, checked against `spec`, as it is now (the file itself, not
+    what a link there points to). A link at the stamp's name is replaced, not written through."""
+    stamp = json.dumps({"sha256": spec.sha256, "stat": _stat_key(os.lstat(path))})
+    write_file(gguf_stamp(path), stamp.encode("utf-8"))
 
 
 def verified_gguf(path: Path, spec: ModelSpec) -> bool:
     """Whether the cached GGUF at `path` is the pinned file: its stamp matches the file as it is
     now, or else a re-hash matches the pinned sha256 (and the stamp is renewed). A file that cannot
-    be read is not verified."""
+    be read, a link in the place of the file, or a file in a folder that is a link, is not
+    verified."""
     try:
-        status = path.stat()
-        if not stat.S_ISREG(status.st_mode) or status.st_size != spec.size:
+        status = os.lstat(path)
+        if path.parent.is_symlink() or not stat.S_ISREG(status.st_mode) or status.st_size != spec.size:
             return False
         stamp = _read_stamp(gguf_stamp(path))
         if stamp is not None and (stamp.get("sha256"), stamp.get("stat")) == (spec.sha256, _stat_key(status)):
