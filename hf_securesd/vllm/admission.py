@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Mapping
 
 from ..segments import Segments, check_boundary_ids
 from ..validation import SecureSDConfigError
@@ -33,6 +33,10 @@ HTTP_REQUEST_CLASSES = (
     ("vllm.entrypoints.openai.responses.protocol", "ResponsesRequest"),
 )
 HTTP_PARAMETER = "vllm_xargs.securesd"
+# The scale-out token route (`/inference/v1/generate`, `vllm serve --enable-scale-out`): (module, class) of
+# its handler. Its schema drops unknown fields, so SecureSD sent outside sampling_params.extra_args is
+# looked for in the raw body there.
+SCALE_OUT_HANDLER = ("vllm.entrypoints.scale_out.token_in_token_out.serving", "ServingTokens")
 
 
 # vLLM's speculative methods the plugin verifies: those whose proposer samples from a draft
@@ -144,6 +148,23 @@ def check_http_body(request: Any) -> None:
             )
 
 
+def check_generate_body(body: Any, sampling_keys: Iterable[str] | None) -> None:
+    """Raise SecureSDConfigError when a `/inference/v1/generate` body (the parsed JSON, or None) carries
+    SecureSD where that route's schema drops it: `securesd` or `vllm_xargs` (or a misspelling of
+    `securesd`) at the top of the body, or directly inside `sampling_params` (`sampling_keys`: the keys the
+    client sent there). That route reads SecureSD from `sampling_params.extra_args.securesd` only."""
+    places = (("the request body", body.keys() if isinstance(body, Mapping) else ()),
+              ("sampling_params", sampling_keys or ()))
+    for place, keys in places:
+        for key in keys:
+            if key in (EXTRA_ARGS_KEY, "vllm_xargs") or looks_like_securesd(key):
+                raise SecureSDConfigError(
+                    f"{place} has the field {key!r}, which /inference/v1/generate drops; on this route SecureSD "
+                    'goes in sampling_params.extra_args: "sampling_params": {"extra_args": {"securesd": '
+                    '{"verifier": "mars"}}}'
+                )
+
+
 def check_beam_search(request: Any) -> None:
     """Raise SecureSDConfigError when a beam search request asks for SecureSD (its vllm_xargs, or the
     server-wide default it did not opt out of): beam search drafts nothing, so nothing would be verified."""
@@ -249,12 +270,49 @@ def patch_admission(
 
     input_processor_class._validate_params = _validate_params
     undo_http = patch_http_requests(_importable(HTTP_REQUEST_CLASSES), error_class)
+    undo_generate = patch_generate_route(_importable((SCALE_OUT_HANDLER,)))
 
     def undo() -> None:
         input_processor_class._validate_params = original
         undo_http()
+        undo_generate()
 
     return undo
+
+
+def patch_generate_route(handler_classes: list[type]) -> Callable[[], None]:
+    """Wrap `serve_tokens` of the scale-out token route's handler so a body carrying SecureSD where the
+    route drops it (`check_generate_body`) gets an HTTP 400; returns a function that undoes it."""
+    originals = [(cls, cls.__dict__["serve_tokens"]) for cls in handler_classes if "serve_tokens" in cls.__dict__]
+
+    def wrapped(original: Callable) -> Callable:
+        async def serve_tokens(self, request: Any, raw_request: Any = None, *args: Any, **kwargs: Any):
+            try:
+                check_generate_body(await _json_body(raw_request), getattr(request, "_sampling_params_provided_keys", None))
+            except SecureSDConfigError as error:
+                return self.create_error_response(str(error), param="sampling_params.extra_args.securesd")
+            return await original(self, request, raw_request, *args, **kwargs)
+
+        return serve_tokens
+
+    for cls, original in originals:
+        cls.serve_tokens = wrapped(original)
+
+    def undo() -> None:
+        for cls, original in originals:
+            cls.serve_tokens = original
+
+    return undo
+
+
+async def _json_body(raw_request: Any) -> Any:
+    """The request's JSON body (read once by the server already, so cached), or None when unreadable."""
+    if raw_request is None:
+        return None
+    try:
+        return await raw_request.json()
+    except Exception:  # noqa: BLE001 - not JSON, or not readable here: the route's own parsing decides
+        return None
 
 
 def _importable(locations: tuple[tuple[str, str], ...]) -> list[type]:
