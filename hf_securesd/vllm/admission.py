@@ -148,16 +148,22 @@ def check_http_body(request: Any) -> None:
             )
 
 
-def check_generate_body(body: Any, sampling_keys: Iterable[str] | None) -> None:
+def check_generate_body(body: Any) -> None:
     """Raise SecureSDConfigError when a `/inference/v1/generate` body (the parsed JSON, or None) carries
-    SecureSD where that route's schema drops it: `securesd` or `vllm_xargs` (or a misspelling of
-    `securesd`) at the top of the body, or directly inside `sampling_params` (`sampling_keys`: the keys the
-    client sent there). That route reads SecureSD from `sampling_params.extra_args.securesd` only."""
-    places = (("the request body", body.keys() if isinstance(body, Mapping) else ()),
-              ("sampling_params", sampling_keys or ()))
-    for place, keys in places:
-        for key in keys:
-            if key in (EXTRA_ARGS_KEY, "vllm_xargs") or looks_like_securesd(key):
+    SecureSD where that route's schema drops it: `securesd` (or a misspelling), or a `vllm_xargs` holding
+    one, at the top of the body or directly inside `sampling_params`. That route reads SecureSD from
+    `sampling_params.extra_args.securesd` only."""
+    if not isinstance(body, Mapping):
+        return
+    sampling = body.get("sampling_params")
+    for place, fields in (("the request body", body), ("sampling_params", sampling)):
+        if not isinstance(fields, Mapping):
+            continue
+        for key, value in fields.items():
+            xargs = key == "vllm_xargs" and isinstance(value, Mapping) and any(
+                name == EXTRA_ARGS_KEY or looks_like_securesd(name) for name in value
+            )
+            if key == EXTRA_ARGS_KEY or looks_like_securesd(key) or xargs:
                 raise SecureSDConfigError(
                     f"{place} has the field {key!r}, which /inference/v1/generate drops; on this route SecureSD "
                     'goes in sampling_params.extra_args: "sampling_params": {"extra_args": {"securesd": '
@@ -288,7 +294,7 @@ def patch_generate_route(handler_classes: list[type]) -> Callable[[], None]:
     def wrapped(original: Callable) -> Callable:
         async def serve_tokens(self, request: Any, raw_request: Any = None, *args: Any, **kwargs: Any):
             try:
-                check_generate_body(await _json_body(raw_request), getattr(request, "_sampling_params_provided_keys", None))
+                check_generate_body(await _json_body(raw_request))
             except SecureSDConfigError as error:
                 return self.create_error_response(str(error), param="sampling_params.extra_args.securesd")
             return await original(self, request, raw_request, *args, **kwargs)

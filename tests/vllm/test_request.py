@@ -438,25 +438,27 @@ def test_constraints_that_allow_no_token_are_refused_for_securesd_requests() -> 
 
 
 def test_generate_route_bodies_with_securesd_where_the_route_drops_it_are_refused() -> None:
-    """/inference/v1/generate reads SecureSD from sampling_params.extra_args only: a securesd or vllm_xargs
-    at the top of the body or directly in sampling_params is refused instead of served as plain vLLM."""
+    """/inference/v1/generate reads SecureSD from sampling_params.extra_args only: a securesd (or a
+    vllm_xargs holding one) at the top of the body or directly in sampling_params is refused instead of
+    served as plain vLLM; other fields are the route's own business."""
     from hf_securesd.vllm.admission import check_generate_body
 
-    check_generate_body({"token_ids": [1], "sampling_params": {"extra_args": {"securesd": "mars"}}}, {"extra_args"})
-    check_generate_body(None, None)
-    for body, sampling_keys, place in (
-        ({"securesd": '{"verifier": "mars"}'}, set(), "the request body has the field 'securesd'"),
-        ({"vllm_xargs": {"securesd": "mars"}}, set(), "the request body has the field 'vllm_xargs'"),
-        ({"secure_sd": "mars"}, set(), "the request body has the field 'secure_sd'"),
-        ({}, {"max_tokens", "securesd"}, "sampling_params has the field 'securesd'"),
-        ({}, {"vllm_xargs"}, "sampling_params has the field 'vllm_xargs'"),
+    check_generate_body({"token_ids": [1], "sampling_params": {"extra_args": {"securesd": "mars"}}})
+    check_generate_body({"vllm_xargs": {"other_plugin": 1}, "sampling_params": {"vllm_xargs": {"x": 1}}})
+    check_generate_body(None)
+    for body, place in (
+        ({"securesd": '{"verifier": "mars"}'}, "the request body has the field 'securesd'"),
+        ({"vllm_xargs": {"securesd": "mars"}}, "the request body has the field 'vllm_xargs'"),
+        ({"secure_sd": "mars"}, "the request body has the field 'secure_sd'"),
+        ({"sampling_params": {"max_tokens": 4, "securesd": "mars"}}, "sampling_params has the field 'securesd'"),
+        ({"sampling_params": {"vllm_xargs": {"SecureSD": "mars"}}}, "sampling_params has the field 'vllm_xargs'"),
     ):
         with pytest.raises(SecureSDConfigError, match=rf"{place}.*sampling_params.extra_args"):
-            check_generate_body(body, sampling_keys)
+            check_generate_body(body)
 
 
 def test_the_generate_route_handler_answers_400_and_passes_plain_bodies_on() -> None:
-    """The wrapped handler reads the raw JSON body and the keys sent in sampling_params."""
+    """The wrapped handler reads the raw JSON body."""
     import asyncio
 
     from hf_securesd.vllm.admission import patch_generate_route
@@ -475,14 +477,14 @@ def test_the_generate_route_handler_answers_400_and_passes_plain_bodies_on() -> 
         async def json(self):
             return self.body
 
+    request = SimpleNamespace()
     undo = patch_generate_route([Handler])
     try:
-        plain = SimpleNamespace(_sampling_params_provided_keys={"max_tokens"})
-        assert asyncio.run(Handler().serve_tokens(plain, Raw({"token_ids": [1]}))) == "served"
-        refused = asyncio.run(Handler().serve_tokens(plain, Raw({"securesd": "mars"})))
+        assert asyncio.run(Handler().serve_tokens(request, Raw({"token_ids": [1]}))) == "served"
+        refused = asyncio.run(Handler().serve_tokens(request, Raw({"securesd": "mars"})))
         assert refused[0] == "400" and "drops" in refused[1]
-        inner = SimpleNamespace(_sampling_params_provided_keys={"securesd"})
-        assert asyncio.run(Handler().serve_tokens(inner, Raw({})))[0] == "400"
+        inner = Raw({"sampling_params": {"securesd": "mars"}})
+        assert asyncio.run(Handler().serve_tokens(request, inner))[0] == "400"
     finally:
         undo()
-    assert asyncio.run(Handler().serve_tokens(SimpleNamespace(), Raw({"securesd": "mars"}))) == "served"
+    assert asyncio.run(Handler().serve_tokens(request, Raw({"securesd": "mars"}))) == "served"
