@@ -267,3 +267,19 @@ def test_a_thirty_digit_gsm8k_answer_is_scored_not_a_crash(serve, tmp_path, data
     (run,) = read_jsonl(out / "runs.jsonl")
     assert run["scores"] == [0.0, 0.0]
     assert {detail["predicted"] for detail in run["details"]} == {"123456789012345678901234567890"}
+
+
+def test_a_structured_refusal_is_the_reply_a_null_content_without_one_a_failure(serve):
+    """OpenAI's structured refusal (`message.refusal` text, `content` null) is what the service answered:
+    judged as the reply's text, with no tokens or statistics; null content with nothing else fails."""
+    refusal = json.dumps({"choices": [{"message": {"content": None, "refusal": ANSWER}, "finish_reason": "stop"}],
+                          "usage": {"completion_tokens": 0}}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, refusal))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, Generation)
+    assert (answer.response, answer.new_tokens, answer.stats, answer.finish_reason) == (ANSWER, 0, None, "stop")
+    for message in ({"content": None}, {"content": None, "refusal": "  "}, {"content": None, "refusal": 3}):
+        body = json.dumps({"choices": [{"message": message}]}).encode()
+        url, _ = serve(lambda handler, state, body=body: send(handler, 200, body))
+        failed = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+        assert isinstance(failed, GenerationFailure) and "NoneType, not a string" in failed.error

@@ -416,7 +416,8 @@ class OpenAIEngine(Engine):
 
     def _answer(self, reply: dict[str, Any], seconds: float, max_new_tokens: int) -> Answer:
         """A Generation from one reply, or a failure when the reply has no usable answer
-        (`reply_problem`, `token_ids_problem`, `speculative_metrics_problem`). The text has its lone
+        (`reply_problem`, `token_ids_problem`, `speculative_metrics_problem`). A chat reply with null
+        content and a `message.refusal` text is that refusal (judged like any reply). The text has its lone
         surrogates replaced by U+FFFD (`valid_unicode`), so it can be written out."""
         from hf_securesd.vllm.stats import speculative_stats
 
@@ -429,12 +430,18 @@ class OpenAIEngine(Engine):
                 f"the reply has no choices[0].{'message.content' if self.settings.chat else 'text'}"
                 f": {redacted_excerpt(json.dumps(reply), self._secrets)}"
             )
+        refused = False
+        if self.settings.chat and text is None:
+            text = _refusal_text(choice)
+            refused = text is not None
         if not isinstance(text, str):
             return GenerationFailure(f"the reply's text is {type(text).__name__}, not a string")
         claimed = completion_tokens(reply.get("usage"))
         problem = reply_problem(finish_reason, claimed, text, max_new_tokens)
         if problem is not None:
             return GenerationFailure(redact(problem, self._secrets))
+        if refused:  # no model tokens come with a service's refusal: none recorded, no statistics
+            return Generation(valid_unicode(text), 0, seconds, None, None, finish_reason)
         token_ids = choice.get("token_ids")
         if self.settings.token_ids:
             problem = token_ids_problem(token_ids, max_new_tokens, len(self._tokenizer))
@@ -484,3 +491,12 @@ class OpenAIEngine(Engine):
     def close(self) -> None:
         for client in self._clients.values():
             client.close()
+
+
+
+def _refusal_text(choice: dict[str, Any]) -> str | None:
+    """The text of a chat reply's `message.refusal` (OpenAI's structured refusal: the service declined
+    to answer, and `content` is null), or None when it holds none."""
+    message = choice.get("message")
+    refusal = message.get("refusal") if isinstance(message, dict) else None
+    return refusal if isinstance(refusal, str) and refusal.strip() else None
