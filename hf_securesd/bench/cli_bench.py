@@ -36,6 +36,7 @@ from hf_securesd.bench.cli_engines import (
     build_engine,
     endpoint_configs,
     engine_secrets,
+    settle_engine_options,
     study_models,
 )
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
@@ -350,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()  # the engine's run deadline counts from its build, a little later
     profile = get_profile(args.profile)
     try:
+        settle_engine_options(args)
         schedules = [parse_schedule(spec) for spec in (args.schedules or profile.schedules)]
         # the openai engine sends the plugin's request fields only when asked (an audited deployment
         # may not have the plugin); the in-process engines run the profile's sweep by default

@@ -75,20 +75,20 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--base-url",
         type=url_text,
-        default=None,
+        default=argparse.SUPPRESS,
         help="openai: the server (http://host:port/v1); --verifiers/--schedules go to it as "
         "the plugin's request fields, and without --baseline it serves the target baseline",
     )
     group.add_argument(
         "--model",
         type=non_empty_text,
-        default=None,
+        default=argparse.SUPPRESS,
         help="openai: the model name sent in requests (default: the first the server lists)",
     )
     group.add_argument(
         "--api-key-env",
         type=environment_variable,
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="NAME",
         help="openai: the API key of --base-url, read from this environment variable (never written "
         "anywhere); no --endpoint is sent it (see --endpoint-api-key-env)",
@@ -96,24 +96,26 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--chat",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="openai: /chat/completions with the task's messages (the server's chat template)",
     )
     group.add_argument(
         "--token-ids",
         action="store_true",
+        default=argparse.SUPPRESS,
         help="openai, vLLM servers: send prompt token ids and decode the returned token ids "
         "locally (records equal to the hf and vllm engines')",
     )
     group.add_argument(
         "--tokenizer",
         type=non_empty_text,
-        default=None,
+        default=argparse.SUPPRESS,
         help="openai completions: the tokenizer whose chat template builds prompts (default: --target)",
     )
     group.add_argument(
         "--endpoint",
         action="append",
-        default=[],
+        default=argparse.SUPPRESS,
         metavar="NAME=URL",
         help="openai: a deployment to audit, run as configuration endpoint:NAME (repeatable); it is "
         "sent no API key unless --endpoint-api-key-env names one for it",
@@ -121,52 +123,52 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument(
         "--endpoint-api-key-env",
         action="append",
-        default=[],
+        default=argparse.SUPPRESS,
         metavar="NAME=VARIABLE",
         help="openai: send --endpoint NAME the API key held by this environment variable (repeatable; "
         "never written anywhere)",
     )
     group.add_argument(
         "--baseline",
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="NAME",
         help="openai: the --endpoint serving the target alone (a lossless twin)",
     )
     group.add_argument(
         "--draft-baseline",
-        default=None,
+        default=argparse.SUPPRESS,
         metavar="NAME",
         help="openai: the --endpoint serving the draft alone (without it PRR is undefined)",
     )
     group.add_argument(
         "--request-timeout",
         type=duration_seconds,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
+        default=argparse.SUPPRESS,
         help="openai: seconds for one whole request, headers and body (default 300; at most 7 days)",
     )
     group.add_argument(
         "--run-deadline",
         type=duration_seconds,
-        default=None,
+        default=argparse.SUPPRESS,
         help="openai: seconds for the whole run (at most 7 days); requests still waiting then are recorded "
         "as failed (a rerun completes them), and the judge sends nothing more",
     )
     group.add_argument(
         "--concurrency",
         type=positive_int,
-        default=DEFAULT_CONCURRENCY,
+        default=argparse.SUPPRESS,
         help="openai: requests in flight at once (default 4; at most --batch-size are sent together)",
     )
     group.add_argument(
         "--max-retries",
         type=non_negative_int,
-        default=DEFAULT_MAX_RETRIES,
+        default=argparse.SUPPRESS,
         help="openai: retries of a request after 429/5xx/connection errors/bad replies (default 4)",
     )
     group.add_argument(
         "--vllm-option",
         action="append",
-        default=[],
+        default=argparse.SUPPRESS,
         metavar="KEY=VALUE",
         help="vllm: an argument of vllm.LLM (repeatable; VALUE is read as JSON when it parses, "
         "e.g. enforce_eager=true max_model_len=4096, else as text)",
@@ -230,17 +232,23 @@ def unloadable(what: str, error: OSError) -> EngineError:
     )
 
 
-def check_engine_options(args: argparse.Namespace) -> None:
-    """EngineError for an option of one engine given with another (it would be silently ignored).
-    An option counts as given when it differs from its default. An engine registered outside this
-    package reads what it wants of `args` (`Engine.from_cli`), so nothing is refused for it."""
+def settle_engine_options(args: argparse.Namespace) -> None:
+    """Refuse an option of one engine given with another (it would be silently ignored), then fill in the
+    defaults of the options not given. The engine options are parsed without defaults, so "given" means
+    on the command line, whatever its value (`--concurrency 4` with `--engine hf` is refused too). An
+    engine registered outside this package reads what it wants of `args` (`Engine.from_cli`), so nothing
+    is refused for it. Idempotent."""
+    given = [dest for dest in ENGINE_OPTIONS if dest in vars(args)]
     engine = getattr(args, "engine", "hf")
-    if engine not in {owner for _, owner, _ in ENGINE_OPTIONS.values()} | {"hf"}:
-        return
-    for dest, (flag, owner, default) in ENGINE_OPTIONS.items():
-        if owner != engine and getattr(args, dest, default) != default:
-            raise EngineError(f"{flag} needs --engine {owner} (it is not used by --engine {engine}); "
-                              f"drop it or pass --engine {owner}")
+    if engine in {owner for _, owner, _ in ENGINE_OPTIONS.values()} | {"hf"}:
+        for dest in given:
+            flag, owner, _ = ENGINE_OPTIONS[dest]
+            if owner != engine:
+                raise EngineError(f"{flag} needs --engine {owner} (it is not used by --engine {engine}); "
+                                  f"drop it or pass --engine {owner}")
+    for dest, (_, _, default) in ENGINE_OPTIONS.items():
+        if dest not in given:
+            setattr(args, dest, list(default) if isinstance(default, list) else default)
 
 
 def check_endpoint_urls(base_url: str | None, endpoints: dict[str, str]) -> None:
@@ -373,7 +381,6 @@ def endpoint_configs(args: argparse.Namespace) -> list:
     from hf_securesd.bench.engines.openai import parse_endpoints
     from hf_securesd.bench.plan import RunConfig
 
-    check_engine_options(args)
     if getattr(args, "engine", "hf") != "openai":
         return []
     baselines = {args.baseline, args.draft_baseline}

@@ -113,6 +113,15 @@ def test_7_engine_specific_options_with_another_engine_are_refused(capsys, tmp_p
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("extra", [
+    ("--concurrency", "4"), ("--request-timeout", "300"), ("--max-retries", "4"), ("--endpoint", "a=http://x/v1"),
+])
+def test_7_engine_options_typed_at_their_default_are_refused_too(capsys, tmp_path, data_dir, extra) -> None:
+    """Given on the command line is given, whatever the value: the user believes it does something."""
+    line = refused(capsys, *bench(tmp_path, data_dir, *extra))
+    assert line.startswith(f"error: {extra[0]} needs --engine openai")
+
+
 def test_7_vllm_option_with_the_openai_engine_is_refused(capsys, tmp_path, data_dir) -> None:
     line = refused(capsys, *bench(tmp_path, data_dir, *OPENAI, "--vllm-option", "enforce_eager=true"))
     assert line.startswith("error: --vllm-option needs --engine vllm")
