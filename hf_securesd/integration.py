@@ -3,13 +3,16 @@ and the `securesd_generate` callable for `custom_generate=`.
 
 `generate()` dispatches through the model's class (`type(self)._assisted_decoding`), so `wrap`
 swaps the instance's class for a same-named subclass carrying `SecureSDMixin`; `save_pretrained`
-therefore still records the original architecture. Without `verifier=` every route is plain
+therefore still records the original architecture, and pickling stores the original class (the model
+is wrapped again on load). The callable checks its arguments through the same `_securesd_fields` as
+the wrapped `generate`. Without `verifier=` every route is plain
 transformers: the call goes to the original `generate` unchanged.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
 import inspect
 import json
 from dataclasses import dataclass
@@ -39,11 +42,14 @@ from .validation import (
     resolve_request,
     vocab_size,
 )
+from .verifiers import Verifier
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
+_ORIGINAL_SAVE_PRETRAINED = PreTrainedModel.save_pretrained
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 _CONFIG_FIELDS = ("verifier", "secure_schedule", "output_deviation")
+CALLABLE_DEFAULT_VERIFIER = "lossless"  # custom_generate=securesd_generate with no verifier anywhere
 _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
     "output_scores",
@@ -111,10 +117,10 @@ def _with_fields(
     return bound.args[1:], bound.kwargs
 
 
-def _custom_generate_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]] | None:
+def _custom_generate_call(kwargs: dict[str, Any]) -> dict[str, Any] | None:
     """`custom_generate=securesd_generate` on a wrapped or patched model runs the wrapped path with the draft
-    as `assistant_model` (transformers would drop `assistant_model=` for a callable). Returns None when the
-    call does not use that callable."""
+    as `assistant_model` (transformers would drop `assistant_model=` for a callable). Returns the call's
+    kwargs for that path, or None when the call does not use that callable."""
     if kwargs.get("custom_generate") is not securesd_generate:
         return None
     kwargs = dict(kwargs)
@@ -124,77 +130,112 @@ def _custom_generate_call(model: PreTrainedModel, args: tuple, kwargs: dict[str,
         if kwargs.get("assistant_model") not in (None, draft):
             raise SecureSDConfigError("draft= and assistant_model= name different models; pass the draft once")
         kwargs["assistant_model"] = draft
-    kwargs.setdefault("verifier", "lossless")
-    return args, kwargs
+    return kwargs
 
 
 def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
-    """Validate a generate() call that uses a verifier and fill in resolved objects and k.
-
-    The verifier comes from the call (`verifier=`), else from a passed GenerationConfig, else from the
-    model's (saved) generation config. A call-level `verifier=None` switches SecureSD off. A verifier
-    taken from a config is a default: a call without a draft model runs plain decoding. Returns
-    (args, kwargs) for the original generate."""
-    rerouted = _custom_generate_call(model, args, kwargs)
-    if rerouted is not None:
-        args, kwargs = rerouted
-    elif kwargs.get("custom_generate") is not None:
+    """Validate a generate() call that uses a verifier and fill in resolved objects and k (see
+    `_securesd_fields`). Returns (args, kwargs) for the original generate."""
+    rerouted = _custom_generate_call(kwargs)
+    if rerouted is None and kwargs.get("custom_generate") is not None:
         return args, kwargs  # another decoding method (or the Hub folder) handles its own arguments
+    kwargs = kwargs if rerouted is None else rerouted
     restore_saved_fields(model)
     _register_config_fields(model.generation_config)
     bound, arguments = _bind(model, args, kwargs)
     generation_config = arguments.get("generation_config")
-    draft = arguments.get("assistant_model")
+    default_verifier = None if rerouted is None else CALLABLE_DEFAULT_VERIFIER
+    fields = _securesd_fields(model, arguments, generation_config, default_verifier)
+    if fields is not None:
+        return _with_fields(bound, generation_config, fields)
+    if arguments.get("assistant_model") is not None:
+        return _with_fields(bound, generation_config, {"verifier": None, "secure_schedule": None})
+    return _stripped(args, kwargs)
+
+
+def _requested_verifier(
+    model: PreTrainedModel, arguments: dict[str, Any], generation_config: GenerationConfig | None, default: Any
+) -> Any:
+    """The verifier a call asks for: explicit kwarg > passed config > model's config > `default` (the
+    callable's lossless rule; None on the other routes). A call-level `verifier=None` switches SecureSD
+    off; a schedule without any verifier is refused."""
     verifier = _effective("verifier", arguments, generation_config, model)
+    if verifier is not None:
+        return verifier
+    schedule = arguments.get("secure_schedule")
+    if schedule is None and "verifier" not in arguments and generation_config is not None:
+        schedule = getattr(generation_config, "secure_schedule", None)  # a passed config's own schedule
+    if schedule is not None:
+        resolve_request(None, schedule, None)  # raises: a schedule needs a verifier
+    return None if "verifier" in arguments else default
+
+
+def _securesd_fields(
+    model: PreTrainedModel, arguments: dict[str, Any], generation_config: GenerationConfig | None, default_verifier: Any
+) -> dict[str, Any] | None:
+    """Resolve and check what a generate call asks of SecureSD; every route goes through here.
+
+    `arguments` holds the call's explicit arguments (the draft as `assistant_model`), `generation_config`
+    a passed GenerationConfig. The verifier comes from the call (`verifier=`), else from the passed
+    config, else from the model's (saved) generation config, else `default_verifier`. A verifier taken
+    from a config is a default: a call without a draft model runs plain decoding. Returns the generation
+    fields SecureSD runs with, or None when the call runs plain transformers decoding."""
+    draft = arguments.get("assistant_model")
+    verifier = _requested_verifier(model, arguments, generation_config, default_verifier)
     if verifier is None:
-        schedule = arguments.get("secure_schedule")
-        if schedule is None and "verifier" not in arguments and generation_config is not None:
-            schedule = getattr(generation_config, "secure_schedule", None)  # a passed config's own schedule
-        if schedule is not None:
-            resolve_request(None, schedule, None)  # raises: a schedule needs a verifier
-        fields = {"verifier": None, "secure_schedule": None}
-        return _with_fields(bound, generation_config, fields) if draft is not None else _stripped(args, kwargs)
+        return None
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
     lookup = options["prompt_lookup_num_tokens"]
     if draft is None and lookup is None and "verifier" not in arguments:
-        return _stripped(args, kwargs)  # a configured verifier without a proposer: plain decoding
-    if lookup is not None:
-        draft_length = resolve_prompt_lookup(
-            arguments, generation_config, draft, _effective("max_matching_ngram_size", arguments, generation_config, model),
-            target_config=model.generation_config,
-        )
-    else:
-        draft_length = resolve_draft_length(
-            arguments, generation_config, getattr(draft, "generation_config", None), target_config=model.generation_config
-        )
+        return None  # a configured verifier without a proposer: plain decoding
+    draft_length = _draft_length(model, arguments, generation_config, lookup is not None)
     check_model_inputs(arguments, _effective("cache_implementation", arguments, generation_config, model))
-    resolved, schedule, k = resolve_request(
+    resolved, schedule, _ = resolve_request(
         verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens
     )
     schedule = resolve_boundaries(schedule, arguments.get("tokenizer"))  # text boundaries -> token ids
     options.update({name: arguments.get(name) for name in ("assistant_tokenizer", "streamer", "synced_gpus")})
+    _check_call(model, arguments, options, resolved, schedule)
+    return {
+        "verifier": resolved,
+        "secure_schedule": schedule,
+        "output_deviation": _effective("output_deviation", arguments, generation_config, model),
+        **draft_length.generation_fields(),
+    }
+
+
+def _draft_length(
+    model: PreTrainedModel, arguments: dict[str, Any], generation_config: GenerationConfig | None, lookup: bool
+) -> DraftLength:
+    """The call's draft-length controls: prompt lookup's when `lookup`, else the draft model's."""
+    draft = arguments.get("assistant_model")
+    if lookup:
+        return resolve_prompt_lookup(
+            arguments, generation_config, draft, _effective("max_matching_ngram_size", arguments, generation_config, model),
+            target_config=model.generation_config,
+        )
+    return resolve_draft_length(
+        arguments, generation_config, getattr(draft, "generation_config", None), target_config=model.generation_config
+    )
+
+
+def _check_call(
+    model: PreTrainedModel, arguments: dict[str, Any], options: dict[str, Any], verifier: Verifier, schedule: Any
+) -> None:
+    """The checks of a SecureSD call that run before any decoding: lengths, inputs, options, the proposer
+    (draft model or prompt lookup), both models' caches and the schedule's boundary ids."""
     check_lengths(arguments.get("max_new_tokens"), arguments.get("max_length"))
     inputs = arguments.get("inputs", arguments.get("input_ids"))
     if isinstance(inputs, torch.Tensor) and isinstance(arguments.get("attention_mask"), torch.Tensor):
         check_inputs(inputs if inputs.ndim == 2 else inputs[None], arguments["attention_mask"])
     check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
-    if lookup is not None:
-        check_proposer(resolved, PROMPT_LOOKUP)
+    if options["prompt_lookup_num_tokens"] is not None:
+        check_proposer(verifier, PROMPT_LOOKUP)
     else:
-        check_models(model, draft)
-        check_cache_layers("draft", draft, None)
+        check_models(model, arguments.get("assistant_model"))
+        check_cache_layers("draft", arguments.get("assistant_model"), None)
     check_cache_layers("target", model, arguments.get("past_key_values", arguments.get("cache")))
     check_boundary_ids(schedule, vocab_size(model))
-    return _with_fields(
-        bound,
-        generation_config,
-        {
-            "verifier": resolved,
-            "secure_schedule": schedule,
-            "output_deviation": _effective("output_deviation", arguments, generation_config, model),
-            **draft_length.generation_fields(),
-        },
-    )
 
 
 def _check_caches(
@@ -339,17 +380,59 @@ class SecureSDMixin:
         return super().generate(*args, **kwargs)
 
     def save_pretrained(self, save_directory, *args, **kwargs):
-        """`PreTrainedModel.save_pretrained`; when the generation config carries a verifier, the folder
-        also gets the `custom_generate/` entry point, so plain transformers loading it with
-        `trust_remote_code=True` runs SecureSD too."""
-        result = super().save_pretrained(save_directory, *args, **kwargs)
-        if getattr(self.generation_config, "verifier", None) is not None:
-            from .hub import export_custom_generate
+        """`PreTrainedModel.save_pretrained`, keeping the SecureSD fields (see `_save_with_fields`)."""
+        return _save_with_fields(self, super().save_pretrained, save_directory, args, kwargs)
 
-            export_custom_generate(save_directory)
-        return result
+    def __reduce_ex__(self, protocol: int):
+        """Pickle (and copy) as the model's own class, wrapped again on load: the wrapped class is built
+        at run time, so pickle could not find it by name."""
+        _, (_, *new_args), *state = object.__reduce_ex__(self, max(protocol, 2))
+        return (_new_wrapped, (_unwrapped_class(type(self)), *new_args), *state)
 
     _assisted_decoding = _assisted_decoding
+
+
+def _unwrapped_class(cls: type) -> type:
+    """The model class that `wrap` subclassed."""
+    return next(base for base in cls.__mro__[1:] if not issubclass(base, SecureSDMixin))
+
+
+def _wrapped_class(original: type) -> type:
+    """The same-named subclass of `original` carrying `SecureSDMixin` (one per original class)."""
+    if original not in _WRAPPED_CLASSES:
+        _WRAPPED_CLASSES[original] = type(original.__name__, (SecureSDMixin, original), {"__module__": original.__module__})
+    return _WRAPPED_CLASSES[original]
+
+
+_WRAPPED_CLASSES: dict[type, type] = {}
+
+
+def _new_wrapped(original: type, *args: Any) -> PreTrainedModel:
+    """An empty instance of the wrapped `original` class, for unpickling (pickle then restores its state)."""
+    model = original.__new__(original, *args)
+    model.__class__ = _wrapped_class(original)
+    return model
+
+
+def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple, kwargs: dict[str, Any]):
+    """Run `save(save_directory, *args, **kwargs)` (a `save_pretrained`). When the generation config
+    carries a verifier, the saved generation_config.json keeps the SecureSD fields on load (transformers
+    drops unknown keys from a file marked `"_from_model_config": true`) and the folder also gets the
+    `custom_generate/` entry point, so plain transformers loading it with `trust_remote_code=True` runs
+    SecureSD too."""
+    config = model.generation_config
+    if getattr(config, "verifier", None) is None:
+        return save(save_directory, *args, **kwargs)
+    from_model_config = config._from_model_config
+    config._from_model_config = False
+    try:
+        result = save(save_directory, *args, **kwargs)
+    finally:
+        config._from_model_config = from_model_config
+    from .hub import export_custom_generate
+
+    export_custom_generate(save_directory)
+    return result
 
 
 def _register_config_fields(generation_config: GenerationConfig) -> None:
@@ -364,7 +447,7 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
 
     A generation_config.json marked `"_from_model_config": true` (most Hub checkpoints) is loaded
     without its non-standard keys. This reads them from the model's saved file once per model
-    instance; fields already set on the config win."""
+    instance; fields already set on the config win, an explicit None included."""
     if not getattr(model.generation_config, "_from_model_config", False) or getattr(model, "_securesd_fields_read", False):
         return
     model._securesd_fields_read = True
@@ -380,7 +463,7 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
     for name in _CONFIG_FIELDS:
-        if saved.get(name) is not None and getattr(model.generation_config, name, None) is None:
+        if saved.get(name) is not None and name not in vars(model.generation_config):
             setattr(model.generation_config, name, saved[name])
 
 
@@ -397,8 +480,7 @@ def wrap(model: PreTrainedModel) -> PreTrainedModel:
     if not isinstance(model, GenerationMixin):
         raise TypeError(f"wrap() needs a transformers model with generate(), got {type(model).__name__}")
     if not isinstance(model, SecureSDMixin):
-        original = type(model)
-        model.__class__ = type(original.__name__, (SecureSDMixin, original), {"__module__": original.__module__})
+        model.__class__ = _wrapped_class(type(model))
     restore_saved_fields(model)
     _register_config_fields(model.generation_config)
     return model
@@ -421,10 +503,18 @@ def _patched_generate(self, *args, **kwargs):
     return _ORIGINAL_GENERATE(self, *args, **kwargs)
 
 
+def _patched_save_pretrained(self, save_directory, *args, **kwargs):
+    """`PreTrainedModel.save_pretrained` under `patch()`: a verifier saved with the model and dropped by
+    transformers on load is read back first, then saved as `SecureSDMixin.save_pretrained` does."""
+    restore_saved_fields(self)
+    return _save_with_fields(self, functools.partial(_ORIGINAL_SAVE_PRETRAINED, self), save_directory, args, kwargs)
+
+
 def patch() -> None:
     """Enable SecureSD for every transformers model in this process (for pipelines you do not control)."""
     GenerationMixin.generate = _patched_generate
     GenerationMixin._assisted_decoding = _assisted_decoding
+    PreTrainedModel.save_pretrained = _patched_save_pretrained
     for name in _CONFIG_FIELDS:
         setattr(GenerationConfig, name, None)
 
@@ -433,9 +523,20 @@ def unpatch() -> None:
     """Undo `patch()`."""
     GenerationMixin.generate = _ORIGINAL_GENERATE
     GenerationMixin._assisted_decoding = _ORIGINAL_ASSISTED_DECODING
+    PreTrainedModel.save_pretrained = _ORIGINAL_SAVE_PRETRAINED
     for name in _CONFIG_FIELDS:
         if name in vars(GenerationConfig):
             delattr(GenerationConfig, name)
+
+
+class _Unset:
+    """The default of a `securesd_generate` argument the call did not pass."""
+
+    def __repr__(self) -> str:
+        return "<not passed>"
+
+
+UNSET: Any = _Unset()
 
 
 def securesd_generate(
@@ -447,17 +548,65 @@ def securesd_generate(
     synced_gpus: bool = False,
     streamer=None,
     draft: PreTrainedModel | None = None,
-    verifier: Any = "lossless",
-    secure_schedule: Any = None,
-    num_assistant_tokens: int | None = None,
+    verifier: Any = UNSET,
+    secure_schedule: Any = UNSET,
+    num_assistant_tokens: Any = UNSET,
+    num_assistant_tokens_schedule: Any = UNSET,
+    assistant_confidence_threshold: Any = UNSET,
+    output_deviation: Any = UNSET,
+    stop_strings: Any = UNSET,
     **model_kwargs,
 ):
     """Decoding loop for `model.generate(..., custom_generate=securesd_generate, draft=<draft>, verifier=...)`.
 
+    The verifier and schedule are resolved and checked as on a wrapped model (explicit kwarg > passed
+    GenerationConfig > the model's generation config); with no verifier anywhere the rule is lossless.
     On a plain model transformers rebuilds a callable's arguments from its signature and drops
-    `assistant_model`, so the draft is passed as `draft=`. On a wrapped or patched model both
-    `draft=` and `assistant_model=` work (the call then takes the wrapped path).
+    `assistant_model` and `tokenizer`, so the draft is passed as `draft=`. On a wrapped or patched model
+    both `draft=` and `assistant_model=` work (the call then takes the wrapped path). The arguments after
+    `draft` are named here so that transformers hands them over as given instead of merging them into
+    `generation_config`.
     """
+    explicit = {
+        name: value
+        for name, value in (
+            ("verifier", verifier),
+            ("secure_schedule", secure_schedule),
+            ("num_assistant_tokens", num_assistant_tokens),
+            ("num_assistant_tokens_schedule", num_assistant_tokens_schedule),
+            ("assistant_confidence_threshold", assistant_confidence_threshold),
+            ("output_deviation", output_deviation),
+        )
+        if value is not UNSET
+    }
+    _check_callable_call(generation_config, draft, stop_strings)
+    restore_saved_fields(model)
+    arguments = {
+        **{key: value for key, value in model_kwargs.items() if key != "position_ids"},
+        **explicit,
+        "input_ids": input_ids,
+        "position_ids": _callers_position_ids(input_ids, model_kwargs),
+        "assistant_model": draft,
+        "streamer": streamer,
+        "synced_gpus": synced_gpus,
+    }
+    fields = _securesd_fields(model, arguments, generation_config, CALLABLE_DEFAULT_VERIFIER)
+    if fields is None:
+        raise SecureSDConfigError(
+            "verifier=None switches SecureSD off, but custom_generate=securesd_generate is SecureSD's decoding "
+            "loop; for transformers' own assisted decoding drop custom_generate and pass assistant_model=<draft>, "
+            "or pass a verifier"
+        )
+    for name, value in fields.items():
+        setattr(generation_config, name, value)
+    return _run_speculative(
+        model, draft, input_ids, logits_processor, stopping_criteria, generation_config, streamer, model_kwargs
+    )
+
+
+def _check_callable_call(generation_config: GenerationConfig, draft: PreTrainedModel | None, stop_strings: Any) -> None:
+    """Refuse what `custom_generate=securesd_generate` on a model that is not wrapped cannot see: the draft
+    and the tokenizer, which transformers does not hand to a callable, and prompt lookup drafting."""
     if generation_config.prompt_lookup_num_tokens is not None:
         raise SecureSDConfigError(
             "custom_generate=securesd_generate drafts with draft=; for prompt lookup drafting "
@@ -469,25 +618,30 @@ def securesd_generate(
             "that is not wrapped, transformers drops assistant_model= for a callable custom_generate. Pass draft=, "
             "or wrap the model (hf_securesd.wrap(model)) to use assistant_model="
         )
-    # generate() has filled HF's defaults into generation_config, so only this call's own argument and the
-    # draft's generation_config can set the draft length here.
-    draft_length = resolve_draft_length(
-        {"num_assistant_tokens": num_assistant_tokens}, None, getattr(draft, "generation_config", None),
-        target_config=generation_config,
-    )
-    resolved, schedule, _ = resolve_request(verifier, secure_schedule, draft_length.num_tokens)
-    schedule = resolve_boundaries(schedule, None)  # transformers passes no tokenizer= to a callable
-    check_models(model, draft)
-    check_cache_layers("draft", draft, None)
-    check_cache_layers("target", model, model_kwargs.get("cache", model_kwargs.get("past_key_values")))
-    check_boundary_ids(schedule, vocab_size(model))
-    options = {name: getattr(generation_config, name, None) for name in _CHECKED_OPTIONS}
-    check_options({**options, "streamer": streamer, "synced_gpus": synced_gpus}, input_ids)
-    generation_config.verifier = resolved
-    generation_config.secure_schedule = schedule
-    for name, value in draft_length.generation_fields().items():
-        setattr(generation_config, name, value)
-    return _run_speculative(
-        model, draft, input_ids, logits_processor, stopping_criteria, generation_config, streamer, model_kwargs
-    )
+    if stop_strings is not UNSET and stop_strings is not None:
+        raise SecureSDConfigError(
+            "stop_strings= needs tokenizer=, which transformers does not pass to a callable custom_generate on a "
+            "model that is not wrapped; wrap the model (hf_securesd.wrap(model)) and pass assistant_model=<draft>, "
+            "or use custom_generate=hf_securesd.hub.path() with trust_remote_code=True"
+        )
 
+
+def _callers_position_ids(input_ids: torch.Tensor, model_kwargs: dict[str, Any]) -> torch.Tensor | None:
+    """The caller's own `position_ids=`, or None. transformers fills in the default positions (from the
+    attention mask) before it calls a callable, so only positions that differ from those can be told
+    apart; positions equal to them decode the same tokens."""
+    position_ids = model_kwargs.get("position_ids")
+    if position_ids is None:
+        return None
+    mask = model_kwargs.get("attention_mask")
+    if mask is None:  # transformers drops an all-ones mask
+        mask = torch.ones(input_ids.shape, dtype=torch.long, device=input_ids.device)
+    default = (mask.long().cumsum(-1) - 1).masked_fill(mask == 0, 0)
+    rows, length = default.shape
+    same = (
+        position_ids.ndim == 2
+        and position_ids.shape[0] in (1, rows)
+        and position_ids.shape[1] == length
+        and torch.equal(position_ids.to(default.device).expand(rows, length), default)
+    )
+    return None if same else position_ids

@@ -4,16 +4,20 @@ a local directory, as it would be from the Hub) and the `evaluate` Spaces of the
 from __future__ import annotations
 
 import importlib.metadata
+import json
 import math
 import re
 
 import evaluate
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 from transformers.dynamic_module_utils import split_package_version
 
+import hf_securesd
 import hf_securesd.hub
 import hf_securesd.metrics
+from hf_securesd import MARS, Power
 from hf_securesd.tiny import TinyPairSpec, tiny_pair
 
 PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
@@ -75,6 +79,66 @@ def test_custom_generate_folder_files(hub_repo):
     )
     for line in (hub_repo / "custom_generate" / "requirements.txt").read_text().splitlines():
         split_package_version(line)  # the form transformers' requirement check parses
+
+
+def _saved_with_verifier(folder, from_model_config: bool = False):
+    """(draft, MARS + Power tokens) of a wrapped target saved to `folder` with that verifier and schedule
+    as its defaults; `from_model_config=True` marks the file as transformers does for most Hub checkpoints
+    (it then drops unknown keys on load)."""
+    draft, target = tiny_pair(SPEC)
+    hf_securesd.wrap(target)
+    target.generation_config.verifier = MARS(theta=0.6)
+    target.generation_config.secure_schedule = Power(L=3, gamma=2.0)
+    target.save_pretrained(folder)
+    if from_model_config:
+        path = folder / "generation_config.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "_from_model_config": True}))
+    return draft, target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=draft)
+
+
+def _saved_fields(folder) -> tuple[object, object, bool]:
+    saved = json.loads((folder / "generation_config.json").read_text())
+    return saved.get("verifier"), saved.get("secure_schedule"), (folder / "custom_generate" / "generate.py").is_file()
+
+
+def test_saving_again_before_generate_keeps_the_fields(tmp_path):
+    """Loaded with trust_remote_code and saved before any generate call, the folder keeps the verifier and
+    schedule (transformers keeps them on load); wrapped, it also keeps custom_generate/."""
+    draft, expected = _saved_with_verifier(tmp_path / "a")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a", trust_remote_code=True)
+    loaded.save_pretrained(tmp_path / "b")
+    verifier, schedule, _ = _saved_fields(tmp_path / "b")
+    assert verifier == {"verifier": "mars", "theta": 0.6} and schedule == {"schedule": "power", "L": 3, "gamma": 2.0}
+    hf_securesd.wrap(AutoModelForCausalLM.from_pretrained(tmp_path / "b")).save_pretrained(tmp_path / "c")
+    assert _saved_fields(tmp_path / "c")[2]
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "c", trust_remote_code=True)
+    assert torch.equal(reloaded.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=draft), expected)
+
+
+@pytest.mark.parametrize("from_model_config", [False, True])
+def test_patched_save_keeps_the_fields(tmp_path, from_model_config):
+    draft, expected = _saved_with_verifier(tmp_path / "a", from_model_config)
+    hf_securesd.patch()
+    try:
+        AutoModelForCausalLM.from_pretrained(tmp_path / "a").save_pretrained(tmp_path / "b")
+    finally:
+        hf_securesd.unpatch()
+    verifier, schedule, entry_point = _saved_fields(tmp_path / "b")
+    assert verifier["verifier"] == "mars" and schedule["schedule"] == "power" and entry_point
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "b", trust_remote_code=True)
+    assert torch.equal(reloaded.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=draft), expected)
+
+
+@pytest.mark.parametrize("from_model_config", [False, True])
+@pytest.mark.parametrize("field", ["verifier", "secure_schedule"])
+def test_a_field_cleared_on_the_loaded_model_stays_cleared(tmp_path, from_model_config, field):
+    _saved_with_verifier(tmp_path, from_model_config)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    setattr(loaded.generation_config, field, None)
+    hf_securesd.wrap(loaded)
+    assert getattr(loaded.generation_config, field) is None
+    other = "secure_schedule" if field == "verifier" else "verifier"
+    assert getattr(loaded.generation_config, other) is not None
 
 
 @pytest.mark.parametrize("name", hf_securesd.metrics.METRICS)
