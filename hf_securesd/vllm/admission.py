@@ -91,10 +91,7 @@ def check_request(params: Any, vllm_config: Any) -> None:
             "SecureSD verification runs on vLLM's GPUModelRunner (the V1 runner); this engine uses Model "
             "Runner V2. Start it with VLLM_USE_V2_MODEL_RUNNER=0 (the plugin sets this when it is unset)"
         )
-    try:
-        request.verifier.check_draft_length(speculative.num_speculative_tokens)
-    except ValueError as error:
-        raise SecureSDConfigError(f"{error} (k is the engine's num_speculative_tokens here)") from None
+    check_engine_draft_length(request, speculative.num_speculative_tokens)
     try:
         check_boundary_ids(
             request.schedule,
@@ -104,6 +101,31 @@ def check_request(params: Any, vllm_config: Any) -> None:
         )
     except SecureSDConfigError as error:
         raise SecureSDConfigError(f'extra_args["{EXTRA_ARGS_KEY}"]["secure_schedule"]: {error}') from None
+
+
+def check_engine_draft_length(request: SecureSDRequest, k: int) -> None:
+    """Raise SecureSDConfigError, in the request's and the server's terms, when the request's verifier is
+    not defined for the engine's k drafts a step (`num_speculative_tokens`), e.g. a FLy window W > k - 1."""
+    try:
+        request.verifier.check_draft_length(k)
+    except ValueError as error:
+        origin = f'extra_args["{EXTRA_ARGS_KEY}"]["verifier"]'
+        smallest = request.verifier.needs().min_draft_tokens
+        if k < smallest:
+            window = getattr(request.verifier, "window", None)
+            if window is not None and k >= 2:
+                fix = (f'send "window": {k - 1} or less in the verifier object, or start the engine with '
+                       f"num_speculative_tokens >= {smallest}")
+            elif smallest > 2 and window is not None:
+                fix = (f"start the engine with num_speculative_tokens >= {smallest} (>= 2 with a smaller "
+                       '"window"), or send another verifier')
+            else:
+                fix = f"start the engine with num_speculative_tokens >= {smallest}, or send another verifier"
+            raise SecureSDConfigError(
+                f"{origin}: {request.verifier.name} needs at least {smallest} drafted tokens a step, and this "
+                f"engine drafts k = {k} (num_speculative_tokens); {fix}"
+            ) from None
+        raise SecureSDConfigError(f"{origin}: {error} (k is the engine's num_speculative_tokens, {k})") from None
 
 
 def check_proposer(request: SecureSDRequest, speculative: Any) -> None:

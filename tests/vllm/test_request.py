@@ -91,12 +91,13 @@ def test_admission_accepts_runnable_requests_and_plain_ones() -> None:
         (engine_config(method="medusa"), "Medusa drafts from several heads"),
         (engine_config(method="dflash"), "parallel drafting"),
         (engine_config(v2=True), "Model Runner V2"),
-        (engine_config(k=2), "FLy window W=3 needs W <= k-1"),
+        (engine_config(k=2), r'\["verifier"\]: fly needs at least 4 drafted tokens a step, and this engine drafts '
+                             r'k = 2 \(num_speculative_tokens\); send "window": 1 or less'),
     ],
     ids=["no-speculative-decoding", "mtp", "suffix", "medusa", "dflash", "v2-runner", "fly-window"],
 )
 def test_admission_refuses_what_the_engine_cannot_run(config, message) -> None:
-    request = {"securesd": {"verifier": {"verifier": "fly", "window": 3}}} if "FLy" in message else {"securesd": CONFIG}
+    request = {"securesd": {"verifier": {"verifier": "fly", "window": 3}}} if "fly" in message else {"securesd": CONFIG}
     with pytest.raises(SecureSDConfigError, match=message):
         check_request(params(request), config)
 
@@ -488,3 +489,16 @@ def test_the_generate_route_handler_answers_400_and_passes_plain_bodies_on() -> 
     finally:
         undo()
     assert asyncio.run(Handler().serve_tokens(request, Raw({"securesd": "mars"}))) == "served"
+
+
+@pytest.mark.parametrize("verifier, k, fix", [
+    ({"verifier": "fly"}, 1, 'start the engine with num_speculative_tokens >= 4 (>= 2 with a smaller "window")'),
+    ({"verifier": "vllm_fly"}, 1, "start the engine with num_speculative_tokens >= 2"),
+    ({"verifier": "vllm_fly", "window": 3}, 3, 'send "window": 2 or less'),
+])
+def test_window_refusals_speak_of_the_request_and_the_server(verifier, k, fix) -> None:
+    with pytest.raises(SecureSDConfigError) as refusal:
+        check_request(params({"securesd": {"verifier": verifier}}), engine_config(k=k))
+    message = str(refusal.value)
+    assert message.startswith('extra_args["securesd"]["verifier"]: ') and fix in message
+    assert "num_assistant_tokens" not in message and "FLy(" not in message
