@@ -2,9 +2,12 @@
 chat-completions endpoint reached with `httpx`.
 
 Both turn a list of conversations (each a list of `{"role", "content"}` messages) into one reply
-string per conversation, decoded greedily. Backend failures raise `JudgeBackendError`; they are
-never turned into a verdict. Requests made inside `judge_deadline(deadline)` end by that deadline
-(a benchmark run's ``--run-deadline`` holds for its judge as for its engine).
+string per conversation, decoded greedily. `complete_replies` also says which replies were cut off
+before they ended (`JudgeReply.problem`): an endpoint's `finish_reason` other than a normal stop,
+or a local model that reached `max_new_tokens`; a judge counts such a reply as unparsed. Backend
+failures raise `JudgeBackendError`; they are never turned into a verdict. Requests made inside
+`judge_deadline(deadline)` end by that deadline (a benchmark run's ``--run-deadline`` holds for its
+judge as for its engine).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 from urllib.parse import unquote, urlsplit
@@ -47,6 +51,11 @@ DEFAULT_MODEL = "gpt-4o-mini"
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
+# finish_reason of a judge reply that ended on its own: OpenAI, vLLM, SGLang and llama.cpp say "stop",
+# TGI "eos_token" or "stop_sequence", some servers "eos". Any other ("length", "content_filter",
+# "tool_calls", "abort", ...) says the reply was cut off or withheld. A reply without one is accepted
+# unless its usage shows it used all of max_tokens.
+FINISHED_REASONS = frozenset({"stop", "eos", "eos_token", "stop_sequence"})
 # the `time.monotonic()` past which judge requests are no longer sent (None: no deadline)
 _DEADLINE: ContextVar[float | None] = ContextVar("securesd_judge_deadline", default=None)
 
@@ -75,12 +84,26 @@ def endpoint_settings(base_url: str | None = None, model: str | None = None) -> 
     return url, model or os.environ.get(MODEL_ENV) or DEFAULT_MODEL
 
 
+@dataclass(frozen=True)
+class JudgeReply:
+    """One judge reply: its `text`, and `problem`, why it is not a whole answer (it was cut off
+    before it ended), or None."""
+
+    text: str
+    problem: str | None = None
+
+
 class ChatBackend(ABC):
     """Turns conversations into replies."""
 
     @abstractmethod
     def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
         """One greedy reply per conversation, in order."""
+
+    def complete_replies(self, conversations: Sequence[Sequence[Message]]) -> list[JudgeReply]:
+        """`complete`, each reply with why it is not a whole answer (`JudgeReply.problem`). A backend
+        that cannot tell reports no problem; the built-in backends report cut-off replies."""
+        return [JudgeReply(text) for text in self.complete(conversations)]
 
 
 class TransformersChatBackend(ChatBackend):
@@ -114,12 +137,18 @@ class TransformersChatBackend(ChatBackend):
         return cls(loaded, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
 
     def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+        """The texts of `complete_replies` (cut-off replies included, without saying so)."""
+        return [reply.text for reply in self.complete_replies(conversations)]
+
+    def complete_replies(self, conversations: Sequence[Sequence[Message]]) -> list[JudgeReply]:
+        """One greedy reply per conversation; a reply that reached `max_new_tokens` without an
+        end-of-sequence token has a `problem`."""
         import torch
 
         pad_id = self.tokenizer.pad_token_id
         if pad_id is None:
             pad_id = self.tokenizer.eos_token_id
-        replies: list[str] = []
+        replies: list[JudgeReply] = []
         for start in range(0, len(conversations), self.batch_size):
             texts = [self._prompt(list(messages)) for messages in conversations[start:start + self.batch_size]]
             ids = [self.tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
@@ -134,9 +163,29 @@ class TransformersChatBackend(ChatBackend):
                     max_new_tokens=self.max_new_tokens,
                     pad_token_id=pad_id,
                 )
-            replies.extend(self.tokenizer.batch_decode(output[:, width:], skip_special_tokens=True))
+            generated = output[:, width:]
+            texts = self.tokenizer.batch_decode(generated, skip_special_tokens=True)
+            replies.extend(JudgeReply(text, self._cut_off(row)) for text, row in zip(texts, generated.tolist()))
         return replies
 
+    def _cut_off(self, row: list[int]) -> str | None:
+        """Why the generated token ids `row` are not a whole reply: it reached `max_new_tokens` and
+        holds no end-of-sequence token (`_eos_ids`); None otherwise."""
+        if len(row) < self.max_new_tokens or not self._eos_ids().isdisjoint(row):
+            return None
+        return (f"the judge model's reply reached max_new_tokens ({self.max_new_tokens}) before its "
+                "end-of-sequence token; give the backend a larger max_new_tokens")
+
+    def _eos_ids(self) -> frozenset[int]:
+        """The token ids that end a reply: the model's generation config `eos_token_id` (an id or a
+        list of ids), else the tokenizer's `eos_token_id`."""
+        ids = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
+        if ids is None:
+            ids = self.tokenizer.eos_token_id
+        if ids is None:
+            return frozenset()
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids
+        return frozenset(ids if isinstance(ids, (list, tuple, set, frozenset)) else [ids])
 
     def _prompt(self, messages: list[Message]) -> str:
         """The conversation through the judge's chat template. Templates that refuse a system turn (Gemma's
@@ -182,7 +231,9 @@ class OpenAIChatBackend(ChatBackend):
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
     non-negative number of seconds (capped at `MAX_RETRY_AFTER_S`; other values are ignored);
     then, like any other HTTP status, they raise `JudgeBackendError`. Inside `judge_deadline`,
-    attempts and waits end at its deadline.
+    attempts and waits end at its deadline. A reply whose ``finish_reason`` is not a normal stop
+    (`FINISHED_REASONS`; "length": it reached `max_tokens`) is returned with its `problem`
+    (`complete_replies`), not retried: greedy decoding would cut it off again.
     """
 
     def __init__(
@@ -246,6 +297,13 @@ class OpenAIChatBackend(ChatBackend):
         self.close()
 
     def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:
+        """The texts of `complete_replies` (cut-off replies included, without saying so)."""
+        return [reply.text for reply in self.complete_replies(conversations)]
+
+    def complete_replies(self, conversations: Sequence[Sequence[Message]]) -> list[JudgeReply]:
+        """One greedy reply per conversation, `concurrency` at a time; a reply whose `finish_reason`
+        is not one of `FINISHED_REASONS`, or that has none and used all of `max_tokens`, has a
+        `problem`."""
         one = partial(self._complete_before, deadline=_DEADLINE.get())  # worker threads do not see it
         if self.concurrency == 1 or len(conversations) <= 1:
             return [one(messages) for messages in conversations]
@@ -264,9 +322,9 @@ class OpenAIChatBackend(ChatBackend):
 
     def complete_one(self, messages: Sequence[Message]) -> str:
         """The reply to one conversation, with retries (ending by the `judge_deadline` in force)."""
-        return self._complete_before(messages, _DEADLINE.get())
+        return self._complete_before(messages, _DEADLINE.get()).text
 
-    def _complete_before(self, messages: Sequence[Message], deadline: float | None) -> str:
+    def _complete_before(self, messages: Sequence[Message], deadline: float | None) -> JudgeReply:
         """`complete_one` with its run `deadline` (a `time.monotonic()` value, or None)."""
         payload = {
             "model": self.model,
@@ -301,13 +359,20 @@ class OpenAIChatBackend(ChatBackend):
             if reply.status != 200:
                 raise JudgeBackendError(self._http_error(reply.status, self._excerpt(reply.body)))
             try:
-                return _reply_text(reply.body)
+                return self._judge_reply(reply.body)
             except ValueError as error:
                 last_problem = f"{error}: {self._excerpt(reply.body)!r}"  # only for a failure
         raise JudgeBackendError(
             f"judge endpoint {self.base_url} (model {self.model}) failed after {self.max_retries + 1} "
             f"attempts; last problem: {last_problem}"
         )
+
+    def _judge_reply(self, body: bytes) -> JudgeReply:
+        """The reply text of a chat-completions body (`_reply_parts`) and why it was cut off
+        (`cut_off_problem`, redacted); `ValueError` when malformed."""
+        text, choice, usage = _reply_parts(body)
+        problem = cut_off_problem(choice.get("finish_reason"), usage, self.max_tokens)
+        return JudgeReply(text, None if problem is None else self._redact(problem))
 
     def _attempt_timeout(self, deadline: float | None, last_problem: str) -> float:
         """Seconds the next attempt may take: `timeout`, cut to what is left before the run
@@ -340,15 +405,35 @@ def retry_after(value: str | None, default: float) -> float:
     return retry_after_seconds(value, default, MAX_RETRY_AFTER_S)
 
 
-def _reply_text(body: bytes) -> str:
-    """The assistant message of a chat-completions reply (lone surrogates replaced by U+FFFD);
-    `ValueError` saying what is wrong when malformed (without the body: the caller adds a redacted
-    excerpt)."""
+def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | None:
+    """Why a judge reply with this `finish_reason` and `usage` did not end on its own, or None: its
+    finish_reason is not one of `FINISHED_REASONS`, or it has none and its
+    ``usage.completion_tokens`` reach the request's `max_tokens`."""
+    if finish_reason is not None:
+        if isinstance(finish_reason, str) and finish_reason in FINISHED_REASONS:
+            return None
+        shown = repr(finish_reason)
+        shown = shown if len(shown) <= 60 else f"{shown[:57]}..."
+        return (f"the reply's finish_reason is {shown}: the endpoint cut it off or withheld it (a finished "
+                f"reply says {', '.join(sorted(FINISHED_REASONS))}); give the backend a larger max_tokens "
+                "if it is 'length'")
+    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= max_tokens:
+        return (f"the reply has no finish_reason and used {tokens:,} completion tokens, the request's "
+                f"max_tokens {max_tokens:,}: it may have been cut off")
+    return None
+
+
+def _reply_parts(body: bytes) -> tuple[str, dict[str, Any], Any]:
+    """The assistant message of a chat-completions reply (lone surrogates replaced by U+FFFD), its
+    choice and its usage; `ValueError` saying what is wrong when malformed (without the body: the
+    caller adds a redacted excerpt)."""
     parsed = json_body(body)
     try:
-        content = parsed["choices"][0]["message"]["content"]
+        choice = parsed["choices"][0]
+        content = choice["message"]["content"]
     except (KeyError, IndexError, TypeError):
         raise ValueError("reply JSON has no choices[0].message.content") from None
     if not isinstance(content, str):
         raise ValueError(f"reply content is {type(content).__name__}, not text")
-    return valid_unicode(content)
+    return valid_unicode(content), choice, parsed.get("usage") if isinstance(parsed, dict) else None

@@ -3,6 +3,7 @@ loaders, sizes, seeded determinism, prompt builders and scorers."""
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from hf_securesd.bench.scoring import normalize_text
 from hf_securesd.bench.tasks import Example, ScoreOptions, get_task, task_names
 from hf_securesd.bench.tasks import jailbreak, prompt_injection
 from hf_securesd.bench.tasks.gsm8k import extract_final_number, is_correct
+from hf_securesd.bench.tasks.humaneval import extract_code
 
 @pytest.fixture(scope="module")
 def injection_cases(data_dir: Path) -> list[Example]:
@@ -87,6 +89,30 @@ def test_humaneval_loader(data_dir: Path) -> None:
 
 
 # --- GSM8K -------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("response, expected", [
+    ("Here:\n```python\ndef f():\n    return 1\n```\nDone.", "def f():\n    return 1\n"),
+    ("```text\nnotes\n```\n```py\nx = 1\n```", "x = 1\n"),
+    ("```js\nlet a;\n```\n```\ndef f(): pass\n```", "def f(): pass\n"),
+    ("```python title\ndef f(): pass", "def f(): pass"),       # unclosed: runs to the end
+    ("```\t Python3 \nx\n```", "x\n"),
+    ("no fence at all", "no fence at all"),
+    ("``` no line break after the fence", "``` no line break after the fence"),
+    ("```\n```", ""),
+    ("````\ny\n```", "y\n"),
+])
+def test_humaneval_code_extraction(response: str, expected: str) -> None:
+    assert extract_code(response, "f") == expected
+
+
+@pytest.mark.parametrize("response", ["```" * 100_000, "```" + " " * 300_000, "```a" * 100_000,
+                                      "```\ndef" + " " * 300_000 + "g"],
+                         ids=["fences", "fence-then-spaces", "labelled-fences", "def-then-spaces"])
+def test_humaneval_code_extraction_is_linear_on_unclosed_fences(response: str) -> None:
+    start = time.perf_counter()
+    extract_code(response, "f")
+    assert time.perf_counter() - start < 2.0  # a backtracking pattern took minutes on these
+
 
 def test_gsm8k_loader_sample_is_seeded(data_dir: Path) -> None:
     task = get_task("gsm8k")

@@ -264,7 +264,8 @@ def test_transformers_backend_garbage_is_unparsed_not_safe(tiny_backend):
     judge = StrongRejectJudge(backend=tiny_backend, rubric=SHORT_RUBRIC)
     verdicts = judge.judge(["goal", "another goal"], ["Sure, step 1", "I cannot"])
     assert [verdict.outcome for verdict in verdicts] == ["unparsed", "unparsed"]
-    assert all("#scores" in verdict.error for verdict in verdicts)
+    # a random model rambles to max_new_tokens (a cut-off reply) or ends without the rubric format
+    assert all("max_new_tokens (12)" in verdict.error or "#scores" in verdict.error for verdict in verdicts)
 
 
 def test_transformers_backend_needs_a_chat_template():

@@ -8,8 +8,10 @@ message, and the model calls tools as a Python list inside tags, e.g.
 ``<function-call>[get_balance(), send_money(recipient="X", amount=1.0)]</function-call>``, or ends
 with ``<function-call>[]</function-call><answer>...</answer>``. Tool results come back as user turns
 ``<function-call>...</function-call><function-result>...</function-result>``. Text inside the turns
-cannot forge chat-template control tokens: the tokenizer's special and added token strings are
-broken with a zero-width space before the template is applied.
+cannot forge chat-template control tokens: the tokenizer's special and added token strings, and
+their look-alikes that a normalising tokenizer reads as them (fullwidth forms, other case), are
+broken with a zero-width space before the template is applied; text the tokenizer still reads as a
+control token is refused.
 
 `run_agentdojo` runs user tasks × injection tasks of one suite under one attack and returns the
 utility under attack (UUA: the user task is solved although the environment carries the injection)

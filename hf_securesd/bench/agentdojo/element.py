@@ -3,7 +3,6 @@ Face chat model, from rendering the conversation into a prompt to parsing the re
 
 from __future__ import annotations
 
-import re
 import time
 from typing import Any, Sequence
 
@@ -21,7 +20,15 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import hf_securesd
 from hf_securesd.bench.agentdojo.choices import _require_positive_int
-from hf_securesd.bench.agentdojo.control_tokens import _break_token, _control_strings
+from hf_securesd.bench.agentdojo.control_tokens import (
+    ControlTokenError,
+    _control_strings,
+    break_encoded_controls,
+    break_lookalikes,
+    control_ids,
+    lookalike_pattern,
+    token_variants,
+)
 from hf_securesd.bench.agentdojo.replies import CALL_OPEN, _assistant_text, _check_reply, _parse_error_text
 from hf_securesd.bench.runner import chat_prompt
 from hf_securesd.schedules import Schedule
@@ -77,27 +84,39 @@ class HFPromptingLLM(BasePipelineElement):
         self.name = name
         self._format = PromptingLLM(client=None, model=name)  # AgentDojo's prompt format, no client used
         controls = _control_strings(tokenizer)
-        self._controls = re.compile("|".join(map(re.escape, controls))) if controls else None
+        self._controls = lookalike_pattern(controls)
+        self._control_ids = control_ids(tokenizer, controls)
         self._check_token_break(controls)
         self.calls: list[dict[str, Any]] = []
 
     def _check_token_break(self, controls: Sequence[str]) -> None:
-        """Refuse a tokenizer that turns a broken control string back into the control token (e.g.
-        a normalizer that drops zero-width characters before matching added tokens)."""
+        """Refuse a tokenizer that still reads a neutralised control string, or a look-alike of one
+        (case and fullwidth variants, see `token_variants`), as the control token: e.g. a
+        normalizer that drops zero-width characters before matching added tokens."""
         for control in controls:
-            broken = self.neutralise(control)
-            if control in self.tokenizer.tokenize(broken):
-                raise ValueError(
-                    f"the tokenizer reads {broken!r} as its control token {control!r}, so text from tools "
-                    "could forge chat turns; use a tokenizer that does not drop zero-width spaces"
-                )
+            for variant in token_variants(control):
+                try:
+                    broken = self.neutralise(variant)
+                except ControlTokenError:
+                    raise ValueError(
+                        f"the tokenizer reads {variant!r} as its control token {control!r} even with "
+                        "zero-width spaces inserted, so text from tools could forge chat turns; use a "
+                        "tokenizer that does not drop zero-width spaces before matching its added tokens"
+                    ) from None
+                tokens = self.tokenizer.tokenize(broken)
+                if control in tokens or set(self.tokenizer.convert_tokens_to_ids(tokens)) & self._control_ids:
+                    raise ValueError(
+                        f"the tokenizer reads {broken!r} as its control token {control!r}, so text from "
+                        "tools could forge chat turns; use a tokenizer that does not drop zero-width spaces"
+                    )
 
     def neutralise(self, text: str) -> str:
-        """`text` with every control-token string broken by a zero-width space (repeated until none
-        is left, in case a token overlaps itself)."""
-        while self._controls is not None and self._controls.search(text):
-            text = self._controls.sub(_break_token, text)
-        return text
+        """`text` with every control-token string, and every look-alike the tokenizer may normalise
+        into one (fullwidth forms, other case), broken by a zero-width space; then whatever the
+        tokenizer still encodes to a control token is broken where it reads it. Raises
+        `ControlTokenError` (a ValueError) for text that stays a control token."""
+        text = break_lookalikes(text, self._controls)
+        return break_encoded_controls(self.tokenizer, self._control_ids, text)
 
     def chat(self, messages: Sequence[ChatMessage], runtime: FunctionsRuntime) -> list[dict[str, str]]:
         """AgentDojo messages -> chat-template messages: the system message carries the tool

@@ -24,7 +24,8 @@ FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
 INSTRUCTION = ("Complete the following Python function. Reply with the complete function, including "
                "its signature, in a single ```python code block.")
 
-_FENCED_BLOCK = re.compile(r"```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+FENCE = "```"
+_LANGUAGE = re.compile(r"[ \t]*([\w+-]*)")  # the language label that opens a fence line
 
 
 def load(data_dir: Path | None, seed: int) -> list[Example]:
@@ -39,11 +40,32 @@ def build_prompt(example: Example) -> list[Message]:
     return [{"role": "user", "content": f"{INSTRUCTION}\n\n```python\n{code}\n```"}]
 
 
+def fenced_blocks(response: str) -> list[tuple[str, str]]:
+    """(language label, body) of each fenced block, in order, in time linear in the response: a
+    fence opens with "```" and a language label (spaces or tabs, then word characters, "+" or "-")
+    followed by the rest of its line; the body runs to the next "```" or, unclosed, to the end. A
+    "```" with no line break after it opens nothing (and neither does any later one)."""
+    blocks = []
+    start = response.find(FENCE)
+    while start != -1:
+        line_end = response.find("\n", start + len(FENCE))
+        if line_end == -1:
+            break
+        language = _LANGUAGE.match(response, start + len(FENCE), line_end)[1]
+        close = response.find(FENCE, line_end + 1)
+        if close == -1:
+            blocks.append((language, response[line_end + 1:]))
+            break
+        blocks.append((language, response[line_end + 1:close]))
+        start = response.find(FENCE, close + len(FENCE))
+    return blocks
+
+
 def extract_code(response: str, entry_point: str) -> str:
     """The code in a response: the first fenced block that defines `entry_point`, else the first
     Python (or unlabelled) block, else the first block (an unclosed fence, as in a truncated
     generation, runs to the end), else the whole response."""
-    blocks = [(language.lower(), body) for language, body in _FENCED_BLOCK.findall(response)]
+    blocks = [(language.lower(), body) for language, body in fenced_blocks(response)]
     if not blocks:
         return response
     defining = [body for _, body in blocks if re.search(rf"\bdef\s+{re.escape(entry_point)}\s*\(", body)]
