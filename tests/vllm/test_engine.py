@@ -291,7 +291,8 @@ def test_lossless_sampling_follows_the_target_without_token0_excess(engine, hf_m
         ({"securesd": {"verifier": "nope"}}, "unknown verifier"),
         ({"securesd": {"verifier": {"verifier": "mars", "theta": 2.0}}}, "theta"),
         ({"securesd": {"secure_schedule": {"schedule": "step", "L": 1}}}, "without a verifier"),
-        ({"securesd": {"verifier": {"verifier": "fly", "window": 3}}}, "k is the engine's num_speculative_tokens"),
+        ({"securesd": {"verifier": {"verifier": "fly", "window": 3}}}, r"fly needs at least 4 drafted tokens a step, "
+         r"and this engine drafts k = 3 \(num_speculative_tokens\)"),
         ({"securesd": "{not json"}, "not valid JSON"),
     ],
     ids=["unknown-verifier", "bad-knob", "schedule-without-verifier", "fly-window-vs-k", "bad-json"],
