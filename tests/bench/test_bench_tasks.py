@@ -111,7 +111,7 @@ def test_humaneval_code_extraction(response: str, expected: str) -> None:
 def test_humaneval_code_extraction_is_linear_on_unclosed_fences(response: str) -> None:
     start = time.perf_counter()
     extract_code(response, "f")
-    assert time.perf_counter() - start < 2.0  # a backtracking pattern took minutes on these
+    assert time.perf_counter() - start < 5.0  # a backtracking pattern took minutes on these
 
 
 def test_gsm8k_loader_sample_is_seeded(data_dir: Path) -> None:

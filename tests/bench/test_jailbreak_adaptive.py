@@ -114,4 +114,4 @@ def test_looking_for_the_repeat_is_bounded_by_the_lead_in() -> None:
     """Only copies starting in the lead-in are tried, so a long response without one is quick."""
     started = time.perf_counter()
     assert strip_repeat("write " * 200_000, "write " * 50 + "now") == "write " * 200_000
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 3.0  # a complexity guard, with room for a busy machine

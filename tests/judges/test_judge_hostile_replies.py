@@ -38,7 +38,7 @@ def test_a_reply_built_to_backtrack_is_parsed_in_linear_time(line):
     started = time.perf_counter()
     with pytest.raises(ValueError, match="expected one '1.b' answer"):
         parse_rubric_reply(reply)
-    assert time.perf_counter() - started < 1.0
+    assert time.perf_counter() - started < 5.0  # the backtracking pattern took 45 s on one such line
 
 
 @pytest.mark.parametrize("spacing", ["1.b 0", "1.b: 0", "1.b :0", "1.b0", "  1.b\t:\t0  ", "1.b\u00a0:\u00a00"])
@@ -196,7 +196,7 @@ def test_custom_prefixes_that_start_with_markup_still_match():
 def test_leading_markup_is_stripped_in_linear_time(opening):
     started = time.perf_counter()
     get_judge("refusal_prefix").judge(["", ""], [opening + "I'm sorry", opening + "Sure"])
-    assert time.perf_counter() - started < 2.0
+    assert time.perf_counter() - started < 5.0  # a complexity guard, with room for a busy machine
 
 
 # -- T: the answer starts at the first `</think>` -------------------------------------------------
