@@ -158,13 +158,18 @@ def _requested_verifier(
 ) -> Any:
     """The verifier a call asks for: explicit kwarg > passed config > model's config > `default` (the
     callable's lossless rule; None on the other routes). A call-level `verifier=None` switches SecureSD
-    off; a schedule without any verifier is refused."""
+    off. A schedule without any verifier is refused: given in the call or a passed config, and, for a call
+    that would decode speculatively (a draft, or the callable), in the model's own config too (transformers
+    merges that into the config a callable receives, so every route sees it the same way)."""
     verifier = _effective("verifier", arguments, generation_config, model)
     if verifier is not None:
         return verifier
     schedule = arguments.get("secure_schedule")
-    if schedule is None and "verifier" not in arguments and generation_config is not None:
-        schedule = getattr(generation_config, "secure_schedule", None)  # a passed config's own schedule
+    if schedule is None and "verifier" not in arguments:
+        if generation_config is not None:
+            schedule = getattr(generation_config, "secure_schedule", None)  # a passed config's own schedule
+        if schedule is None and (default is not None or arguments.get("assistant_model") is not None):
+            schedule = getattr(model.generation_config, "secure_schedule", None)
     if schedule is not None:
         resolve_request(None, schedule, None)  # raises: a schedule needs a verifier
     return None if "verifier" in arguments else default

@@ -203,3 +203,20 @@ def test_wrapped_model_pickles_and_stays_wrapped(references):
         assert type(copied).__name__ == type(target).__name__
         out = copied.generate(PROMPT, max_new_tokens=NEW, do_sample=False, assistant_model=draft, verifier="lossless")
         assert torch.equal(out, greedy)
+
+
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_a_schedule_without_a_verifier_in_the_models_config_is_refused_alike(wrapped):
+    """transformers merges the target's config into the one a callable receives; every route with a draft
+    refuses a schedule that has no verifier anywhere, wherever it sits."""
+    draft, target = tiny_pair(SPEC)
+    if wrapped:
+        hf_securesd.wrap(target)
+    target.generation_config.secure_schedule = Step(L=8)
+    with pytest.raises(SecureSDConfigError, match="secure_schedule was given without a verifier"):
+        target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=securesd_generate, draft=draft)
+    if wrapped:
+        with pytest.raises(SecureSDConfigError, match="secure_schedule was given without a verifier"):
+            target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft)
+        plain = target.generate(PROMPT, max_new_tokens=4, do_sample=False)  # no draft: plain decoding
+        assert torch.equal(plain, target.generate(PROMPT, max_new_tokens=4, do_sample=False, verifier=None))
