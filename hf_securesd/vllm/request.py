@@ -310,10 +310,14 @@ def json_depth(text: str) -> int:
 
 def looks_like_securesd(key: Any) -> bool:
     """Whether `key` (another key beside the request's fields) is probably a misspelling of "securesd"."""
-    if not isinstance(key, str) or key == EXTRA_ARGS_KEY:
-        return False
+    return isinstance(key, str) and key != EXTRA_ARGS_KEY and _nearly(key, EXTRA_ARGS_KEY)
+
+
+def _nearly(key: str, name: str) -> bool:
+    """Whether `key` spells `name` (letters and digits only, any case) or is a close misspelling of it."""
     letters = "".join(char for char in key.lower() if char.isalnum())
-    return letters == EXTRA_ARGS_KEY or difflib.SequenceMatcher(None, letters, EXTRA_ARGS_KEY).ratio() >= 0.88
+    target = name.replace("_", "")
+    return letters == target or difflib.SequenceMatcher(None, letters, target).ratio() >= 0.88
 
 
 def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
@@ -352,12 +356,7 @@ def _field_named(key: Any) -> str | None:
     """The request field ("verifier" or "secure_schedule") that `key` names or nearly names, or None."""
     if not isinstance(key, str):
         return None
-    letters = "".join(char for char in key.lower() if char.isalnum())
-    for field in _FIELDS:
-        target = field.replace("_", "")
-        if letters == target or difflib.SequenceMatcher(None, letters, target).ratio() >= 0.88:
-            return field
-    return None
+    return next((field for field in _FIELDS if _nearly(key, field)), None)
 
 
 @lru_cache(maxsize=1)
