@@ -78,10 +78,10 @@ def vocab_argmax(values: torch.Tensor, keepdim: bool = False) -> torch.Tensor:
 
 def host_argmax(values: torch.Tensor) -> np.ndarray:
     """`vocab_argmax(values)` for a CPU tensor [..., V], as a NumPy int array [...] (no torch tensor is
-    built where NumPy reduces it)."""
-    if values.dtype in _NUMPY_DTYPES and values.numel() >= NUMPY_FROM and (
-        values.numel() < NUMPY_BELOW or torch.get_num_threads() == 1
-    ):
+    built where NumPy reduces it). NumPy reduces float32/float64 tensors of any size up to `NUMPY_BELOW`
+    (or any size on one thread): with no tensor to build from its answer, its fixed cost is the lower
+    one even below `NUMPY_FROM`."""
+    if values.dtype in _NUMPY_DTYPES and (values.numel() < NUMPY_BELOW or torch.get_num_threads() == 1):
         return values.detach().numpy().argmax(axis=-1)
     return vocab_argmax(values).numpy()
 

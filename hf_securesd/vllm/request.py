@@ -313,11 +313,22 @@ def looks_like_securesd(key: Any) -> bool:
     return isinstance(key, str) and key != EXTRA_ARGS_KEY and _nearly(key, EXTRA_ARGS_KEY)
 
 
+_NEAR_RATIO = 0.88  # difflib similarity from which a key counts as a misspelling
+
+
 def _nearly(key: str, name: str) -> bool:
     """Whether `key` spells `name` (letters and digits only, any case) or is a close misspelling of it."""
-    letters = "".join(char for char in key.lower() if char.isalnum())
     target = name.replace("_", "")
-    return letters == target or difflib.SequenceMatcher(None, letters, target).ratio() >= 0.88
+    letters = "".join(char for char in key.lower() if char.isalnum())
+    if len(letters) > 2 * len(target):  # cannot reach the ratio (2m / (a + b) with m <= b is then < 2/3)
+        return False
+    return _near_letters(letters, target)
+
+
+@lru_cache(maxsize=256)
+def _near_letters(letters: str, target: str) -> bool:
+    """`_nearly` on normalised letters (cached: a server sees the same few keys request after request)."""
+    return letters == target or difflib.SequenceMatcher(None, letters, target).ratio() >= _NEAR_RATIO
 
 
 def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
@@ -325,6 +336,8 @@ def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
     nearly is) one of the fields that go inside it ("verifier", "secure_schedule"): the request asked
     for SecureSD under a key the plugin would silently ignore."""
     for key in keys:
+        if key == EXTRA_ARGS_KEY:
+            continue
         if looks_like_securesd(key):
             raise SecureSDConfigError(
                 f"{origin} has the key {_short(key)}, which SecureSD does not read; did you mean "

@@ -170,14 +170,24 @@ def _usable_counts(plans: Sequence[RowPlan], draft_token_ids: torch.Tensor, layo
         counts.append(count)
     if draft_token_ids.numel() == 0:
         return counts
-    smallest = draft_token_ids.numpy().min() if draft_token_ids.is_cpu else draft_token_ids.min()
-    if int(smallest) >= 0:
+    if int(_smallest(draft_token_ids)) >= 0:
         return counts
     for i, (plan, count) in enumerate(zip(plans, counts)):
         start = layout.starts[plan.row]
         invalid = (draft_token_ids[start : start + count] < 0).nonzero()
         counts[i] = int(invalid[0, 0]) if invalid.numel() else count
     return counts
+
+
+_HOST_MIN_BELOW = 2048  # entries below which a CPU tensor's minimum is taken over its list (see `_smallest`)
+
+
+def _smallest(values: torch.Tensor) -> int | torch.Tensor:
+    """The minimum of a non-empty integer tensor [n]. On a CPU and below `_HOST_MIN_BELOW` entries the Python
+    list's (NumPy's `min` over vLLM's int32 ids costs ~3x more at a step's few dozen drafts)."""
+    if values.is_cpu and values.numel() < _HOST_MIN_BELOW:
+        return min(values.tolist())
+    return values.numpy().min() if values.is_cpu else values.min()
 
 
 def _gather_lists(
@@ -272,7 +282,8 @@ def _round(
     flags = [bool(greedy[row]) for row in rows]
     full = all(n == k for n in counts)
     viewed = full and rows == tuple(range(len(layout.counts))) and all(n == k for n in layout.counts)
-    lossless = all(plan.request.verifier.is_lossless for plan in plans)
+    facts = _rows_facts(plans)
+    lossless = facts.lossless
     argmax_round = lossless and all(flags)  # `reads_draft_logits` false: the rule reads x* alone
     argmax = processed = raw = None
     if argmax_round and target_logits.is_cpu and draft_token_ids.is_cpu and bonus_logits.is_cpu:
@@ -311,7 +322,7 @@ def _round(
     starts = long_tensor([plan.position for plan in plans], device)
     draft_counts = None if full else long_tensor(counts, device)
     return VerificationRound(
-        rows=_row_specs(plans),
+        rows=facts.specs,
         draft_tokens=drafts,
         draft_counts=draft_counts,
         starts=starts,
@@ -320,7 +331,7 @@ def _round(
         greedy=flags[0] if len(set(flags)) == 1 else torch.tensor(flags, device=device),
         draft_logits=draft_logits,
         draft_raw_logits=draft_raw_logits,
-        responses=[list(plan.response or ()) for plan in plans] if _reads_tokens(plans) else None,
+        responses=[list(plan.response or ()) for plan in plans] if facts.reads_tokens else None,
         target_argmax=argmax,
     )
 
@@ -373,20 +384,31 @@ def _target_argmax(
     return torch.cat([at_drafts, at_bonus]).index_select(0, index[1]).view(size, k + 1)
 
 
-# Row specs of recent steps, by the identities of their rows' requests and generators. An entry holds those
+@dataclass(frozen=True, slots=True)
+class _RowsFacts:
+    """What a round needs to know about its rows' requests: one RowSpec per row, whether every row's
+    verifier is lossless and whether some row's schedule reads tokens."""
+
+    specs: tuple[RowSpec, ...]
+    lossless: bool
+    reads_tokens: bool
+
+
+# Facts of recent steps' rows, by the identities of their requests and generators. An entry holds those
 # objects, so their ids cannot be reused while it exists; the table is emptied when it fills.
-_ROW_SPECS: dict[tuple[int, ...], tuple[tuple[object, ...], tuple[RowSpec, ...]]] = {}
-_ROW_SPECS_KEPT = 64
+_ROWS_FACTS: dict[tuple[int, ...], tuple[tuple[object, ...], _RowsFacts]] = {}
+_ROWS_FACTS_KEPT = 64
 
 
-def _row_specs(plans: Sequence[RowPlan]) -> tuple[RowSpec, ...]:
-    """One RowSpec per row; requests whose verifiers are equal share one verifier object, so the core
-    sees one group without comparing them row by row (its grouping by equality, the verifiers' hash
-    and ==, gives the same groups). A batch of the same requests (the same `SecureSDRequest` objects,
-    which the runner keeps per request, and generators) gets the RowSpecs built for it before."""
+def _rows_facts(plans: Sequence[RowPlan]) -> _RowsFacts:
+    """The rows' `_RowsFacts`. Requests whose verifiers are equal share one verifier object in the
+    RowSpecs, so the core sees one group without comparing them row by row (its grouping by equality,
+    the verifiers' hash and ==, gives the same groups). A batch of the same requests (the same
+    `SecureSDRequest` objects, which the runner keeps per request, and generators) gets the facts built
+    for it before."""
     owners = tuple([owner for plan in plans for owner in (plan.request, plan.generator)])
     key = tuple(map(id, owners))
-    kept = _ROW_SPECS.get(key)
+    kept = _ROWS_FACTS.get(key)
     if kept is not None:
         return kept[1]
     shared: dict[Verifier, Verifier] = {}
@@ -395,14 +417,15 @@ def _row_specs(plans: Sequence[RowPlan]) -> tuple[RowSpec, ...]:
                 plan.generator)
         for plan in plans
     )
-    if len(_ROW_SPECS) >= _ROW_SPECS_KEPT:
-        _ROW_SPECS.clear()
-    _ROW_SPECS[key] = (owners, specs)
-    return specs
-
-
-def _reads_tokens(plans: Sequence[RowPlan]) -> bool:
-    return any(getattr(plan.request.schedule, "reads_tokens", False) for plan in plans)
+    facts = _RowsFacts(
+        specs,
+        lossless=all(verifier.is_lossless for verifier in shared),
+        reads_tokens=any(getattr(plan.request.schedule, "reads_tokens", False) for plan in plans),
+    )
+    if len(_ROWS_FACTS) >= _ROWS_FACTS_KEPT:
+        _ROWS_FACTS.clear()
+    _ROWS_FACTS[key] = (owners, facts)
+    return facts
 
 
 def _draft_rows(
@@ -447,13 +470,16 @@ def _write(
     written = [
         (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
     ]
-    values = torch.from_numpy(np.array(written))
     rows = [plan.row for plan in plans]
-    if rows == list(range(output_token_ids.shape[0])):
-        output_token_ids.copy_(values)  # converts the dtype and device in the one copy
+    every_row = rows == list(range(output_token_ids.shape[0]))
+    if output_token_ids.is_cpu:  # NumPy writes the lists into the buffer's own memory, converting once
+        output_token_ids.numpy()[slice(None) if every_row else rows] = written
+    elif every_row:
+        output_token_ids.copy_(torch.from_numpy(np.array(written)))  # converts the dtype and device at once
     else:
         device = output_token_ids.device
-        output_token_ids[torch.tensor(rows, device=device)] = values.to(device, output_token_ids.dtype)
+        values = torch.from_numpy(np.array(written)).to(device, output_token_ids.dtype)
+        output_token_ids[torch.tensor(rows, device=device)] = values
     return [RowResult(plan.row, plan.position, n, a) for plan, n, a in zip(plans, counts, accepted)]
 
 

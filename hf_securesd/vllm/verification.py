@@ -34,7 +34,6 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from ..validation import SecureSDConfigError
@@ -115,11 +114,11 @@ def _row_plans(
     batch = runner.input_batch
     req_ids = batch.req_ids
     rows = [row for row, request in enumerate(requests) if request is not None]
-    # Token counts of the SecureSD rows as one NumPy expression (a slice when every row is one): a row
-    # still in prefill (no drafts; its next token is response token 0) would count below 0.
-    picked = slice(0, len(rows)) if len(rows) == len(requests) else rows
-    computed = batch.num_computed_tokens_cpu[picked].astype(np.int64)
-    positions = np.maximum(computed + 1 - batch.num_prompt_tokens[picked], 0).tolist()
+    # Token counts of the batch's rows as lists (two conversions, cheaper than NumPy arithmetic on a few
+    # rows): a row still in prefill (no drafts; its next token is response token 0) would count below 0.
+    computed = batch.num_computed_tokens_cpu[: len(requests)].tolist()
+    prompted = batch.num_prompt_tokens[: len(requests)].tolist()
+    positions = [max(computed[row] + 1 - prompted[row], 0) for row in rows]
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
     reads_logits = False
     if stash is not None:  # only rows with recorded drafts have draft logits to hand over

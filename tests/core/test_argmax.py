@@ -111,10 +111,16 @@ def test_a_tensor_that_requires_grad_is_reduced_without_its_graph() -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
-@pytest.mark.parametrize("shape", [(3, 7), (21, 259), (2, 4, 259)])
+@pytest.mark.parametrize("shape", [(1, 7), (3, 7), (21, 259), (2, 4, 259)])
 def test_host_argmax_is_torchs_index_as_a_numpy_array(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
     values = torch.randn(*shape, generator=torch.Generator().manual_seed(len(shape))).to(dtype)
     values.view(-1, shape[-1])[0, :3] = float("nan")  # NaN is the maximum, the first one taken
     values.view(-1, shape[-1])[-1, 1:4] = float("inf")  # ties: the first maximal entry
     index = argmax.host_argmax(values)
     assert index.shape == shape[:-1] and index.tolist() == values.argmax(dim=-1).tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_host_argmax_of_no_rows_is_an_empty_index(dtype: torch.dtype) -> None:
+    index = argmax.host_argmax(torch.empty(0, 259, dtype=dtype))
+    assert index.shape == (0,) and index.dtype.kind == "i"

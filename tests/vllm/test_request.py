@@ -301,14 +301,16 @@ def test_deeply_nested_python_objects_are_refused_without_recursion() -> None:
         parse_request(cyclic)
 
 
-@pytest.mark.parametrize("key", ["secure_sd", "SecureSD", "secure-sd", "securesd_", "secursd", "securesdd"])
+@pytest.mark.parametrize(
+    "key", ["secure_sd", "SecureSD", "secure-sd", "securesd_", "secursd", "securesdd", "s - e - c - u - r - e - s - d - - -"]
+)
 def test_a_misspelled_securesd_key_is_refused_with_a_suggestion(key) -> None:
     with pytest.raises(SecureSDConfigError, match=rf"'{key}', which SecureSD does not read; did you mean"):
         request_for({key: json.dumps({"verifier": "mars"})})
 
 
 def test_other_extra_args_keys_are_left_alone() -> None:
-    for key in ("session_id", "kv_transfer_params", "seed", "secure", "sd"):
+    for key in ("session_id", "kv_transfer_params", "seed", "secure", "sd", "securesd" * 3, "x" * 100_000):
         assert request_for({key: "x"}) is None
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_securesd import MARS, Lossless, Step
+from hf_securesd import MARS, Lossless, Segments, Step
 from hf_securesd.vllm.request import SecureSDRequest
 from hf_securesd.vllm.sampler import (
-    PLACEHOLDER, RowPlan, _gather_index, _host_argmax_round, _Layout, _round, _row_specs, _target_argmax,
+    PLACEHOLDER, RowPlan, _gather_index, _host_argmax_round, _Layout, _round, _rows_facts, _target_argmax,
     _usable_counts, verify_rows,
 )
 
@@ -175,20 +175,31 @@ def test_a_round_that_reads_draft_logits_refuses_rows_given_only_a_count() -> No
         step.run(plans)
 
 
-def test_row_specs_are_built_once_for_the_same_requests() -> None:
-    """The same requests (objects) and generators in the same rows get the RowSpecs built before; another
+def test_row_facts_are_built_once_for_the_same_requests() -> None:
+    """The same requests (objects) and generators in the same rows get the facts built before; another
     generator or request gets new ones."""
     step = VllmStep([K, K], seed=2)
     plans = step.plans([0, 1], LOSSLESS, one_hot=False)
-    first = _row_specs(plans)
-    assert _row_specs(step.plans([0, 1], LOSSLESS, one_hot=False)) is first
+    first = _rows_facts(plans)
+    assert first.lossless and not first.reads_tokens
+    assert _rows_facts(step.plans([0, 1], LOSSLESS, one_hot=False)) is first
     generator = torch.Generator().manual_seed(3)
     seeded = [RowPlan(0, LOSSLESS, 0, None, None, generator), plans[1]]
-    specs = _row_specs(seeded)
-    assert specs is not first and specs[0].generator is generator and specs[1].generator is None
+    specs = _rows_facts(seeded).specs
+    assert specs is not first.specs and specs[0].generator is generator and specs[1].generator is None
     other = SecureSDRequest(Lossless(), None)  # equal to LOSSLESS, another object
-    specs = _row_specs([RowPlan(0, other, 0, None, None), plans[1]])
-    assert specs is not first and specs[0].verifier is specs[1].verifier  # equal verifiers: one object
+    specs = _rows_facts([RowPlan(0, other, 0, None, None), plans[1]]).specs
+    assert specs is not first.specs and specs[0].verifier is specs[1].verifier  # equal verifiers: one object
+
+
+def test_row_facts_say_whether_every_verifier_is_lossless_and_whether_a_schedule_reads_tokens() -> None:
+    step = VllmStep([K, K], seed=2)
+    mixed = [RowPlan(0, LOSSLESS, 0, None, None), RowPlan(1, SecureSDRequest(MARS(theta=0.5), None), 0, None, None)]
+    facts = _rows_facts(mixed)
+    assert not facts.lossless and not facts.reads_tokens
+    segments = SecureSDRequest(Lossless(), Segments(boundary=[7]))
+    facts = _rows_facts([RowPlan(0, segments, 0, None, None), step.plans([1], LOSSLESS, one_hot=False)[0]])
+    assert facts.lossless and facts.reads_tokens
 
 
 @pytest.mark.parametrize("request_", [LOSSLESS, LOSSLESS_THROUGH_LOGITS], ids=["argmax_round", "logits_round"])
