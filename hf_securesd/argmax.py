@@ -82,13 +82,19 @@ def host_argmax(values: torch.Tensor) -> np.ndarray:
     (or any size on one thread): with no tensor to build from its answer, its fixed cost is the lower
     one even below `NUMPY_FROM`."""
     if values.dtype in _NUMPY_DTYPES and (values.numel() < NUMPY_BELOW or torch.get_num_threads() == 1):
-        return values.detach().numpy().argmax(axis=-1)
+        return _as_numpy(values).argmax(axis=-1)
     return vocab_argmax(values).numpy()
+
+
+def _as_numpy(values: torch.Tensor) -> np.ndarray:
+    """A CPU tensor's memory as a NumPy array (detached only when it has a graph: one call fewer in the
+    common case, where each small call counts)."""
+    return (values.detach() if values.requires_grad else values).numpy()
 
 
 def _numpy_argmax(values: torch.Tensor, keepdim: bool) -> torch.Tensor:
     """NumPy's argmax over the last dim of a float32/float64 CPU tensor [..., V] -> long [...]."""
-    index = torch.from_numpy(values.detach().numpy().argmax(axis=-1, keepdims=keepdim))
+    index = torch.from_numpy(_as_numpy(values).argmax(axis=-1, keepdims=keepdim))
     return index if index.dtype == torch.long else index.long()
 
 

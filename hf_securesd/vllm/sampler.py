@@ -362,7 +362,7 @@ def _host_argmax_round(
         draft_index, processed_index = _host_gather_index(rows, tuple(counts), tuple(layout.counts))
         best = np.concatenate([at_drafts, at_bonus])[processed_index]
         drafts = np.maximum(drafts[draft_index], 0)
-    return torch.from_numpy(drafts.astype(np.int64)), torch.from_numpy(best)
+    return torch.from_numpy(drafts.astype(np.int64, copy=False)), torch.from_numpy(best)
 
 
 def _target_argmax(
@@ -465,7 +465,7 @@ def _write(
 ) -> list[RowResult]:
     """Each row's accepted drafts, then its next token, then placeholders, into vLLM's buffer."""
     accepted, next_tokens = output.host_lists()
-    drafts = round_.draft_tokens.tolist()
+    drafts = round_.draft_tokens.tolist() if any(accepted) else [[]] * len(accepted)  # (a read fewer)
     width = output_token_ids.shape[1]
     written = [
         (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
