@@ -38,6 +38,7 @@ from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
 from .schedules import Schedule
 from .stats import RoundRecorder, SpeculativeStats
+from .validation import SecureSDConfigError
 from . import step as core_step
 from .step import RowSpec, StepOutput, VerificationRound
 from .verifiers.base import Verifier
@@ -155,14 +156,16 @@ class SpeculativeLoop:
         # int(): a static cache's length is its own counter tensor, which the cache advances in place
         self.cached = int(target_cache.get_seq_length()) if target_cache is not None else 0
         if self.cached >= self.prompt_length:
-            raise ValueError(
+            raise SecureSDConfigError(
                 f"the cache passed to generate already holds {self.cached} tokens but the input has "
                 f"{self.prompt_length}; pass the whole conversation so far plus at least one new token as input_ids "
                 "(the cache keeps all but the last token of a previous call's output)"
             )
         cached_mask = self.prompt_mask[:, : self.cached] if self.prompt_mask is not None and self.cached else None
         self.target = ModelRunner(target, target_cache, cached_mask)
-        self.buffer = TokenBuffer(input_ids, room=settings.draft_length.num_tokens + 1)
+        # No round drafts past max_length, so a huge k (valid, as in HF) sizes nothing beyond the new tokens.
+        drafts_at_most = min(settings.draft_length.num_tokens, max(settings.max_length - self.prompt_length, 0))
+        self.buffer = TokenBuffer(input_ids, room=drafts_at_most + 1)
         self.processing = RowProcessing(settings.logits_processor, self.buffer)
         self.controller = DraftLengthController(settings.draft_length, batch, self.device)
         self.recorder = RoundRecorder(batch) if settings.collect_stats else None

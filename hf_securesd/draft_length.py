@@ -127,9 +127,10 @@ def resolve_prompt_lookup(
 ) -> DraftLength:
     """Draft length of prompt lookup: k = `prompt_lookup_num_tokens` (HF's field: the call, else a passed
     GenerationConfig, else the target's generation_config, as in transformers), the dynamic schedule as
-    for a draft model; a draft model, `num_assistant_tokens`, a confidence threshold or a field of another
-    kind of drafting (`_UNSUPPORTED`) alongside it would be ignored or change the drafting, so they are
-    refused."""
+    for a draft model; a draft model, `num_assistant_tokens` or a confidence threshold in the call (or its
+    GenerationConfig), or a field of another kind of drafting (`_UNSUPPORTED`) anywhere, alongside it would
+    be ignored or change the drafting, so they are refused. `num_assistant_tokens` and the threshold saved
+    in the target's own generation_config configure draft-model drafting and are ignored, as in HF."""
     if draft is not None:
         raise DraftLengthError(
             "prompt_lookup_num_tokens selects prompt lookup drafting, but a draft model (assistant_model=) was "
@@ -147,11 +148,14 @@ def resolve_prompt_lookup(
     ngram = DEFAULT_MAX_MATCHING_NGRAM_SIZE if max_matching_ngram_size is None else max_matching_ngram_size
     if not is_integer(ngram) or int(ngram) < 1:
         raise DraftLengthError(f"max_matching_ngram_size must be an integer >= 1, got {ngram!r}")
+    # Asked for in this call (or its GenerationConfig) they would be ignored, so they are refused; saved in
+    # the model's own generation_config they configure draft-model drafting, and are ignored as HF does.
+    asked = sources[: 2 if passed_config is not None else 1]
     for name, why in (
         ("num_assistant_tokens", "prompt lookup drafts prompt_lookup_num_tokens tokens; set that instead"),
         ("assistant_confidence_threshold", "prompt lookup has no draft probabilities to stop on"),
     ):
-        value = pick(name)
+        value = next((source[name] for source in asked if source.get(name) is not None), None)
         if value is not None and value != 0:
             raise DraftLengthError(f"{name}={value!r} does not apply to prompt lookup: {why}")
     return DraftLength(num_tokens=int(k), schedule=pick("num_assistant_tokens_schedule") or "constant")

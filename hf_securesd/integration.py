@@ -42,7 +42,8 @@ from .validation import (
     resolve_request,
     vocab_size,
 )
-from .verifiers import Verifier
+from .schedules import resolve_schedule
+from .verifiers import Verifier, resolve_verifier
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
@@ -426,6 +427,7 @@ def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple,
     `custom_generate/` entry point, so plain transformers loading it with `trust_remote_code=True` runs
     SecureSD too."""
     config = model.generation_config
+    _check_saved_fields(config)
     if getattr(config, "verifier", None) is None:
         return save(save_directory, *args, **kwargs)
     from_model_config = config._from_model_config
@@ -438,6 +440,22 @@ def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple,
 
     export_custom_generate(save_directory)
     return result
+
+
+def _check_saved_fields(config: GenerationConfig) -> None:
+    """Raise SecureSDConfigError, before anything is written, when the config's verifier or schedule could
+    not run: a saved model would otherwise publish it and fail only when someone generates with it."""
+    for name, resolve in (("verifier", resolve_verifier), ("secure_schedule", resolve_schedule)):
+        value = getattr(config, name, None)
+        if value is None:
+            continue
+        try:
+            resolve(value)
+        except (TypeError, ValueError) as error:
+            raise SecureSDConfigError(
+                f"generation_config.{name} cannot be saved: {error}. Set a valid value (or None) on "
+                "model.generation_config before save_pretrained"
+            ) from None
 
 
 def _register_config_fields(generation_config: GenerationConfig) -> None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import hf_securesd
+from hf_securesd import SecureSDConfigError
 from hf_securesd.tiny import TinyPairSpec, tiny_pair
 
 PROMPT = torch.tensor([[12, 40, 7, 99, 3, 18]])
@@ -52,7 +53,7 @@ def test_a_cache_that_covers_the_whole_input_is_refused(llama_pair):
     draft, target = llama_pair
     first = _first_turn(target, draft)
     covered = first.sequences[:, : first.cache.get_seq_length()]
-    with pytest.raises(ValueError, match="cache passed to generate already holds"):
+    with pytest.raises(SecureSDConfigError, match="cache passed to generate already holds"):
         target.generate(covered, max_new_tokens=4, do_sample=False, assistant_model=draft, verifier="lossless",
                         past_key_values=first.cache)
 

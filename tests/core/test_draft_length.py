@@ -187,3 +187,17 @@ def test_a_config_with_every_global_default_filled_in_counts_as_unset():
     assert resolve_draft_length({}, filled, None) == DraftLength()
     assert resolve_draft_length({"num_assistant_tokens": 20}, filled, None).num_tokens == 20
     assert resolve_draft_length({}, GenerationConfig(num_assistant_tokens=7), None).num_tokens == 7
+
+
+@pytest.mark.parametrize("proposer", ["draft_model", "prompt_lookup"])
+def test_a_huge_draft_length_allocates_only_for_the_new_tokens(llama_pair, proposer):
+    """k = 10**9 is valid (HF runs it): no round drafts past max_length, so nothing is sized by k (the
+    token buffer once asked for 4 * (k + 1) columns per row: tens of GB)."""
+    draft, target = llama_pair
+    prompts = torch.tensor([[5, 6, 7, 8, 5, 6, 7, 8], [9, 5, 6, 7, 8, 5, 6, 7]])
+    settings = dict(max_new_tokens=12, do_sample=False, verifier="lossless")
+    if proposer == "draft_model":
+        huge, usual = dict(assistant_model=draft, num_assistant_tokens=10**9), dict(assistant_model=draft)
+    else:
+        huge, usual = dict(prompt_lookup_num_tokens=10**9), dict(prompt_lookup_num_tokens=5)
+    assert torch.equal(target.generate(prompts, **settings, **huge), target.generate(prompts, **settings, **usual))

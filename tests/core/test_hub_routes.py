@@ -141,6 +141,30 @@ def test_a_field_cleared_on_the_loaded_model_stays_cleared(tmp_path, from_model_
     assert getattr(loaded.generation_config, other) is not None
 
 
+@pytest.mark.parametrize("route", ["wrap", "patch"])
+@pytest.mark.parametrize("field, value, match", [
+    ("verifier", {"verifier": "marss"}, "unknown verifier 'marss'"),
+    ("verifier", 3, "verifier must be a name"),
+    ("secure_schedule", {"schedule": "step", "L": -1}, "L must be an integer >= 0"),
+    ("secure_schedule", "step", "secure_schedule must be"),
+])
+def test_an_invalid_field_is_refused_before_anything_is_saved(tmp_path, route, field, value, match):
+    """A model whose verifier or schedule could not run is not published (it failed only at generate)."""
+    _, target = tiny_pair()
+    target.generation_config.verifier = "mars"
+    setattr(target.generation_config, field, value)
+    if route == "wrap":
+        hf_securesd.wrap(target)
+    else:
+        hf_securesd.patch()
+    try:
+        with pytest.raises(hf_securesd.SecureSDConfigError, match=rf"generation_config\.{field} cannot be saved: .*{match}"):
+            target.save_pretrained(tmp_path / "out")
+    finally:
+        hf_securesd.unpatch()
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
 @pytest.mark.parametrize("name", hf_securesd.metrics.METRICS)
 def test_metric_space_folder_is_complete(name, tmp_path):
     space = hf_securesd.metrics.export(name, tmp_path / name)

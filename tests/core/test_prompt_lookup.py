@@ -11,7 +11,7 @@ import copy
 import pytest
 import torch
 from support import empirical_tv, exact_joint, noise_floor
-from transformers import TextIteratorStreamer
+from transformers import GenerationConfig, TextIteratorStreamer
 
 import hf_securesd
 from hf_securesd import FSD, MARS, BiLD, LossySD, SecureSDConfigError, SpecCascade, Step
@@ -126,6 +126,24 @@ def test_options_that_do_not_apply_are_refused(llama_pair, bad, match):
     _, target = llama_pair
     with pytest.raises(SecureSDConfigError, match=match):
         target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", **bad)
+
+
+@pytest.mark.parametrize("field, value", [("num_assistant_tokens", 10), ("assistant_confidence_threshold", 0.3)])
+def test_draft_model_settings_saved_in_the_models_config_are_ignored_by_prompt_lookup(llama_pair, field, value):
+    """Saved in the target's generation_config they configure draft-model drafting; transformers ignores them
+    for prompt lookup, and so does SecureSD (passed in the call's GenerationConfig they are refused)."""
+    _, target = llama_pair
+    kwargs = dict(max_new_tokens=10, do_sample=False, verifier="lossless", prompt_lookup_num_tokens=3)
+    expected = target.generate(REPEATING[0], **kwargs)
+    saved = copy.deepcopy(target.generation_config)
+    try:
+        setattr(target.generation_config, field, value)
+        assert torch.equal(target.generate(REPEATING[0], **kwargs), expected)
+        config = GenerationConfig(**{field: value})
+        with pytest.raises(SecureSDConfigError, match="does not apply to prompt lookup"):
+            target.generate(REPEATING[0], generation_config=config, **kwargs)
+    finally:
+        target.generation_config = saved
 
 
 def test_prompt_lookup_from_the_models_generation_config_is_honoured(llama_pair):
