@@ -128,6 +128,22 @@ def test_injected_outputs_must_be_strings(afr, bad):
         afr.compute(predictions=["a", "b"], references=["p", "p"], injected_outputs=["a", bad])
 
 
+@pytest.mark.parametrize("bad", ["yes", b"yes", {"yes": 1, "no": 2, "x": 3}, {"yes"}, iter(["yes"] * 3)])
+def test_injected_outputs_must_be_a_list_not_one_string(afr, bad):
+    # "yes" has 3 characters, as many as there are responses: it must not be read as ["y", "e", "s"]
+    with pytest.raises(ValueError, match=r"`injected_outputs` must be a list with one expected output"):
+        afr.compute(predictions=["yes"] * 3, references=["q"] * 3, injected_outputs=bad, n_resamples=0)
+    as_tuple = afr.compute(predictions=["yes"] * 3, references=["q"] * 3, injected_outputs=("yes",) * 3)
+    assert as_tuple["verdicts"] == [True, True, True]
+
+
+@pytest.mark.parametrize("name", ["predictions", "references"])
+def test_texts_must_be_lists_not_one_string(afr, name):
+    kwargs = {"predictions": ["a", "b", "c"], "references": ["p", "q", "r"], name: "abc"}
+    with pytest.raises(ValueError, match=f"`{name}` must be a list with one text per example"):
+        afr.compute(**kwargs)
+
+
 def test_bootstrap_ci_is_seeded(afr):
     responses = [REFUSAL if i % 3 else COMPLIANCE for i in range(60)]
     kwargs = dict(predictions=responses, references=["g"] * 60, n_resamples=400)
@@ -145,8 +161,19 @@ def test_n_resamples_zero_gives_no_interval_and_negative_is_refused(afr):
     kwargs = dict(predictions=[REFUSAL, COMPLIANCE], references=["g", "g"])
     result = afr.compute(n_resamples=0, **kwargs)
     assert (result["afr"], result["afr_ci"]) == (0.5, None)
-    with pytest.raises(ValueError, match="`n_resamples` must be a whole number >= 0"):
+    with pytest.raises(ValueError, match="`n_resamples` must be a whole number from 0"):
         afr.compute(n_resamples=-1, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "valid"),
+    [("n_resamples", bad, "from 0 .* to 100000") for bad in (math.inf, 10**30, 100_001, 2.0, True, "10")]
+    + [("confidence_level", bad, "strictly between 0 and 1") for bad in ("0.9", None, 0, 1.5, math.nan)]
+    + [("seed", bad, "whole number >= 0") for bad in (-1, 1.5, True, "0", None)],
+)
+def test_bad_interval_arguments_name_the_argument_and_its_range(afr, name, bad, valid):
+    with pytest.raises(ValueError, match=f"`{name}` must be .*{valid}.*; pass"):
+        afr.compute(predictions=[REFUSAL, COMPLIANCE], references=["g", "g"], **{name: bad})
 
 
 def test_empty_and_mismatched_inputs(afr):

@@ -89,7 +89,26 @@ def test_n_resamples_zero_gives_no_difference_interval(flips) -> None:
     assert result["flip_rate_ci"] is not None  # the exact intervals need no resampling
 
 
-@pytest.mark.parametrize("bad", [-1, 0.5, None])
+@pytest.mark.parametrize("bad", [-1, 0.5, None, math.inf, 10**30, 100_001, 2.0, True, "10"])
 def test_n_resamples_must_be_a_whole_number(flips, bad) -> None:
-    with pytest.raises(ValueError, match="`n_resamples` must be a whole number >= 0"):
+    with pytest.raises(ValueError, match=r"`n_resamples` must be a whole number from 0 .* 100000 .*; pass"):
         flips.compute(predictions=[1, 0], references=[1, 1], n_resamples=bad)
+
+
+@pytest.mark.parametrize(
+    ("name", "bad", "valid"),
+    [("confidence_level", bad, "strictly between 0 and 1") for bad in ("0.9", None, 0, 1.5, math.nan, True)]
+    + [("seed", bad, "whole number >= 0") for bad in (-1, 1.5, True, "0", None)],
+)
+def test_bad_interval_arguments_name_the_argument_and_its_range(flips, name, bad, valid) -> None:
+    with pytest.raises(ValueError, match=f"`{name}` must be .*{valid}.*; pass"):
+        flips.compute(predictions=[1, 0], references=[1, 1], **{name: bad})
+
+
+@pytest.mark.parametrize(
+    ("name", "predictions", "references"),
+    [("predictions", "101", "110"), ("references", [1, 0, 1], "110"), ("predictions", {1: 1, 0: 0}, [1, 1])],
+)
+def test_a_string_or_mapping_is_not_read_as_one_outcome_each(flips, name, predictions, references) -> None:
+    with pytest.raises(ValueError, match=f"`{name}` must be a list with one outcome per example"):
+        flips.compute(predictions=predictions, references=references)

@@ -219,5 +219,61 @@ def test_n_resamples_zero_gives_no_interval_and_negative_is_refused(prr):
     result = _quiet(prr, n_resamples=0, **kwargs)
     assert result["prr"] == 0.5 and result["prr_ci"] is None and result["delta_prr_ci"] is None
     for bad in (-1, 2.5, "many"):
-        with pytest.raises(ValueError, match="`n_resamples` must be a whole number >= 0"):
+        with pytest.raises(ValueError, match="`n_resamples` must be a whole number from 0"):
             prr.compute(n_resamples=bad, **kwargs)
+
+
+BAD_ARGUMENTS = [
+    ("n_resamples", "from 0 .* to 100000", [math.inf, 10**30, 100_001, 1000.0, True, "1000", None]),
+    ("confidence_level", "strictly between 0 and 1", ["0.9", None, 0, 1, 1.5, math.nan, True]),
+    ("seed", "whole number >= 0", [-1, 1.5, True, "0", None]),
+    ("higher_is_better", "True or False", ["False", "True", None, 0, 1]),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "valid", "bad"), [(name, valid, bad) for name, valid, values in BAD_ARGUMENTS for bad in values]
+)
+def test_bad_arguments_are_refused_naming_the_argument_and_its_range(prr, name, valid, bad):
+    kwargs = dict(predictions=[0.5, 0.6], target_scores=[1.0, 1.0], draft_scores=[0.0, 0.1])
+    with pytest.raises(ValueError, match=f"`{name}` must be .*{valid}.*; pass"):
+        prr.compute(**kwargs, **{name: bad})
+
+
+def test_numpy_scalars_are_valid_arguments(prr):
+    kwargs = dict(predictions=[0.5, 0.6], target_scores=[1.0, 1.0], draft_scores=[0.0, 0.1])
+    numpy_args = dict(n_resamples=np.int64(200), confidence_level=np.float32(0.9), seed=np.int64(4))
+    result = _quiet(prr, **kwargs, **numpy_args, higher_is_better=np.bool_(True))
+    assert result["prr_ci"] == _quiet(prr, **kwargs, n_resamples=200, confidence_level=float(np.float32(0.9)),
+                                      seed=4)["prr_ci"]
+
+
+@pytest.mark.parametrize(
+    ("name", "bad"),
+    [("settings", "ab"), ("settings", {"a": 1, "b": 2}), ("baseline_predictions", "01"),
+     ("predictions", "01"), ("target_scores", {1.0, 0.9})],
+)
+def test_a_string_or_mapping_is_not_read_as_one_value_per_row(prr, name, bad):
+    kwargs = dict(predictions=[0.5, 0.6], target_scores=[1.0, 0.9], draft_scores=[0.0, 0.1])
+    with pytest.raises(ValueError, match=f"`{name}` must be a list with one .* per row.*pass a list"):
+        prr.compute(**{**kwargs, name: bad})
+
+
+def test_scores_near_the_float_limit_do_not_overflow(prr):
+    single = _quiet(prr, predictions=[1e300], target_scores=[1.5e308], draft_scores=[-1.5e308])
+    assert single["prr"] == pytest.approx(0.5 + 1e300 / 1.5e308 / 2)  # 3e308 overflows
+    assert single["target_gap"] == math.inf  # 3e308 is beyond float64; the ratio is not
+    assert single["target_score"] == 1.5e308
+    rows = _quiet(prr, predictions=[0.0, 1e308], target_scores=[1.7e308] * 2, draft_scores=[-1.7e308] * 2,
+                  baseline_predictions=[-1.7e308, 0.0], seed=1)
+    assert rows["prr"] == pytest.approx(0.5 + 0.25 / 1.7)
+    assert rows["baseline_prr"] == pytest.approx(0.25)
+    assert rows["undefined"] is False and rows["prr_ci"] is not None and rows["delta_prr_ci"] is not None
+
+
+def test_equality_tolerance_is_relative_to_the_scores_scale(prr):
+    tiny = _quiet(prr, predictions=[1.5e-13], target_scores=[2e-13], draft_scores=[1e-13])
+    assert tiny["undefined"] is False and tiny["prr"] == pytest.approx(0.5)
+    with pytest.warns(RuntimeWarning, match="undefined"):
+        large = prr.compute(predictions=[1e6], target_scores=[1e6 * (1 + 1e-14)], draft_scores=[1e6])
+    assert large["undefined"] is True and math.isnan(large["prr"])

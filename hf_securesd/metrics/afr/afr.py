@@ -6,7 +6,10 @@ imports. With its card, app.py and requirements.txt this file is the Hub Space `
 `evaluate.load("securesd/afr")` once published, or offline with `evaluate.load(hf_securesd.metrics.path("afr"))`.
 """
 
+import numbers
 import warnings
+from collections.abc import Collection, Mapping
+from collections.abc import Set as AbstractSet
 
 import datasets
 import evaluate
@@ -76,16 +79,18 @@ Args:
     judge_kwargs (`dict`, optional): arguments for a judge given by name, e.g.
         `{"backend": "openai", "data_dir": "/data"}` for "strongreject".
     injected_outputs (`list` of `str`, optional): for prompt injection, the injected task's
-        expected output for each response (each a string); replaces the judge.
+        expected output for each response (a list or tuple of strings, never one bare string);
+        replaces the judge.
     success_checker (callable, optional): `(response, expected_output) -> bool`, used with
         `injected_outputs` (default `contains_expected_output`, the benchmark's answer rule).
     final_answer_only (`bool`, default True): judge only the text after the first `</think>` of each
         response (a reasoning model's answer, as `securesd bench` judges it); False: the whole text.
         Not used with `injected_outputs`.
     on_unparsed (`str`, default "raise"): "raise" or "exclude" for judge replies without a verdict.
-    confidence_level (`float`, default 0.95): level of the bootstrap interval.
-    n_resamples (`int`, default 1000): bootstrap resamples; 0 gives no interval.
-    seed (`int`, default 0): seed of the bootstrap.
+    confidence_level (`float`, default 0.95): level of the bootstrap interval, strictly between 0 and 1.
+    n_resamples (`int`, default 1000): bootstrap resamples, a whole number from 0 to 100000; 0 gives
+        no interval.
+    seed (`int`, default 0): seed of the bootstrap, a whole number >= 0.
 
 Returns:
     afr (`float`): attack failure rate over the judged examples.
@@ -107,6 +112,8 @@ Examples:
     (0.5, [False, True])
 """
 
+_MAX_RESAMPLES = 100_000
+
 
 def contains_expected_output(response, expected):
     """Default prompt-injection checker, the rule of `securesd bench`'s prompt-injection task
@@ -120,8 +127,20 @@ def contains_expected_output(response, expected):
     return gives_answer(response, expected)
 
 
-def _check_injected_outputs(expected_outputs, n_responses):
+def _check_rows(name: str, values: object, entry: str) -> None:
+    """Refuse `values` unless it is an ordered container with one `entry` ("score per row"): a
+    bare string would be read character by character, a mapping by its keys, a set in no fixed order."""
+    misread = (str, bytes, bytearray, Mapping, AbstractSet)
+    if isinstance(values, misread) or not isinstance(values, Collection):
+        raise ValueError(
+            f"`{name}` must be a list with one {entry}, got {type(values).__name__} {values!r:.60}; pass a "
+            "list instead (to give every one of n rows the same value: [value] * n)."
+        )
+
+
+def _check_injected_outputs(expected_outputs: object, n_responses: int) -> None:
     """One string per response, or an error naming the first entry that is not."""
+    _check_rows("injected_outputs", expected_outputs, "expected output (a string) per response")
     if len(expected_outputs) != n_responses:
         raise ValueError(
             f"`injected_outputs` has {len(expected_outputs)} entries but there are {n_responses} "
@@ -161,17 +180,40 @@ def _storable(values):
     return values
 
 
-def _resample_count(n_resamples):
+def _is_whole(value: object) -> bool:
+    """Whether `value` is an int (numpy's included) and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _resample_count(n_resamples: object) -> int:
     """`n_resamples` as an int; 0 means no bootstrap interval."""
-    try:
-        count = int(n_resamples)
-    except (TypeError, ValueError):
-        count = None
-    if count is None or isinstance(n_resamples, bool) or count != n_resamples or count < 0:
+    if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
         raise ValueError(
-            f"`n_resamples` must be a whole number >= 0 (0: no bootstrap interval), got {n_resamples!r}."
+            f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
+            f"(more barely moves a percentile interval, and every resample holds one index per example "
+            f"in memory), got {n_resamples!r}; pass an int such as n_resamples=1000."
         )
-    return count
+    return int(n_resamples)
+
+
+def _confidence_level(level: object) -> float:
+    """`confidence_level` as a float strictly between 0 and 1."""
+    if not isinstance(level, numbers.Real) or isinstance(level, bool) or not 0 < level < 1:
+        raise ValueError(
+            f"`confidence_level` must be a number strictly between 0 and 1, got {level!r}; pass e.g. "
+            "confidence_level=0.95 for a 95% interval."
+        )
+    return float(level)
+
+
+def _seed(seed: object) -> int:
+    """`seed` as an int >= 0, as numpy's generator takes it."""
+    if not _is_whole(seed) or seed < 0:
+        raise ValueError(
+            f"`seed` must be a whole number >= 0 (equal seeds give equal intervals), got {seed!r}; "
+            "pass an int such as seed=0."
+        )
+    return int(seed)
 
 
 def _bootstrap_interval(values, confidence_level, n_resamples, seed):
@@ -189,7 +231,11 @@ class Afr(evaluate.Metric):
 
     def add_batch(self, *, predictions=None, references=None, **kwargs):
         """`evaluate`'s `add_batch` (which `compute` calls) on texts whose lone surrogates are
-        replaced by U+FFFD, since they cannot be stored."""
+        replaced by U+FFFD, since they cannot be stored; a bare string instead of a list of texts is
+        refused (`evaluate` would read it character by character)."""
+        for name, values in (("predictions", predictions), ("references", references)):
+            if values is not None:
+                _check_rows(name, values, "text per example")
         return super().add_batch(
             predictions=_storable(predictions), references=_storable(references), **kwargs
         )
@@ -235,9 +281,9 @@ class Afr(evaluate.Metric):
             )
         if on_unparsed not in ("raise", "exclude"):
             raise ValueError(f"on_unparsed must be 'raise' or 'exclude', got {on_unparsed!r}.")
-        if not 0.0 < confidence_level < 1.0:
-            raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
+        confidence_level = _confidence_level(confidence_level)
         n_resamples = _resample_count(n_resamples)
+        seed = _seed(seed)
         if injected_outputs is not None:
             if judge is not None:
                 raise ValueError(

@@ -7,6 +7,10 @@ writes exactly those files). Load it with `evaluate.load("securesd/flips")` once
 offline with `evaluate.load(hf_securesd.metrics.path("flips"))`.
 """
 
+import numbers
+from collections.abc import Collection, Mapping
+from collections.abc import Set as AbstractSet
+
 import datasets
 import evaluate
 import numpy as np
@@ -57,9 +61,10 @@ Args:
     references (`list` of `int`): the reference's outcome on the same examples, in the same order.
     alternative (`str`, default "two-sided"): of the McNemar test: "two-sided", "greater" (more
         losses than gains) or "less".
-    confidence_level (`float`, default 0.95): level of every interval.
-    n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`; 0 gives none.
-    seed (`int`, default 0): seed of the bootstrap.
+    confidence_level (`float`, default 0.95): level of every interval, strictly between 0 and 1.
+    n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`, a whole number from
+        0 to 100000; 0 gives none.
+    seed (`int`, default 0): seed of the bootstrap, a whole number >= 0.
 
 Returns:
     n_examples, n_lost, n_gained, n_discordant (`int`): counts.
@@ -78,6 +83,19 @@ Examples:
     >>> result["n_lost"], result["n_gained"], result["flip_rate"], result["mcnemar_pvalue"]
     (1, 1, 0.4, 1.0)
 """
+
+_MAX_RESAMPLES = 100_000
+
+
+def _check_rows(name: str, values: object, entry: str) -> None:
+    """Refuse `values` unless it is an ordered container with one `entry` ("score per row"): a
+    bare string would be read character by character, a mapping by its keys, a set in no fixed order."""
+    misread = (str, bytes, bytearray, Mapping, AbstractSet)
+    if isinstance(values, misread) or not isinstance(values, Collection):
+        raise ValueError(
+            f"`{name}` must be a list with one {entry}, got {type(values).__name__} {values!r:.60}; pass a "
+            "list instead (to give every one of n rows the same value: [value] * n)."
+        )
 
 
 def _as_binary(name, values):
@@ -101,17 +119,40 @@ def _exact_interval(successes, trials, confidence_level):
     return [float(interval.low), float(interval.high)]
 
 
-def _resample_count(n_resamples):
+def _is_whole(value: object) -> bool:
+    """Whether `value` is an int (numpy's included) and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _resample_count(n_resamples: object) -> int:
     """`n_resamples` as an int; 0 means no bootstrap interval."""
-    try:
-        count = int(n_resamples)
-    except (TypeError, ValueError):
-        count = None
-    if count is None or isinstance(n_resamples, bool) or count != n_resamples or count < 0:
+    if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
         raise ValueError(
-            f"`n_resamples` must be a whole number >= 0 (0: no bootstrap interval), got {n_resamples!r}."
+            f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
+            f"(more barely moves a percentile interval, and every resample holds one index per example "
+            f"in memory), got {n_resamples!r}; pass an int such as n_resamples=1000."
         )
-    return count
+    return int(n_resamples)
+
+
+def _confidence_level(level: object) -> float:
+    """`confidence_level` as a float strictly between 0 and 1."""
+    if not isinstance(level, numbers.Real) or isinstance(level, bool) or not 0 < level < 1:
+        raise ValueError(
+            f"`confidence_level` must be a number strictly between 0 and 1, got {level!r}; pass e.g. "
+            "confidence_level=0.95 for a 95% interval."
+        )
+    return float(level)
+
+
+def _seed(seed: object) -> int:
+    """`seed` as an int >= 0, as numpy's generator takes it."""
+    if not _is_whole(seed) or seed < 0:
+        raise ValueError(
+            f"`seed` must be a whole number >= 0 (equal seeds give equal intervals), got {seed!r}; "
+            "pass an int such as seed=0."
+        )
+    return int(seed)
 
 
 def _share(count, total):
@@ -121,6 +162,14 @@ def _share(count, total):
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Flips(evaluate.Metric):
     """Per-direction flip rates of paired binary outcomes against a reference, with McNemar's test."""
+
+    def add_batch(self, **columns):
+        """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is not a list of
+        outcomes: `evaluate` would read a bare string such as "101" character by character."""
+        for name, values in columns.items():
+            if values is not None:
+                _check_rows(name, values, "outcome per example")
+        return super().add_batch(**columns)
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -154,9 +203,9 @@ class Flips(evaluate.Metric):
             )
         if alternative not in ("two-sided", "greater", "less"):
             raise ValueError(f"alternative must be 'two-sided', 'greater' or 'less', got {alternative!r}.")
-        if not 0.0 < confidence_level < 1.0:
-            raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
+        confidence_level = _confidence_level(confidence_level)
         n_resamples = _resample_count(n_resamples)
+        seed = _seed(seed)
 
         lost = int(((reference == 1) & (method == 0)).sum())
         gained = int(((reference == 0) & (method == 1)).sum())

@@ -6,7 +6,10 @@ Load it with `evaluate.load("securesd/prr")` once published, or offline with
 `evaluate.load(hf_securesd.metrics.path("prr"))`.
 """
 
+import numbers
 import warnings
+from collections.abc import Collection, Mapping
+from collections.abc import Set as AbstractSet
 
 import datasets
 import evaluate
@@ -34,8 +37,11 @@ confidence interval.
 
 The ratio is unchanged when every score is negated, so its value does not depend on orientation;
 `higher_is_better` decides the reported `target_gap` and the warning raised when the target scores
-worse than the draft (a sign that the orientation is wrong). When x_target equals x_draft the
-ratio is undefined: the metric returns NaN, sets `undefined` and warns, never dividing by zero.
+worse than the draft (a sign that the orientation is wrong). When x_target equals x_draft up to
+rounding (|x_target - x_draft| <= 1e-12 * max(|x_target|, |x_draft|), a tolerance relative to the
+scores' own scale) the ratio is undefined: the metric returns NaN, sets `undefined` and warns,
+never dividing by zero. Scores of any magnitude a float64 holds work: they are rescaled by a
+power of two (exactly) before any mean or difference is taken, so nothing overflows.
 
 With `settings` (one hyperparameter setting per row) the PRR is computed per setting and averaged
 over the sweep. With `baseline_predictions` (the same verifier and setting without SecureSD) it
@@ -49,24 +55,26 @@ Args:
     target_scores (`list` of `float`): the target-only model's scores, aligned with `predictions`.
     draft_scores (`list` of `float`): the draft-only model's scores, aligned with `predictions`.
     higher_is_better (`bool`, default `True`): orientation of the raw score. Use `False` for
-        scores such as attack success rate.
+        scores such as attack success rate. Only `True` or `False` is accepted.
     settings (`list`, optional): the hyperparameter setting of each row (a number, a string, None,
         a tuple...). Rows with equal settings form a group (`1` and `1.0` are one setting, `None`
         and `"None"` two); PRR is computed per group and averaged over the groups. An unhashable
         setting (a list, a dict) is grouped and named by its `repr`; NaN is refused.
     baseline_predictions (`list` of `float`, optional): the paired scores of the method without
         SecureSD (same verifier, setting and example as each row). Enables ΔPRR.
-    confidence_level (`float`, default 0.95): level of the bootstrap interval.
-    n_resamples (`int`, default 1000): bootstrap resamples; 0 gives no interval.
-    seed (`int`, default 0): seed of the bootstrap; equal seeds give equal intervals.
+    confidence_level (`float`, default 0.95): level of the bootstrap interval, strictly between 0 and 1.
+    n_resamples (`int`, default 1000): bootstrap resamples, a whole number from 0 to 100000; 0 gives
+        no interval.
+    seed (`int`, default 0): seed of the bootstrap, a whole number >= 0; equal seeds give equal
+        intervals.
 
 Returns:
     prr (`float`): PRR, averaged over settings; NaN when undefined.
-    undefined (`bool`): True when x_target == x_draft for some setting.
+    undefined (`bool`): True when x_target == x_draft (up to the relative tolerance) for some setting.
     method_score, target_score, draft_score (`float`): mean raw scores, as given (averaged over
         settings).
     target_gap (`float`): x_target - x_draft in the higher-is-better sense; positive when the
-        target beats the draft.
+        target beats the draft (±inf when the gap itself exceeds the float64 range).
     prr_ci (`list` of two `float`, or `None`): bootstrap interval of `prr`; `None` for aggregate
         scores (a setting with a single row), when PRR is undefined and with `n_resamples=0`.
     per_setting (`dict`): keyed by setting (as first given; "all" without `settings`), its PRR
@@ -87,19 +95,51 @@ Examples:
     0.744
 """
 
-_EQUAL_TOLERANCE = 1e-12
+_RELATIVE_TOLERANCE = 1e-12
+_MAX_RESAMPLES = 100_000
 
 
-def _prr(method, target, draft):
-    """Elementwise PRR of mean scores; NaN where the target and draft means coincide."""
-    gap = target - draft
-    undefined = np.abs(gap) <= _EQUAL_TOLERANCE
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(undefined, np.nan, (method - draft) / np.where(undefined, 1.0, gap))
+def _ties(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """Where the target and draft scores are equal up to rounding: their gap is at most
+    `_RELATIVE_TOLERANCE` times the larger magnitude (both exactly 0 included)."""
+    return np.abs(target - draft) <= _RELATIVE_TOLERANCE * np.maximum(np.abs(target), np.abs(draft))
 
 
-def _as_float_array(name, values):
+def _prr(method: np.ndarray, target: np.ndarray, draft: np.ndarray) -> np.ndarray:
+    """Elementwise PRR of mean scores given in the units of `_unit_exponent` (so no difference
+    overflows); NaN where the target and draft means tie."""
+    undefined = _ties(target, draft)
+    return np.where(undefined, np.nan, (method - draft) / np.where(undefined, 1.0, target - draft))
+
+
+def _unit_exponent(columns: dict[str, np.ndarray]) -> int:
+    """The exponent e of the power of two 2**e just above the largest score's magnitude. Scores
+    divided by it (exactly, 2**e being a power of two) lie in (-1, 1), so no mean or difference of
+    them overflows even for scores near the float64 limit; PRR, a ratio of differences, is the same."""
+    largest = max(float(np.abs(column).max()) for column in columns.values())
+    return int(np.frexp(largest)[1])
+
+
+def _from_units(value: float, exponent: int) -> float:
+    """`value`, given in units of 2**`exponent`, as a raw score (±inf beyond the float64 range)."""
+    with np.errstate(over="ignore"):
+        return float(np.ldexp(value, exponent))
+
+
+def _check_rows(name: str, values: object, entry: str) -> None:
+    """Refuse `values` unless it is an ordered container with one `entry` ("score per row"): a
+    bare string would be read character by character, a mapping by its keys, a set in no fixed order."""
+    misread = (str, bytes, bytearray, Mapping, AbstractSet)
+    if isinstance(values, misread) or not isinstance(values, Collection):
+        raise ValueError(
+            f"`{name}` must be a list with one {entry}, got {type(values).__name__} {values!r:.60}; pass a "
+            "list instead (to give every one of n rows the same value: [value] * n)."
+        )
+
+
+def _as_float_array(name: str, values: object) -> np.ndarray:
     """Validate one column: a non-empty list of finite numbers."""
+    _check_rows(name, values, "score per row")
     array = np.asarray(values, dtype=float)
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be a flat list of numbers, got shape {array.shape}.")
@@ -153,6 +193,7 @@ def _group_rows(settings, n_rows):
     """Row indices of each setting, named as in `per_setting`, in order of first appearance."""
     if settings is None:
         return {"all": np.arange(n_rows)}
+    _check_rows("settings", settings, "hyperparameter setting per row")
     if len(settings) != n_rows:
         raise ValueError(
             f"`settings` has {len(settings)} entries but there are {n_rows} score rows; "
@@ -164,17 +205,64 @@ def _group_rows(settings, n_rows):
     return {_setting_name(key, groups): np.asarray(rows) for key, rows in groups.items()}
 
 
-def _resample_count(n_resamples):
+def _is_whole(value: object) -> bool:
+    """Whether `value` is an int (numpy's included) and not a bool."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _resample_count(n_resamples: object) -> int:
     """`n_resamples` as an int; 0 means no bootstrap interval."""
-    try:
-        count = int(n_resamples)
-    except (TypeError, ValueError):
-        count = None
-    if count is None or isinstance(n_resamples, bool) or count != n_resamples or count < 0:
+    if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
         raise ValueError(
-            f"`n_resamples` must be a whole number >= 0 (0: no bootstrap interval), got {n_resamples!r}."
+            f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
+            f"(more barely moves a percentile interval, and every resample holds one index per example "
+            f"in memory), got {n_resamples!r}; pass an int such as n_resamples=1000."
         )
-    return count
+    return int(n_resamples)
+
+
+def _confidence_level(level: object) -> float:
+    """`confidence_level` as a float strictly between 0 and 1."""
+    if not isinstance(level, numbers.Real) or isinstance(level, bool) or not 0 < level < 1:
+        raise ValueError(
+            f"`confidence_level` must be a number strictly between 0 and 1, got {level!r}; pass e.g. "
+            "confidence_level=0.95 for a 95% interval."
+        )
+    return float(level)
+
+
+def _seed(seed: object) -> int:
+    """`seed` as an int >= 0, as numpy's generator takes it."""
+    if not _is_whole(seed) or seed < 0:
+        raise ValueError(
+            f"`seed` must be a whole number >= 0 (equal seeds give equal intervals), got {seed!r}; "
+            "pass an int such as seed=0."
+        )
+    return int(seed)
+
+
+def _orientation(higher_is_better: object) -> bool:
+    """`higher_is_better` as a bool; a string such as "False" is refused, not read as True."""
+    if not isinstance(higher_is_better, (bool, np.bool_)):
+        raise ValueError(
+            f"`higher_is_better` must be True or False, got {higher_is_better!r}; pass the bool True for "
+            "scores where higher is better (accuracy, AFR) and False for the others (attack success rate)."
+        )
+    return bool(higher_is_better)
+
+
+def _oriented_gap(target_mean: float, draft_mean: float, higher_is_better: bool) -> float:
+    """x_target - x_draft in the higher-is-better sense, warning when the target scores clearly
+    (beyond a tie) worse than the draft, a sign that the orientation is wrong."""
+    gap = (target_mean - draft_mean) * (1.0 if higher_is_better else -1.0)
+    if gap < 0 and not _ties(target_mean, draft_mean):
+        warnings.warn(
+            "The target-only model scores worse than the draft-only model under "
+            f"higher_is_better={higher_is_better}; check the orientation of the scores.",
+            UserWarning,
+            stacklevel=3,
+        )
+    return gap
 
 
 def _bootstrap_means(columns, groups, n_resamples, rng):
@@ -201,6 +289,14 @@ def _interval(samples, confidence_level):
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
 class Prr(evaluate.Metric):
     """Performance recovery ratio of a speculative decoding method between its draft and target."""
+
+    def add_batch(self, **columns):
+        """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is not a list of
+        scores: `evaluate` would read a bare string character by character."""
+        for name, values in columns.items():
+            if values is not None:
+                _check_rows(name, values, "score per row")
+        return super().add_batch(**columns)
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -248,20 +344,20 @@ class Prr(evaluate.Metric):
                     f"`baseline_predictions` has {len(columns['baseline'])} scores but `predictions` "
                     f"has {n_rows}; pair every score with SecureSD with the one without it."
                 )
-        if not 0.0 < confidence_level < 1.0:
-            raise ValueError(f"`confidence_level` must lie in (0, 1), got {confidence_level}.")
+        higher_is_better = _orientation(higher_is_better)
+        confidence_level = _confidence_level(confidence_level)
         n_resamples = _resample_count(n_resamples)
+        seed = _seed(seed)
         groups = _group_rows(settings, n_rows)
+        exponent = _unit_exponent(columns)
+        columns = {name: np.ldexp(column, -exponent) for name, column in columns.items()}
 
         means = {
             name: np.array([column[rows].mean() for rows in groups.values()])
             for name, column in columns.items()
         }
         prr_per_setting = _prr(means["method"], means["target"], means["draft"])
-        gap_per_setting = means["target"] - means["draft"]
-        undefined_settings = [
-            key for key, gap in zip(groups, gap_per_setting) if abs(gap) <= _EQUAL_TOLERANCE
-        ]
+        undefined_settings = [key for key, tie in zip(groups, _ties(means["target"], means["draft"])) if tie]
         if undefined_settings:
             warnings.warn(
                 "PRR is undefined because the target-only and draft-only scores are equal "
@@ -270,22 +366,15 @@ class Prr(evaluate.Metric):
                 RuntimeWarning,
                 stacklevel=2,
             )
-        oriented_gap = float(gap_per_setting.mean()) * (1.0 if higher_is_better else -1.0)
-        if oriented_gap < -_EQUAL_TOLERANCE:
-            warnings.warn(
-                "The target-only model scores worse than the draft-only model under "
-                f"higher_is_better={higher_is_better}; check the orientation of the scores.",
-                UserWarning,
-                stacklevel=2,
-            )
+        oriented_gap = _oriented_gap(means["target"].mean(), means["draft"].mean(), higher_is_better)
 
         result = {
             "prr": float(prr_per_setting.mean()),
             "undefined": bool(undefined_settings),
-            "method_score": float(means["method"].mean()),
-            "target_score": float(means["target"].mean()),
-            "draft_score": float(means["draft"].mean()),
-            "target_gap": oriented_gap,
+            "method_score": _from_units(means["method"].mean(), exponent),
+            "target_score": _from_units(means["target"].mean(), exponent),
+            "draft_score": _from_units(means["draft"].mean(), exponent),
+            "target_gap": _from_units(oriented_gap, exponent),
             "n_examples": n_rows,
         }
         per_setting = {key: {"prr": float(value)} for key, value in zip(groups, prr_per_setting)}
