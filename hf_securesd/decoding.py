@@ -236,7 +236,7 @@ class SpeculativeLoop:
             responses=responses,
             draft_probs=proposal.probs,
         )
-        return core_step.verify_step(round_, collect_deviation=self.settings.collect_deviation)
+        return core_step.verify_step(round_, collect_deviation=self.settings.collect_deviation, check_ranges=False)
 
     def _rules_raw(self, raw: torch.Tensor | None) -> torch.Tensor | None:
         """The raw logits the rules read: the model's own, cleaned of NaN and infinities when the call asks

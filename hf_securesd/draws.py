@@ -7,6 +7,11 @@ and the token is the first index whose normalised cumulative probability exceeds
 sums are taken in float64, so each token's probability is its share of the row's total to within
 float64 rounding; a token of probability 0 is never drawn (its cumulative value equals its
 predecessor's, so a smaller index is found first).
+
+Every row must have a positive, finite total: the callers guarantee it without a check here, which would
+cost a read on the host at every draft step. Drafting draws from scores `prefixes.checked_scores` made
+safe, and verification from q (checked where it is computed, `RoundInputs.target_probs`) or from a
+recovery distribution that falls back to q wherever it has no mass.
 """
 
 from __future__ import annotations
@@ -19,13 +24,14 @@ import torch
 def draw_rows(
     probs: torch.Tensor, generators: Sequence[torch.Generator | None] | None = None
 ) -> torch.Tensor:
-    """probs [N, V] non-negative weights (rows need not sum to 1; each needs a positive total) ->
-    [N] long, one token per row drawn with probability probs[n, v] / probs[n].sum().
+    """probs [N, V] non-negative weights (rows need not sum to 1; each needs a positive, finite total, which
+    the caller guarantees: see the module doc) -> [N] long, one token per row drawn with probability
+    probs[n, v] / probs[n].sum().
 
     generators: None draws every row's uniform from torch's global generator (one call for all rows);
     otherwise one generator (or None: the global one) per row, row n's uniform from generators[n], so a
     row's token does not depend on the other rows."""
-    rows, vocab = probs.shape
+    rows = probs.shape[0]
     cumulative = probs.double().cumsum(dim=-1)
     cumulative = cumulative / cumulative[:, -1:]
     if generators is None:
@@ -37,5 +43,5 @@ def draw_rows(
             torch.rand(1, dtype=torch.float64, device=probs.device, generator=generator)
             for generator in generators
         ])[:, None]
-    # The last normalised value is 1 > u, so an index is always found; the clamp only guards NaN rows.
-    return torch.searchsorted(cumulative, uniforms, right=True)[:, 0].clamp_max(vocab - 1)
+    # The last normalised value is 1 > u, so an index below V is always found.
+    return torch.searchsorted(cumulative, uniforms, right=True)[:, 0]

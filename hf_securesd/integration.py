@@ -197,7 +197,8 @@ def _securesd_fields(
     draft_length = _draft_length(model, arguments, generation_config, lookup is not None)
     check_model_inputs(arguments, _effective("cache_implementation", arguments, generation_config, model))
     resolved, schedule, _ = resolve_request(
-        verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens
+        verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens,
+        "prompt_lookup_num_tokens" if lookup is not None else "num_assistant_tokens",
     )
     schedule = resolve_boundaries(schedule, arguments.get("tokenizer"))  # text boundaries -> token ids
     options.update({name: arguments.get(name) for name in ("assistant_tokenizer", "streamer", "synced_gpus")})

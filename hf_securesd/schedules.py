@@ -17,6 +17,8 @@ tensor([0.0000, 0.2500, 0.5000, 0.7500, 1.0000, 1.0000])
 from __future__ import annotations
 
 import math
+import numbers
+import sys
 from abc import ABC, abstractmethod
 from dataclasses import MISSING, asdict, dataclass
 from dataclasses import fields as dataclass_fields
@@ -65,7 +67,7 @@ class Schedule(ABC):
         L = self.L
         if not is_integer(L) or int(L) < 0:
             raise ValueError(
-                f"schedule length L must be an integer >= 0, got {_short(L)}; "
+                f"schedule length L must be an integer >= 0, got {short_repr(L)}; "
                 "L is the number of leading response tokens verified losslessly (L=1 is the paper's default)"
             )
         object.__setattr__(self, "L", int(L))
@@ -97,8 +99,10 @@ class Power(Schedule):
 
     def __post_init__(self) -> None:
         self._check_length()
-        if not _is_real(self.gamma) or not (self.gamma > 0 and math.isfinite(self.gamma)):
-            raise ValueError(f"Power schedule needs a finite gamma > 0, got {self.gamma!r} (gamma=1 is Linear)")
+        gamma = as_real(self.gamma)
+        if gamma is None or not (gamma > 0 and math.isfinite(gamma)):
+            raise ValueError(f"Power schedule needs a finite gamma > 0, got {short_repr(self.gamma)} (gamma=1 is Linear)")
+        object.__setattr__(self, "gamma", gamma)
 
     def eta(self, positions: torch.Tensor) -> torch.Tensor:
         if self.L == 0:
@@ -137,17 +141,34 @@ def register_schedule(cls: type[Schedule]) -> type[Schedule]:
     return cls
 
 
+def python_scalar(value: Any) -> Any:
+    """A NumPy scalar, 0-d NumPy array or 0-d tensor as the Python number (or bool) it holds; anything
+    else (an array or tensor with dimensions included) unchanged."""
+    if getattr(value, "ndim", None) == 0 and callable(getattr(value, "item", None)):
+        return value.item()
+    return value
+
+
 def is_integer(value: Any) -> bool:
-    """A Python, NumPy or 0-d tensor integer (never a bool)."""
-    if isinstance(value, bool) or getattr(value, "dtype", None) == torch.bool:
-        return False
-    if isinstance(value, torch.Tensor):
-        return value.dim() == 0 and not value.is_floating_point() and not value.is_complex()
-    return hasattr(value, "__index__")
+    """A Python, NumPy or 0-d tensor integer (never a bool, never an array with dimensions)."""
+    value = python_scalar(value)
+    return hasattr(value, "__index__") and not isinstance(value, bool) and getattr(value, "ndim", None) is None
 
 
-def _is_real(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+def as_real(value: Any) -> int | float | None:
+    """`value` as a Python int or float when it is a real number a float can hold: a Python, NumPy or 0-d
+    tensor integer or float (NaN and infinities included; never a bool or complex). None otherwise, an
+    integer too large for a float (10**400) included, so a caller refuses it with its own message."""
+    value = python_scalar(value)
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+        return value if abs(value) <= _LARGEST_FLOAT else None
+    return float(value)
+
+
+_LARGEST_FLOAT = int(sys.float_info.max)
 
 
 def schedule_weights(
@@ -192,12 +213,12 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
         raise TypeError(
             "secure_schedule must be Step(L), Linear(L), Power(L, gamma), Segments(boundary, before, after), "
             f"a dict such as {{'schedule': 'step', 'L': 1}}, or None; "
-            f"got {type(schedule).__name__} {_short(schedule)}"
+            f"got {type(schedule).__name__} {short_repr(schedule)}"
         )
     name = schedule.get("schedule")
     if not isinstance(name, str) or name.lower() not in SCHEDULES:
         raise ValueError(
-            f"unknown schedule {_short(name)} in secure_schedule; the 'schedule' key must be one of "
+            f"unknown schedule {short_repr(name)} in secure_schedule; the 'schedule' key must be one of "
             f"{', '.join(repr(known) for known in SCHEDULES)}"
         )
     cls = SCHEDULES[name.lower()]
@@ -217,6 +238,10 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
     return cls(**options)
 
 
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
+def short_repr(value: Any, limit: int = 80) -> str:
+    """repr(value) cut to `limit` characters (an integer too long to print: its size in bits)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int beyond Python's digit limit for str()
+        return f"an integer of {value.bit_length()} bits"
     return text if len(text) <= limit else text[: limit - 3] + "..."

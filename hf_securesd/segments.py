@@ -76,8 +76,8 @@ def _token_ids(value: Any) -> tuple[int, ...] | None:
     """`value` as a tuple of token ids when it is an int or a sequence of ints, else None."""
     if is_integer(value):
         return (int(value),)
-    if isinstance(value, torch.Tensor):
-        value = value.tolist() if value.dim() <= 1 else None
+    if getattr(value, "ndim", None) == 1 and callable(getattr(value, "tolist", None)):
+        value = value.tolist()  # a 1-d tensor or NumPy array of ids
     if isinstance(value, (list, tuple)) and value and all(is_integer(item) for item in value):
         return tuple(int(item) for item in value)
     return None

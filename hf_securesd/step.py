@@ -17,6 +17,17 @@ target's argmax x*, then take x*") is decided on the host from x* and the drafts
 few hundred entries that is several times cheaper than the same decision as torch operations, and it
 is the same integer decision (`_greedy_lossless_on_host`).
 
+The round is checked before it is verified, each check naming the field and the fix: every tensor's
+shape against (B, k, V); draft_counts within [0, k]; every usable draft id (entries past a row's count are
+ignored) within [0, V), except in a greedy lossless round, whose rule accepts a draft only when it equals
+x* (an id outside the vocabulary is rejected like any other mismatch, and V may be unknown there); and the
+target's distribution at every position (NaN, +inf at T > 0, or every token masked raise
+`UnusableTargetError`, where q or x* is computed). Shapes are read from Python attributes. The host path
+checks the counts on the lists it builds and not the target's logits: it reads x* alone, as the engines
+give it (vLLM) or after they checked the logits (generate raises NonFiniteLogitsError first). A tensor
+round's ranges cost one read on the host (`_checked`; adapters that build their rounds from their engine's
+own ids skip it with `check_ranges=False`). A round of no rows gives a `StepOutput` of no rows.
+
 Example (two rows, different verifiers, one-hot drafts):
 
 ```python
@@ -32,7 +43,7 @@ Example (two rows, different verifiers, one-hot drafts):
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Callable, Sequence
 
@@ -42,7 +53,7 @@ from .argmax import vocab_argmax
 from .host_values import long_tensor
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Linear, Power, Schedule, Step, schedule_weights
-from .verifiers.base import RoundInputs, Verifier
+from .verifiers.base import RoundInputs, UnusableTargetError, Verifier
 
 
 @dataclass(frozen=True, eq=False)
@@ -187,24 +198,41 @@ def round_weights(round_: VerificationRound) -> torch.Tensor:
     return eta
 
 
-def verify_step(round_: VerificationRound, collect_deviation: bool = False) -> StepOutput:
+def verify_step(
+    round_: VerificationRound, collect_deviation: bool = False, check_ranges: bool = True
+) -> StepOutput:
     """Verify every row of `round_` with its own verifier, schedule and generator (see the module doc).
 
     collect_deviation: also return the exact per-position TV deviation (closed form at T = 0; at T > 0
-    a vocabulary-wide evaluation of the rule, so ask only when it is reported)."""
-    batch, k = round_.draft_tokens.shape
+    a vocabulary-wide evaluation of the rule, so ask only when it is reported).
+    check_ranges: check draft_counts and the usable draft ids on a tensor round (`_checked`: a few small
+    operations and a read on the host). The engines' adapters pass False: they build every round from
+    their own engine's token ids and counts, and the check would cost each step that read; shapes and
+    the target's distribution are always checked.
+
+    Raises ValueError naming the field for a round that breaks `VerificationRound`'s contract, and
+    `UnusableTargetError` (a ValueError) naming the row and position where the target gives no distribution."""
+    batch, k, vocab = _round_shape(round_)
     device = round_.draft_tokens.device
+    if batch == 0:
+        return _empty_output(k, device, collect_deviation)
     groups = _groups(round_)
     if len(groups) == 1:
         (verifier, greedy), _ = next(iter(groups.items()))
-        if greedy and verifier.is_lossless and _weights_cannot_fail(round_):
+        greedy_lossless = greedy and verifier.is_lossless
+        if greedy_lossless and _weights_cannot_fail(round_):
             # The rule reads no weight: eta is evaluated only if the caller reads it.
-            deferred = partial(round_weights, round_)
             if device.type == "cpu" and not collect_deviation:
                 _check_target_given(round_, verifier, greedy)
-                return _greedy_lossless_on_host(round_, deferred)
-            return _verify_group(round_, verifier, greedy, None, deferred, collect_deviation)
+                return _greedy_lossless_on_host(round_, partial(round_weights, round_))
+            if check_ranges:
+                round_ = _checked(round_, k, vocab, drafts_too=False)
+            return _verify_group(round_, verifier, greedy, None, partial(round_weights, round_), collect_deviation)
+        if check_ranges:
+            round_ = _checked(round_, k, vocab, drafts_too=not greedy_lossless)
         return _verify_group(round_, verifier, greedy, None, round_weights(round_), collect_deviation)
+    if check_ranges:
+        round_ = _checked(round_, k, vocab, drafts_too=True)
     eta = round_weights(round_)
     accepted = torch.zeros(batch, dtype=torch.long, device=device)
     next_tokens = torch.zeros(batch, dtype=torch.long, device=device)
@@ -228,7 +256,12 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
     x_star = round_.target_argmax
     if x_star is None:
         x_star = vocab_argmax(round_.target_logits)
-    counts = [k] * batch if round_.draft_counts is None else round_.draft_counts.tolist()
+    if round_.draft_counts is None:
+        counts = [k] * batch
+    else:
+        counts = round_.draft_counts.tolist()
+        if min(counts) < 0 or max(counts) > k:
+            _raise_bad_count(counts, k)
     accepted, next_tokens = [], []
     for drafts, best, count in zip(round_.draft_tokens.tolist(), x_star.tolist(), counts):
         kept = 0
@@ -241,6 +274,107 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
         return (round_.draft_tokens == x_star[:, :k]).float()
 
     return StepOutput(None, None, alpha, eta, host=(accepted, next_tokens))
+
+
+def _round_shape(round_: VerificationRound) -> tuple[int, int, int | None]:
+    """(B, k, V) of `round_` (V None when no tensor has a vocabulary), once every field agrees with them
+    (Python attribute reads only); ValueError naming the field and the shape it must have otherwise."""
+    drafts = round_.draft_tokens
+    if drafts.dim() != 2 or drafts.dtype.is_floating_point or drafts.dtype == torch.bool:
+        raise ValueError(
+            f"VerificationRound.draft_tokens must be a [B, k] tensor of token ids, got {drafts.dtype} of shape "
+            f"{tuple(drafts.shape)}"
+        )
+    batch, k = drafts.shape
+    if len(round_.rows) != batch:
+        raise ValueError(
+            f"VerificationRound.rows holds {len(round_.rows)} RowSpecs but draft_tokens has {batch} rows; give "
+            "one RowSpec per row"
+        )
+    vocab = next((tensor.shape[-1] for tensor in _vocabulary_tensors(round_) if tensor is not None), None)
+    for name, shape in _expected_shapes(batch, k, vocab):
+        tensor = getattr(round_, name)
+        if isinstance(tensor, torch.Tensor) and tensor.shape != shape:
+            raise ValueError(
+                f"VerificationRound.{name} has shape {tuple(tensor.shape)}, but the round has B={batch} rows, "
+                f"k={k} drafts{'' if vocab is None else f' and V={vocab} tokens'}: give {name} of shape {shape} "
+                "(see VerificationRound)"
+            )
+    if round_.responses is not None and len(round_.responses) != batch:
+        raise ValueError(
+            f"VerificationRound.responses holds {len(round_.responses)} rows but the round has {batch}; give "
+            "each row's committed response tokens, or None"
+        )
+    return batch, k, vocab
+
+
+def _vocabulary_tensors(round_: VerificationRound) -> tuple[torch.Tensor | None, ...]:
+    """The round's tensors with a vocabulary dimension (last), in the order V is read from."""
+    return (round_.target_logits, round_.target_raw_logits, round_.draft_logits, round_.draft_raw_logits,
+            round_.draft_probs)
+
+
+def _expected_shapes(batch: int, k: int, vocab: int | None) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    """(field, shape) of every optional tensor field of a round of B rows, k drafts and V tokens."""
+    per_row = (("starts", (batch,)), ("draft_counts", (batch,)), ("greedy", (batch,)),
+               ("target_argmax", (batch, k + 1)))
+    if vocab is None:
+        return per_row
+    return per_row + (
+        ("target_logits", (batch, k + 1, vocab)), ("target_raw_logits", (batch, k + 1, vocab)),
+        ("draft_logits", (batch, k, vocab)), ("draft_raw_logits", (batch, k, vocab)),
+        ("draft_probs", (batch, k, vocab)),
+    )
+
+
+def _empty_output(k: int, device: torch.device, collect_deviation: bool) -> StepOutput:
+    """The output of a round of no rows: accepted and next_tokens [0], alpha, eta (and deviation) [0, k]."""
+    none = torch.zeros(0, dtype=torch.long, device=device)
+    per_draft = torch.zeros(0, k, dtype=torch.float32, device=device)
+    return StepOutput(none, none, per_draft, per_draft, per_draft if collect_deviation else None)
+
+
+def _checked(round_: VerificationRound, k: int, vocab: int | None, drafts_too: bool) -> VerificationRound:
+    """`round_` once draft_counts [B] lie within [0, k] and, with `drafts_too` (and V known), every usable
+    draft id within [0, V); then the round with its ignored entries (past a row's count) set to token 0, so
+    no rule reads an id such as -1 there (a greedy lossless rule compares drafts with x* only: its round is
+    returned as is). At most one minimum/maximum per tensor, read on the host at once. ValueError naming the
+    first row that breaks a range."""
+    counts = round_.draft_counts
+    drafts = round_.draft_tokens if drafts_too and vocab is not None and round_.draft_tokens.numel() else None
+    if counts is not None and drafts is not None:
+        drafts = torch.where(torch.arange(k, device=counts.device) < counts[:, None], drafts, 0)
+    bounds = [bound for tensor in (counts, drafts) if tensor is not None for bound in torch.aminmax(tensor)]
+    if not bounds:
+        return round_
+    values = torch.stack(bounds).tolist()
+    if counts is not None and (values[0] < 0 or values[1] > k):
+        _raise_bad_count(counts.tolist(), k)
+    if drafts is None:
+        return round_
+    if values[-2] < 0 or values[-1] >= vocab:
+        _raise_bad_draft(drafts, vocab)
+    return round_ if drafts is round_.draft_tokens else replace(round_, draft_tokens=drafts)
+
+
+def _raise_bad_count(counts: list[int], k: int) -> None:
+    """Raise ValueError naming the first row whose draft count lies outside [0, k]."""
+    row, count = next((row, count) for row, count in enumerate(counts) if not 0 <= count <= k)
+    raise ValueError(
+        f"VerificationRound.draft_counts[{row}] = {count}, outside [0, k] with k = {k} (draft_tokens' columns): "
+        "give each row the number of its drafts that may be kept, or None for k in every row"
+    )
+
+
+def _raise_bad_draft(drafts: torch.Tensor, vocab: int) -> None:
+    """Raise ValueError naming the first usable draft of drafts [B, k] (the ignored entries already 0) whose
+    id lies outside [0, V)."""
+    row, position = ((drafts < 0) | (drafts >= vocab)).nonzero()[0].tolist()
+    raise ValueError(
+        f"VerificationRound.draft_tokens[{row}, {position}] = {int(drafts[row, position])} is a usable draft "
+        f"(within the row's draft count) but not a token id of the V = {vocab} vocabulary: give ids in [0, V), "
+        "or a draft count that stops before an invalid draft (entries past it are ignored)"
+    )
 
 
 def _check_target_given(round_: VerificationRound, verifier: Verifier, greedy: bool) -> None:
@@ -304,7 +438,12 @@ def _verify_group(
         given_draft_probs=pick(round_.draft_probs),
     )
     weights = eta if isinstance(eta, torch.Tensor) else None
-    accepted, next_tokens, alpha = verify_round(verifier, round_inputs, weights)
+    try:
+        accepted, next_tokens, alpha = verify_round(verifier, round_inputs, weights)
+    except UnusableTargetError as error:
+        if index is None:
+            raise
+        raise error.in_round(index.tolist()) from None
     deviation = None
     if collect_deviation and round_inputs.num_draft_tokens:
         deviation = (

@@ -28,9 +28,11 @@ _SAME_LENGTH_CRITERIA = (MaxLengthCriteria, MaxTimeCriteria)
 
 
 def resolve_request(
-    verifier: Any, secure_schedule: Any, num_assistant_tokens: Any
+    verifier: Any, secure_schedule: Any, num_assistant_tokens: Any, draft_length_field: str = "num_assistant_tokens"
 ) -> tuple[Verifier, Schedule | None, int]:
-    """Turn user-facing arguments into (verifier, schedule, k), validating each."""
+    """Turn user-facing arguments into (verifier, schedule, k), validating each. `draft_length_field` is the
+    argument k came from (`prompt_lookup_num_tokens` with prompt lookup), named when the verifier cannot
+    work with k."""
     if verifier is None:
         raise SecureSDConfigError(
             "secure_schedule was given without a verifier; pass verifier='mars' (or another name) "
@@ -47,7 +49,14 @@ def resolve_request(
     if not is_integer(k) or int(k) < 1:
         raise SecureSDConfigError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
     k = int(k)
-    resolved.check_draft_length(k)
+    try:
+        resolved.check_draft_length(k)
+    except ValueError as error:
+        smallest = resolved.needs().min_draft_tokens
+        raise SecureSDConfigError(
+            f"{error} (k is {draft_length_field}={k} here: set {draft_length_field}={max(smallest, 2)} or more, "
+            "or change the verifier)"
+        ) from None
     return resolved, schedule, k
 
 
@@ -131,7 +140,8 @@ def check_lengths(max_new_tokens: Any, max_length: Any) -> None:
 
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
     """The prompt [B, P] must hold integer token ids, at least one row and one token per row, and the attention
-    mask, if any, its shape with no row padded on the right (a row's next token would follow its padding)."""
+    mask, if any, its shape, only 0s and 1s, and no row padded on the right (a row's next token would follow
+    its padding)."""
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise SecureSDConfigError(
             f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the tokenizer's input_ids "
@@ -152,6 +162,14 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
         raise SecureSDConfigError(
             f"attention_mask has shape {tuple(attention_mask.shape)} but input_ids has shape {tuple(input_ids.shape)}; "
             "pass the mask the tokenizer returned with the same input_ids"
+        )
+    binary = (attention_mask == 0) | (attention_mask == 1)
+    if not bool(binary.all()):
+        value = attention_mask[~binary][0].item()
+        raise SecureSDConfigError(
+            f"attention_mask holds {value!r}, but a mask marks each token 1 (attended) or 0 (padding); other values "
+            "are not a padding mask (transformers would count them into position ids): pass the mask the "
+            "tokenizer returned"
         )
     attended = attention_mask != 0  # [B, P]
     right_padded = (~attended[:, -1] & attended.any(dim=-1)).nonzero()[:, 0].tolist()

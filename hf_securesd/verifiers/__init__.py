@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..schedules import short_repr
 from .base import RoundInputs, Verifier
 from .bild import BiLD
 from .fly import FLy
@@ -42,10 +43,15 @@ def resolve_verifier(verifier: str | Verifier | dict[str, Any]) -> Verifier:
 
 
 def _lookup(name: Any) -> type[Verifier]:
-    key = name.lower() if isinstance(name, str) else name
-    if key not in VERIFIERS:
-        raise ValueError(f"unknown verifier {name!r}; valid names: {', '.join(VERIFIERS)}")
-    return VERIFIERS[key]
+    """The class of the verifier `name` (case-insensitive); ValueError naming the valid names otherwise."""
+    if not isinstance(name, str):
+        raise ValueError(
+            f"a verifier's name must be a string, one of {', '.join(VERIFIERS)}; got {type(name).__name__} "
+            f"{short_repr(name)}"
+        )
+    if name.lower() not in VERIFIERS:
+        raise ValueError(f"unknown verifier {short_repr(name)}; valid names: {', '.join(VERIFIERS)}")
+    return VERIFIERS[name.lower()]
 
 
 __all__ = [

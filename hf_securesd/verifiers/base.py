@@ -24,6 +24,12 @@ import torch
 
 from ..argmax import vocab_argmax
 from ..draws import draw_rows
+from ..schedules import as_real, is_integer, python_scalar, short_repr
+
+# A knob's infinite value (FLy's lossless tau) in `Verifier.to_dict()`: strict JSON has no Infinity.
+INFINITY = "inf"
+# The largest integer an integer knob may hold (a window or a top-k beyond it cannot index a tensor).
+LARGEST_INTEGER_KNOB = 2**63 - 1
 
 
 @dataclass(eq=False)
@@ -83,8 +89,13 @@ class RoundInputs:
 
     @cached_property
     def target_probs(self) -> torch.Tensor:
-        """q: [B, k+1, V]; one-hot on the argmax when greedy."""
-        return _distribution(self.target_logits, self.greedy)
+        """q: [B, k+1, V]; one-hot on the argmax when greedy. At T > 0 a position whose processed logits
+        give no distribution (NaN, +inf, every token -inf) raises `UnusableTargetError`: a softmax row
+        holds NaN in every entry exactly when that happens, so one entry per row is summed to find out."""
+        q = _distribution(self.target_logits, self.greedy)
+        if not self.greedy and math.isnan(float(q[..., 0].sum())):
+            raise_unusable(self.target_logits, greedy=False)
+        return q
 
     @cached_property
     def draft_probs(self) -> torch.Tensor:
@@ -110,6 +121,12 @@ class RoundInputs:
     @cached_property
     def constrained_raw_logits(self) -> torch.Tensor:
         """[B, k+1, V] raw target logits, -inf where the processed target logits forbid a token."""
+        if self.target_raw_logits is None:
+            raise ValueError(
+                "VerificationRound.target_raw_logits is None, but a relaxed rule of this round reads the target's "
+                "raw logits: give target_raw_logits [B, k+1, V] (the model's logits before the processors; the "
+                "processed logits themselves when nothing processed them)"
+            )
         if self.unconstrained:
             return self.target_raw_logits
         return self.target_raw_logits.masked_fill(~self.target_allowed, float("-inf"))
@@ -132,10 +149,16 @@ class RoundInputs:
 
     @cached_property
     def target_argmax(self) -> torch.Tensor:
-        """x*: [B, k+1] argmax of the processed target logits (the target's greedy choice)."""
+        """x*: [B, k+1] argmax of the processed target logits (the target's greedy choice). Computed here, a
+        position without one (a NaN logit, every token -inf) raises `UnusableTargetError`: the logits at
+        x* are summed, which is finite unless some position's is NaN or infinite. A given x* is the
+        engine's, taken as is."""
         if self.given_target_argmax is not None:
             return self.given_target_argmax
-        return vocab_argmax(self.target_logits)
+        x_star = vocab_argmax(self.target_logits)
+        if not math.isfinite(float(self.target_logits.gather(-1, x_star[..., None]).sum())):
+            raise_unusable(self.target_logits, greedy=True)
+        return x_star
 
     def row_draft_lengths(self) -> torch.Tensor:
         """[B] long: drafts each row may keep."""
@@ -195,6 +218,52 @@ class RoundInputs:
     def sample_rows(self, probs: torch.Tensor) -> torch.Tensor:
         """probs [B, V] -> [B] long, one draw per row (with its own generator when set; `draws.draw_rows`)."""
         return draw_rows(probs, self.generators)
+
+
+class UnusableTargetError(ValueError):
+    """A row's processed target logits give no distribution at some position (NaN, every token -inf or, at
+    T > 0, +inf), so no token can be verified or drawn there.
+
+    Args:
+        row: the row, counted in the rows the verifier was given (`in_round` renumbers it).
+        position: the position in the row, 0..k (k: the bonus position of a row with k drafts).
+        problem: what the logits hold there.
+    """
+
+    def __init__(self, row: int, position: int, problem: str) -> None:
+        self.row, self.position, self.problem = row, position, problem
+        super().__init__(
+            f"row {row}, position {position}: the processed target logits {problem}, so there is no target "
+            "distribution to verify against or draw from; check the target model's output and the logits "
+            "processors before verifying (generate checks them and raises NonFiniteLogitsError)"
+        )
+
+    def in_round(self, rows: Sequence[int]) -> "UnusableTargetError":
+        """The same error with its row numbered in the round, whose rows `rows` [G] the verifier was given."""
+        return UnusableTargetError(rows[self.row], self.position, self.problem)
+
+
+def raise_unusable(logits: torch.Tensor, greedy: bool) -> None:
+    """Raise `UnusableTargetError` for the first position of logits [B, n, V] that gives no distribution: a NaN
+    logit, every logit -inf or, when sampling (greedy False), a +inf logit (the softmax of which is
+    undefined). Returns when there is none (a check that only suspected one: an overflowing sum)."""
+    nan = logits.isnan().any(dim=-1)
+    masked = (logits == -math.inf).all(dim=-1)
+    bad = nan | masked
+    if not greedy:
+        bad = bad | (logits == math.inf).any(dim=-1)
+    found = bad.nonzero()
+    if not len(found):
+        return
+    row, position = found[0].tolist()
+    if nan[row, position]:
+        problem = "hold NaN"
+    elif masked[row, position]:
+        problem = "are -inf for every token (every token is masked)"
+    else:
+        token = int((logits[row, position] == math.inf).nonzero()[0, 0])
+        problem = f"hold +inf (token {token}), whose softmax is undefined at T > 0"
+    raise UnusableTargetError(row, position, problem)
 
 
 def _distribution(logits: torch.Tensor, greedy: bool) -> torch.Tensor:
@@ -343,8 +412,9 @@ class Verifier(ABC):
         return getattr(self, self.knob) == self.lossless_value
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-safe form, used by `GenerationConfig` serialisation, hashing and repr."""
-        return {"verifier": self.name, **asdict(self)}
+        """JSON-safe form (strict JSON: an infinite knob is the string "inf"), used by `GenerationConfig`
+        serialisation, hashing and repr."""
+        return {"verifier": self.name, **{name: _to_json(value) for name, value in asdict(self).items()}}
 
     @classmethod
     def sweep(cls, **fixed: Any) -> list["Verifier"]:
@@ -357,7 +427,17 @@ class Verifier(ABC):
         unknown = set(values) - names
         if unknown:
             raise ValueError(f"{cls.__name__} has no option(s) {sorted(unknown)}; valid options: {sorted(names)}")
-        return cls(**values)
+        return cls(**{name: math.inf if _is_infinity(value) else value for name, value in values.items()})
+
+
+def _is_infinity(value: Any) -> bool:
+    """The string `to_dict` writes for an infinite knob."""
+    return isinstance(value, str) and value == INFINITY
+
+
+def _to_json(value: Any) -> Any:
+    """A knob value as strict JSON holds it: +inf as `INFINITY` (knobs are never NaN or -inf)."""
+    return INFINITY if isinstance(value, float) and math.isinf(value) else value
 
 
 def require(condition: bool, message: str) -> None:
@@ -366,5 +446,38 @@ def require(condition: bool, message: str) -> None:
         raise ValueError(message)
 
 
-def is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+def set_real(config: "Verifier", name: str, valid: Callable[[float], bool], rule: str) -> None:
+    """Check the real knob `name` of the frozen `config` and store it as a Python int or float.
+
+    Accepted: a Python, NumPy or 0-d tensor integer or float for which `valid` holds (never NaN, a bool, or
+    an integer too large for a float). Otherwise ValueError(f"{rule}, got <the value>")."""
+    given = getattr(config, name)
+    value = as_real(given)
+    beyond = " (an integer beyond the float range)" if value is None and is_integer(given) else ""
+    require(value is not None and valid(value), f"{rule}, got {short_repr(given)}{beyond}")
+    object.__setattr__(config, name, value)
+
+
+def set_integer(config: "Verifier", name: str, smallest: int, rule: str) -> None:
+    """Check the integer knob `name` of the frozen `config` (a Python, NumPy or 0-d tensor integer from
+    `smallest` to `LARGEST_INTEGER_KNOB`, never a bool) and store it as a Python int; ValueError(f"{rule},
+    got <the value>") otherwise."""
+    given = getattr(config, name)
+    value = int(python_scalar(given)) if is_integer(given) else None
+    require(
+        value is not None and smallest <= value <= LARGEST_INTEGER_KNOB,
+        f"{rule} (at most 2**63 - 1), got {short_repr(given)}",
+    )
+    object.__setattr__(config, name, value)
+
+
+def set_choice(config: "Verifier", name: str, choices: tuple[str, ...]) -> None:
+    """Check the option string `name` of the frozen `config` against `choices` (lower case), ignoring case as
+    verifier names do, and store it in lower case; ValueError naming the choices otherwise."""
+    given = getattr(config, name)
+    value = given.lower() if isinstance(given, str) else None
+    require(
+        value in choices,
+        f"{type(config).__name__} {name} must be one of {', '.join(map(repr, choices))}, got {short_repr(given)}",
+    )
+    object.__setattr__(config, name, value)

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, is_number, is_target_choice, lossless_acceptance, lossless_recovery, require
+from .base import Needs, RoundInputs, Verifier, gather, is_target_choice, lossless_acceptance, lossless_recovery, set_real
 
 
 @dataclass(frozen=True)
@@ -39,11 +39,9 @@ class BiLD(Verifier):
     sweep_values = (0.0, 1.0, 2.0, 3.0, 5.0, 8.0)
 
     def __post_init__(self) -> None:
-        require(is_number(self.tau_rb) and self.tau_rb >= 0, f"BiLD tau_rb must be >= 0 nats (0 = lossless), got {self.tau_rb!r}")
-        require(
-            is_number(self.tau_fb) and 0.0 <= self.tau_fb <= 1.0,
-            f"BiLD tau_fb must be a probability in [0, 1] (0 = fallback off), got {self.tau_fb!r}",
-        )
+        set_real(self, "tau_rb", lambda tau: tau >= 0, "BiLD tau_rb must be >= 0 nats (0 = lossless)")
+        set_real(self, "tau_fb", lambda tau: 0.0 <= tau <= 1.0,
+                 "BiLD tau_fb must be a probability in [0, 1] (0 = fallback off)")
 
     @property
     def is_lossless(self) -> bool:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, lossless_acceptance, require
+from .base import Needs, RoundInputs, Verifier, gather, lossless_acceptance, require, set_integer, set_real
 
 
 def top3_entropy(probs: torch.Tensor) -> torch.Tensor:
@@ -52,25 +52,19 @@ class FLy(Verifier):
     sweep_values = (math.inf, 1.0, 0.6, 0.3, 0.1)
 
     def __post_init__(self) -> None:
-        require(
-            isinstance(self.tau, (int, float)) and not isinstance(self.tau, bool) and self.tau >= 0,
-            f"FLy tau must be >= 0 (float('inf') = lossless), got {self.tau!r}",
-        )
-        require(
-            isinstance(self.window, int) and not isinstance(self.window, bool) and self.window >= 1,
-            f"FLy window W must be an integer >= 1, got {self.window!r}",
-        )
+        set_real(self, "tau", lambda tau: tau >= 0, "FLy tau must be >= 0 (float('inf') = lossless)")
+        set_integer(self, "window", 1, "FLy window W must be an integer >= 1")
 
     def check_draft_length(self, num_draft_tokens: int) -> None:
         require(
             num_draft_tokens >= 2,
-            f"FLy needs at least 2 drafted tokens per round (its window W >= 1 must satisfy W <= k-1), but k "
-            f"(num_assistant_tokens) = {num_draft_tokens}; draft more tokens, e.g. num_assistant_tokens=5",
+            f"FLy needs at least 2 drafted tokens per round (its window W >= 1 must satisfy W <= k-1), but the "
+            f"draft length k = {num_draft_tokens}; draft more tokens per round",
         )
         require(
             self.window <= num_draft_tokens - 1,
-            f"FLy window W={self.window} needs W <= k-1 but k (num_assistant_tokens) = {num_draft_tokens}; "
-            f"use FLy(window={num_draft_tokens - 1}) or draft more tokens",
+            f"FLy window W={self.window} needs W <= k-1 but the draft length k = {num_draft_tokens}; "
+            f"use FLy(window={num_draft_tokens - 1}) or draft {self.window + 1} or more tokens per round",
         )
 
     def needs(self) -> Needs:

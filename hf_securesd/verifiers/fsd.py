@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, is_number, is_target_choice, require
+from .base import Needs, RoundInputs, Verifier, is_target_choice, set_choice, set_real
 
 DIVERGENCES = ("js", "kl", "tv")
 
@@ -51,8 +51,8 @@ class FSD(Verifier):
     sweep_values = (0.0, 0.02, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6)
 
     def __post_init__(self) -> None:
-        require(self.divergence in DIVERGENCES, f"FSD divergence must be one of {DIVERGENCES}, got {self.divergence!r}")
-        require(is_number(self.tau) and self.tau >= 0, f"FSD tau must be >= 0 (0 = lossless), got {self.tau!r}")
+        set_choice(self, "divergence", DIVERGENCES)
+        set_real(self, "tau", lambda tau: tau >= 0, "FSD tau must be >= 0 (0 = lossless)")
 
     def needs(self) -> Needs:
         return Needs(raw_draft_logits="FSD compares the draft's distribution with the target's (D(q~, p~))")

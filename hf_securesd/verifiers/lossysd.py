@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, gather, is_number, is_target_choice, lossless_acceptance, require
+from .base import RoundInputs, Verifier, gather, is_target_choice, lossless_acceptance, set_real
 
 
 @dataclass(frozen=True)
@@ -36,10 +36,8 @@ class LossySD(Verifier):
     sweep_values = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.8)
 
     def __post_init__(self) -> None:
-        require(
-            is_number(self.epsilon) and 0.0 <= self.epsilon <= 1.0,
-            f"LossySD epsilon must be in [0, 1] (0 = lossless, 1 = accept all), got {self.epsilon!r}",
-        )
+        set_real(self, "epsilon", lambda epsilon: 0.0 <= epsilon <= 1.0,
+                 "LossySD epsilon must be in [0, 1] (0 = lossless, 1 = accept all)")
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         if round_inputs.greedy:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import RoundInputs, Verifier, is_number, is_target_choice, lossless_acceptance, require
+from .base import RoundInputs, Verifier, is_target_choice, lossless_acceptance, set_real
 
 
 @dataclass(frozen=True)
@@ -18,6 +18,7 @@ class MARS(Verifier):
     * T > 0: if close, accept x in {v1, v2}; otherwise the lossless rule. Recovery: residual.
 
     z1 > 0 is required because the ratio is not shift invariant and must not fire on negative logits.
+    A one-token vocabulary has no runner-up: nothing is ever close, and the rule is the lossless one.
 
     With a one-hot draft (prompt lookup, n-gram, greedy EAGLE; p = 1_x) the rule is unchanged at T = 0;
     at T > 0 a close x in {v1, v2} is accepted, any other x with probability q(x), and the recovery is
@@ -37,18 +38,22 @@ class MARS(Verifier):
     sweep_values = (1.0, 0.98, 0.95, 0.9, 0.85, 0.8, 0.7, 0.5)
 
     def __post_init__(self) -> None:
-        require(
-            is_number(self.theta) and 0.0 < self.theta <= 1.0,
-            f"MARS theta must be in (0, 1] (1 = lossless, smaller = more lenient), got {self.theta!r}",
-        )
+        set_real(self, "theta", lambda theta: 0.0 < theta <= 1.0,
+                 "MARS theta must be in (0, 1] (1 = lossless, smaller = more lenient)")
 
-    def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+    def _lenient(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        """bool [B, k, C]: the candidate is v1 or v2 at a position where the runner-up is close."""
         logits = round_inputs.constrained_raw_logits[:, : round_inputs.num_draft_tokens]
+        if logits.shape[-1] < 2:  # no runner-up
+            return torch.zeros(candidates.shape, dtype=torch.bool, device=candidates.device)
         top = logits.topk(2, dim=-1)
         z1, z2 = top.values[..., :1], top.values[..., 1:]
         close = (z1 > 0) & (z2 > self.theta * z1)
         in_top2 = (candidates == top.indices[..., :1]) | (candidates == top.indices[..., 1:])
-        lenient = close & in_top2
+        return close & in_top2
+
+    def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
+        lenient = self._lenient(round_inputs, candidates)
         if round_inputs.greedy:
             return (is_target_choice(round_inputs, candidates) | lenient).to(torch.float32)
         return torch.where(lenient, torch.ones_like(candidates, dtype=torch.float32), lossless_acceptance(round_inputs, candidates))

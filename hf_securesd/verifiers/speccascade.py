@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, is_number, is_target_choice, normalized_positive_part, require
+from .base import Needs, RoundInputs, Verifier, gather, is_target_choice, normalized_positive_part, set_choice, set_real
 
 RULES = ("token", "chow")
 
@@ -43,8 +43,8 @@ class SpecCascade(Verifier):
     sweep_values = (0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 
     def __post_init__(self) -> None:
-        require(is_number(self.a) and 0.0 <= self.a <= 1.0, f"SpecCascade a must be in [0, 1] (0 = lossless), got {self.a!r}")
-        require(self.rule in RULES, f"SpecCascade rule must be one of {RULES}, got {self.rule!r}")
+        set_real(self, "a", lambda a: 0.0 <= a <= 1.0, "SpecCascade a must be in [0, 1] (0 = lossless)")
+        set_choice(self, "rule", RULES)
 
     def _lenient_set(self, round_inputs: RoundInputs) -> torch.Tensor:
         """bool [B, k, V]: tokens the rule lets the draft keep."""

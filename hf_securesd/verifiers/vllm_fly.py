@@ -7,15 +7,11 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, is_number, require
+from .base import Needs, RoundInputs, Verifier, gather, require, set_integer, set_real
 
 # vLLM 0.33 `SpeculativeConfig` defaults (vllm/config/speculative.py: fly_entropy_threshold=0.3,
 # fly_entropy_top_k=3, fly_window_size=None -> min(6, num_speculative_tokens - 1)).
 DEFAULT_MAX_WINDOW = 6
-
-
-def _is_integer(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def top_k_entropy(probs: torch.Tensor, top_k: int) -> torch.Tensor:
@@ -79,19 +75,11 @@ class VLLMFLy(Verifier):
     sweep_values = (math.inf, 1.0, 0.6, 0.3, 0.1)
 
     def __post_init__(self) -> None:
-        require(
-            is_number(self.entropy_threshold) and self.entropy_threshold >= 0,
-            "vllm_fly entropy_threshold must be a number >= 0 (float('inf') = lossless), "
-            f"got {self.entropy_threshold!r}",
-        )
-        require(
-            self.window is None or (_is_integer(self.window) and self.window >= 1),
-            f"vllm_fly window W must be None (min(6, k - 1)) or an integer >= 1, got {self.window!r}",
-        )
-        require(
-            _is_integer(self.entropy_top_k) and self.entropy_top_k >= 1,
-            f"vllm_fly entropy_top_k must be an integer >= 1, got {self.entropy_top_k!r}",
-        )
+        set_real(self, "entropy_threshold", lambda tau: tau >= 0,
+                 "vllm_fly entropy_threshold must be a number >= 0 (float('inf') = lossless)")
+        if self.window is not None:
+            set_integer(self, "window", 1, "vllm_fly window W must be None (min(6, k - 1)) or an integer >= 1")
+        set_integer(self, "entropy_top_k", 1, "vllm_fly entropy_top_k must be an integer >= 1")
 
     def window_for(self, num_draft_tokens: int) -> int:
         """W for a row that drafted n tokens: `window`, or vLLM's default min(6, n - 1) (0: no window)."""
@@ -102,14 +90,13 @@ class VLLMFLy(Verifier):
     def check_draft_length(self, num_draft_tokens: int) -> None:
         require(
             num_draft_tokens >= 2,
-            "vllm_fly needs at least 2 drafted tokens per round (as vLLM's FLy does), but k "
-            f"(num_assistant_tokens / num_speculative_tokens) = {num_draft_tokens}; draft more tokens",
+            "vllm_fly needs at least 2 drafted tokens per round (as vLLM's FLy does), but the draft length "
+            f"k = {num_draft_tokens}; draft more tokens per round",
         )
         require(
             self.window_for(num_draft_tokens) < num_draft_tokens,
-            f"vllm_fly window W={self.window} must be smaller than k (num_assistant_tokens / "
-            f"num_speculative_tokens) = {num_draft_tokens}; use window={num_draft_tokens - 1}, "
-            "window=None (min(6, k - 1)) or draft more tokens",
+            f"vllm_fly window W={self.window} must be smaller than the draft length k = {num_draft_tokens}; use "
+            f"window={num_draft_tokens - 1}, window=None (min(6, k - 1)) or draft more tokens per round",
         )
 
     def needs(self) -> Needs:

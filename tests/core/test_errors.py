@@ -191,6 +191,18 @@ def test_right_padded_rows_are_refused(llama_pair, forward_calls):
     assert forward_calls["n"] == 0
 
 
+@pytest.mark.parametrize("mask, value", [([[2] * 5], "2"), ([[0, 1, 1, -1, 1]], "-1"), ([[1.0, 0.5, 1.0, 1.0, 1.0]], "0.5")])
+def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(llama_pair, forward_calls, mask, value):
+    """Such a mask was neither honoured nor refused (plain decoding counts its values into position ids)."""
+    draft, target = llama_pair
+    for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
+        with pytest.raises(SecureSDConfigError, match=rf"attention_mask holds {value}, but a mask marks each token 1"):
+            target.generate(PROMPT, attention_mask=torch.tensor(mask), max_new_tokens=4, verifier="lossless", **proposer)
+    assert forward_calls["n"] == 0
+    for binary in (torch.ones(1, 5, dtype=torch.bool), torch.ones(1, 5)):  # bool and float masks of 0/1 are masks
+        target.generate(PROMPT, attention_mask=binary, max_new_tokens=2, verifier="lossless", assistant_model=draft)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bool])
 def test_non_integer_input_ids_are_refused(llama_pair, forward_calls, dtype):
     draft, target = llama_pair

@@ -28,8 +28,8 @@ def captured_rounds(monkeypatch):
     rounds = []
     original = step.verify_step
 
-    def capture(round_, collect_deviation=False):
-        result = original(round_, collect_deviation)
+    def capture(round_, collect_deviation=False, check_ranges=True):
+        result = original(round_, collect_deviation, check_ranges)
         rounds.append((round_, result.accepted.clone()))
         return result
 

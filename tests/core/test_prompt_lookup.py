@@ -14,7 +14,7 @@ from support import empirical_tv, exact_joint, noise_floor
 from transformers import GenerationConfig, TextIteratorStreamer
 
 import hf_securesd
-from hf_securesd import FSD, MARS, BiLD, LossySD, SecureSDConfigError, SpecCascade, Step
+from hf_securesd import FSD, MARS, BiLD, FLy, LossySD, SecureSDConfigError, SpecCascade, Step, VLLMFLy
 from hf_securesd.proposers import PromptLookupProposer
 from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
 
@@ -212,3 +212,12 @@ def test_lossless_sampling_with_prompt_lookup_follows_the_target():
     assert drafted > 0
     tv = empirical_tv(exact, samples)
     assert tv <= floor, f"TV {tv:.4f} above the noise floor {floor:.4f}"
+
+
+@pytest.mark.parametrize("verifier", [FLy(tau=0.3, window=3), VLLMFLy(window=3)], ids=str)
+def test_a_window_too_long_for_k_names_prompt_lookups_own_field(llama_pair, verifier):
+    """The fix named num_assistant_tokens, which prompt lookup then refused."""
+    _, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match=r"k is prompt_lookup_num_tokens=3 here: set prompt_lookup_num_tokens=4"):
+        target.generate(REPEATING[0], max_new_tokens=4, verifier=verifier, prompt_lookup_num_tokens=3)
+    assert target.generate(REPEATING[0], max_new_tokens=4, verifier=verifier, prompt_lookup_num_tokens=4).shape[1] > 0

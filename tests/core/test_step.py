@@ -77,7 +77,7 @@ def test_generate_goes_through_the_shared_step(llama_pair, monkeypatch):
     calls = []
     original = core_step.verify_step
 
-    def always_token_seven(round_, collect_deviation=False):
+    def always_token_seven(round_, collect_deviation=False, check_ranges=True):
         calls.append(round_)
         out = original(round_, collect_deviation)
         out.accepted.zero_()

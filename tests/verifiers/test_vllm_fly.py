@@ -247,7 +247,7 @@ def test_defaults_configuration_and_registry():
     verifier.check_draft_length(2)
     with pytest.raises(ValueError, match="at least 2 drafted tokens"):
         verifier.check_draft_length(1)
-    with pytest.raises(ValueError, match="window W=3 must be smaller than k"):
+    with pytest.raises(ValueError, match="window W=3 must be smaller than the draft length k = 3"):
         VLLMFLy(window=3).check_draft_length(3)
     for bad, field in (({"entropy_threshold": -1}, "entropy_threshold"), ({"window": 0}, "window"),
                        ({"entropy_top_k": 0}, "entropy_top_k"), ({"window": True}, "window"),

@@ -375,7 +375,7 @@ def test_the_engine_verifies_through_the_core_step(engine, monkeypatch):
     already runs with speculative metadata and the core draws that token too)."""
     from hf_securesd import step as core_step
 
-    def every_draft_rejected_token_five(round_, collect_deviation=False):
+    def every_draft_rejected_token_five(round_, collect_deviation=False, check_ranges=True):
         rows = round_.draft_tokens.shape[0]
         return core_step.StepOutput(
             accepted=torch.zeros(rows, dtype=torch.long), next_tokens=torch.full((rows,), 5),

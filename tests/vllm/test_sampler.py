@@ -357,7 +357,7 @@ def test_the_adapter_verifies_through_the_core_step(monkeypatch) -> None:
     lossless = SecureSDRequest(Lossless(), None)
     before = Step_(4, greedy=True, generator=torch.Generator().manual_seed(1)).run(lossless)
 
-    def every_draft_rejected_token_five(round_, collect_deviation=False):
+    def every_draft_rejected_token_five(round_, collect_deviation=False, check_ranges=True):
         rows = round_.draft_tokens.shape[0]
         return core_step.StepOutput(
             accepted=torch.zeros(rows, dtype=torch.long), next_tokens=torch.full((rows,), 5),
