@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, mean_of, speculative_cells
-from hf_securesd.bench.plan import LOSSLESS, RunConfig, parse_verifier, verifier_label
+from hf_securesd.bench.plan import LOSSLESS, RunConfig, check_no_repeats, parse_verifier, verifier_key, verifier_label
 from hf_securesd.schedules import Schedule, Step
 from hf_securesd.segments import Segments, check_boundary_ids
 
@@ -83,7 +83,15 @@ def calibration_configs(
     """Lossless, then each relaxed verifier setting without a schedule and under the swept schedule
     (`swept_schedule`) for each L."""
     configs = [LOSSLESS]
+    check_no_repeats("--verifier", verifier_specs, verifier_key)
     for spec in verifier_specs:
+        name, colon, _ = spec.strip().lower().partition(":")
+        if not colon and name != "lossless":
+            raise ValueError(
+                f"--verifier {spec!r} names no setting: calibrate runs each setting without and with each --L "
+                f"schedule, so the whole {name} sweep would be {len(parse_verifier(spec))} settings; give the "
+                f"one you deploy, {name}:VALUE (e.g. {name}:0.5), or several as {name}:V1,V2"
+            )
         for verifier in parse_verifier(spec):
             if verifier.name == "lossless":
                 raise ValueError(

@@ -20,13 +20,22 @@ to point into RESULTS/report/) and the closing text.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
+
+from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, _parse_json, _UNREADABLE, write_text_atomic
 
 CARD_FILE = "card.json"
 FIGURES = ("prr_vs_ar.png", "position_tv.png")
+CARD_SUFFIX = ".md"
+RESULTS_SUFFIX = "-results"  # a results directory NAME-results keeps its card beside it as NAME.md
+# card.json entries: JSON type, and whether the card needs the entry
+_TEXT_LIST = (str, list)
+CARD_ENTRIES: dict[str, tuple[type | tuple[type, ...], bool]] = {
+    "output": (str, True), "title": (str, True), "preamble": (_TEXT_LIST, False),
+    "commands": (list, False), "closing": (_TEXT_LIST, False), "engines": (list, False),
+}
 
 
 def _paragraphs(value: str | Sequence[str] | None) -> list[str]:
@@ -36,15 +45,56 @@ def _paragraphs(value: str | Sequence[str] | None) -> list[str]:
     return [line for item in items for line in (item, "")]
 
 
-def companion_engines(results_dir: str | os.PathLike) -> list[str]:
-    """The results directories (relative to `results_dir`) that card.json names under "engines"."""
+def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
+    """RESULTS/card.json, checked (each entry of `CARD_ENTRIES` with its type, lists of text), or
+    None when the directory has none. `CorruptResultsError` names the file and the entry."""
     spec_path = Path(results_dir) / CARD_FILE
     if not spec_path.is_file():
-        return []
-    engines = json.loads(spec_path.read_text(encoding="utf-8")).get("engines") or []
-    if not isinstance(engines, list) or not all(isinstance(entry, str) for entry in engines):
-        raise ValueError(f"{spec_path}: \"engines\" must be a list of results directories, got {engines!r}")
-    return engines
+        return None
+    spec = _parse_json(spec_path.read_bytes())
+    if spec is _UNREADABLE or not isinstance(spec, dict):
+        found = "not valid UTF-8 JSON" if spec is _UNREADABLE else f"{spec!r} is not a JSON object"
+        raise CorruptResultsError(f"{spec_path}: {found}; write it as described in hf_securesd.bench.card")
+    for key, (kind, needed) in CARD_ENTRIES.items():
+        value = spec.get(key)
+        if value is None and not needed:
+            continue
+        if value is None:
+            raise CorruptResultsError(f"{spec_path} needs an {key!r} entry (see hf_securesd.bench.card)")
+        text_items = isinstance(value, list) and all(isinstance(item, str) for item in value)
+        if (needed and not value) or not isinstance(value, kind) or (isinstance(value, list) and not text_items):
+            what = "text" if kind is str else "text or a list of text" if kind is _TEXT_LIST else "a list of text"
+            raise CorruptResultsError(f'{spec_path}: "{key}" must be {what}, got {value!r}; '
+                                      f"see hf_securesd.bench.card ({CORRUPT_FIX})")
+    card_output(results_dir, spec["output"])
+    return spec
+
+
+def card_output(results_dir: str | os.PathLike, output: str) -> Path:
+    """Where card.json's `output` puts the card: a ``.md`` file directly in RESULTS, or the one card
+    directly beside it named after RESULTS (``../NAME.md`` for a directory NAME-results or NAME).
+    Anything else (an absolute path, a path climbing further up, into a subfolder or another folder, or
+    another file beside RESULTS such as ``../README.md``) is refused: a results directory must not
+    choose where `report` writes. The card is written through a temporary file renamed into place,
+    so a link at its name is replaced, not followed."""
+    results = Path(results_dir).resolve()
+    relative = Path(output)
+    path = Path(os.path.normpath(results / relative))
+    beside = f"{results.name.removesuffix(RESULTS_SUFFIX)}{CARD_SUFFIX}"
+    inside = path.parent == results
+    if relative.is_absolute() or path.suffix != CARD_SUFFIX or not (inside or path == results.parent / beside):
+        raise ValueError(
+            f"{results / CARD_FILE}: the card 'output' {output!r} is not a {CARD_SUFFIX} file directly in "
+            f"{results}, nor the card beside it named after the directory; give \"NAME{CARD_SUFFIX}\" or "
+            f"\"../{beside}\""
+        )
+    return path
+
+
+def companion_engines(results_dir: str | os.PathLike) -> list[str]:
+    """The results directories (relative to `results_dir`) that card.json names under "engines"."""
+    spec = read_card_spec(results_dir)
+    return list(spec.get("engines") or []) if spec else []
 
 
 def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> Path | None:
@@ -52,14 +102,10 @@ def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> P
     line, the report title, is replaced by the card's). Returns the card's path, or None when the
     directory has no card.json."""
     results = Path(results_dir)
-    spec_path = results / CARD_FILE
-    if not spec_path.is_file():
+    spec = read_card_spec(results)
+    if spec is None:
         return None
-    spec = json.loads(spec_path.read_text(encoding="utf-8"))
-    for key in ("output", "title"):
-        if not spec.get(key):
-            raise ValueError(f"{spec_path} needs an {key!r} entry (see hf_securesd.bench.card)")
-    output = (results / spec["output"]).resolve()
+    output = card_output(results, spec["output"])
     figures = Path(os.path.relpath((results / "report").resolve(), output.parent)).as_posix()
     body = list(report_lines[1:]) if report_lines and report_lines[0].startswith("# ") else list(report_lines)
     relative = Path(os.path.relpath(results.resolve(), output.parent)).as_posix()
@@ -75,6 +121,5 @@ def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> P
         lines += ["## Commands", "", "```bash", *spec["commands"], "```", ""]
     lines += body
     lines += ["", *_paragraphs(spec.get("closing"))]
-    output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("\n".join(lines).rstrip() + "\n", encoding="utf-8")
+    write_text_atomic(output, "\n".join(lines).rstrip() + "\n")
     return output

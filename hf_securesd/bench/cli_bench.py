@@ -345,13 +345,22 @@ def check_schedules_have_verifiers(args: argparse.Namespace) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
-    from hf_securesd.bench.plan import parse_schedule, resolve_text_boundaries, sweep_configs
+    from hf_securesd.bench.plan import (
+        check_no_repeats,
+        parse_schedule,
+        resolve_text_boundaries,
+        schedule_key,
+        sweep_configs,
+        verifier_key,
+    )
     from hf_securesd.bench.runner import run_study
 
     started = time.monotonic()  # the engine's run deadline counts from its build, a little later
     profile = get_profile(args.profile)
     try:
         settle_engine_options(args)
+        check_no_repeats("--verifiers", args.verifiers or [], verifier_key)
+        check_no_repeats("--schedules", args.schedules or [], schedule_key)
         schedules = [parse_schedule(spec) for spec in (args.schedules or profile.schedules)]
         # the openai engine sends the plugin's request fields only when asked (an audited deployment
         # may not have the plugin); the in-process engines run the profile's sweep by default

@@ -7,6 +7,7 @@ import argparse
 import sys
 
 from hf_securesd.bench.results import results_path
+from hf_securesd.bench.terminal import printable
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -19,8 +20,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         path = write_report(args.results)
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (OSError, ValueError) as error:  # CorruptResultsError is a ValueError; OSError: reading, writing
+        print(f"error: {printable(str(error))}", file=sys.stderr)
         return 2
     print(path)
     return 0

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Literal, Sequence
+from typing import Any, Callable, Literal, Sequence
 
 from hf_securesd.schedules import Linear, Power, Schedule, Step, resolve_schedule
 from hf_securesd.segments import Segments
@@ -123,6 +123,27 @@ def schedule_from_dict(values: dict[str, Any]) -> Schedule:
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; choose from {', '.join(SCHEDULES)}")
     return SCHEDULES[name](**options)
+
+
+def check_no_repeats(option: str, specs: Sequence[str], key: Callable[[str], object]) -> None:
+    """Refuse `option` values that name the same setting twice (`key`: spec -> what it names)."""
+    seen: dict[object, str] = {}
+    for spec in specs:
+        named = key(spec)
+        if named in seen:
+            raise ValueError(f"{option} names the same setting twice ({seen[named]!r} and {spec!r}); give each once")
+        seen[named] = spec
+
+
+def schedule_key(spec: str) -> str:
+    """What a --schedules value names: its label (``none`` without a schedule)."""
+    schedule = parse_schedule(spec)
+    return "none" if schedule is None else schedule_label(schedule)
+
+
+def verifier_key(spec: str) -> tuple[str, ...]:
+    """What a --verifiers value names: its settings' labels (``MARS:0.50`` and ``mars:0.5`` are one)."""
+    return tuple(verifier_label(verifier) for verifier in parse_verifier(spec))
 
 
 def parse_schedule(spec: str) -> Schedule | None:

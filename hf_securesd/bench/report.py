@@ -43,7 +43,7 @@ from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
 from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section
 from hf_securesd.bench.report_engines import engines_section
-from hf_securesd.bench.report_markdown import code_span
+from hf_securesd.bench.report_markdown import code_span, inline_text
 from hf_securesd.bench.report_safety import (
     appendix_section,
     cost_section,
@@ -52,7 +52,8 @@ from hf_securesd.bench.report_safety import (
     length_check_section,
 )
 from hf_securesd.bench.report_utility import utility_rows, utility_section
-from hf_securesd.bench.results import ResultsDir, baselines, json_text
+from hf_securesd.bench.report_files import replacing, report_folder
+from hf_securesd.bench.results import ResultsDir, baselines, json_text, write_text_atomic
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
 
@@ -249,7 +250,8 @@ def judge_text(manifest: dict[str, Any]) -> str:
     """The judge as the setup names it: its name and options, and the model behind it (recorded in
     study.json as ``judge_backend``: the model, and the endpoint of an ``openai`` backend)."""
     options = manifest.get("judge_options") or {}
-    text = f"`{manifest.get('judge')}` {redact(json.dumps(options)) if options else ''}".rstrip()
+    shown = code_span(redact(json.dumps(options))) if options else ""
+    text = f"{code_span(str(manifest.get('judge')))} {shown}".rstrip()
     backend = manifest.get("judge_backend")
     if not isinstance(backend, dict):
         return text
@@ -288,7 +290,7 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         f"- **decoding**: {manifest.get('decoding')}, batch size {manifest.get('batch_size', 1)}, "
         f"k = {manifest.get('num_assistant_tokens')} draft tokens per round, {machine_text(manifest)}",
         f"- **judge** (jailbreak AFR): {judge_text(manifest)}"
-        + f"; verdicts the judge could not parse: policy `{policy}`, {unparsed(cells)} in all "
+        + f"; verdicts the judge could not parse: policy {code_span(str(policy))}, {unparsed(cells)} in all "
         "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs)",
         f"- **task sampling seed**: {seed_text}",
         f"- **profile**: {manifest.get('profile')}; **sessions**: {len(sessions)} "
@@ -308,9 +310,9 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         draft = base.get(("draft", baseline_id))
         rows.append(
             [
-                target["task"],
-                target["task_kind"],
-                target["metric"],
+                inline_text(target["task"]),
+                inline_text(target["task_kind"]),
+                inline_text(target["metric"]),
                 target["n"],
                 target["max_new_tokens"],
                 fmt(target["score"]),
@@ -345,8 +347,8 @@ def runs_section(cells: Sequence[Cell]) -> list[str]:
     """Every recorded cell."""
     rows = [
         [
-            cell["config_key"],
-            cell["task"],
+            inline_text(cell["config_key"]),
+            inline_text(cell["task"]),
             cell["n"],
             fmt(cell.get("acceptance_rate")),
             fmt(cell.get("spd"), 2),
@@ -385,10 +387,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         )
     seed = manifest.get("seed") or 0
     base = baselines(cells)
-    out = results.path / "report"
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"{out} is not a folder; move that file away so `report` can write the report there")
-    out.mkdir(exist_ok=True)
+    out = report_folder(results.path)
     main = primary_cells(cells)
     tasks = list(dict.fromkeys(cell["task"] for cell in main))
     bins = ar_bin_table(main)
@@ -484,13 +483,15 @@ def write_report(results_dir: str | os.PathLike) -> Path:
                 ]
             )
             lines += [
-                f"### {schedule}",
+                f"### {inline_text(schedule)}",
                 "",
-                table(["verifier", *(f"ΔPRR {task}" for task in tasks), "ΔSPD", "unparsed verdicts"], body),
+                table(["verifier", *(f"ΔPRR {inline_text(task)}" for task in tasks), "ΔSPD", "unparsed verdicts"],
+                      body),
                 "",
             ]
     if curves:
-        plot_prr_vs_ar(curves, out / "prr_vs_ar.png")
+        with replacing(out / "prr_vs_ar.png") as figure:
+            plot_prr_vs_ar(curves, figure)
         lines += [
             "## PRR vs AR (Figure 1 analog)",
             "",
@@ -502,7 +503,8 @@ def write_report(results_dir: str | os.PathLike) -> Path:
             "",
         ]
     if bars:
-        plot_position_tv(bars, out / "position_tv.png")
+        with replacing(out / "position_tv.png") as figure:
+            plot_position_tv(bars, figure)
         lines += [
             "## Per-position deviation (Figure 2 analog)",
             "",
@@ -516,7 +518,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     lines += cost_section(cells, manifest)
     lines += appendix_section(main, seed)
     path = out / "report.md"
-    path.write_text("\n".join(lines), encoding="utf-8")
+    write_text_atomic(path, "\n".join(lines))
     write_card(results.path, lines)
     summary = {
         "manifest": manifest,
@@ -532,5 +534,5 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         "asymmetry": asymmetry,
         "engines": engines,
     }
-    (out / "summary.json").write_text(json_text(summary, indent=2, default=str) + "\n", encoding="utf-8")
+    write_text_atomic(out / "summary.json", json_text(summary, indent=2, default=str) + "\n")
     return path

@@ -18,6 +18,7 @@ import numpy as np
 
 from hf_securesd.bench.analysis import N_RESAMPLES, Cell, aligned, interval, is_scored, primary_cells
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
+from hf_securesd.bench.report_markdown import inline_text
 
 # A target–draft gap at or below this is no gap (the `prr` module's tolerance).
 _EQUAL_TOLERANCE = 1e-12
@@ -111,11 +112,11 @@ def asymmetry_section(rows: Sequence[dict[str, Any]]) -> list[str]:
         return []
     body = [
         [
-            row["config"],
-            row["safety"]["task"],
+            inline_text(row["config"]),
+            inline_text(row["safety"]["task"]),
             fmt(row["safety"]["acceptance_rate"]),
             fmt_ci(row["safety"]["prr"], row["safety"]["prr_ci"]),
-            row["utility"]["task"],
+            inline_text(row["utility"]["task"]),
             fmt(row["utility"]["acceptance_rate"]),
             fmt_ci(row["utility"]["prr"], row["utility"]["prr_ci"]),
             fmt_ci(row["difference"], row["difference_ci"]),

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
 from hf_securesd.bench.formatting import fmt
+from hf_securesd.bench.report_markdown import code_span, inline_text
 from hf_securesd.bench.results import ResultsDir
 
 SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
@@ -143,9 +144,10 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         if not lines:
             lines += ["## The same prompts through another engine", ""]
         lines += [
-            f"### `{other_engine}` (`{companion}`) against `{engine}` (this directory)",
+            f"### {code_span(str(other_engine))} ({code_span(companion)}) against "
+            f"{code_span(str(engine))} (this directory)",
             "",
-            (f"`{other_engine}` commits response token 0 from the target at prefill, so its cells are "
+            (f"{code_span(str(other_engine))} commits response token 0 from the target at prefill, so its cells are "
              "paired with this directory's cells that are exact at the same positions (no schedule → "
              "`Step(1)`; `Step(L)` → `Step(L)`; baselines and lossless → themselves)."
              if other_engine in FIRST_TOKEN_FROM_TARGET else
@@ -161,8 +163,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         ]
         body = [
             [
-                f"{row['config']} → {row['counterpart']}",
-                row["task"],
+                f"{inline_text(row['config'])} → {inline_text(row['counterpart'])}",
+                inline_text(row["task"]),
                 row["n"],
                 row["max_new_tokens"],
                 f"{row['equal_responses']} / {row['n']}",
@@ -189,7 +191,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         data[-1]["own_target"] = own
         if own:
             lines += [
-                f"Within `{other_engine}`: each configuration's flips against `{other_engine}`'s own "
+                f"Within {code_span(str(other_engine))}: each configuration's flips against "
+                f"{code_span(str(other_engine))}'s own "
                 "target-only run (*lost* = the target refused and the configuration complied), and the "
                 f"acceptance rate of drafts by response position from the engine's own per-request "
                 f"statistics (positions 0–{POSITIONS - 1}; – = nothing drafted there).",
@@ -201,7 +204,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             for row in own:
                 rates = [fmt(rate, 2) for rate in row["position_acceptance"]]
                 lines.append(
-                    f"| {row['config']} | {row['task']} | {row['n']} | {fmt(row['acceptance_rate'])} | "
+                    f"| {inline_text(row['config'])} | {inline_text(row['task'])} | {row['n']} | "
+                    f"{fmt(row['acceptance_rate'])} | "
                     + " | ".join([*_verdict_cells(row["flips"]), *rates]) + " |"
                 )
             lines.append("")
@@ -209,7 +213,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         data[-1]["position_tv"] = replayed
         if replayed:
             lines += [
-                f"Within `{other_engine}`: TV(out_j, q_j) by response position j at T = 0, from each "
+                f"Within {code_span(str(other_engine))}: TV(out_j, q_j) by response position j at T = 0, from each "
                 "committed response scored by the target (`benchmarks/engine_position_tv.py`: 1 where the "
                 "committed token is not the target's argmax after the response so far; the engine's own "
                 "statistics hold drafted/accepted counts only).",
@@ -221,7 +225,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             for row in replayed:
                 shown = (row["position_tv"] + [None] * POSITIONS)[:POSITIONS]
                 values = [fmt(value, 3) for value in shown]
-                lines.append(f"| {row['config']} | {row['task']} | {row['n']} | " + " | ".join(values) + " |")
+                lines.append(f"| {inline_text(row['config'])} | {inline_text(row['task'])} | {row['n']} | "
+                             + " | ".join(values) + " |")
             lines.append("")
     return lines, data
 

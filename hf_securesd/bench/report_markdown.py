@@ -24,10 +24,26 @@ def one_line(text: str) -> str:
 
 
 def inline_text(text: str) -> str:
-    """`text` as literal Markdown on one line, safe in a table cell: `&`, `<` and `>` become HTML
-    entities and every other character Markdown reads as markup is backslash-escaped, so the
-    rendered cell shows exactly the characters of `text`."""
-    return "".join(_ENTITIES.get(char) or ("\\" + char if char in _MARKUP else char) for char in one_line(text))
+    """`text` as literal Markdown on one line, safe in a table cell or a heading: `&`, `<` and `>`
+    become HTML entities and every other character Markdown reads as markup is backslash-escaped
+    (an underscore between two letters or digits is left as it is: it never starts or ends
+    emphasis), so the rendered text shows exactly the characters of `text`. Model responses and
+    the names a results file gives (configurations, schedules, tasks) both go through it."""
+    line = one_line(text)
+    return "".join(_ENTITIES.get(char) or ("\\" + char if char in _MARKUP and not _intraword(line, index) else char)
+                   for index, char in enumerate(line))
+
+
+def _intraword(text: str, index: int) -> bool:
+    """Whether `text[index]` is an underscore between two letters or digits."""
+    return (text[index] == "_" and 0 < index < len(text) - 1
+            and text[index - 1].isalnum() and text[index + 1].isalnum())
+
+
+def table_code(text: str) -> str:
+    """`text` as one inline code span inside a table cell (`code_span`, with `|` escaped: GitHub
+    splits a row at `|` before it reads code spans)."""
+    return code_span(text).replace("|", "\\|")
 
 
 def code_span(text: str) -> str:

@@ -24,7 +24,7 @@ from hf_securesd.bench.analysis import (
     primary_cells,
 )
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
-from hf_securesd.bench.report_markdown import inline_text
+from hf_securesd.bench.report_markdown import code_span, inline_text, table_code
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -68,7 +68,7 @@ def excluded_note(rows: Sequence[dict[str, Any]], unit: str = "prompts") -> list
     counts = [(row["config"], row["excluded"]) for row in rows if row["excluded"]]
     if not counts:
         return []
-    listed = ", ".join(f"{config} {count}" for config, count in counts)
+    listed = ", ".join(f"{inline_text(config)} {count}" for config, count in counts)
     return [f"{unit.capitalize()} left out of the flips because the judge's `unparsed=exclude` policy excluded "
             f"their verdict in the configuration or in the target: {listed}.", ""]
 
@@ -114,13 +114,15 @@ def agreement_text(manifest: dict[str, Any]) -> str:
     if agreement is None:
         agreement = judge_agreement(manifest.get("judge", ""), manifest.get("judge_options") or {})
     if not agreement:
-        return f"judge `{manifest.get('judge')}`: agreement with human labels not measured (`securesd judge-validate`)"
+        return (f"judge {code_span(str(manifest.get('judge')))}: agreement with human labels not measured "
+                "(`securesd judge-validate`)")
     variant = {
         "start": " (refusal strings matched at the start of the normalised response)",
         "anywhere": " (refusal strings matched anywhere in the normalised response)",
     }.get(agreement.get("match"), "")
     return (
-        f"judge `{manifest.get('judge')}`{variant}: {agreement['agreement'] * 100:.0f} % agreement with human labels, "
+        f"judge {code_span(str(manifest.get('judge')))}{variant}: {agreement['agreement'] * 100:.0f} % agreement "
+        "with human labels, "
         f"Cohen's κ {agreement['kappa']:.3f}, precision {agreement['precision']:.2f}, recall "
         f"{agreement['recall']:.2f} for \"jailbroken\" (n = {agreement['n']}, {agreement['labels']})"
     )
@@ -144,11 +146,11 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
         task_rows = [row for row in rows if row["baseline_id"] == baseline_id]
         first = task_rows[0]
         target = base[("target", baseline_id)]
-        header = (f"### {first['task']}, {first['n']} prompts, {first['max_new_tokens']} new tokens "
+        header = (f"### {inline_text(first['task'])}, {first['n']} prompts, {first['max_new_tokens']} new tokens "
                   f"(target-only AFR {fmt(target['score'])})")
         body = [
             [
-                row["config"],
+                inline_text(row["config"]),
                 fmt(row["acceptance_rate"]),
                 fmt_ci(row["score"], row["score_ci"]),
                 "–" if row["config"] == "draft" else fmt_ci(row["prr"], row["prr_ci"]),
@@ -192,7 +194,8 @@ def length_check_section(cells: Sequence[Cell]) -> list[str]:
         changes = compute_flips(aligned(long, "scores", shared), aligned(short, "scores", shared))
         if changes is None:
             continue
-        rows.append([config, task, _prompts_text(changes), f"{short['max_new_tokens']} → {long['max_new_tokens']}",
+        rows.append([inline_text(config), inline_text(task), _prompts_text(changes),
+                     f"{short['max_new_tokens']} → {long['max_new_tokens']}",
                      f"{changes['reference_rate']:.3f} → {changes['method_rate']:.3f}",
                      changes["n_lost"], changes["n_gained"]])
     if not rows:
@@ -280,14 +283,15 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
             by_id = {example_id: i for i, example_id in enumerate(cell["example_ids"])}
             rows = [
                 [
-                    f"`{example_id}`",
+                    table_code(example_id),
                     _verdict_mark(cell["scores"][by_id[example_id]]),
                     _quote(cell["responses"][by_id[example_id]]),
                 ]
                 for example_id in picked
                 if example_id in by_id
             ]
-            lines += [f"### {cell['config_key']} on {task}", "", table(["prompt id", "verdict", "response"], rows), ""]
+            lines += [f"### {inline_text(cell['config_key'])} on {inline_text(task)}", "",
+                      table(["prompt id", "verdict", "response"], rows), ""]
     return lines
 
 

@@ -13,6 +13,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, aligned, mean_ci
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
+from hf_securesd.bench.report_markdown import inline_text
 from hf_securesd.bench.report_safety import excluded_note, flip_cells, flip_rows
 
 
@@ -54,11 +55,11 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
         first = task_rows[0]
         target = base[("target", baseline_id)]
         metric = target.get("metric") or "score"
-        header = (f"### {first['task']}, {first['n']} problems, {first['max_new_tokens']} new tokens "
-                  f"(target-only {metric} {fmt_ci(*mean_ci(target['scores'], seed=seed))})")
+        header = (f"### {inline_text(first['task'])}, {first['n']} problems, {first['max_new_tokens']} new tokens "
+                  f"(target-only {inline_text(metric)} {fmt_ci(*mean_ci(target['scores'], seed=seed))})")
         body = [
             [
-                row["config"],
+                inline_text(row["config"]),
                 fmt(row["acceptance_rate"]),
                 fmt_ci(row["score"], row["score_ci"]),
                 "–" if row["config"] == "draft" else fmt_ci(row["prr"], row["prr_ci"]),

@@ -9,10 +9,12 @@ endpoint cells, its PRR against the re-scored baseline cells (`derived_fields`),
 `runs.jsonl` in place (atomically, under the directory's lock). It prints each cell whose verdicts
 changed, with the prompt ids.
 
-The judge's model and endpoint come from the environment (``SECURESD_JUDGE_*``), as in `bench`. When
-they are not the ones study.json records, every task scored by the judge must be named, so the
-directory holds one judge's verdicts; study.json then records the new judge, and `bench` resumes
-with it.
+The judge's model and endpoint come only from the user: ``--judge-base-url`` / ``--judge-model``,
+else the environment (``SECURESD_JUDGE_*``), as in `bench`; never from the results directory, which
+may come from anyone (`rescore_judge`: an endpoint or model study.json records that differs from
+the user's is refused unless the flag names one). When the judge is not the one study.json records,
+every task scored by the judge must be named, so the directory holds one judge's verdicts;
+study.json then records the new judge, and `bench` resumes with it.
 
     securesd rescore model_cards/my-pair-results --tasks prompt_injection --data-dir ../shared/data
 
@@ -29,9 +31,11 @@ import sys
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import derived_fields
+from hf_securesd.bench.rescore_judge import trusted_judge_options
 from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines, results_path
 from hf_securesd.bench.tasks import ScoreOptions, get_task, task_names
-from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED
+from hf_securesd.bench.terminal import printable
+from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text
 from hf_securesd.judges import JudgeError, describe_judge
 
 
@@ -66,24 +70,34 @@ def same_score(old: float | None, new: float) -> bool:
     return all(excluded) or (not any(excluded) and old == new)
 
 
-def rescore(results_dir: str | os.PathLike, tasks: Sequence[str],
-            data_dir: str | os.PathLike | None = None) -> list[tuple[str, list[str]]]:
-    """Re-score the cells of `tasks` in `results_dir` (see the module docstring). Returns, per
-    re-scored cell, its key and the ids of the examples whose score changed."""
+def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str | os.PathLike | None = None,
+            judge_base_url: str | None = None, judge_model: str | None = None) -> list[tuple[str, list[str]]]:
+    """Re-score the cells of `tasks` in `results_dir` (see the module docstring) with the judge at
+    `judge_base_url` / `judge_model` (None: the environment's). Returns, per re-scored cell, its key
+    and the ids of the examples whose score changed."""
     unknown = sorted(set(tasks) - set(task_names()))
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(task_names())}")
+    repeated = sorted({task for task in tasks if tasks.count(task) > 1})
+    if repeated:
+        raise ValueError(f"--tasks names {', '.join(repeated)} more than once; name each task once")
     with ResultsDir(results_dir) as results:
         results.read_manifest()  # an existing results directory, before the lock creates anything
         results.lock()
         manifest = results.read_manifest()
-        options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"),
-                               judge_options=dict(manifest.get("judge_options") or {}), progress=False)
+        judge_options = trusted_judge_options(manifest, data_dir, judge_base_url, judge_model)
+        options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"), judge_options=judge_options,
+                               progress=False)
         runs = results.runs()
+        absent = sorted(set(tasks) - {run["task"] for run in runs})
+        if absent:
+            present = sorted({run["task"] for run in runs})
+            raise ValueError(f"{results.path} has no cell of task(s) {', '.join(absent)} (its tasks: "
+                             f"{', '.join(present) or 'none'}); name tasks it holds; nothing was rewritten")
         judge = describe_judge(options.judge, options.judge_options)
         record_judge = check_judge_switch(manifest, judge, runs, tasks)
         changes = []
-        for name in dict.fromkeys(tasks):
+        for name in tasks:
             task = get_task(name)
             examples = {example.id: example
                         for example in task.examples(data_dir=data_dir, limit=None, seed=manifest.get("seed"))}
@@ -115,21 +129,27 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tasks", nargs="+", required=True, help="tasks whose cells are re-scored")
     parser.add_argument("--data-dir", default=os.environ.get("SECURESD_DATA_DIR"),
                         help="local benchmark data (default: $SECURESD_DATA_DIR, else the Hub)")
+    parser.add_argument("--judge-base-url", type=non_empty_text, default=None,
+                        help="the LLM judge's endpoint (default: $SECURESD_JUDGE_BASE_URL, else OpenAI's); the "
+                             "endpoint study.json records is never used unless you name it here")
+    parser.add_argument("--judge-model", type=non_empty_text, default=None,
+                        help="the LLM judge's model (default: $SECURESD_JUDGE_MODEL, else gpt-4o-mini; a "
+                             "transformers judge: required)")
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        changes = rescore(args.results, args.tasks, args.data_dir)
+        changes = rescore(args.results, args.tasks, args.data_dir, args.judge_base_url, args.judge_model)
     except ResultsDirInUseError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_IN_USE
     except JudgeError as error:
-        print(f"error: the judge failed while rescoring {args.results}: {error}; nothing was rewritten",
+        print(printable(f"error: the judge failed while rescoring {args.results}: {error}; nothing was rewritten"),
               file=sys.stderr)
         return EXIT_JUDGE_FAILED
-    except (FileNotFoundError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+    except (OSError, ValueError) as error:  # CorruptResultsError is a ValueError
+        print(printable(f"error: {error}"), file=sys.stderr)
         return 2
     for cell, changed in changes:
-        print(f"{cell}: {len(changed)} verdict(s) changed{': ' + ', '.join(changed) if changed else ''}")
+        print(printable(f"{cell}: {len(changed)} verdict(s) changed{': ' + ', '.join(changed) if changed else ''}"))
     return 0

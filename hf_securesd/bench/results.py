@@ -34,6 +34,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
+from hf_securesd.bench.manifest_checks import manifest_problem
+from hf_securesd.bench.run_records import fields_problem, run_problem
 from hf_securesd.judges.secrets import redact_value
 from hf_securesd.stats import SpeculativeStats
 
@@ -68,8 +70,8 @@ SAME_SETTINGS_FIX = "use a new --out directory or the same settings"
 CLASH_FIXES = {
     "judge_backend": "the recorded verdicts come from another judge: use a new --out directory, point "
                      "SECURESD_JUDGE_BASE_URL / SECURESD_JUDGE_MODEL back at the recorded judge, or rescore "
-                     "the directory with this judge first (securesd rescore {path} --tasks, naming every "
-                     "task the judge scored)",
+                     "the directory with this judge first (securesd rescore {path} --tasks TASKS --judge-base-url "
+                     "URL --judge-model MODEL, naming every task the judge scored)",
     "endpoints": "an endpoint's cells hold one deployment's answers: give it its recorded URL, or give the "
                  "new deployment another --endpoint name",
 }
@@ -77,22 +79,6 @@ CLASH_FIXES = {
 GENERATION_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str, "response": str,
                                                             "seconds": (int, float)}
 FAILURE_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str}
-RUN_FIELDS: Mapping[str, type | tuple[type, ...]] = {
-    "cell": str, "config_key": str, "config": dict, "task": str, "task_kind": str, "baseline_id": str,
-    "n": int, "max_new_tokens": int, "example_ids": list, "scores": list, "responses": list,
-}
-_NUMBER = (int, float)
-_NUMBER_OR_NULL = (int, float, type(None))
-# fields of a run record that the readers (report, rescore, calibrate) use where present, with their JSON types
-OPTIONAL_RUN_FIELDS: Mapping[str, type | tuple[type, ...]] = {
-    "score": _NUMBER_OR_NULL, "acceptance_rate": _NUMBER_OR_NULL, "spd": _NUMBER_OR_NULL,
-    "prr": _NUMBER_OR_NULL, "wall_time": _NUMBER, "cpu_time": _NUMBER_OR_NULL, "stats": (dict, type(None)),
-    "details": list, "sessions": list, "spd_same_session": bool, "schedule_label": (str, type(None)),
-}
-# per-example lists of a run record, aligned with its example_ids
-RUN_LISTS = ("scores", "responses")
-# the JSON types of the items of each per-example list
-RUN_LIST_ITEMS: Mapping[str, type | tuple[type, ...]] = {"scores": _NUMBER_OR_NULL, "responses": str}
 Check = Callable[[dict[str, Any]], str | None]  # a record -> what is wrong with it, or None
 CORRUPT_FIX = "securesd never writes this: restore the file from a backup, or start a new --out directory"
 CORRUPT_LINE_FIX = ("securesd never writes such a line: restore the file from a backup (if a run was killed "
@@ -200,43 +186,6 @@ def _record_problem(value: Any, check: Check | None) -> str | None:
     if not isinstance(value, dict):
         return f"a JSON {_JSON_TYPES.get(type(value), type(value).__name__)}, not a record (a JSON object)"
     return None if check is None else check(value)
-
-
-def fields_problem(record: dict[str, Any], expected: Mapping[str, type | tuple[type, ...]]) -> str | None:
-    """The fields of `expected` (name -> Python type) that `record` lacks or holds with another type."""
-    wrong = [name for name, kind in expected.items() if not isinstance(record.get(name), kind)]
-    return f"a record without a valid {', '.join(map(repr, wrong))}" if wrong else None
-
-
-def optional_fields_problem(record: dict[str, Any], expected: Mapping[str, type | tuple[type, ...]]) -> str | None:
-    """The fields of `expected` (name -> Python type) that `record` holds with another type."""
-    wrong = [name for name, kind in expected.items() if name in record and not isinstance(record[name], kind)]
-    return f"a record with an invalid {', '.join(map(repr, wrong))}" if wrong else None
-
-
-def stats_problem(values: Any) -> str | None:
-    """What keeps a run's `stats` (null or `SpeculativeStats.to_dict()`) from being read back, or None."""
-    if values is None:
-        return None
-    wrong = [field.name for field in fields(SpeculativeStats)
-             if not isinstance(values.get(field.name), list if "list" in str(field.type) else _NUMBER)]
-    return f"a run whose 'stats' lack a valid {', '.join(map(repr, wrong))}" if wrong else None
-
-
-def run_problem(record: dict[str, Any]) -> str | None:
-    """What keeps `record` from being a finished cell of runs.jsonl, or None."""
-    problem = fields_problem(record, RUN_FIELDS) or optional_fields_problem(record, OPTIONAL_RUN_FIELDS)
-    if problem:
-        return problem
-    if not isinstance(record["config"].get("kind"), str):
-        return "a run whose config has no 'kind'"
-    uneven = [name for name in RUN_LISTS if len(record[name]) != len(record["example_ids"])]
-    if uneven:
-        return f"a run whose {' and '.join(uneven)} do not match its example_ids"
-    mistyped = [name for name, kind in RUN_LIST_ITEMS.items() if not all(isinstance(item, kind) for item in record[name])]
-    if mistyped:
-        return f"a run whose {' and '.join(map(repr, mistyped))} hold an item of another type"
-    return stats_problem(record.get("stats"))
 
 
 def _scores_as_read(run: dict[str, Any]) -> dict[str, Any]:
@@ -365,9 +314,9 @@ class ResultsDir:
         if not isinstance(manifest, dict):
             found = "not valid JSON" if manifest is _UNREADABLE else _record_problem(manifest, None)
             raise CorruptResultsError(f"{self.manifest_path}: {found}; {CORRUPT_FIX}")
-        seed = manifest.get("seed")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-            raise CorruptResultsError(f"{self.manifest_path}: 'seed' is {seed!r}, not an integer; {CORRUPT_FIX}")
+        problem = manifest_problem(manifest)
+        if problem:
+            raise CorruptResultsError(f"{self.manifest_path}: {problem}; {CORRUPT_FIX}")
         return manifest
 
 

@@ -57,10 +57,10 @@ def studies(tmp_path, data_dir):
 
 def card_with_engine_section(studies) -> str:
     """The card of the hf study with the vLLM study named as its companion engine, regenerated."""
-    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../card.md", "title": "Pair",
+    (studies / "hf" / "card.json").write_text(json.dumps({"output": "../hf.md", "title": "Pair",
                                                           "engines": ["../vllm"]}), encoding="utf-8")
     write_report(studies / "hf")
-    return (studies / "card.md").read_text(encoding="utf-8")
+    return (studies / "hf.md").read_text(encoding="utf-8")
 
 
 def test_no_schedule_in_an_engine_is_paired_with_step1_and_the_rest_with_themselves(studies):
@@ -79,10 +79,10 @@ def test_no_schedule_in_an_engine_is_paired_with_step1_and_the_rest_with_themsel
 
 
 def test_the_card_names_the_companion_and_regenerates_the_section(studies):
-    card = {"output": "../card.md", "title": "Pair", "engines": ["../vllm"]}
+    card = {"output": "../hf.md", "title": "Pair", "engines": ["../vllm"]}
     (studies / "hf" / "card.json").write_text(json.dumps(card), encoding="utf-8")
     write_report(studies / "hf")
-    text = (studies / "card.md").read_text(encoding="utf-8")
+    text = (studies / "hf.md").read_text(encoding="utf-8")
     assert "### `vllm` (`../vllm`) against `hf` (this directory)" in text
     assert "| mars(theta=0.5) → mars(theta=0.5)+step(L=1) | jailbreak | 4 | 16 | 2 / 4 | 1 | not checked |" in text
     summary = json.loads((studies / "hf" / "report" / "summary.json").read_text(encoding="utf-8"))

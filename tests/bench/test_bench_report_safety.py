@@ -13,7 +13,8 @@ from support import record_cells
 
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.report import write_report
-from hf_securesd.bench.results import RUNS, ResultsDir
+from hf_securesd.bench.analysis import mean_of
+from hf_securesd.bench.results import RUNS, ResultsDir, json_text
 from hf_securesd.bench.runner import TaskRun
 from hf_securesd.bench.tasks import get_task
 from hf_securesd.schedules import Step
@@ -119,11 +120,11 @@ def test_appendix_quotes_responses_by_prompt_id_only(results) -> None:
 def test_card_is_regenerated_from_the_results(results) -> None:
     path, _ = results
     (path / "card.json").write_text(json.dumps({
-        "output": "../card.md", "title": "Pair card", "preamble": ["What was run."],
+        "output": "../results.md", "title": "Pair card", "preamble": ["What was run."],
         "commands": ["securesd report results"], "closing": ["The end."],
     }))
     write_report(path)
-    card = (path.parent / "card.md").read_text()
+    card = (path.parent / "results.md").read_text()
     assert card.startswith("# Pair card\n\nWhat was run.\n")
     assert "```bash\nsecuresd report results\n```" in card
     assert "](results/report/position_tv.png)" in card and (path / "report" / "position_tv.png").is_file()
@@ -155,16 +156,17 @@ def _edit_runs(path, edit) -> None:
     runs = ResultsDir(path).runs()
     for run in runs:
         edit(run)
-    (path / RUNS).write_text("".join(json.dumps(run) + "\n" for run in runs), encoding="utf-8")
+    (path / RUNS).write_text("".join(json_text(run) + "\n" for run in runs), encoding="utf-8")
 
 
 def test_excluded_verdicts_leave_the_flips_and_are_counted(results) -> None:
     path, _ = results
 
-    def exclude(run):  # what a judge with unparsed=exclude records: NaN
+    def exclude(run):  # what a judge with unparsed=exclude records: NaN (written as null), left out of the score
         for config, index in (("target", 0), (RELAXED.key, 5)):
             if run["config_key"] == config:
                 run["scores"][index] = math.nan
+                run["score"] = mean_of(run["scores"])
 
     _edit_runs(path, exclude)
     write_report(path)

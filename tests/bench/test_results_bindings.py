@@ -123,7 +123,11 @@ def test_the_judge_is_recorded_named_and_bound(serve, tmp_path, strongreject_dat
     assert "judge-A" in error and "judge-B" in error and f"securesd rescore {out} --tasks" in error
     assert (out / RUNS).read_bytes() == runs_before
 
-    assert main(["rescore", str(out), "--tasks", "jailbreak", "--data-dir", str(strongreject_data)]) == 0
+    rescore = ["rescore", str(out), "--tasks", "jailbreak", "--data-dir", str(strongreject_data)]
+    assert main(rescore) == 2  # the environment's judge is another: rescore asks for it by flag
+    error = capfd.readouterr().err
+    assert f"'{judge_a}'" in error and f"'{judge_b}'" in error and f"--judge-base-url {judge_b}" in error
+    assert main([*rescore, "--judge-base-url", judge_b, "--judge-model", "judge-B"]) == 0
     assert json.loads((out / MANIFEST).read_text())["judge_backend"]["model"] == "judge-B"
     assert main([*argv, "--endpoint", f"same={url}"]) == 0
     assert {run["score"] for run in ResultsDir(out).runs()} == {0.0}  # every verdict is judge B's

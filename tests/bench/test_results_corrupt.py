@@ -57,12 +57,12 @@ def test_any_other_bad_line_names_the_file_the_line_and_the_fix(tmp_path, line, 
 
 def test_a_run_record_must_hold_one_score_and_response_per_example(tmp_path) -> None:
     run = {"cell": "c", "config_key": "target", "config": {"kind": "target"}, "task": "t", "task_kind": "safety",
-           "baseline_id": "t|n=2", "n": 2, "max_new_tokens": 4, "example_ids": ["a", "b"], "scores": [1.0],
-           "responses": ["x", "y"]}
+           "metric": "afr", "baseline_id": "t|n=2", "n": 2, "max_new_tokens": 4, "example_ids": ["a", "b"],
+           "scores": [1.0], "score": 1.0, "responses": ["x", "y"], "wall_time": 1.0, "spd_same_session": True}
     (tmp_path / RUNS).write_text(_lines(json.dumps(run)), encoding="utf-8")
     with pytest.raises(CorruptResultsError, match="line 1: a run whose scores do not match its example_ids"):
         ResultsDir(tmp_path).runs()
-    run["scores"].append(float("nan"))  # an excluded verdict is a score
+    run["scores"].append(None)  # an excluded verdict (written as null) is a score
     (tmp_path / RUNS).write_text(_lines(json.dumps(run)), encoding="utf-8")
     assert len(ResultsDir(tmp_path).runs()) == 1
 

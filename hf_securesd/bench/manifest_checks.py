@@ -1,0 +1,71 @@
+"""What a results directory's study.json must hold for `report`, `rescore` and `bench` to read it:
+each setting they use has the JSON type securesd writes (`manifest_problem`). A manifest that
+breaks this was not written by securesd; the caller stops with one line naming the file and the
+field (`results.ResultsDir.read_manifest`)."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+TypeSpec = type | tuple[type, ...]
+_NULL = type(None)
+_TEXT_OR_NULL = (str, _NULL)
+# top-level settings that the readers use where present, with their JSON types
+MANIFEST_FIELDS: Mapping[str, TypeSpec] = {
+    "target": _TEXT_OR_NULL, "draft": _TEXT_OR_NULL, "device": _TEXT_OR_NULL, "dtype": _TEXT_OR_NULL,
+    "num_assistant_tokens": (int, _NULL), "batch_size": (int, _NULL), "judge": str, "judge_options": dict,
+    "judge_backend": (dict, _NULL), "decoding": _TEXT_OR_NULL, "profile": _TEXT_OR_NULL,
+    "engine": _TEXT_OR_NULL, "models": dict, "sessions": list, "endpoints": (dict, _NULL),
+    "judge_agreement": (dict, _NULL),
+}
+# the text fields of each session, of each model's entry, and of judge_backend
+SESSION_TEXT = ("id", "host", "started")
+MODEL_TEXT = ("name", "id", "location")
+JUDGE_BACKEND_TEXT = ("kind", "model", "endpoint")
+
+
+def _mistyped(value: Any, kind: TypeSpec) -> bool:
+    """Whether `value` is not of `kind` (a JSON boolean is not an integer)."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds)
+
+
+def _text_problem(where: str, values: Any, keys: tuple[str, ...]) -> str | None:
+    """What keeps `values` from being an object whose `keys`, where present, are text (or null)."""
+    if not isinstance(values, dict):
+        return f"{where} is {values!r}, not an object"
+    wrong = [key for key in keys if key in values and _mistyped(values[key], _TEXT_OR_NULL)]
+    return f"{where} has a {wrong[0]!r} that is not text: {values[wrong[0]]!r}" if wrong else None
+
+
+def seed_problem(seed: Any) -> str | None:
+    """What keeps `seed` from being a task seed (null, or an integer >= 0, as `bench --seed` takes)."""
+    if seed is None:
+        return None
+    if _mistyped(seed, int) or seed < 0:
+        return f"'seed' is {seed!r}, not an integer >= 0 (or null)"
+    return None
+
+
+def manifest_problem(manifest: dict[str, Any]) -> str | None:
+    """The first setting of `manifest` that securesd would not have written, or None."""
+    wrong = [key for key, kind in MANIFEST_FIELDS.items() if key in manifest and _mistyped(manifest[key], kind)]
+    if wrong:
+        return f"{wrong[0]!r} is {manifest[wrong[0]]!r}, not a JSON {_type_name(MANIFEST_FIELDS[wrong[0]])}"
+    problems = [seed_problem(manifest.get("seed"))]
+    problems += [_text_problem(f"'sessions' item {index}", session, SESSION_TEXT)
+                 for index, session in enumerate(manifest.get("sessions") or [])]
+    problems += [_text_problem(f"'models' entry {role!r}", info, MODEL_TEXT)
+                 for role, info in (manifest.get("models") or {}).items()]
+    if manifest.get("judge_backend") is not None:
+        problems.append(_text_problem("'judge_backend'", manifest["judge_backend"], JUDGE_BACKEND_TEXT))
+    endpoints = manifest.get("endpoints") or {}
+    problems += [f"'endpoints' entry {name!r} is {url!r}, not a URL" for name, url in endpoints.items()
+                 if not isinstance(url, str)]
+    return next((problem for problem in problems if problem), None)
+
+
+def _type_name(kind: TypeSpec) -> str:
+    names = {str: "string", int: "integer", dict: "object", list: "array", _NULL: "null"}
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join(names.get(item, item.__name__) for item in kinds)

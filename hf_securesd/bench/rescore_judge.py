@@ -1,0 +1,97 @@
+"""The judge options `securesd rescore` builds its judge with: the recorded judge and options of a
+results directory, except everything that says where requests go or which local files are read.
+
+A results directory may come from anyone, so study.json must not choose where the user's API key
+(``SECURESD_JUDGE_API_KEY``) and the recorded prompts and responses are sent, nor which of the
+user's files is read and sent as the rubric. So:
+
+- the endpoint and model of an ``openai`` judge come only from the user: ``--judge-base-url`` /
+  ``--judge-model``, else ``SECURESD_JUDGE_BASE_URL`` / ``SECURESD_JUDGE_MODEL``, else the
+  defaults. An endpoint or model that study.json records (``backend_kwargs`` or
+  ``judge_backend``) and that differs from the user's is refused, naming both, unless the user
+  named one with the flag (then the flag's is used, and the recorded one never);
+- the model of a ``transformers`` judge (a Hub id or a local folder) comes only from
+  ``--judge-model``;
+- ``backend_kwargs`` ``api_key`` from study.json is dropped (the key comes from the environment);
+- ``data_dir`` (where the rubric file is read) is the user's ``--data-dir`` or
+  ``SECURESD_DATA_DIR``, never the recorded one.
+The recorded ``rubric`` text, ``threshold``, ``unparsed`` policy and numeric backend settings
+(timeouts, retries) are kept: they change verdicts, not where anything goes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from hf_securesd.judges import StrongRejectJudge
+from hf_securesd.judges.backends import endpoint_settings
+from hf_securesd.judges.secrets import strip_userinfo
+
+# backend settings that say where requests go, what is loaded, or with which credential
+LOCATION_KEYS = ("base_url", "model", "api_key")
+
+
+def _endpoint(url: str) -> str:
+    """`url` as endpoints are compared: without credentials or a trailing slash."""
+    return strip_userinfo(url.rstrip("/"))[0]
+
+
+def _recorded(manifest: Mapping[str, Any], settings: Mapping[str, Any], key: str, described: str) -> str | None:
+    """What study.json records for the judge's `key` (``backend_kwargs``, else ``judge_backend``)."""
+    backend = manifest.get("judge_backend")
+    value = settings.get(key) or (backend.get(described) if isinstance(backend, Mapping) else None)
+    return value if isinstance(value, str) and value else None
+
+
+def _refuse(what: str, recorded: str, current: str, source: str, flag: str) -> ValueError:
+    return ValueError(
+        f"study.json records the judge {what} {recorded!r}, but yours is {current!r} ({source}); rescore "
+        f"sends your API key and the recorded responses only where you say: pass {flag} {current} to rescore "
+        f"with yours, or {flag} {recorded} if you trust the directory's; nothing was rewritten"
+    )
+
+
+def _openai_settings(manifest: Mapping[str, Any], settings: Mapping[str, Any],
+                     base_url: str | None, model: str | None) -> dict[str, Any]:
+    """The user's endpoint and model for an ``openai`` judge, checked against the recorded ones."""
+    url, name = endpoint_settings(base_url, model)
+    recorded_url = _recorded(manifest, settings, "base_url", "endpoint")
+    if base_url is None and recorded_url is not None and _endpoint(recorded_url) != _endpoint(url):
+        source = "SECURESD_JUDGE_BASE_URL" if os.environ.get("SECURESD_JUDGE_BASE_URL") else "the default"
+        raise _refuse("endpoint", _endpoint(recorded_url), _endpoint(url), source, "--judge-base-url")
+    recorded_model = _recorded(manifest, settings, "model", "model")
+    if model is None and recorded_model is not None and recorded_model != name:
+        source = "SECURESD_JUDGE_MODEL" if os.environ.get("SECURESD_JUDGE_MODEL") else "the default"
+        raise _refuse("model", recorded_model, name, source, "--judge-model")
+    return {"base_url": url, "model": name}
+
+
+def trusted_judge_options(manifest: Mapping[str, Any], data_dir: str | os.PathLike | None,
+                          base_url: str | None = None, model: str | None = None) -> dict[str, Any]:
+    """The options to build the recorded judge with (see the module docstring); `base_url` and
+    `model` are the user's ``--judge-base-url`` and ``--judge-model`` (None: not given)."""
+    options = dict(manifest.get("judge_options") or {})
+    if manifest.get("judge") != StrongRejectJudge.name:
+        return options
+    options.pop("data_dir", None)
+    if data_dir is not None:
+        options["data_dir"] = os.fspath(data_dir)
+    backend = options.get("backend", "openai")
+    recorded = options.get("backend_kwargs")
+    if recorded is not None and not isinstance(recorded, Mapping):
+        raise ValueError(f"study.json: judge option 'backend_kwargs' is {recorded!r}, not an object; "
+                         "start a new --out directory")
+    settings = {key: value for key, value in (recorded or {}).items() if key not in LOCATION_KEYS}
+    if backend == "openai":
+        settings.update(_openai_settings(manifest, recorded or {}, base_url, model))
+    elif backend == "transformers":
+        if model is None:
+            raise ValueError(
+                f"study.json records a transformers judge ({(recorded or {}).get('model')!r}); rescore loads a "
+                "judge model only where you say: pass --judge-model MODEL (a Hub id or local folder); "
+                "nothing was rewritten"
+            )
+        settings["model"] = model
+    options["backend_kwargs"] = settings
+    return options
