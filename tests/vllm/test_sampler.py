@@ -294,6 +294,29 @@ def test_a_failing_row_takes_the_targets_token_and_spares_the_others(monkeypatch
     assert {result.row: result.verified for result in results} == {0: n, 1: 0, 2: n, 3: n}
 
 
+def test_a_row_whose_target_logits_hold_nan_at_t1_never_commits_an_out_of_range_token(caplog) -> None:
+    """The shared step refuses a target without a distribution (it used to draw token V - 1, and with the
+    draw's clamp gone it would give the id V); the adapter logs it and the row takes the target-only token,
+    inside the vocabulary, while the other rows are verified as usual."""
+    generator = torch.Generator().manual_seed(5)
+    vocab, n = 12, 3
+    targets = [torch.randn(n + 1, vocab, generator=generator) for _ in range(3)]
+    targets[1][1, 4] = float("nan")
+    drafts = [t[:n].argmax(-1) for t in targets]
+    requests = [SecureSDRequest(MARS(theta=0.5), None)] * 3
+    plans = [RowPlan(row, requests[row], 2, None, None, one_hot=True) for row in range(3)]
+    output = torch.full((3, n + 1), 99, dtype=torch.int32)
+    results = verify_rows(
+        plans, output, torch.cat(drafts).to(torch.int32), [n] * 3, torch.cat(targets),
+        torch.cat([t[:n] for t in targets]), torch.stack([t[-1] for t in targets]), torch.zeros(3, dtype=torch.long),
+        [False] * 3,
+    )
+    written = [[t for t in row if t != PLACEHOLDER] for row in output.tolist()]
+    assert all(0 <= token < vocab for row in written for token in row)
+    assert {result.row: result.verified for result in results}[1] == 0
+    assert "batch row 1" in caplog.text and "position 1: the processed target logits hold NaN" in caplog.text
+
+
 def test_fall_back_rows_draws_each_row_from_the_target() -> None:
     """The step-wide fallback: every SecureSD row's token follows q at its first drafted position."""
     torch.manual_seed(0)
