@@ -523,7 +523,8 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
 
 
 def _patched_generate(self, *args, **kwargs):
-    args, kwargs = _prepare_call(self, args, kwargs)
+    if not isinstance(self, SecureSDMixin):  # a wrapped model's own generate has prepared the call
+        args, kwargs = _prepare_call(self, args, kwargs)
     return _ORIGINAL_GENERATE(self, *args, **kwargs)
 
 

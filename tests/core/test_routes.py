@@ -62,6 +62,27 @@ def test_patch_without_verifier_is_plain_transformers_and_with_verifier_works(do
         plain.generate(PROMPT, max_new_tokens=4, assistant_model=draft, verifier="mars")  # unpatched: HF rejects it
 
 
+@pytest.mark.parametrize("route", ["wrap", "wrap_and_callable"])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_wrapped_model_gives_the_same_tokens_under_patch(route, do_sample):
+    """Under patch(), a wrapped model's call was prepared twice: the first pass's num_assistant_tokens then
+    refused every prompt-lookup call ('does not apply to prompt lookup')."""
+    repeating = torch.tensor([[7, 8, 9, 10, 7, 8, 9, 10, 7, 8]])
+    kwargs = dict(max_new_tokens=12, do_sample=do_sample, verifier="mars", prompt_lookup_num_tokens=3)
+    if route == "wrap_and_callable":
+        kwargs["custom_generate"] = securesd_generate
+    _, wrapped = tiny_pair(SPEC)
+    hf_securesd.wrap(wrapped)
+    torch.manual_seed(0)
+    expected = wrapped.generate(repeating, **kwargs)
+    hf_securesd.patch()
+    try:
+        torch.manual_seed(0)
+        assert torch.equal(wrapped.generate(repeating, **kwargs), expected)
+    finally:
+        hf_securesd.unpatch()
+
+
 def test_custom_generate_route(fresh_pair):
     draft, target = fresh_pair
     greedy = target.generate(PROMPT, max_new_tokens=20, do_sample=False)
