@@ -50,6 +50,7 @@ from .schedules import (
     is_integer,
     register_schedule,
     resolve_schedule,
+    short_repr,
 )
 from .validation import SecureSDConfigError
 
@@ -65,11 +66,6 @@ _BOUNDARY_HELP = (
 
 class BoundaryResolutionError(SecureSDConfigError):
     """A text boundary that cannot be turned into token ids (no tokenizer, or an unfaithful split)."""
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _token_ids(value: Any) -> tuple[int, ...] | None:
@@ -93,13 +89,13 @@ def _one_boundary(value: Any) -> Boundary:
             value.encode("utf-8")
         except UnicodeEncodeError as error:
             raise ValueError(
-                f"Segments boundary {_short(value)} is not valid Unicode text ({error.reason} at character "
+                f"Segments boundary {short_repr(value)} is not valid Unicode text ({error.reason} at character "
                 f"{error.start}); give the boundary as text a tokenizer can encode, or as token ids"
             ) from None
         return value
     ids = _token_ids(value)
     if ids is None:
-        raise ValueError(f"Segments boundary {_short(value)} is not a boundary; {_BOUNDARY_HELP}")
+        raise ValueError(f"Segments boundary {short_repr(value)} is not a boundary; {_BOUNDARY_HELP}")
     negative = [token for token in ids if token < 0]
     if negative:
         raise ValueError(
@@ -118,14 +114,14 @@ def normalize_boundaries(boundary: Any) -> tuple[Boundary, ...]:
     if isinstance(boundary, (list, tuple)) and boundary:
         if any(is_integer(item) for item in boundary):
             raise ValueError(
-                f"Segments boundary {_short(boundary)} mixes token ids with other boundaries; write one "
+                f"Segments boundary {short_repr(boundary)} mixes token ids with other boundaries; write one "
                 "boundary of several tokens as [id, id, ...] and several boundaries as "
                 "[[id, ...], '</think>', ...]"
             )
         return tuple(_one_boundary(item) for item in boundary)
     if boundary is None or isinstance(boundary, (list, tuple)):
-        raise ValueError(f"Segments boundary must be given, got {_short(boundary)}; {_BOUNDARY_HELP}")
-    raise ValueError(f"Segments boundary {_short(boundary)} is not a boundary; {_BOUNDARY_HELP}")
+        raise ValueError(f"Segments boundary must be given, got {short_repr(boundary)}; {_BOUNDARY_HELP}")
+    raise ValueError(f"Segments boundary {short_repr(boundary)} is not a boundary; {_BOUNDARY_HELP}")
 
 
 def _segment_schedule(value: Any, side: str) -> SegmentSchedule:
@@ -147,7 +143,7 @@ def _segment_schedule(value: Any, side: str) -> SegmentSchedule:
     if not isinstance(value, Schedule):
         raise TypeError(
             f"Segments {side} must be None, 'lossless' or a position schedule (Step, Linear, Power), "
-            f"got {type(value).__name__} {_short(value)}"
+            f"got {type(value).__name__} {short_repr(value)}"
         )
     if value.reads_tokens:
         raise ValueError(

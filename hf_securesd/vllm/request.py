@@ -34,7 +34,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 
-from ..schedules import Schedule, check_weights, resolve_schedule, schedule_weights
+from ..schedules import Schedule, check_weights, resolve_schedule, schedule_weights, short_repr
 from ..segments import Segments
 from ..validation import SecureSDConfigError
 from ..verifiers import VERIFIERS, Verifier, resolve_verifier
@@ -103,7 +103,7 @@ def parse_request(
         )
     if not isinstance(value, Mapping):
         raise SecureSDConfigError(
-            f"{origin} must be an object such as {_EXAMPLE} (or its JSON string), got {_short(value)}"
+            f"{origin} must be an object such as {_EXAMPLE} (or its JSON string), got {short_repr(value)}"
         )
     _check_size(value, origin)
     _refuse_unknown_keys(value, _FIELDS, origin)
@@ -140,7 +140,7 @@ def _refuse_huge_options(options: Mapping, origin: str) -> None:
     """Refuse, by name, an integer option beyond float range (a schedule's L is exact at any size)."""
     for key, option in options.items():
         if key != "L" and isinstance(option, int) and not isinstance(option, bool) and abs(option) >= 2**1024:
-            raise SecureSDConfigError(f"{origin}[{key!r}] is too large for a float: {_short(option, 40)}")
+            raise SecureSDConfigError(f"{origin}[{key!r}] is too large for a float: {short_repr(option, 40)}")
 
 
 def _check_verifier_form(verifier: Any, schedule: Any, origin: str) -> None:
@@ -158,17 +158,17 @@ def _check_verifier_form(verifier: Any, schedule: Any, origin: str) -> None:
         if name is None:
             raise SecureSDConfigError(
                 f'{origin}["verifier"] names no rule: add "verifier": "<name>" inside it, one of {names} '
-                f'(e.g. {{"verifier": "mars", "theta": 0.5}}); got {_short(dict(verifier))}'
+                f'(e.g. {{"verifier": "mars", "theta": 0.5}}); got {short_repr(dict(verifier))}'
             )
         if not isinstance(name, str):
             raise SecureSDConfigError(
                 f'{origin}["verifier"]["verifier"] must be a verifier name (one of {names}), got '
-                f"{type(name).__name__} {_short(name)}; options such as theta sit beside it in that object"
+                f"{type(name).__name__} {short_repr(name)}; options such as theta sit beside it in that object"
             )
     elif not isinstance(verifier, str):
         raise SecureSDConfigError(
             f'{origin}["verifier"] must be a verifier name (one of {names}) or an object such as '
-            f'{{"verifier": "mars", "theta": 0.5}}, got {type(verifier).__name__} {_short(verifier)}'
+            f'{{"verifier": "mars", "theta": 0.5}}, got {type(verifier).__name__} {short_repr(verifier)}'
         )
 
 
@@ -179,7 +179,7 @@ def _schedule_form(schedule: Any, origin: str) -> Any:
         if not isinstance(name, str):
             raise SecureSDConfigError(
                 f'{origin}["secure_schedule"]["schedule"] must be a schedule name ("step", "linear" or '
-                f'"power"), got {type(name).__name__} {_short(name)}; e.g. {{"schedule": "step", "L": 1}}'
+                f'"power"), got {type(name).__name__} {short_repr(name)}; e.g. {{"schedule": "step", "L": 1}}'
             )
         return dict(schedule)
     return schedule
@@ -214,7 +214,7 @@ def _check_size(value: Mapping, origin: str) -> None:
             bad_keys = [key for key in item if not isinstance(key, str)]
             if bad_keys:
                 raise SecureSDConfigError(
-                    f"{origin} has a non-string key {_short(bad_keys[0])}; keys are field names"
+                    f"{origin} has a non-string key {short_repr(bad_keys[0])}; keys are field names"
                 )
             children = list(item.keys()) + list(item.values())
         elif isinstance(item, (list, tuple)):
@@ -233,9 +233,9 @@ def _refuse_unknown_keys(value: Mapping, valid: Iterable[str], origin: str) -> N
     if not unknown:
         return
     hints = [
-        f"{_short(key)} (did you mean {close[0]!r}?)"
+        f"{short_repr(key)} (did you mean {close[0]!r}?)"
         if (close := difflib.get_close_matches(key, valid, n=1, cutoff=0.6))
-        else _short(key)
+        else short_repr(key)
         for key in unknown
     ]
     raise SecureSDConfigError(f"{origin} has unknown key(s) {', '.join(hints)}; valid keys: {list(valid)}")
@@ -265,10 +265,10 @@ def _from_json(text: str, origin: str) -> Any:
         raise SecureSDConfigError(str(error)) from None
     except json.JSONDecodeError as error:
         raise SecureSDConfigError(
-            f"{origin} is not valid JSON ({error.msg} at column {error.colno}): {_short(text)}"
+            f"{origin} is not valid JSON ({error.msg} at column {error.colno}): {short_repr(text)}"
         ) from None
     except ValueError as error:  # e.g. an integer literal longer than Python's digit limit
-        raise SecureSDConfigError(f"{origin} is not usable JSON: {_short(str(error))}") from None
+        raise SecureSDConfigError(f"{origin} is not usable JSON: {short_repr(str(error))}") from None
 
 
 def _without_repeats(pairs: list[tuple[str, Any]], origin: str) -> dict[str, Any]:
@@ -276,7 +276,7 @@ def _without_repeats(pairs: list[tuple[str, Any]], origin: str) -> dict[str, Any
     seen: dict[str, Any] = {}
     for key, value in pairs:
         if key in seen:
-            raise _RepeatedKey(f"{origin} gives the key {_short(key)} more than once; send each key once")
+            raise _RepeatedKey(f"{origin} gives the key {short_repr(key)} more than once; send each key once")
         seen[key] = value
     return seen
 
@@ -340,13 +340,13 @@ def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
             continue
         if looks_like_securesd(key):
             raise SecureSDConfigError(
-                f"{origin} has the key {_short(key)}, which SecureSD does not read; did you mean "
+                f"{origin} has the key {short_repr(key)}, which SecureSD does not read; did you mean "
                 f'"{EXTRA_ARGS_KEY}"? Rename it (or drop it for plain vLLM)'
             )
         field = _field_named(key)
         if field is not None:
             raise SecureSDConfigError(
-                f"{origin} has the key {_short(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
+                f"{origin} has the key {short_repr(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
                 f'it: "{field}" goes inside "{EXTRA_ARGS_KEY}", e.g. "vllm_xargs": {{"{EXTRA_ARGS_KEY}": '
                 f"{json.dumps(_EXAMPLE)}}} (a JSON string over HTTP)"
             )
@@ -360,7 +360,7 @@ def refuse_options_beside(keys: Iterable[Any], origin: str) -> None:
     for key in keys:
         if isinstance(key, str) and key != EXTRA_ARGS_KEY and key in options:
             raise SecureSDConfigError(
-                f"{origin} has the key {_short(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
+                f"{origin} has the key {short_repr(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
                 f"it: a verifier's or a schedule's option goes inside its object, e.g. {_EXAMPLE}"
             )
 
@@ -412,11 +412,6 @@ def request_for(extra_args: Mapping[str, Any] | None) -> SecureSDRequest | None:
             refuse_options_beside(extra_args, origin)
         return request
     return server_default()
-
-
-def _short(value: Any, limit: int = 80) -> str:
-    """repr(value), cut to `limit` characters (client values can be long)."""
-    return _clip(repr(value), limit)
 
 
 def _clip(text: str, limit: int) -> str:
