@@ -75,8 +75,7 @@ class RoundState:
 
 
 class Proposer(Protocol):
-    name: str
-    has_draft_distribution: bool
+    """What the loop asks of a proposer: a round's drafts, then the outcome of their verification."""
 
     def propose(self, state: RoundState) -> Proposal: ...
 
@@ -89,9 +88,6 @@ class Proposer(Protocol):
 
 class DraftModelProposer:
     """Drafts with a model: up to k forwards per round, each feeding the token drafted before."""
-
-    name = "draft model"
-    has_draft_distribution = True
 
     def __init__(
         self,
@@ -212,9 +208,6 @@ class PromptLookupProposer:
     row's last n tokens whose continuation is not empty, and propose up to `limit` tokens of that
     continuation, cut before the first EOS; no match proposes nothing (the round then commits the
     target's own token)."""
-
-    name = "prompt lookup"
-    has_draft_distribution = False
 
     def __init__(
         self,

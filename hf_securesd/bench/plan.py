@@ -233,8 +233,3 @@ def resolve_text_boundaries(configs: Sequence[RunConfig], tokenizer: Any) -> lis
         else config
         for config in configs
     ]
-
-
-def canonical_json(values: Any) -> str:
-    """Sorted-key JSON, used to compare settings."""
-    return json.dumps(values, sort_keys=True, default=str)

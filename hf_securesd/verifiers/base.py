@@ -82,11 +82,6 @@ class RoundInputs:
     def num_draft_tokens(self) -> int:
         return self.draft_tokens.shape[1]
 
-    @property
-    def has_draft_distribution(self) -> bool:
-        """False for a deterministic proposer (p is one-hot on the drafted token)."""
-        return self.draft_logits is not None
-
     @cached_property
     def target_probs(self) -> torch.Tensor:
         """q: [B, k+1, V]; one-hot on the argmax when greedy. At T > 0 a position whose processed logits
