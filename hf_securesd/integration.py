@@ -16,7 +16,7 @@ import functools
 import inspect
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
@@ -26,7 +26,7 @@ from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 from .cache_support import check_cache_layers, check_cache_support
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
-from .segments import Segments, check_boundary_ids, resolve_boundaries
+from .segments import BoundaryResolutionError, Segments, check_boundary_ids, resolve_boundaries
 from .stats import SegmentStats, SpeculativeStats, segment_statistics
 from .validation import (
     OTHER_METHODS,
@@ -38,11 +38,12 @@ from .validation import (
     check_inputs,
     check_padding,
     check_lengths,
+    checked_flag,
     check_proposer,
     resolve_request,
     vocab_size,
 )
-from .schedules import resolve_schedule
+from .schedules import Schedule, check_position_weights, resolve_schedule
 from .verifiers import Verifier, resolve_verifier
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
@@ -206,7 +207,9 @@ def _securesd_fields(
     return {
         "verifier": resolved,
         "secure_schedule": schedule,
-        "output_deviation": _effective("output_deviation", arguments, generation_config, model),
+        "output_deviation": checked_flag(
+            "output_deviation", _effective("output_deviation", arguments, generation_config, model)
+        ),
         **draft_length.generation_fields(),
     }
 
@@ -258,6 +261,18 @@ def _check_caches(
         check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens)
 
 
+def _check_custom_weights(schedule: Schedule | None, new_tokens: int) -> None:
+    """A custom position schedule (alone or as a segment's) must weigh every response position of the call
+    in [0, 1]: checked once here, before any forward, rather than in the round that first reads a bad one."""
+    parts = (schedule.before, schedule.after) if isinstance(schedule, Segments) else (schedule,)
+    for part in parts:
+        if isinstance(part, Schedule):
+            try:
+                check_position_weights(part, new_tokens)
+            except ValueError as error:
+                raise SecureSDConfigError(str(error)) from None
+
+
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The call without our fields, for plain transformers decoding."""
     return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
@@ -290,7 +305,12 @@ def _run_speculative(
             f"model inputs {sorted(unsupported)} are not supported with verifier=; "
             "speculative decoding here takes input_ids and attention_mask"
         )
+    # The call's keywords were checked before transformers merged them; a GenerationConfig's were not.
+    check_lengths(
+        generation_config.max_new_tokens, generation_config.max_length, where=" (in the call or its generation_config)"
+    )
     check_inputs(input_ids, model_kwargs.get("attention_mask"))
+    _check_custom_weights(generation_config.secure_schedule, generation_config.max_length - input_ids.shape[1])
     pad_token_id = _as_int(getattr(generation_config, "_pad_token_tensor", None))
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)
     input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
@@ -451,12 +471,31 @@ def _check_saved_fields(config: GenerationConfig) -> None:
         if value is None:
             continue
         try:
-            resolve(value)
+            resolved = resolve(value)
         except (TypeError, ValueError) as error:
             raise SecureSDConfigError(
                 f"generation_config.{name} cannot be saved: {error}. Set a valid value (or None) on "
                 "model.generation_config before save_pretrained"
             ) from None
+        _check_round_trip(name, resolved, resolve)
+
+
+def _check_round_trip(name: str, value: Verifier | Schedule, resolve: Callable[[Any], Any]) -> None:
+    """Raise SecureSDConfigError unless `value`'s saved form (`to_dict`) loads back as the same rule: a
+    custom verifier or schedule class is saved under a name a later process cannot resolve, or under a
+    built-in's name (a subclass) and would load as that built-in."""
+    saved = value.to_dict()
+    try:
+        loaded = resolve(saved)
+    except (TypeError, ValueError):
+        loaded = None
+    if type(loaded) is not type(value) or loaded.to_dict() != saved:
+        raise SecureSDConfigError(
+            f"generation_config.{name} cannot be saved: {type(value).__name__} is not one of the library's "
+            f"verifiers and schedules, and its saved form {saved} would not load back as it. Pass it to "
+            f"generate at call time ({name}=...) and set model.generation_config.{name} to None (or a built-in "
+            "one) before save_pretrained"
+        )
 
 
 def _register_config_fields(generation_config: GenerationConfig) -> None:
@@ -615,7 +654,18 @@ def securesd_generate(
         "streamer": streamer,
         "synced_gpus": synced_gpus,
     }
-    fields = _securesd_fields(model, arguments, generation_config, CALLABLE_DEFAULT_VERIFIER)
+    try:
+        fields = _securesd_fields(model, arguments, generation_config, CALLABLE_DEFAULT_VERIFIER)
+    except BoundaryResolutionError as error:
+        if not error.unresolved:
+            raise
+        raise BoundaryResolutionError(
+            f"Segments boundary {', '.join(map(repr, error.unresolved))} is text and needs the model's tokenizer, "
+            "which transformers does not pass to a callable custom_generate on a model that is not wrapped; "
+            "resolve it once with schedule.with_tokenizer(tokenizer), give the boundary as token ids, or wrap "
+            "the model (hf_securesd.wrap(model)) and pass tokenizer= with assistant_model=<draft>",
+            unresolved=error.unresolved,
+        ) from None
     if fields is None:
         raise SecureSDConfigError(
             "verifier=None switches SecureSD off, but custom_generate=securesd_generate is SecureSD's decoding "

@@ -65,7 +65,12 @@ _BOUNDARY_HELP = (
 
 
 class BoundaryResolutionError(SecureSDConfigError):
-    """A text boundary that cannot be turned into token ids (no tokenizer, or an unfaithful split)."""
+    """A text boundary that cannot be turned into token ids (no tokenizer, or an unfaithful split).
+    `unresolved` holds the text boundaries left without a tokenizer (empty for an unfaithful split)."""
+
+    def __init__(self, message: str, unresolved: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.unresolved = unresolved
 
 
 def _token_ids(value: Any) -> tuple[int, ...] | None:
@@ -275,7 +280,8 @@ class Segments(Schedule):
                 f"Segments boundary {', '.join(map(repr, self.text_boundaries))} is text and needs the "
                 "model's tokenizer: pass tokenizer=<the target's tokenizer> to generate (or resolve it "
                 "once with schedule.with_tokenizer(tokenizer)), or give the boundary as token ids, e.g. "
-                "Segments([151668], ...)"
+                "Segments([151668], ...)",
+                unresolved=tuple(self.text_boundaries),
             )
         return _matcher(self.token_boundaries)
 

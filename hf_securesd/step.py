@@ -54,6 +54,7 @@ from .host_values import long_tensor
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Linear, Power, Schedule, Step, schedule_weights
 from .verifiers.base import RoundInputs, UnusableTargetError, Verifier
+from .verifiers.lossless import Lossless
 
 
 @dataclass(frozen=True, eq=False)
@@ -449,6 +450,16 @@ def _verify_group(
         deviation = (
             greedy_deviation(round_inputs, alpha)
             if greedy
-            else total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
+            else _sampled_deviation(verifier, round_inputs, eta)
         )
     return StepOutput(accepted, next_tokens, alpha, eta, deviation)
+
+
+def _sampled_deviation(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> torch.Tensor:
+    """TV(out_i, q_i) [G, k] at T > 0 (Theorem 1), summed over the vocabulary in floating point. Where the
+    mixed rule is the lossless one (eta = 0, or the lossless verifier) out = q exactly, so the deviation is
+    0 there rather than the sum's rounding (~1e-8)."""
+    if type(verifier) is Lossless:
+        return torch.zeros(eta.shape, dtype=torch.float32, device=eta.device)
+    deviation = total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
+    return deviation.masked_fill(eta == 0, 0.0)

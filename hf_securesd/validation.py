@@ -7,7 +7,7 @@ from typing import Any, Iterable, Mapping
 import torch
 from transformers import MaxLengthCriteria, MaxTimeCriteria, PreTrainedModel
 
-from .schedules import Schedule, is_integer, resolve_schedule
+from .schedules import Schedule, is_integer, python_scalar, resolve_schedule, short_repr
 from .verifiers import Verifier, resolve_verifier
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
@@ -131,11 +131,20 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
         )
 
 
-def check_lengths(max_new_tokens: Any, max_length: Any) -> None:
-    """`max_new_tokens` / `max_length`, when given, must be integers (NumPy and 0-d tensor integers too)."""
-    for name, value in (("max_new_tokens", max_new_tokens), ("max_length", max_length)):
-        if value is not None and (not is_integer(value) or int(value) < 0):
-            raise SecureSDConfigError(f"{name} must be an integer >= 0, got {value!r}")
+def check_lengths(max_new_tokens: Any, max_length: Any, where: str = "") -> None:
+    """`max_new_tokens` (>= 1) / `max_length` (>= 0), when given, must be integers (NumPy and 0-d tensor
+    integers too). where: said after the field's name (e.g. which config held it)."""
+    for name, value, least in (("max_new_tokens", max_new_tokens, 1), ("max_length", max_length, 0)):
+        if value is not None and (not is_integer(value) or int(value) < least):
+            raise SecureSDConfigError(f"{name}{where} must be an integer >= {least}, got {value!r}")
+
+
+def checked_flag(name: str, value: Any) -> bool | None:
+    """A True/False option (NumPy and 0-d tensor booleans too) as a Python bool; None stays None (unset)."""
+    value = python_scalar(value)
+    if value is None or isinstance(value, bool):
+        return value
+    raise SecureSDConfigError(f"{name} must be True or False, got {short_repr(value)}")
 
 
 def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:

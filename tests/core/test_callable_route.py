@@ -14,6 +14,7 @@ from transformers import GenerationConfig
 
 import hf_securesd
 from hf_securesd import MARS, SecureSDConfigError, Step, securesd_generate
+from hf_securesd.segments import BoundaryResolutionError
 from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
 
 PROMPT = torch.tensor([[65, 66, 67, 68]])
@@ -133,6 +134,8 @@ def test_draft_length_from_a_passed_generation_config():
         ({"num_assistant_tokens_schedule": "bogus"}, "num_assistant_tokens_schedule='bogus' is not supported"),
         ({"assistant_confidence_threshold": 1.5}, "must be a probability in"),
         ({"num_assistant_tokens": 0}, "must be an integer >= 1"),
+        ({"max_new_tokens": True}, r"max_new_tokens( \(in the call or its generation_config\))? must be an integer >= 1"),
+        ({"max_new_tokens": 2.0}, r"max_new_tokens( \(in the call or its generation_config\))? must be an integer >= 1"),
         ({"num_beams": 2}, "num_beams > 1"),
         ({"secure_schedule": {"schedule": "step", "L": 1}}, "secure_schedule was given without a verifier"),
     ],
@@ -143,8 +146,8 @@ def test_invalid_arguments_are_refused(wrapped, options, message):
     if wrapped:
         hf_securesd.wrap(target)
     with pytest.raises(SecureSDConfigError, match=message):
-        target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=securesd_generate, draft=draft,
-                        **options)
+        target.generate(PROMPT, do_sample=False, custom_generate=securesd_generate, draft=draft,
+                        **{"max_new_tokens": 4, **options})
 
 
 def test_verifier_none_names_the_fix_on_a_plain_model():
@@ -220,3 +223,17 @@ def test_a_schedule_without_a_verifier_in_the_models_config_is_refused_alike(wra
             target.generate(PROMPT, max_new_tokens=4, do_sample=False, assistant_model=draft)
         plain = target.generate(PROMPT, max_new_tokens=4, do_sample=False)  # no draft: plain decoding
         assert torch.equal(plain, target.generate(PROMPT, max_new_tokens=4, do_sample=False, verifier=None))
+
+
+def test_a_text_boundary_on_a_plain_model_names_what_transformers_drops():
+    """transformers drops tokenizer= for a callable on a model that is not wrapped: the error must not
+    tell the caller to pass the tokenizer they passed."""
+    draft, target = tiny_pair(SPEC)
+    with pytest.raises(BoundaryResolutionError,
+                       match=r"'</think>' is text .* which transformers does not pass to a callable custom_generate"):
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=securesd_generate, draft=draft, verifier="mars",
+                        secure_schedule=hf_securesd.Segments("</think>"), tokenizer=byte_tokenizer())
+    resolved = hf_securesd.Segments("</think>").with_tokenizer(byte_tokenizer())
+    out = target.generate(PROMPT, max_new_tokens=4, custom_generate=securesd_generate, draft=draft, verifier="mars",
+                          secure_schedule=resolved, do_sample=False)
+    assert out.shape[1] == PROMPT.shape[1] + 4

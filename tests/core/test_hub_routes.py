@@ -165,6 +165,42 @@ def test_an_invalid_field_is_refused_before_anything_is_saved(tmp_path, route, f
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+class _Half(hf_securesd.Schedule):
+    """A custom position schedule: not one of the library's, so it has no saved form."""
+
+    def eta(self, positions):
+        return torch.full(positions.shape, 0.5)
+
+
+class _LaterStep(hf_securesd.Step):
+    """A subclass that keeps Step's name: saved, it would load back as a plain Step."""
+
+    def eta(self, positions):
+        return (positions >= 2 * self.L).float()
+
+
+@pytest.mark.parametrize("schedule", [_Half(), _LaterStep(L=2)], ids=["custom", "subclass"])
+def test_a_schedule_that_would_not_load_back_is_refused_before_saving(tmp_path, schedule):
+    _, target = tiny_pair()
+    hf_securesd.wrap(target)
+    target.generation_config.verifier = "mars"
+    target.generation_config.secure_schedule = schedule
+    with pytest.raises(hf_securesd.SecureSDConfigError,
+                       match=rf"secure_schedule cannot be saved: {type(schedule).__name__} is not one of the library's"):
+        target.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_built_in_rules_with_infinite_knobs_and_text_boundaries_save(tmp_path):
+    _, target = tiny_pair()
+    hf_securesd.wrap(target)
+    target.generation_config.verifier = hf_securesd.FLy(tau=math.inf)
+    target.generation_config.secure_schedule = hf_securesd.Segments("</think>", before=Power(L=3, gamma=2.0))
+    target.save_pretrained(tmp_path / "out")
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert saved["verifier"]["tau"] == "inf" and saved["secure_schedule"]["boundary"] == "</think>"
+
+
 @pytest.mark.parametrize("name", hf_securesd.metrics.METRICS)
 def test_metric_space_folder_is_complete(name, tmp_path):
     space = hf_securesd.metrics.export(name, tmp_path / name)

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from transformers import BertConfig, BertModel, StoppingCriteria, StoppingCriteriaList
+from transformers import BertConfig, BertModel, GenerationConfig, StoppingCriteria, StoppingCriteriaList
 
 import hf_securesd
 from hf_securesd import LossySD, Power, SecureSDConfigError, Step
@@ -90,6 +90,25 @@ def test_integer_types_hf_accepts_are_accepted(llama_pair):
     assert Step(L=torch.tensor(2)) == Step(L=2)
 
 
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        (dict(max_new_tokens=2.0), r"max_new_tokens \(in the call or its generation_config\) must be an integer >= 1"),
+        (dict(max_length=20.0), r"max_length \(in the call or its generation_config\) must be an integer >= 0"),
+    ],
+)
+def test_non_integer_lengths_in_a_generation_config_are_refused_before_decoding(llama_pair, config, message):
+    draft, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match=message):
+        target.generate(PROMPT, generation_config=GenerationConfig(**config), assistant_model=draft, verifier="mars")
+
+
+def test_zero_new_tokens_is_refused_with_the_smallest_valid_value(llama_pair):
+    draft, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match="max_new_tokens must be an integer >= 1, got 0"):
+        target.generate(PROMPT, max_new_tokens=0, assistant_model=draft, verifier="mars")
+
+
 def test_bad_inputs_get_clear_errors(llama_pair):
     draft, target = llama_pair
     cases = [
@@ -158,3 +177,41 @@ def test_remove_invalid_values_is_honoured_for_the_models_own_nan_and_infinities
     assert relaxed.shape == plain.shape
     with pytest.raises(hf_securesd.NonFiniteLogitsError, match="produced NaN or infinite logits"):
         target.generate(prompt, max_new_tokens=16, do_sample=False, verifier="lossless", **drafting)
+
+
+class _ClimbingSchedule(Schedule):
+    """A custom position schedule whose eta leaves [0, 1] from response position 3 on."""
+
+    def eta(self, positions):
+        return (positions >= 3).float() * 1.5
+
+
+def test_a_custom_schedule_leaving_the_unit_interval_is_refused_before_any_forward(llama_pair):
+    draft, target = llama_pair
+    forwards = []
+    handle = target.register_forward_hook(lambda *_: forwards.append(1))
+    try:
+        for schedule in (_ClimbingSchedule(), hf_securesd.Segments([3], before=_ClimbingSchedule())):
+            with pytest.raises(SecureSDConfigError, match=r"schedule _ClimbingSchedule returned eta = 1.5"):
+                target.generate(PROMPT, max_new_tokens=8, assistant_model=draft, verifier="mars",
+                                secure_schedule=schedule)
+    finally:
+        handle.remove()
+    assert forwards == []
+
+
+def test_a_custom_schedule_is_checked_only_over_the_positions_the_call_can_reach(llama_pair):
+    draft, target = llama_pair
+    out = target.generate(PROMPT, max_new_tokens=3, assistant_model=draft, verifier="mars",
+                          secure_schedule=_ClimbingSchedule(), num_assistant_tokens=1, do_sample=False)
+    assert out.shape[1] == PROMPT.shape[1] + 3
+
+
+@pytest.mark.parametrize("value", ["no", "False", 1, 0.0])
+def test_output_deviation_takes_only_true_or_false(llama_pair, value):
+    draft, target = llama_pair
+    with pytest.raises(SecureSDConfigError, match=r"output_deviation must be True or False"):
+        target.generate(PROMPT, max_new_tokens=4, assistant_model=draft, verifier="mars", output_deviation=value)
+    stats = target.generate(PROMPT, max_new_tokens=4, assistant_model=draft, verifier="mars", do_sample=True,
+                            output_deviation=np.bool_(True), return_dict_in_generate=True).speculative_stats
+    assert stats.position_tv_sum

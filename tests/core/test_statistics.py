@@ -31,3 +31,19 @@ def test_sampled_deviation_is_opt_in(llama_pair):
     config = GenerationConfig(do_sample=True, max_new_tokens=12, return_dict_in_generate=True, output_deviation=True)
     out = target.generate(PROMPT, generation_config=config, assistant_model=draft, verifier="mars")
     assert out.speculative_stats.position_tv_sum
+
+
+def test_sampled_deviation_is_exactly_zero_where_the_rule_is_lossless(llama_pair):
+    """At T > 0 the TV is a float sum over the vocabulary; where the mixed rule is the lossless one
+    (the lossless verifier, or eta = 0 under Step) the output is q exactly and the deviation reads 0."""
+    draft, target = llama_pair
+    torch.manual_seed(0)
+    lossless = target.generate(PROMPT, max_new_tokens=12, assistant_model=draft, verifier="lossless",
+                               do_sample=True, output_deviation=True, return_dict_in_generate=True).speculative_stats
+    assert lossless.position_tv_sum and all(tv == 0.0 for tv in lossless.position_tv_sum)
+    from hf_securesd import Step
+
+    torch.manual_seed(0)
+    stepped = _stats(target, draft, do_sample=True, output_deviation=True, secure_schedule=Step(L=3))
+    assert stepped.position_tv_sum[:3] == [0.0, 0.0, 0.0]
+    assert any(tv > 0 for tv in stepped.position_tv_sum[3:])
