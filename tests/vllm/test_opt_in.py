@@ -77,8 +77,11 @@ def test_explicit_off_keeps_the_default_from_applying():
     with plugin_environment(**{OPT_IN_ENV: "0", DEFAULT_ENV: '{"verifier": "mars"}'}):
         register()
         SamplingParams(max_tokens=4)  # would inherit the default if the plugin were on
-        with pytest.raises(ValueError, match=r"\(SECURESD_VLLM=0\)"):
+        with pytest.raises(ValueError, match=r"\(SECURESD_VLLM=0\)") as refused:
             SamplingParams(max_tokens=4, extra_args=ASKS)
+        # The default is set and ignored: the refusal must not offer it as the way in.
+        assert "or a server-wide default" not in str(refused.value)
+        assert "0 keeps it off even with SECURESD_VLLM_DEFAULT set" in str(refused.value)
 
 
 def test_unknown_opt_in_value_is_refused_by_name():
