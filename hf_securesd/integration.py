@@ -37,6 +37,7 @@ from .validation import (
     check_options,
     check_inputs,
     check_padding,
+    check_prompt_ids,
     check_lengths,
     checked_flag,
     check_proposer,
@@ -310,6 +311,7 @@ def _run_speculative(
         generation_config.max_new_tokens, generation_config.max_length, where=" (in the call or its generation_config)"
     )
     check_inputs(input_ids, model_kwargs.get("attention_mask"))
+    check_prompt_ids(input_ids, {"target": model, "draft": draft})
     _check_custom_weights(generation_config.secure_schedule, generation_config.max_length - input_ids.shape[1])
     pad_token_id = _as_int(getattr(generation_config, "_pad_token_tensor", None))
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)

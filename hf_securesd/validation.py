@@ -190,6 +190,23 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
         )
 
 
+def check_prompt_ids(input_ids: torch.Tensor, models: Mapping[str, PreTrainedModel | None]) -> None:
+    """Every prompt id [B, P] must be a row of each model's input embedding (`models`: role -> model, None
+    skipped); an id outside would fail deep inside the embedding lookup."""
+    if input_ids.numel() == 0:
+        return
+    low, high = (int(value) for value in torch.aminmax(input_ids))
+    for role, model in models.items():
+        embeddings = model.get_input_embeddings() if model is not None else None
+        rows = getattr(embeddings, "num_embeddings", None)
+        if rows is not None and (low < 0 or high >= rows):
+            bad = low if low < 0 else high
+            raise SecureSDConfigError(
+                f"input_ids holds token id {bad}, but the {role} model embeds ids 0..{rows - 1}; pass ids from "
+                "the tokenizer of this model pair"
+            )
+
+
 # Generation fields that select another decoding method or another acceptance rule, with the reason a
 # verifier cannot run with them (transformers would otherwise pick that method or ignore the field).
 OTHER_METHODS = {

@@ -115,6 +115,8 @@ def test_bad_inputs_get_clear_errors(llama_pair):
         (dict(inputs=PROMPT, max_new_tokens=2.5), "max_new_tokens must be an integer"),
         (dict(inputs=PROMPT, attention_mask=torch.ones(1, 7, dtype=torch.long)), "attention_mask has shape"),
         (dict(inputs=torch.zeros(1, 0, dtype=torch.long)), "the prompt is empty"),
+        (dict(inputs=torch.tensor([[5, 6, 100_000]])), r"input_ids holds token id 100000, but the target model embeds"),
+        (dict(inputs=torch.tensor([[5, -1, 7]])), r"input_ids holds token id -1, but the target model embeds ids 0\.\."),
         (dict(inputs=torch.zeros(0, 5, dtype=torch.long)), r"input_ids holds no rows \(shape \(0, 5\)\)"),
         (dict(inputs=torch.zeros(0, 5, dtype=torch.long), attention_mask=torch.ones(0, 5, dtype=torch.long)),
          "input_ids holds no rows"),
