@@ -197,14 +197,23 @@ def check_prompt_ids(input_ids: torch.Tensor, models: Mapping[str, PreTrainedMod
         return
     low, high = (int(value) for value in torch.aminmax(input_ids))
     for role, model in models.items():
-        embeddings = model.get_input_embeddings() if model is not None else None
-        rows = getattr(embeddings, "num_embeddings", None)
+        rows = _embedded_ids(model) if model is not None else None
         if rows is not None and (low < 0 or high >= rows):
             bad = low if low < 0 else high
             raise SecureSDConfigError(
                 f"input_ids holds token id {bad}, but the {role} model embeds ids 0..{rows - 1}; pass ids from "
                 "the tokenizer of this model pair"
             )
+
+
+def _embedded_ids(model: PreTrainedModel) -> int | None:
+    """How many token ids `model`'s input embedding holds, or None when it does not say."""
+    try:
+        embeddings = model.get_input_embeddings()
+    except (NotImplementedError, AttributeError):
+        return None
+    rows = getattr(embeddings, "num_embeddings", None)
+    return rows if isinstance(rows, int) else None
 
 
 # Generation fields that select another decoding method or another acceptance rule, with the reason a
