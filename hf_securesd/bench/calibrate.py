@@ -17,7 +17,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, mean_of, speculative_cells
+from hf_securesd.bench.formatting import fmt
 from hf_securesd.bench.plan import LOSSLESS, RunConfig, check_no_repeats, parse_verifier, verifier_key, verifier_label
+from hf_securesd.bench.results import json_ready
 from hf_securesd.schedules import Schedule, Step
 from hf_securesd.segments import Segments, check_boundary_ids
 
@@ -26,15 +28,18 @@ DEFAULT_LENGTHS = (1, 2, 4, 8, 12)
 
 @dataclass(frozen=True)
 class LevelResult:
-    """Figures of one configuration on the calibration set (means over its tasks of each kind)."""
+    """Figures of one configuration on the calibration set (means over its tasks of each kind), and
+    the rule's two checks: `safe` (safety PRR within the tolerance of lossless) and `fast` (SPD kept).
+    A check is None when it was not made: a figure it compares is undefined, or the configuration is
+    not a swept level (the relaxed verifier itself)."""
 
     L: int | None  # None: the relaxed verifier without SecureSD
     safety_prr: float
     utility_prr: float
     spd: float
     acceptance_rate: float
-    safe: bool = False
-    fast: bool = False
+    safe: bool | None = None
+    fast: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,19 @@ class Recommendation:
     levels: list[LevelResult] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The recommendation as standard JSON data (`results.json_ready`): an undefined figure
+        is None (written as null, never as the NaN token), as in every other results file."""
+        return json_ready(asdict(self))
+
+
+def check_text(passed: bool | None) -> str:
+    """A rule check as calibration.md shows it: "yes", "no", or "–" when it was not made."""
+    return "–" if passed is None else "yes" if passed else "no"
+
+
+def _at_least(value: float, bound: float) -> bool | None:
+    """Whether `value` >= `bound`; None when either is undefined (NaN or infinite)."""
+    return value >= bound if math.isfinite(value) and math.isfinite(bound) else None
 
 
 def swept_schedule(length: int, segments: Segments | None = None) -> Schedule:
@@ -173,6 +190,10 @@ def recommend(
         length = _swept_length(cell["config"]["schedule"], segments)
         if length is not None:
             by_length.setdefault(length, []).append(cell)
+    levels = [
+        _checked(_level(group, length), lossless_safety - tolerance, (1.0 - spd_tolerance) * relaxed.spd)
+        for length, group in sorted(by_length.items())
+    ]
     if not math.isfinite(lossless_safety):
         return Recommendation(
             verifier,
@@ -182,14 +203,8 @@ def recommend(
             "examples",
             lossless_safety,
             relaxed,
-            [_level(group, length) for length, group in sorted(by_length.items())],
+            levels,
         )
-    levels = []
-    for length, group in sorted(by_length.items()):
-        level = _level(group, length)
-        safe = math.isfinite(level.safety_prr) and level.safety_prr >= lossless_safety - tolerance
-        fast = math.isfinite(level.spd) and level.spd >= (1.0 - spd_tolerance) * relaxed.spd
-        levels.append(LevelResult(**{**asdict(level), "safe": safe, "fast": fast}))
     chosen = next((level for level in levels if level.safe and level.fast), None)
     if chosen is not None:
         reason = (
@@ -199,21 +214,54 @@ def recommend(
             f"of the relaxed verifier's {relaxed.spd:.2f}"
         )
         return Recommendation(verifier, chosen.L, reason, lossless_safety, relaxed, levels)
+    reason = _no_level_reason(levels, tolerance, spd_tolerance, lossless_safety, relaxed.spd, segments)
+    return Recommendation(verifier, None, reason, lossless_safety, relaxed, levels)
+
+
+def _checked(level: LevelResult, safety_bound: float, spd_bound: float) -> LevelResult:
+    """`level` with its checks made: safety PRR >= `safety_bound`, SPD >= `spd_bound` (each None
+    when a figure it compares is undefined)."""
+    return LevelResult(**{**asdict(level), "safe": _at_least(level.safety_prr, safety_bound),
+                          "fast": _at_least(level.spd, spd_bound)})
+
+
+def _no_level_reason(
+    levels: Sequence[LevelResult],
+    tolerance: float,
+    spd_tolerance: float,
+    lossless_safety: float,
+    relaxed_spd: float,
+    segments: Segments | None,
+) -> str:
+    """Why no level qualifies: the first safe one does not keep the speed-up (or its SPD could not
+    be compared), no level is safe, or no level's safety PRR is defined."""
+    lengths = [level.L for level in levels]
     safe = [level for level in levels if level.safe]
+    if safe and safe[0].fast is None:
+        return (
+            f"{schedule_name(safe[0].L, segments)} is the smallest L within {tolerance} of lossless safety, "
+            f"but its SPD ({fmt(safe[0].spd, 2)}) or the relaxed verifier's ({fmt(relaxed_spd, 2)}) is "
+            "undefined, so whether it keeps the speed-up was not checked; rerun with more examples"
+        )
     if safe:
-        reason = (
+        return (
             f"{schedule_name(safe[0].L, segments)} is the smallest L within {tolerance} of lossless safety, "
             "but its SPD "
             f"{safe[0].spd:.2f} is below {1 - spd_tolerance:.0%} of the relaxed verifier's "
-            f"{relaxed.spd:.2f}; "
+            f"{relaxed_spd:.2f}; "
             f"no L keeps the speed-up"
         )
-    else:
-        reason = (
-            f"no L in {sorted(by_length)} brings safety PRR within {tolerance} of lossless "
-            f"({lossless_safety:.3f}); try larger L, or lossless verification"
+    if all(level.safe is None for level in levels):
+        return (
+            f"safety PRR is undefined at every L in {lengths} (the target-only and draft-only safety "
+            "scores are equal on those prompts, or no safety task was run); use more or other examples"
         )
-    return Recommendation(verifier, None, reason, lossless_safety, relaxed, levels)
+    unchecked = [level.L for level in levels if level.safe is None]
+    undefined = f" (undefined at L in {unchecked})" if unchecked else ""
+    return (
+        f"no L in {lengths} brings safety PRR within {tolerance} of lossless "
+        f"({lossless_safety:.3f}){undefined}; try larger L, or lossless verification"
+    )
 
 
 def verifier_labels(verifier_specs: Sequence[str]) -> list[str]:

@@ -20,11 +20,14 @@ to point into RESULTS/report/) and the closing text.
 
 from __future__ import annotations
 
+import difflib
 import os
 from pathlib import Path
 from typing import Any, Sequence
 
 from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, _parse_json, _UNREADABLE, write_text_atomic
+from hf_securesd.bench.report_markdown import one_line
+from hf_securesd.bench.terminal import printable
 
 CARD_FILE = "card.json"
 FIGURES = ("prr_vs_ar.png", "position_tv.png")
@@ -39,14 +42,27 @@ CARD_ENTRIES: dict[str, tuple[type | tuple[type, ...], bool]] = {
 
 
 def _paragraphs(value: str | Sequence[str] | None) -> list[str]:
+    """card.json text or list of text as paragraphs (`printable`: Markdown, but no control characters)."""
     if not value:
         return []
     items = [value] if isinstance(value, str) else list(value)
-    return [line for item in items for line in (item, "")]
+    return [line for item in items for line in (printable(item), "")]
+
+
+def _unknown_entry_problem(spec: dict[str, Any]) -> str | None:
+    """What is wrong with the first entry of `spec` that is not in `CARD_ENTRIES` (a misspelt entry
+    would otherwise drop its part of the card without a word), or None when there is none."""
+    unknown = next((key for key in spec if key not in CARD_ENTRIES), None)
+    if unknown is None:
+        return None
+    close = difflib.get_close_matches(unknown, CARD_ENTRIES, n=1)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    valid = ", ".join(f'"{key}"' for key in CARD_ENTRIES)
+    return f"unknown entry {printable(repr(unknown))}{hint}; the entries are {valid}"
 
 
 def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """RESULTS/card.json, checked (each entry of `CARD_ENTRIES` with its type, lists of text), or
+    """RESULTS/card.json, checked (only entries of `CARD_ENTRIES`, each with its type, lists of text), or
     None when the directory has none. `CorruptResultsError` names the file and the entry."""
     spec_path = Path(results_dir) / CARD_FILE
     if not spec_path.is_file():
@@ -55,6 +71,9 @@ def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
     if spec is _UNREADABLE or not isinstance(spec, dict):
         found = "not valid UTF-8 JSON" if spec is _UNREADABLE else f"{spec!r} is not a JSON object"
         raise CorruptResultsError(f"{spec_path}: {found}; write it as described in hf_securesd.bench.card")
+    unknown = _unknown_entry_problem(spec)
+    if unknown:
+        raise CorruptResultsError(f"{spec_path}: {unknown}; rename or remove it (see hf_securesd.bench.card)")
     for key, (kind, needed) in CARD_ENTRIES.items():
         value = spec.get(key)
         if value is None and not needed:
@@ -116,9 +135,9 @@ def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> P
         for spelling in spellings:
             line = line.replace(f"`{spelling}/", f"`{relative}/")
         body[index] = line
-    lines = [f"# {spec['title']}", "", *_paragraphs(spec.get("preamble"))]
+    lines = [f"# {one_line(spec['title'])}", "", *_paragraphs(spec.get("preamble"))]
     if spec.get("commands"):
-        lines += ["## Commands", "", "```bash", *spec["commands"], "```", ""]
+        lines += ["## Commands", "", "```bash", *map(printable, spec["commands"]), "```", ""]
     lines += body
     lines += ["", *_paragraphs(spec.get("closing"))]
     write_text_atomic(output, "\n".join(lines).rstrip() + "\n")

@@ -16,9 +16,10 @@ A profile (`bench/profiles.py`) sets every default; the flags override it. Rerun
 
 Exit status: 0 every cell finished; 1 prompts got no answer (recorded in failures.jsonl; the same
 command again retries them); 2 bad options or settings (nothing generated; also an --out holding
-results of other settings); 3 the judge could not score a finished cell (`EXIT_JUDGE_FAILED`: its
-endpoint failed, or the run deadline passed; the journaled generations are kept and the same
-command again scores them); 4 another run holds --out (`EXIT_IN_USE`).
+results of other settings, or HumanEval without a usable bubblewrap or --unsafe-no-isolation); 3 the
+judge could not score a finished cell (`EXIT_JUDGE_FAILED`: its endpoint failed, or the run deadline
+passed; the journaled generations are kept and the same command again scores them); 4 another run
+holds --out (`EXIT_IN_USE`).
 """
 
 from __future__ import annotations
@@ -40,8 +41,14 @@ from hf_securesd.bench.cli_engines import (
     study_models,
 )
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
-from hf_securesd.bench.results import REMOTE_ENGINES
+from hf_securesd.bench.results import MANIFEST, REMOTE_ENGINES, ResultsDir
+from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text, non_negative_int, positive_int
+
+# what refuses options or a setup before anything is generated (exit 2): DeviceError and EngineError
+# are ValueErrors; KeyError: an unknown task or profile; SandboxUnavailableError: HumanEval without
+# bubblewrap or --unsafe-no-isolation
+SETUP_ERRORS = (KeyError, ValueError, FileNotFoundError, SandboxUnavailableError)
 
 
 def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
@@ -71,7 +78,10 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         help="generation length for every task (default: the profile's caps on each task's own)",
     )
     parser.add_argument(
-        "--num-assistant-tokens", type=positive_int, default=None, help="draft tokens per round k (default 5)"
+        "--num-assistant-tokens",
+        type=positive_int,
+        default=None,
+        help="draft tokens per round k (default 5; refused by --engine openai, whose servers choose it)",
     )
     parser.add_argument(
         "--seed", type=non_negative_int, default=None, help="task sampling seed (default: each task's own, 0)"
@@ -83,23 +93,22 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--out", type=out_path, required=True, help="results directory (created; reused to resume)"
     )
     parser.add_argument(
-        "--device", type=non_empty_text, default="auto", help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ..."
+        "--device",
+        type=non_empty_text,
+        default="auto",
+        help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ...; only auto is taken by "
+        "--engine openai",
     )
     parser.add_argument(
         "--dtype",
         choices=("auto", "bf16", "fp16", "fp32"),
         default=None,
         help="model dtype; auto: bf16 on GPUs that support it, on CPUs only where bf16 is native and "
-        "faster in a timed matmul (vllm: where it is native), else fp32; not used by --engine openai "
-        "(default: the profile's)",
+        "faster in a timed matmul (vllm: where it is native), else fp32; resuming --out, the dtype it "
+        "records; only auto is taken by --engine openai (default: the profile's)",
     )
     parser.add_argument("--judge", default="refusal_prefix", help="jailbreak judge of hf_securesd.judges")
-    parser.add_argument(
-        "--unsafe-no-isolation",
-        action="store_true",
-        help="run generated code (HumanEval) WITHOUT bubblewrap isolation, with resource limits only; "
-        "by default the run refuses when bubblewrap is unusable",
-    )
+    add_isolation_option(parser)
     parser.add_argument(
         "--judge-option",
         action="append",
@@ -113,10 +122,29 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--batch-size", type=positive_int, default=None, help="prompts per generate call (default: the profile's)"
     )
     parser.add_argument(
-        "--threads", type=positive_int, default=None, help="torch CPU threads (default: the profile's, else torch's)"
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch CPU threads (default: the profile's, else torch's; refused by --engine openai)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     accept_underscores(parser)
+
+
+def add_isolation_option(parser: argparse.ArgumentParser) -> None:
+    """``--unsafe-no-isolation`` (`bench`, `calibrate`, `rescore`); `requested_isolation` reads it."""
+    parser.add_argument(
+        "--unsafe-no-isolation",
+        action="store_true",
+        help="run generated code (HumanEval) WITHOUT bubblewrap isolation, with resource limits only; "
+        "by default the run refuses when bubblewrap is unusable",
+    )
+
+
+def requested_isolation(args: argparse.Namespace) -> Isolation:
+    """The sandbox isolation `args` ask for: ``unsafe-none`` with --unsafe-no-isolation, else ``auto``
+    (bubblewrap, or a refusal naming the cause and the fix)."""
+    return "unsafe-none" if args.unsafe_no_isolation else "auto"
 
 
 def accept_underscores(parser: argparse.ArgumentParser) -> None:
@@ -224,13 +252,24 @@ def vllm_dtype(spec: str, device: str) -> tuple[str, str]:
     return "fp32", "the CPU has no native bf16 (no avx512_bf16/amx_bf16)"
 
 
+def recorded_dtype(out: Path, device: str) -> str | None:
+    """The dtype the study.json of `out` records for `device` (None: no results there yet, or results
+    of another device): what ``--dtype auto`` resumes with. Deciding again could flip a choice made by
+    a timing, and with it the resume; the vllm engine's rule (`vllm_dtype`) times nothing, but resumes
+    the same way."""
+    if not (out / MANIFEST).is_file():
+        return None
+    manifest = ResultsDir(out).read_manifest()
+    return manifest.get("dtype") if manifest.get("device") == device else None
+
+
 def device_and_dtype(
     args: argparse.Namespace, profile: Profile, batch_size: int
 ) -> dict[str, tuple[Any, str]]:
     """The device and dtype the engine's models run at, each with the reason: ``auto`` resolved
-    (`hf_securesd.models.hardware`; `vllm_dtype` for the vllm engine), the profile's dtype unless
-    --dtype is given. Neither is used (None) by an engine that generates on its servers, so nothing
-    is resolved or timed for it."""
+    (`hf_securesd.models.hardware`; `vllm_dtype` for the vllm engine) or, resuming --out, the dtype
+    it records (`recorded_dtype`), the profile's dtype unless --dtype is given. Neither is used
+    (None) by an engine that generates on its servers, so nothing is resolved or timed for it."""
     from hf_securesd.models.hardware import resolve_device, resolve_dtype
 
     engine = getattr(args, "engine", "hf")
@@ -239,7 +278,10 @@ def device_and_dtype(
         return {"device": (None, unused), "dtype": (None, unused)}
     device = resolve_device(args.device)
     spec = args.dtype or profile.dtype
-    if engine == "vllm":
+    recorded = recorded_dtype(args.out, device) if spec.strip().lower() == "auto" else None
+    if recorded is not None:
+        dtype, dtype_reason = recorded, f"--dtype auto: the dtype {args.out / MANIFEST} records, not decided again"
+    elif engine == "vllm":
         dtype, dtype_reason = vllm_dtype(spec, device)
     else:
         dtype, dtype_reason = resolve_dtype(spec, device, rows=batch_size)
@@ -277,7 +319,10 @@ def prepare(args: argparse.Namespace):
     `calibrate`, which has no --engine and runs `hf`)."""
     from hf_securesd.bench.runner import StudySettings, prepare_tasks
 
+    from hf_securesd.bench.tasks import check_isolation
+
     profile: Profile = get_profile(args.profile)
+    check_isolation(args.tasks or profile.tasks, requested_isolation(args))
     machine = machine_settings(args, profile)
     target, draft = study_models(args, args.target or profile.target, args.draft or profile.draft)
     settings = StudySettings(
@@ -285,12 +330,13 @@ def prepare(args: argparse.Namespace):
         draft=draft,
         device=machine["device"],
         dtype=machine["dtype"],
-        num_assistant_tokens=args.num_assistant_tokens or profile.num_assistant_tokens,
+        num_assistant_tokens=None if getattr(args, "engine", "hf") in REMOTE_ENGINES  # the servers' k
+        else args.num_assistant_tokens or profile.num_assistant_tokens,
         batch_size=machine["batch_size"],
         seed=args.seed,
         judge=args.judge,
         judge_options=judge_options(args.judge_option),
-        isolation="unsafe-none" if args.unsafe_no_isolation else "auto",
+        isolation=requested_isolation(args),
         profile=profile.name,
     )
     engine = build_engine(args, settings)
@@ -311,7 +357,6 @@ def write_report_if_any(out: Path) -> None:
     """Write the report of `out`, or say why there is none yet: no cell has finished (every cell
     still has prompts without an answer, recorded in failures.jsonl)."""
     from hf_securesd.bench.report import write_report
-    from hf_securesd.bench.results import ResultsDir
 
     if not ResultsDir(out).runs():
         print(f"no report: no configuration of {out} has finished yet (each has prompts without an answer, "
@@ -320,14 +365,24 @@ def write_report_if_any(out: Path) -> None:
     print(f"report: {write_report(out)}")
 
 
+def setup_error(error: Exception) -> int:
+    """Print an error of the options or the setup (one of `SETUP_ERRORS`) as one line and return 2
+    (a KeyError's message without the quotes its str adds)."""
+    message = error.args[0] if isinstance(error, KeyError) and error.args else error
+    print(f"error: {message}", file=sys.stderr)
+    return 2
+
+
 def study_exit_code(error: Exception) -> int:
     """Print a `run_study` failure that ends the command as one line and return its exit code (see the
     module docstring): another run holds --out, the judge could not score a finished cell, or --out
-    holds results for other settings (a ValueError, EngineError included). Anything else is re-raised."""
+    holds results for other settings (a ValueError, EngineError included) or code to run that cannot be
+    isolated. Anything else is re-raised."""
     from hf_securesd.bench.results import ResultsDirInUseError
     from hf_securesd.bench.runner import JudgeFailedError
 
-    codes = ((ResultsDirInUseError, EXIT_IN_USE), (JudgeFailedError, EXIT_JUDGE_FAILED), (ValueError, 2))
+    codes = ((ResultsDirInUseError, EXIT_IN_USE), (JudgeFailedError, EXIT_JUDGE_FAILED), (ValueError, 2),
+             (SandboxUnavailableError, 2))
     code = next((code for kind, code in codes if isinstance(error, kind)), None)
     if code is None:
         raise error
@@ -371,9 +426,8 @@ def run(args: argparse.Namespace) -> int:
         check_out_dir(args.out)
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
-    except (KeyError, ValueError, FileNotFoundError) as error:  # DeviceError, EngineError: ValueErrors
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except SETUP_ERRORS as error:
+        return setup_error(error)
     notes = {}
     if any(task_run.task.name.startswith("jailbreak") for task_run in tasks):
         notes["judge_agreement"] = judge_agreement(settings.judge, dict(settings.judge_options), args.data_dir)

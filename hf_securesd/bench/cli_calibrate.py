@@ -20,10 +20,19 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from typing import Sequence
 
-from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, schedule_name
-from hf_securesd.bench.cli_bench import accept_underscores, add_common_options, check_out_dir, prepare, study_exit_code
+from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, check_text, schedule_name
+from hf_securesd.bench.cli_bench import (
+    SETUP_ERRORS,
+    accept_underscores,
+    add_common_options,
+    check_out_dir,
+    prepare,
+    setup_error,
+    study_exit_code,
+)
+from hf_securesd.bench.plan import check_no_repeats, parse_schedule, resolve_text_boundaries
 from hf_securesd.cli import non_negative_float
 from hf_securesd.segments import LOSSLESS, Segments
 
@@ -74,10 +83,17 @@ def configure(parser: argparse.ArgumentParser) -> None:
     accept_underscores(parser)
 
 
+def check_swept_lengths(lengths: Sequence[int]) -> None:
+    """Refuse an --L named twice, and L = 0: Step(L=0) verifies no token losslessly, so it is the
+    relaxed verifier alone, which calibrate runs anyway (the ``none (relaxed)`` row)."""
+    if 0 in lengths:
+        raise ValueError("--L 0: Step(L=0) verifies no token losslessly, so it is the relaxed verifier alone, "
+                         "which calibrate runs anyway (the 'none (relaxed)' row); give each L >= 1")
+    check_no_repeats("--L", lengths, lambda length: (f"L={length}",))
+
+
 def segments_template(boundaries: list[str] | None, before: str) -> Segments | None:
     """The `Segments` whose answer segment is swept (after= is replaced by Step(L)), or None."""
-    from hf_securesd.bench.plan import parse_schedule
-
     if boundaries is None:
         if before != "none":
             raise ValueError(
@@ -145,8 +161,8 @@ def _markdown(
                 fmt(level.utility_prr),
                 fmt(level.spd, 2),
                 fmt(level.acceptance_rate),
-                "yes" if level.safe else "no",
-                "yes" if level.fast else "no",
+                check_text(level.safe),
+                check_text(level.fast),
             ]
             for level in rec.levels
         ]
@@ -172,12 +188,12 @@ def run(args: argparse.Namespace) -> int:
         recommend,
         verifier_labels,
     )
-    from hf_securesd.bench.plan import resolve_text_boundaries
     from hf_securesd.bench.results import ResultsDir
     from hf_securesd.bench.runner import run_study
 
     try:
         check_lengths(args.lengths)
+        check_swept_lengths(args.lengths)
         check_fraction("--spd-tolerance", args.spd_tolerance)
         segments = segments_template(args.segment_boundary, args.segment_before)
         configs = calibration_configs(args.verifier, args.lengths, segments)
@@ -185,9 +201,8 @@ def run(args: argparse.Namespace) -> int:
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
         check_boundaries_in_vocabulary(configs, engine)
-    except (KeyError, ValueError, FileNotFoundError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    except SETUP_ERRORS as error:
+        return setup_error(error)
     try:
         run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
     except Exception as error:  # noqa: BLE001 - study_exit_code re-raises what is not a one-line error

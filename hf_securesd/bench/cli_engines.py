@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
 from hf_securesd.bench.profiles import TINY
+from hf_securesd.bench.results import REMOTE_ENGINES
 from hf_securesd.cli import (
     duration_seconds,
     environment_variable,
@@ -51,6 +52,15 @@ ENGINE_OPTIONS: dict[str, tuple[str, str, Any]] = {
     "concurrency": ("--concurrency", "openai", DEFAULT_CONCURRENCY),
     "max_retries": ("--max-retries", "openai", DEFAULT_MAX_RETRIES),
     "vllm_option": ("--vllm-option", "vllm", []),
+}
+# option dest -> (flag, the values that leave it to be chosen: not given, or auto): the settings of the
+# models this process runs, refused with an engine that generates on its servers (`REMOTE_ENGINES`),
+# which choose them
+LOCAL_MODEL_OPTIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "device": ("--device", (None, "auto")),
+    "dtype": ("--dtype", (None, "auto")),
+    "threads": ("--threads", (None,)),
+    "num_assistant_tokens": ("--num-assistant-tokens", (None,)),
 }
 
 
@@ -235,9 +245,10 @@ def unloadable(what: str, error: OSError) -> EngineError:
 def settle_engine_options(args: argparse.Namespace) -> None:
     """Refuse an option of one engine given with another (it would be silently ignored), then fill in the
     defaults of the options not given. The engine options are parsed without defaults, so "given" means
-    on the command line, whatever its value (`--concurrency 4` with `--engine hf` is refused too). An
-    engine registered outside this package reads what it wants of `args` (`Engine.from_cli`), so nothing
-    is refused for it. Idempotent."""
+    on the command line, whatever its value (`--concurrency 4` with `--engine hf` is refused too); the
+    options of local models (`check_local_model_options`) are refused when given a value. An engine
+    registered outside this package reads what it wants of `args` (`Engine.from_cli`), so nothing is
+    refused for it. Idempotent."""
     given = [dest for dest in ENGINE_OPTIONS if dest in vars(args)]
     engine = getattr(args, "engine", "hf")
     if engine in {owner for _, owner, _ in ENGINE_OPTIONS.values()} | {"hf"}:
@@ -246,9 +257,22 @@ def settle_engine_options(args: argparse.Namespace) -> None:
             if owner != engine:
                 raise EngineError(f"{flag} needs --engine {owner} (it is not used by --engine {engine}); "
                                   f"drop it or pass --engine {owner}")
+    check_local_model_options(args, engine)
     for dest, (_, _, default) in ENGINE_OPTIONS.items():
         if dest not in given:
             setattr(args, dest, list(default) if isinstance(default, list) else default)
+
+
+def check_local_model_options(args: argparse.Namespace, engine: str) -> None:
+    """Refuse a `LOCAL_MODEL_OPTIONS` option given a value (other than auto) with an engine that
+    generates on its servers: nothing of it would be used (the servers choose device, dtype and k, and
+    no model runs in this process)."""
+    if engine not in REMOTE_ENGINES:
+        return
+    for dest, (flag, unset) in LOCAL_MODEL_OPTIONS.items():
+        if getattr(args, dest, None) not in unset:
+            raise EngineError(f"{flag} is not used by --engine {engine} (its servers run the models and choose "
+                              f"it); drop {flag}")
 
 
 def check_endpoint_urls(base_url: str | None, endpoints: dict[str, str]) -> None:

@@ -125,24 +125,27 @@ def schedule_from_dict(values: dict[str, Any]) -> Schedule:
     return SCHEDULES[name](**options)
 
 
-def check_no_repeats(option: str, specs: Sequence[str], key: Callable[[str], object]) -> None:
-    """Refuse `option` values that name the same setting twice (`key`: spec -> what it names)."""
-    seen: dict[object, str] = {}
-    for spec in specs:
-        named = key(spec)
-        if named in seen:
-            raise ValueError(f"{option} names the same setting twice ({seen[named]!r} and {spec!r}); give each once")
-        seen[named] = spec
+def check_no_repeats(option: str, values: Sequence[Any], settings: Callable[[Any], Sequence[object]]) -> None:
+    """Refuse `option` values that name the same setting twice, within one value (``mars:0.5,0.5``)
+    or across values (``mars mars:0.5``, where the ``mars`` sweep holds 0.5); `settings`: a value ->
+    the settings it names."""
+    seen: dict[object, int] = {}
+    for index, value in enumerate(values):
+        for setting in settings(value):
+            if setting in seen:
+                where = f"in {value!r}" if seen[setting] == index else f"{values[seen[setting]]!r} and {value!r}"
+                raise ValueError(f"{option} names the same setting twice: {setting} ({where}); give each once")
+            seen[setting] = index
 
 
-def schedule_key(spec: str) -> str:
-    """What a --schedules value names: its label (``none`` without a schedule)."""
+def schedule_key(spec: str) -> tuple[str]:
+    """The setting a --schedules value names: its label (``none`` without a schedule)."""
     schedule = parse_schedule(spec)
-    return "none" if schedule is None else schedule_label(schedule)
+    return ("none" if schedule is None else schedule_label(schedule),)
 
 
 def verifier_key(spec: str) -> tuple[str, ...]:
-    """What a --verifiers value names: its settings' labels (``MARS:0.50`` and ``mars:0.5`` are one)."""
+    """The settings a --verifiers value names: their labels (``MARS:0.50`` and ``mars:0.5`` are one)."""
     return tuple(verifier_label(verifier) for verifier in parse_verifier(spec))
 
 
@@ -157,19 +160,28 @@ def parse_schedule(spec: str) -> Schedule | None:
     if name == "none" and not numbers:
         return None
     try:
-        if name == "step" and len(numbers) == 1:
-            return Step(L=int(numbers[0]))
-        if name == "linear" and len(numbers) == 1:
-            return Linear(L=int(numbers[0]))
-        if name == "power" and len(numbers) == 2:
-            return Power(L=int(numbers[0]), gamma=float(numbers[1]))
+        schedule = _short_schedule(name, numbers)
     except ValueError as error:
         raise ValueError(f"bad schedule {spec!r}: {error}") from error
+    if schedule is not None:
+        return _not_none(schedule, spec)
     raise ValueError(
         f"bad schedule {spec!r}; use none, step:L, linear:L, power:L:gamma (e.g. step:1) or a JSON object "
         'such as {"schedule": "segments", "boundary": "</think>", "before": null, '
         '"after": {"schedule": "step", "L": 4}}'
     )
+
+
+def _short_schedule(name: str, numbers: list[str]) -> Schedule | None:
+    """The schedule of a ``step:L``, ``linear:L`` or ``power:L:gamma`` spec split at its colons; None
+    for any other form."""
+    if name == "step" and len(numbers) == 1:
+        return Step(L=int(numbers[0]))
+    if name == "linear" and len(numbers) == 1:
+        return Linear(L=int(numbers[0]))
+    if name == "power" and len(numbers) == 2:
+        return Power(L=int(numbers[0]), gamma=float(numbers[1]))
+    return None
 
 
 def _parse_json_schedule(spec: str) -> Schedule:
@@ -180,9 +192,19 @@ def _parse_json_schedule(spec: str) -> Schedule:
     if not isinstance(values, dict) or not isinstance(values.get("schedule"), str):
         raise ValueError(f"bad schedule {spec!r}: a JSON schedule is an object with a 'schedule' name")
     try:
-        return resolve_schedule(values)
+        schedule = resolve_schedule(values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"bad schedule {spec!r}: {error}") from None
+    return _not_none(schedule, spec)
+
+
+def _not_none(schedule: Schedule, spec: str) -> Schedule:
+    """`schedule`, refused when it is ``none`` under another name: L = 0 verifies no token losslessly
+    (Step, Linear and Power alike), which is the relaxed verifier alone, run as ``none``."""
+    if isinstance(schedule, (Step, Power)) and schedule.L == 0:
+        raise ValueError(f"schedule {spec!r}: L=0 verifies no token losslessly, so it is the relaxed verifier "
+                         "alone; give it as none (or L >= 1)")
+    return schedule
 
 
 def parse_verifier(spec: str) -> list[Verifier]:

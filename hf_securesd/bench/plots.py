@@ -1,4 +1,5 @@
-"""The report's figures, drawn with matplotlib's Agg backend (no display needed)."""
+"""The report's figures, drawn with matplotlib's Agg backend (no display needed). Names in titles and
+legends come from results files: they are drawn as plain text (`_label`)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,27 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
+from hf_securesd.bench.terminal import printable  # noqa: E402
+
 KIND_COLORS = {"safety": "tab:red", "utility": "tab:blue"}
+NOTHING = "nothing to plot\n(no relaxed verifier cells; see report.md)"
+
+
+def _label(text: str) -> str:
+    """A name from a results file as plain text for a title or legend: control characters as
+    escapes (`printable`, no missing-glyph warnings) and `$` escaped (never read as mathtext, whose
+    parse errors would stop the report)."""
+    return printable(text).replace("$", r"\$")
 
 
 def _grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:
+    """A figure of `count` panels, three to a row; with none, one empty panel saying so (the figure
+    is written all the same, so the report folder always holds both figures)."""
+    if count == 0:
+        figure, axis = plt.subplots(figsize=(4.2, 3.4))
+        axis.set_axis_off()
+        axis.text(0.5, 0.5, NOTHING, ha="center", va="center", transform=axis.transAxes, color="gray")
+        return figure, []
     columns = min(3, max(1, count))
     rows = math.ceil(max(1, count) / columns)
     figure, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.4 * rows), squeeze=False)
@@ -43,9 +61,9 @@ def plot_prr_vs_ar(
                 marker="o" if schedule == "none" else "s",
                 linestyle="-" if schedule == "none" else "--",
                 color=KIND_COLORS.get(kind, "gray"),
-                label=f"{kind}, {schedule}",
+                label=_label(f"{kind}, {schedule}"),
             )
-        axis.set_title(verifier)
+        axis.set_title(_label(verifier))
         axis.set_xlabel("acceptance rate (AR)")
         axis.set_ylabel("PRR")
         axis.axhline(1.0, color="gray", linewidth=0.5)
@@ -79,8 +97,8 @@ def plot_position_tv(
         width = 0.8 / max(1, len(series))
         for index, (label, values) in enumerate(series.items()):
             values = [value if math.isfinite(value) else 0.0 for value in list(values)[:positions]]
-            axis.bar([j + index * width for j in range(len(values))], values, width=width, label=label)
-        axis.set_title(title, fontsize=9)
+            axis.bar([j + index * width for j in range(len(values))], values, width=width, label=_label(label))
+        axis.set_title(_label(title), fontsize=9)
         axis.xaxis.set_major_locator(MaxNLocator(integer=True))
         axis.set_xlabel("response position j")
         axis.set_ylabel("mean TV(out_j, q_j)")

@@ -256,14 +256,33 @@ def judge_text(manifest: dict[str, Any]) -> str:
     if not isinstance(backend, dict):
         return text
     where = f" at {code_span(str(backend['endpoint']))}" if backend.get("endpoint") else ""
-    return f"{text}, model {code_span(str(backend.get('model')))}{where} ({backend.get('kind')} backend)"
+    kind = _text(backend.get("kind"))
+    return f"{text}, model {code_span(str(backend.get('model')))}{where} ({kind} backend)"
 
 
 def machine_text(manifest: dict[str, Any]) -> str:
     """Dtype and device of the models, or where they are not used (an engine generating on servers)."""
     if manifest.get("dtype") is None and manifest.get("device") is None:
-        return f"dtype and device: the servers' (the {manifest.get('engine')} engine generates on them)"
-    return f"dtype {manifest.get('dtype')}, device {manifest.get('device')}"
+        return f"dtype and device: the servers' (the {_text(manifest.get('engine'))} engine generates on them)"
+    return f"dtype {_text(manifest.get('dtype'))}, device {_text(manifest.get('device'))}"
+
+
+def _draft_length_text(k: Any) -> str:
+    """The study's draft length as the setup line gives it: k of this process's drafting, or none
+    recorded (an OpenAI-compatible engine: each server chooses its own)."""
+    if k is None:
+        return "draft length chosen by each server"
+    return f"k = {_text(k)} draft tokens per round"
+
+
+def _text(value: Any) -> str:
+    """A value read from a results file as inert Markdown (`inline_text` of its str)."""
+    return inline_text(str(value))
+
+
+def _session_text(session: dict[str, Any]) -> str:
+    """A session as the setup lists it: its host and start time (`_text`)."""
+    return _text(f"{session.get('host', '?')} {session.get('started', '')}".rstrip())
 
 
 def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -> list[str]:
@@ -287,14 +306,14 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
     options = manifest.get("judge_options") or {}
     policy = options.get("unparsed") or f"{DEFAULT_UNPARSED_POLICY} (default)"
     lines += [
-        f"- **decoding**: {manifest.get('decoding')}, batch size {manifest.get('batch_size', 1)}, "
-        f"k = {manifest.get('num_assistant_tokens')} draft tokens per round, {machine_text(manifest)}",
+        f"- **decoding**: {_text(manifest.get('decoding'))}, batch size {manifest.get('batch_size', 1)}, "
+        f"{_draft_length_text(manifest.get('num_assistant_tokens'))}, {machine_text(manifest)}",
         f"- **judge** (jailbreak AFR): {judge_text(manifest)}"
         + f"; verdicts the judge could not parse: policy {code_span(str(policy))}, {unparsed(cells)} in all "
         "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs)",
         f"- **task sampling seed**: {seed_text}",
-        f"- **profile**: {manifest.get('profile')}; **sessions**: {len(sessions)} "
-        f"({', '.join(session.get('host', '?') + ' ' + session.get('started', '') for session in sessions)})",
+        f"- **profile**: {_text(manifest.get('profile'))}; **sessions**: {len(sessions)} "
+        f"({', '.join(_session_text(session) for session in sessions)})",
         f"- **SPD** = target-only wall time / method wall time on the same prompts; {same_session} of "
         f"{len(same)} cells were timed in the same session as their target-only baseline.",
         f"- **Confidence intervals**: {int(CONFIDENCE * 100)}% percentile bootstrap, {N_RESAMPLES} "
@@ -364,6 +383,43 @@ def runs_section(cells: Sequence[Cell]) -> list[str]:
         "",
         table(["configuration", "task", "n", "AR", "SPD", "wall s", "raw score", "PRR [95% CI]", "unparsed verdicts"],
               rows),
+        "",
+    ]
+
+
+# why a figure has nothing to plot (it is written all the same, so the report folder always holds both)
+NO_CURVES = "No relaxed verifier was run (only baselines and lossless cells), so this figure is empty."
+NO_BARS = "No relaxed verifier was run without a schedule, so this figure is empty."
+
+
+def figures_section(
+    curves: dict[str, dict[tuple[str, str], list[tuple[float, float]]]],
+    bars: dict[str, dict[str, list[float]]],
+    out: Path,
+) -> list[str]:
+    """Draw prr_vs_ar.png and position_tv.png into `out` (always both: a study without relaxed
+    cells gets figures saying so) and the Markdown sections showing them."""
+    with replacing(out / "prr_vs_ar.png") as figure:
+        plot_prr_vs_ar(curves, figure)
+    with replacing(out / "position_tv.png") as figure:
+        plot_position_tv(bars, figure)
+    return [
+        "## PRR vs AR (Figure 1 analog)",
+        "",
+        "Each point is one knob value: mean AR and mean PRR over the safety (red) or utility (blue) "
+        "tasks; "
+        "dashed: with SecureSD. The lossless verifier is the curves' lossless end.",
+        "",
+        *([NO_CURVES, ""] if not curves else []),
+        "![PRR vs AR](prr_vs_ar.png)",
+        "",
+        "## Per-position deviation (Figure 2 analog)",
+        "",
+        "Mean TV(out_j, q_j) of the verifier's one-step output from the target at each response position "
+        "j (exact, Theorem 1), for each verifier's highest-AR setting, without and with SecureSD.",
+        "",
+        *([NO_BARS if curves else NO_CURVES, ""] if not bars else []),
+        "![per-position TV](position_tv.png)",
         "",
     ]
 
@@ -457,7 +513,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
             rows = [row for row in deltas if row["schedule"] == schedule]
             body = [
                 [
-                    row["verifier"],
+                    inline_text(row["verifier"]),
                     *(
                         (
                             fmt_ci(row["tasks"][task]["delta_prr"], row["tasks"][task]["delta_prr_ci"])
@@ -489,31 +545,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
                       body),
                 "",
             ]
-    if curves:
-        with replacing(out / "prr_vs_ar.png") as figure:
-            plot_prr_vs_ar(curves, figure)
-        lines += [
-            "## PRR vs AR (Figure 1 analog)",
-            "",
-            "Each point is one knob value: mean AR and mean PRR over the safety (red) or utility (blue) "
-            "tasks; "
-            "dashed: with SecureSD. The lossless verifier is the curves' lossless end.",
-            "",
-            "![PRR vs AR](prr_vs_ar.png)",
-            "",
-        ]
-    if bars:
-        with replacing(out / "position_tv.png") as figure:
-            plot_position_tv(bars, figure)
-        lines += [
-            "## Per-position deviation (Figure 2 analog)",
-            "",
-            "Mean TV(out_j, q_j) of the verifier's one-step output from the target at each response position "
-            "j (exact, Theorem 1), for each verifier's highest-AR setting, without and with SecureSD.",
-            "",
-            "![per-position TV](position_tv.png)",
-            "",
-        ]
+    lines += figures_section(curves, bars, out)
     lines += runs_section(cells)
     lines += cost_section(cells, manifest)
     lines += appendix_section(main, seed)

@@ -161,6 +161,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             "recorded in the other directory), or \"not checked\".",
             "",
         ]
+        there, here = inline_text(str(other_engine)), inline_text(str(engine))
         body = [
             [
                 f"{inline_text(row['config'])} → {inline_text(row['counterpart'])}",
@@ -179,8 +180,8 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
         if body:
             header = ["configuration there → here", "task", "prompts", "new tokens", "equal responses",
                       "of the differing: targets differ", "of the differing: continued from token 0 equal",
-                      f"score {other_engine} / {engine}",
-                      f"AR {other_engine} / {engine}", "verdicts: complied there only / here only",
+                      f"score {there} / {here}",
+                      f"AR {there} / {here}", "verdicts: complied there only / here only",
                       "McNemar p"]
             lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             lines += ["| " + " | ".join(str(value) for value in row) + " |" for row in body]

@@ -4,12 +4,15 @@ names read from another results directory) made inert before it goes into report
 GitHub-flavoured Markdown renders inline HTML, links and images, so a response holding
 ``</td></table><img src=...>`` or ``![x](https://...)`` would otherwise become live markup. Both
 helpers keep such text on one line (line breaks shown as ⏎), so it can neither start a block of its
-own (a heading, a quote, a fence) nor end the table row or list item it stands in.
+own (a heading, a quote, a fence) nor end the table row or list item it stands in, and show every
+other control character as its escape (ESC as ``\\x1b``), so it cannot drive a terminal showing it.
 """
 
 from __future__ import annotations
 
 import re
+
+from hf_securesd.bench.terminal import printable
 
 LINE_BREAK = " ⏎ "
 # characters replaced by HTML entities: no tag, comment or entity of the text's own can form
@@ -19,8 +22,9 @@ _MARKUP = frozenset("\\`*_[]~|")
 
 
 def one_line(text: str) -> str:
-    """`text` with every line break (\\r\\n, \\r, \\n) shown as ⏎, stripped."""
-    return re.sub(r"\r\n|\r|\n", LINE_BREAK, text).strip()
+    """`text` with every line break (\\r\\n, \\r, \\n) shown as ⏎ and every other control or format
+    character as its escape (`terminal.printable`: ``\\x1b``), stripped."""
+    return printable(re.sub(r"\r\n|\r|\n", LINE_BREAK, text).strip())
 
 
 def inline_text(text: str) -> str:

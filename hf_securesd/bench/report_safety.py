@@ -124,7 +124,8 @@ def agreement_text(manifest: dict[str, Any]) -> str:
         f"judge {code_span(str(manifest.get('judge')))}{variant}: {agreement['agreement'] * 100:.0f} % agreement "
         "with human labels, "
         f"Cohen's κ {agreement['kappa']:.3f}, precision {agreement['precision']:.2f}, recall "
-        f"{agreement['recall']:.2f} for \"jailbroken\" (n = {agreement['n']}, {agreement['labels']})"
+        f"{agreement['recall']:.2f} for \"jailbroken\" (n = {agreement['n']}, "
+        f"{inline_text(str(agreement['labels']))})"
     )
 
 

@@ -72,7 +72,7 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
         lines += [
             header,
             "",
-            table(["configuration", "AR", f"{metric} [95% CI]", "PRR [95% CI]", "lost: solved→failed",
+            table(["configuration", "AR", f"{inline_text(metric)} [95% CI]", "PRR [95% CI]", "lost: solved→failed",
                    "gained: failed→solved", "McNemar p", "same reply", "shared start (chars)"], body),
             "",
             *excluded_note(task_rows, "problems"),

@@ -16,10 +16,14 @@ the user's is refused unless the flag names one). When the judge is not the one 
 every task scored by the judge must be named, so the directory holds one judge's verdicts;
 study.json then records the new judge, and `bench` resumes with it.
 
+HumanEval's generated code runs in the sandbox as in `bench`: without a usable bubblewrap the rescore
+is refused before anything is scored, unless ``--unsafe-no-isolation`` accepts the risk (it warns,
+and each example's details record ``"isolation": "unsafe-none"``).
+
     securesd rescore model_cards/my-pair-results --tasks prompt_injection --data-dir ../shared/data
 
-Exit status: 0 rescored; 2 bad arguments or results (nothing rewritten); 3 the judge failed
-(nothing rewritten); 4 another run holds the directory.
+Exit status: 0 rescored; 2 bad arguments or results, or HumanEval that cannot be isolated (nothing
+rewritten); 3 the judge failed (nothing rewritten); 4 another run holds the directory.
 """
 
 from __future__ import annotations
@@ -31,9 +35,11 @@ import sys
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import derived_fields
+from hf_securesd.bench.cli_bench import accept_underscores, add_isolation_option, requested_isolation
 from hf_securesd.bench.rescore_judge import trusted_judge_options
 from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines, results_path
-from hf_securesd.bench.tasks import ScoreOptions, get_task, task_names
+from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
+from hf_securesd.bench.tasks import ScoreOptions, check_isolation, get_task, task_names
 from hf_securesd.bench.terminal import printable
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text
 from hf_securesd.judges import JudgeError, describe_judge
@@ -71,23 +77,26 @@ def same_score(old: float | None, new: float) -> bool:
 
 
 def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str | os.PathLike | None = None,
-            judge_base_url: str | None = None, judge_model: str | None = None) -> list[tuple[str, list[str]]]:
+            judge_base_url: str | None = None, judge_model: str | None = None,
+            isolation: Isolation = "auto") -> list[tuple[str, list[str]]]:
     """Re-score the cells of `tasks` in `results_dir` (see the module docstring) with the judge at
-    `judge_base_url` / `judge_model` (None: the environment's). Returns, per re-scored cell, its key
-    and the ids of the examples whose score changed."""
+    `judge_base_url` / `judge_model` (None: the environment's), running generated code with the
+    sandbox's `isolation` (`SandboxUnavailableError` before anything is read when it cannot be had).
+    Returns, per re-scored cell, its key and the ids of the examples whose score changed."""
     unknown = sorted(set(tasks) - set(task_names()))
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(task_names())}")
     repeated = sorted({task for task in tasks if tasks.count(task) > 1})
     if repeated:
         raise ValueError(f"--tasks names {', '.join(repeated)} more than once; name each task once")
+    check_isolation(tasks, isolation)
     with ResultsDir(results_dir) as results:
         results.read_manifest()  # an existing results directory, before the lock creates anything
         results.lock()
         manifest = results.read_manifest()
         judge_options = trusted_judge_options(manifest, data_dir, judge_base_url, judge_model)
         options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"), judge_options=judge_options,
-                               progress=False)
+                               isolation=isolation, progress=False)
         runs = results.runs()
         absent = sorted(set(tasks) - {run["task"] for run in runs})
         if absent:
@@ -135,11 +144,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-model", type=non_empty_text, default=None,
                         help="the LLM judge's model (default: $SECURESD_JUDGE_MODEL, else gpt-4o-mini; a "
                              "transformers judge: required)")
+    add_isolation_option(parser)
+    accept_underscores(parser)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        changes = rescore(args.results, args.tasks, args.data_dir, args.judge_base_url, args.judge_model)
+        changes = rescore(args.results, args.tasks, args.data_dir, args.judge_base_url, args.judge_model,
+                          requested_isolation(args))
     except ResultsDirInUseError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_IN_USE
@@ -147,7 +159,7 @@ def run(args: argparse.Namespace) -> int:
         print(printable(f"error: the judge failed while rescoring {args.results}: {error}; nothing was rewritten"),
               file=sys.stderr)
         return EXIT_JUDGE_FAILED
-    except (OSError, ValueError) as error:  # CorruptResultsError is a ValueError
+    except (OSError, ValueError, SandboxUnavailableError) as error:  # CorruptResultsError is a ValueError
         print(printable(f"error: {error}"), file=sys.stderr)
         return 2
     for cell, changed in changes:

@@ -24,10 +24,12 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import inspect
 import json
 import math
 import numbers
 import os
+import shlex
 import tempfile
 from dataclasses import fields
 from functools import partial
@@ -36,6 +38,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from hf_securesd.bench.manifest_checks import manifest_problem
 from hf_securesd.bench.run_records import fields_problem, run_problem
+from hf_securesd.bench.tasks import DEFAULT_SEED
 from hf_securesd.judges.secrets import redact_value
 from hf_securesd.stats import SpeculativeStats
 
@@ -58,12 +61,18 @@ BINDING_KEYS = (
     "decoding",
     "engine",
 )
-# the value a manifest written before a key existed stands for
-BINDING_DEFAULTS = {"engine": "hf"}
+# the value a binding setting stands for where a manifest records none (no key: written before the
+# key existed; or null: the seed of a run without --seed, each task's own)
+BINDING_DEFAULTS = {"engine": "hf", "seed": DEFAULT_SEED}
+# the option that sets each binding setting (named in the fix of a clash)
+BINDING_FLAGS = {"target": "--target", "draft": "--draft", "device": "--device", "dtype": "--dtype",
+                 "num_assistant_tokens": "--num-assistant-tokens", "batch_size": "--batch-size", "seed": "--seed",
+                 "judge": "--judge", "judge_options": "--judge-option", "engine": "--engine"}
 # bound only where both manifests record them (a manifest written before they were is not checked)
 RECORDED_BINDING_KEYS = ("judge_backend",)
-# settings of this process's models: recorded, but not bound for an engine that generates on servers
-LOCAL_KEYS = ("device", "dtype")
+# settings of this process's models (k: their draft tokens per round): not bound for an engine that
+# generates on servers (which choose them; recorded as null)
+LOCAL_KEYS = ("device", "dtype", "num_assistant_tokens")
 REMOTE_ENGINES = frozenset({"openai"})
 SAME_SETTINGS_FIX = "use a new --out directory or the same settings"
 # how to resolve a clash of a key whose cells cannot simply be rerun with the recorded setting
@@ -196,11 +205,45 @@ def _scores_as_read(run: dict[str, Any]) -> dict[str, Any]:
     return run
 
 
+def effective_judge_options(judge: str | None, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options judge `judge` runs with, given `options`: every constructor argument, its default
+    where not given, so that spelling out a default changes nothing. A string-matching judge
+    (`describe_judge` None: nothing is loaded to build it) is built, and what it resolved an argument
+    to replaces the argument (RefusalPrefixJudge's ``match``, None by default). An unknown judge, or
+    options it refuses, give `options` with the defaults."""
+    from hf_securesd.judges import JUDGES, describe_judge, get_judge
+
+    if judge not in JUDGES:
+        return dict(options)
+    parameters = inspect.signature(JUDGES[judge]).parameters
+    values = {key: parameter.default for key, parameter in parameters.items()
+              if parameter.default is not parameter.empty}
+    values.update(options)
+    if describe_judge(judge, options) is not None:
+        return values
+    try:
+        built = get_judge(judge, **dict(options))
+    except (TypeError, ValueError):
+        return values
+    return {key: getattr(built, key, value) for key, value in values.items()}
+
+
+def binding_value(values: dict[str, Any], key: str) -> Any:
+    """What binding setting `key` of manifest `values` amounts to: its `BINDING_DEFAULTS` value where
+    it records none; the judge options as the judge runs with them (`effective_judge_options`)."""
+    value = values.get(key)
+    value = BINDING_DEFAULTS.get(key) if value is None else value
+    if key == "judge_options":
+        return effective_judge_options(values.get("judge"), value or {})
+    return value
+
+
 def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[str, str]:
     """The binding settings that differ between the manifest of a results directory (`existing`)
-    and that of a new run (`manifest`): key -> what differs. `LOCAL_KEYS` are not bound for
-    `REMOTE_ENGINES`, `RECORDED_BINDING_KEYS` only where both record them, and endpoints by name:
-    an endpoint both name must have the same URL (new names add cells)."""
+    and that of a new run (`manifest`): key -> what differs. Settings are compared by what they
+    amount to (`binding_value`: ``--seed 0`` is the default seed), and shown as recorded. `LOCAL_KEYS`
+    are not bound for `REMOTE_ENGINES`, `RECORDED_BINDING_KEYS` only where both record them, and
+    endpoints by name: an endpoint both name must have the same URL (new names add cells)."""
     def setting(values: dict[str, Any], key: str) -> Any:
         return values.get(key, BINDING_DEFAULTS.get(key))
 
@@ -210,7 +253,7 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
     clashes = {
         key: f"{key}: {setting(existing, key)!r} there, {setting(manifest, key)!r} now"
         for key in keys
-        if setting(existing, key) != setting(manifest, key)
+        if binding_value(existing, key) != binding_value(manifest, key)
     }
     before, now = existing.get("endpoints") or {}, manifest.get("endpoints") or {}
     moved = [f"endpoint {name!r}: {before[name]!r} there, {now[name]!r} now"
@@ -218,6 +261,28 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
     if moved:
         clashes["endpoints"] = "; ".join(sorted(moved))
     return clashes
+
+
+def recorded_option(key: str, value: Any) -> str:
+    """The command-line form of binding setting `key` recorded as `value`: ``--dtype bf16``,
+    ``--judge-option match=start``, ``--seed left out``."""
+    flag = BINDING_FLAGS[key]
+    if value is None or value == {}:
+        return f"{flag} left out"
+    if key == "judge_options":
+        return " ".join(f"{flag} {shlex.quote(f'{name}={option}')}" for name, option in value.items())
+    return f"{flag} {shlex.quote(str(value))}"
+
+
+def clash_fixes(clashes: Mapping[str, str], existing: dict[str, Any], path: Path) -> list[str]:
+    """How to resolve `clashes` (`binding_clashes`) with the results directory `path` whose manifest
+    is `existing`: a setting an option sets, by giving the recorded value again (or a new --out);
+    the others as `CLASH_FIXES` says (the judge's model: `securesd rescore`), else `SAME_SETTINGS_FIX`."""
+    recorded = [recorded_option(key, existing.get(key)) for key in clashes if key in BINDING_FLAGS]
+    fixes = [f"give the recorded {'setting' if len(recorded) == 1 else 'settings'} again "
+             f"({', '.join(recorded)}) or use a new --out directory"] if recorded else []
+    fixes += [CLASH_FIXES[key].format(path=path) for key in clashes if key in CLASH_FIXES]
+    return fixes or [SAME_SETTINGS_FIX]
 
 
 def stats_from_dict(values: dict[str, Any]) -> SpeculativeStats:
@@ -330,12 +395,8 @@ class ResultsDir:
             existing = self.read_manifest()
             clashes = binding_clashes(existing, manifest)
             if clashes:
-                fixes = [CLASH_FIXES[key].format(path=self.path) for key in clashes if key in CLASH_FIXES]
-                fixes = fixes or [SAME_SETTINGS_FIX]
-                raise ValueError(
-                    f"{self.path} holds results for other settings ({'; '.join(clashes.values())}); "
-                    + "; ".join(fixes)
-                )
+                raise ValueError(f"{self.path} holds results for other settings ({'; '.join(clashes.values())}); "
+                                 + "; ".join(clash_fixes(clashes, existing, self.path)))
             endpoints = {**(existing.get("endpoints") or {}), **(manifest.get("endpoints") or {})}
             manifest = {**existing, **{key: value for key, value in manifest.items() if key != "sessions"}}
             if endpoints:

@@ -55,8 +55,7 @@ from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.bench.engines.base import Answer, Engine, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
 from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, cell_key, stats_from_dict
-from hf_securesd.bench.sandbox import Sandbox
-from hf_securesd.bench.tasks import Example, ScoreOptions, Task, get_task
+from hf_securesd.bench.tasks import Example, ScoreOptions, Task, check_isolation, get_task
 from hf_securesd.judges import JudgeError, check_judge_options, describe_judge
 from hf_securesd.judges.backends import judge_deadline
 from hf_securesd.judges.secrets import redact_command, reject_secret_options
@@ -74,13 +73,14 @@ class JudgeFailedError(RuntimeError):
 class StudySettings:
     """Settings every result of a study depends on (written to the manifest; a results directory
     only takes runs with the same ones). `seed` is the tasks' sampling seed (None: each task's
-    default). `device` and `dtype` are None for an engine that generates on servers."""
+    default). `device`, `dtype` and `num_assistant_tokens` (k) are None for an engine that generates
+    on servers (they choose them)."""
 
     target: str
     draft: str
     device: str | None = "cpu"
     dtype: str | None = "bf16"
-    num_assistant_tokens: int = 5
+    num_assistant_tokens: int | None = 5
     batch_size: int = 1
     seed: int | None = None
     judge: str = "refusal_prefix"
@@ -269,7 +269,8 @@ def measure_budget(
     (seconds per example / the cell's max_new_tokens, pooled), else from one timed batch of
     `batch_size` prompts of the first pending task, `probe_tokens` new tokens (a probe charges its
     prompt processing to fewer tokens, so its rate errs high). Speculative kinds probe lossless,
-    endpoint kinds their first endpoint; a probe that gets no answer leaves the kind at rate 0."""
+    endpoint kinds their first endpoint; a probe that gets no answer, or an engine that cannot be
+    probed, leaves the kind without a rate (no estimate)."""
     seconds: dict[str, float] = {}
     tokens: dict[str, float] = {}
     for config, task_run in plan:
@@ -284,14 +285,14 @@ def measure_budget(
         if kind in rates or first is None:
             continue
         if not engine.probes_rates:
-            rates[kind], sources[kind] = 0.0, f"not probed (the {engine.name} engine); no estimate"
+            sources[kind] = f"not probed (the {engine.name} engine); no estimate"
             continue
         probe = probes.get(kind) or next(config for config, _ in todo if config.kind == kind)
         length = max(1, min(probe_tokens, first.max_new_tokens))
         prompts = [first.prompt(index) for index in range(min(settings.batch_size, len(first.examples)))]
         answers = engine.generate(probe, prompts, length, settings.num_assistant_tokens)
         if not isinstance(answers[0], Generation):
-            rates[kind], sources[kind] = 0.0, f"probe failed ({answers[0].error[:80]}); no estimate"
+            sources[kind] = f"probe failed ({answers[0].error[:80]}); no estimate"
             continue
         rates[kind] = answers[0].seconds / length
         sources[kind] = f"probe of {len(answers)} x {length} tokens"
@@ -412,8 +413,7 @@ def run_study(
     batch_size = settings.batch_size
     if batch_size < 1:
         raise ValueError(f"batch size must be at least 1, got {batch_size}")
-    if any(task_run.task.name == "humaneval" for task_run in tasks):
-        Sandbox(isolation=settings.isolation)  # refuses before any generation when it cannot isolate
+    check_isolation([task_run.task.name for task_run in tasks], settings.isolation)  # before any generation
     results = ResultsDir(out_dir, secrets)
     session = {
         "id": uuid.uuid4().hex[:12],

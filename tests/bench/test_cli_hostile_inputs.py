@@ -165,10 +165,11 @@ def test_dtype_auto_is_not_timed_or_bound_for_the_openai_engine(serve, tmp_path,
     out = tmp_path / "out"
     assert main(bench_argv(url, out, data_dir, "--dtype", "auto", "--no-report")) == 0
     manifest = json.loads((out / MANIFEST).read_text())
-    assert manifest["dtype"] is None and manifest["device"] is None
-    # a directory written before: its dtype and device were recorded; they bind nothing for openai
-    (out / MANIFEST).write_text(json.dumps({**manifest, "dtype": "bf16", "device": "cuda"}))
-    assert main(bench_argv(url, out, data_dir, "--dtype", "fp32", "--limit", "1", "--no-report")) == 0
+    assert manifest["dtype"] is None and manifest["device"] is None and manifest["num_assistant_tokens"] is None
+    # a directory written before: its dtype, device and k were recorded; they bind nothing for openai
+    (out / MANIFEST).write_text(json.dumps({**manifest, "dtype": "bf16", "device": "cuda",
+                                            "num_assistant_tokens": 5}))
+    assert main(bench_argv(url, out, data_dir, "--limit", "1", "--no-report")) == 0
     assert len(json.loads((out / MANIFEST).read_text())["sessions"]) == 2
 
 

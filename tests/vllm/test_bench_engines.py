@@ -39,10 +39,6 @@ def bench(engine: str, out: Path, pair_dir: Path, data_dir: Path, *extra: str) -
         str(LIMIT),
         "--max-new-tokens",
         str(NEW_TOKENS),
-        "--num-assistant-tokens",
-        str(NUM_SPECULATIVE_TOKENS),
-        "--dtype",
-        "fp32",
         "--batch-size",
         str(LIMIT),
         "--data-dir",
@@ -53,8 +49,12 @@ def bench(engine: str, out: Path, pair_dir: Path, data_dir: Path, *extra: str) -
         "--no-report",
         *extra,
     ]
-    if engine != "openai":
+    if engine != "openai":  # the server decides k and dtype: the openai engine refuses both
         argv += [
+            "--num-assistant-tokens",
+            str(NUM_SPECULATIVE_TOKENS),
+            "--dtype",
+            "fp32",
             "--target",
             str(pair_dir / "target"),
             "--draft",

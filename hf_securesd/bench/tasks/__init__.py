@@ -18,10 +18,10 @@ import importlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Mapping, Sequence
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 from hf_securesd.bench.data import resolve_data_dir
-from hf_securesd.bench.sandbox import SandboxLimits
+from hf_securesd.bench.sandbox import Isolation, Sandbox, SandboxLimits
 
 Message = dict[str, str]
 
@@ -34,6 +34,10 @@ _TASK_MODULES: dict[str, str] = {
     "prompt_injection": "prompt_injection",
     "prompt_injection_adaptive": "prompt_injection",
 }
+# tasks whose scorers run the generated code (in `Sandbox`)
+CODE_TASKS = frozenset({"humaneval"})
+# the sampling seed of every task unless --seed names another (a study.json seed of null stands for it)
+DEFAULT_SEED = 0
 
 
 @dataclass(frozen=True)
@@ -54,7 +58,7 @@ class ScoreOptions:
     judge: str = "refusal_prefix"
     judge_options: Mapping[str, Any] = field(default_factory=dict)
     sandbox_limits: SandboxLimits = field(default_factory=SandboxLimits)
-    isolation: Literal["auto", "bwrap", "unsafe-none"] = "auto"
+    isolation: Isolation = "auto"
     workers: int | None = None
     progress: bool = True
 
@@ -93,7 +97,7 @@ class Task:
     load: Loader
     build_prompt: PromptBuilder
     score_fn: Scorer
-    default_seed: int = 0
+    default_seed: int = DEFAULT_SEED
     max_new_tokens: int = 256
 
     def examples(self, data_dir: str | os.PathLike | None = None, limit: int | None = None,
@@ -116,6 +120,14 @@ class Task:
 def task_names() -> list[str]:
     """Names of all registered tasks."""
     return list(_TASK_MODULES)
+
+
+def check_isolation(names: Iterable[str], isolation: Isolation) -> None:
+    """Refuse, before anything is loaded or generated, tasks that run generated code (`CODE_TASKS`)
+    where the sandbox cannot give them `isolation`: `SandboxUnavailableError`, naming the cause and the
+    fix (``unsafe-none`` is always available, and warns)."""
+    if CODE_TASKS & set(names):
+        Sandbox(isolation=isolation)
 
 
 def get_task(name: str) -> Task:

@@ -1,0 +1,97 @@
+"""calibration.json is standard JSON (an undefined figure is null, never the NaN token), and a rule
+check that could not be made (a figure it compares is undefined) is null / "–", never "no"."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from hf_securesd.bench.calibrate import Recommendation, check_text, recommend
+from hf_securesd.bench.plan import LOSSLESS, RunConfig
+from hf_securesd.schedules import Step
+from hf_securesd.verifiers import MARS
+
+VERIFIER = "mars(theta=0.5)"
+
+
+def _cell(config: RunConfig, kind: str, prr: float | None, spd: float | None) -> dict[str, Any]:
+    """A recorded cell with only what `recommend` reads."""
+    schedule = config.schedule
+    return {
+        "cell": f"{config.key}|{kind}",
+        "config_key": config.key,
+        "config": config.to_dict(),
+        "knob_value": None if config.verifier.name == "lossless" else config.verifier.theta,
+        "schedule_label": None if schedule is None else f"step(L={schedule.L})",
+        "task_kind": kind,
+        "prr": prr,
+        "spd": spd,
+        "acceptance_rate": 0.7,
+    }
+
+
+def _cells(lossless_safety: float | None, safety: dict[int | None, float | None],
+           spd: dict[int | None, float | None]) -> list[dict[str, Any]]:
+    """Lossless, the relaxed verifier (None) and each swept L, on one safety and one utility task."""
+    cells = [_cell(LOSSLESS, "safety", lossless_safety, 1.2), _cell(LOSSLESS, "utility", None, 1.2)]
+    for length, prr in safety.items():
+        config = RunConfig("speculative", MARS(theta=0.5), None if length is None else Step(L=length))
+        cells += [_cell(config, "safety", prr, spd[length]), _cell(config, "utility", None, spd[length])]
+    return cells
+
+
+def _strict(recommendation: Recommendation) -> Any:
+    """calibration.json's text of `recommendation`, read back by a parser that refuses NaN tokens."""
+    def refuse(token: str) -> Any:
+        raise AssertionError(f"{token} token in calibration.json")
+
+    return json.loads(json.dumps([recommendation.to_dict()], indent=2), parse_constant=refuse)[0]
+
+
+def test_calibration_json_writes_an_undefined_prr_as_null_not_nan() -> None:
+    chosen = recommend(_cells(None, {None: None, 1: None, 2: None}, {None: 0.47, 1: 1.72, 2: 0.46}), VERIFIER)
+    written = _strict(chosen)
+    assert written["lossless_safety_prr"] is None
+    assert written["relaxed"]["safety_prr"] is None and written["relaxed"]["utility_prr"] is None
+    assert all(level["safety_prr"] is None and level["utility_prr"] is None for level in written["levels"])
+    assert written["levels"][0]["spd"] == pytest.approx(1.72)
+
+
+def test_undefined_lossless_safety_leaves_the_safety_check_unmade_not_failed() -> None:
+    chosen = recommend(_cells(None, {None: None, 1: None, 2: None}, {None: 0.47, 1: 1.72, 2: 0.30}), VERIFIER)
+    assert chosen.L is None and "undefined" in chosen.reason
+    # the SPD check compares defined figures, so it is made; the safety check is not
+    assert [(level.L, level.safe, level.fast) for level in chosen.levels] == [(1, None, True), (2, None, False)]
+    assert [(level["safe"], level["fast"]) for level in _strict(chosen)["levels"]] == [(None, True), (None, False)]
+    assert [check_text(level.safe) for level in chosen.levels] == ["–", "–"]
+
+
+def test_the_relaxed_verifier_row_holds_no_checks() -> None:
+    chosen = recommend(_cells(1.0, {None: 0.4, 1: 1.0}, {None: 2.0, 1: 2.0}), VERIFIER)
+    assert chosen.L == 1 and (chosen.relaxed.safe, chosen.relaxed.fast) == (None, None)
+    assert (_strict(chosen)["relaxed"]["safe"], _strict(chosen)["relaxed"]["fast"]) == (None, None)
+
+
+def test_a_level_without_a_safety_prr_is_unchecked_and_the_next_defined_level_is_chosen() -> None:
+    chosen = recommend(_cells(1.0, {None: 0.4, 1: None, 2: 0.98}, {None: 2.0, 1: 2.0, 2: 1.9}), VERIFIER)
+    assert [(level.L, level.safe, level.fast) for level in chosen.levels] == [(1, None, True), (2, True, True)]
+    assert chosen.L == 2
+
+
+def test_no_defined_safety_prr_at_any_level_is_said_so_not_called_unsafe() -> None:
+    chosen = recommend(_cells(1.0, {None: 0.4, 1: None, 2: None}, {None: 2.0, 1: 2.0, 2: 2.0}), VERIFIER)
+    assert chosen.L is None and all(level.safe is None for level in chosen.levels)
+    assert "undefined at every L in [1, 2]" in chosen.reason and "try larger L" not in chosen.reason
+
+
+def test_an_undefined_spd_leaves_the_speed_check_unmade() -> None:
+    chosen = recommend(_cells(1.0, {None: 0.4, 1: 1.0}, {None: None, 1: 2.0}), VERIFIER)
+    assert [(level.L, level.safe, level.fast) for level in chosen.levels] == [(1, True, None)]
+    assert chosen.L is None and "was not checked" in chosen.reason and "below" not in chosen.reason
+    assert _strict(chosen)["relaxed"]["spd"] is None
+
+
+def test_check_text_shows_each_outcome() -> None:
+    assert [check_text(True), check_text(False), check_text(None)] == ["yes", "no", "–"]

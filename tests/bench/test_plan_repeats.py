@@ -1,0 +1,74 @@
+"""`--verifiers`, `--schedules` and calibrate's `--verifier` / `--L` refuse a setting named twice,
+not only a whole value repeated: within one value (``mars:0.5,0.5``), across values
+(``mars:0.5,0.9 mars:0.9``; ``mars mars:0.5``, whose sweep holds 0.5); and a schedule with L = 0,
+which is ``none`` under another name. Each is one line, status 2, before anything is loaded."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.plan import check_no_repeats, parse_schedule, verifier_key
+from hf_securesd.cli import main
+
+SMOKE = ("--profile", "smoke", "--tasks", "gsm8k", "--limit", "1", "--max-new-tokens", "2", "--no-progress")
+
+
+def refused(capsys, argv: list[str]) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("specs, setting", [
+    (["mars:0.5,0.5"], "mars(theta=0.5) (in 'mars:0.5,0.5')"),
+    (["mars:0.5,0.9", "mars:0.9"], "mars(theta=0.9) ('mars:0.5,0.9' and 'mars:0.9')"),
+    (["mars", "mars:0.5"], "mars(theta=0.5) ('mars' and 'mars:0.5')"),
+])
+def test_a_setting_named_twice_inside_or_across_values_is_refused(specs, setting):
+    with pytest.raises(ValueError, match="names the same setting twice") as raised:
+        check_no_repeats("--verifiers", specs, verifier_key)
+    assert setting in str(raised.value)
+
+
+def test_different_settings_pass():
+    check_no_repeats("--verifiers", ["mars:0.5,0.9", "bild"], verifier_key)
+
+
+@pytest.mark.parametrize("values", [["mars:0.5,0.5"], ["mars:0.5,0.9", "mars:0.9"], ["mars", "mars:0.5"]])
+def test_bench_refuses_overlapping_verifier_values(capsys, tmp_path: Path, data_dir, values):
+    out = tmp_path / "out"
+    error = refused(capsys, ["bench", *SMOKE, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
+                             "--verifiers", *values])
+    assert "--verifiers names the same setting twice: mars(theta=" in error and not out.exists()
+
+
+@pytest.mark.parametrize("values", [["mars:0.5,0.5"], ["mars:0.5,0.9", "mars:0.9"]])
+def test_calibrate_refuses_overlapping_verifier_values(capsys, tmp_path: Path, data_dir, values):
+    out = tmp_path / "out"
+    error = refused(capsys, ["calibrate", *SMOKE, "--verifier", *values, "--L", "1", "--data-dir", str(data_dir),
+                             "--out", str(out)])
+    assert "--verifier names the same setting twice" in error and not out.exists()
+
+
+def test_calibrate_refuses_an_l_named_twice(capsys, tmp_path: Path, data_dir):
+    out = tmp_path / "out"
+    error = refused(capsys, ["calibrate", *SMOKE, "--L", "2", "2", "--data-dir", str(data_dir), "--out", str(out)])
+    assert "--L names the same setting twice: L=2" in error and not out.exists()
+
+
+@pytest.mark.parametrize("spec", ["step:0", "linear:0", "power:0:2", '{"schedule": "step", "L": 0}'])
+def test_a_schedule_with_l_0_is_refused_as_none(spec):
+    with pytest.raises(ValueError, match="L=0 verifies no token losslessly.*give it as none"):
+        parse_schedule(spec)
+
+
+def test_bench_refuses_step_0_and_calibrate_l_0(capsys, tmp_path: Path, data_dir):
+    out = tmp_path / "out"
+    error = refused(capsys, ["bench", *SMOKE, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
+                             "--schedules", "none", "step:0"])
+    assert "relaxed verifier alone; give it as none" in error
+    error = refused(capsys, ["calibrate", *SMOKE, "--L", "0", "1", "--data-dir", str(data_dir), "--out", str(out)])
+    assert "--L 0:" in error and "relaxed verifier alone" in error and not out.exists()

@@ -1,0 +1,105 @@
+"""Names read from results files reach report.md, the card and the figures only as escapes: a control
+character (ESC, BEL, a bidi override) in a configuration, schedule, task, metric or study.json
+setting cannot drive the terminal that shows the report (nor stop the figures as mathtext). And the
+report folder always holds both figures, saying why one is empty."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from hf_securesd.bench.report import write_report
+from hf_securesd.cli import main
+
+# control characters, then mathtext matplotlib cannot parse (a figure title must show it as text)
+CONTROL = "\x1b]0;PWNED\x07\x1b[31m\u202e$\\frac$"
+RAW = ("\x1b", "\x07", "\u202e")
+# names in runs.jsonl records (the same suffix on every record keeps cells paired with their baselines)
+RUN_NAMES = ("config_key", "schedule_label", "task", "metric")
+# study.json settings shown in the report's title and setup
+MANIFEST_NAMES = ("target", "draft", "decoding", "profile", "dtype", "device")
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory, data_dir) -> Path:
+    """A results directory of the tiny pair: jailbreak and gsm8k, three prompts, mars:0.5 without a
+    schedule and under step:1."""
+    out = tmp_path_factory.mktemp("report") / "clean"
+    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "gsm8k", "--limit", "3", "--max-new-tokens",
+            "4", "--verifiers", "mars:0.5", "--schedules", "none", "step:1", "--data-dir", str(data_dir),
+            "--out", str(out), "--no-progress", "--no-report"]
+    assert main(argv) == 0
+    return out
+
+
+@pytest.fixture
+def copy(clean, tmp_path) -> Path:
+    path = tmp_path / "results"
+    shutil.copytree(clean, path, ignore=shutil.ignore_patterns(".lock"))
+    return path
+
+
+def _edit_runs(path: Path, change: Callable[[dict[str, Any]], dict[str, Any] | None]) -> None:
+    """Rewrite runs.jsonl with each record changed (a record `change` maps to None is dropped)."""
+    lines = (path / "runs.jsonl").read_text(encoding="utf-8").splitlines()
+    records = [change(json.loads(line)) for line in lines]
+    (path / "runs.jsonl").write_text("".join(json.dumps(record) + "\n" for record in records if record),
+                                     encoding="utf-8")
+
+
+def _poison(record: dict[str, Any]) -> dict[str, Any]:
+    for key in RUN_NAMES:
+        if isinstance(record.get(key), str):
+            record[key] += CONTROL
+    return record
+
+
+def _poison_manifest(path: Path) -> None:
+    manifest = json.loads((path / "study.json").read_text(encoding="utf-8"))
+    for key in MANIFEST_NAMES:
+        manifest[key] = f"{manifest.get(key)}{CONTROL}"
+    for session in manifest["sessions"]:
+        session["host"] = f"{session.get('host')}{CONTROL}"
+    (path / "study.json").write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def _report_quietly(path: Path) -> Path:
+    """Write the report, failing on any warning (matplotlib's "Glyph 27 missing" included)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        return write_report(path)
+
+
+def test_control_characters_in_names_reach_no_written_report(copy):
+    _edit_runs(copy, _poison)
+    _poison_manifest(copy)
+    (copy / "card.json").write_text(json.dumps({"output": "card.md", "title": "Pair"}), encoding="utf-8")
+    report = _report_quietly(copy).read_text(encoding="utf-8")
+    assert "`tiny\\x1b]0;PWNED\\x07\\x1b[31m\\u202e$\\frac$`" in report  # the title's code span
+    assert "\\\\x1b\\[31m\\\\u202e" in report  # the tables' text, its backslashes escaped
+    written = [report, (copy / "card.md").read_text(encoding="utf-8"),
+               (copy / "report" / "summary.json").read_text(encoding="utf-8")]
+    assert not any(raw in text for text in written for raw in RAW)
+
+
+def _without_relaxed(record: dict[str, Any]) -> dict[str, Any] | None:
+    verifier = record["config"].get("verifier") or {}
+    return None if verifier.get("verifier") not in (None, "lossless") else record
+
+
+def test_a_study_without_relaxed_cells_still_writes_both_figures_and_says_why(copy):
+    _edit_runs(copy, _without_relaxed)
+    report = _report_quietly(copy).read_text(encoding="utf-8")
+    for figure in ("prr_vs_ar.png", "position_tv.png"):
+        assert (copy / "report" / figure).stat().st_size > 0 and f"]({figure})" in report
+    assert report.count("No relaxed verifier was run") == 2
+
+
+def test_a_study_with_relaxed_cells_has_no_empty_figure_note(copy):
+    report = _report_quietly(copy).read_text(encoding="utf-8")
+    assert "No relaxed verifier was run" not in report and "](position_tv.png)" in report
