@@ -19,7 +19,6 @@ RESULTS/calibration.json and RESULTS/calibration.md.
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Sequence
 
 from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, check_text, schedule_name
@@ -188,7 +187,7 @@ def run(args: argparse.Namespace) -> int:
         recommend,
         verifier_labels,
     )
-    from hf_securesd.bench.results import ResultsDir
+    from hf_securesd.bench.results import ResultsDir, json_text, write_text_atomic
     from hf_securesd.bench.runner import run_study
 
     try:
@@ -214,10 +213,10 @@ def run(args: argparse.Namespace) -> int:
         recommend(cells, label, args.tolerance, args.spd_tolerance, segments)
         for label in verifier_labels(args.verifier)
     ]
-    (results.path / "calibration.json").write_text(
-        json.dumps([rec.to_dict() for rec in recommendations], indent=2) + "\n", encoding="utf-8"
-    )
-    (results.path / "calibration.md").write_text(
+    calibration = json_text([rec.to_dict() for rec in recommendations], indent=2)
+    write_text_atomic(results.path / "calibration.json", calibration + "\n")
+    write_text_atomic(
+        results.path / "calibration.md",
         _markdown(
             recommendations,
             results.read_manifest(),
@@ -226,7 +225,6 @@ def run(args: argparse.Namespace) -> int:
             {task_run.task.name: len(task_run.examples) for task_run in tasks},
             segments,
         ),
-        encoding="utf-8",
     )
     for rec in recommendations:
         print(f"{rec.verifier}: {'L=%d' % rec.L if rec.L is not None else 'no L'} - {rec.reason}")
