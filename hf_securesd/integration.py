@@ -44,7 +44,7 @@ from .validation import (
     resolve_request,
     vocab_size,
 )
-from .schedules import Schedule, check_position_weights, resolve_schedule
+from .schedules import Schedule, resolve_schedule
 from .verifiers import Verifier, resolve_verifier
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
@@ -262,16 +262,13 @@ def _check_caches(
         check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens)
 
 
-def _check_custom_weights(schedule: Schedule | None, new_tokens: int) -> None:
-    """A custom position schedule (alone or as a segment's) must weigh every response position of the call
-    in [0, 1]: checked once here, before any forward, rather than in the round that first reads a bad one."""
-    parts = (schedule.before, schedule.after) if isinstance(schedule, Segments) else (schedule,)
-    for part in parts:
-        if isinstance(part, Schedule):
-            try:
-                check_position_weights(part, new_tokens)
-            except ValueError as error:
-                raise SecureSDConfigError(str(error)) from None
+def _loads_back(schedule: Schedule) -> bool:
+    """Whether `schedule`'s saved form loads back as the same schedule."""
+    try:
+        loaded = resolve_schedule(schedule.to_dict())
+    except (TypeError, ValueError):
+        return False
+    return type(loaded) is type(schedule) and loaded.to_dict() == schedule.to_dict()
 
 
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
@@ -312,7 +309,6 @@ def _run_speculative(
     )
     check_inputs(input_ids, model_kwargs.get("attention_mask"))
     check_prompt_ids(input_ids, {"target": model, "draft": draft})
-    _check_custom_weights(generation_config.secure_schedule, generation_config.max_length - input_ids.shape[1])
     pad_token_id = _as_int(getattr(generation_config, "_pad_token_tensor", None))
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)
     input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
@@ -492,8 +488,10 @@ def _check_round_trip(name: str, value: Verifier | Schedule, resolve: Callable[[
     except (TypeError, ValueError):
         loaded = None
     if type(loaded) is not type(value) or loaded.to_dict() != saved:
+        parts = (value.before, value.after) if isinstance(value, Segments) else ()
+        custom = next((part for part in parts if isinstance(part, Schedule) and not _loads_back(part)), value)
         raise SecureSDConfigError(
-            f"generation_config.{name} cannot be saved: {type(value).__name__} is not one of the library's "
+            f"generation_config.{name} cannot be saved: {type(custom).__name__} is not one of the library's "
             f"verifiers and schedules, and its saved form {saved} would not load back as it. Pass it to "
             f"generate at call time ({name}=...) and set model.generation_config.{name} to None (or a built-in "
             "one) before save_pretrained"

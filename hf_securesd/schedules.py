@@ -188,16 +188,6 @@ def schedule_weights(
     return eta
 
 
-def check_position_weights(schedule: Schedule, positions: int) -> None:
-    """Evaluate a custom schedule that reads positions only at response positions 0 .. positions - 1 (as
-    a [1, positions] tensor) and raise ValueError (`check_weights`) unless eta is in [0, 1] there: a
-    call's bad weights are then refused before any decoding. The package's own schedules and schedules
-    that read tokens are left to the per-round check."""
-    if type(schedule) in _BUILT_IN or schedule.reads_tokens or positions < 1:
-        return
-    check_weights(schedule, schedule.eta(torch.arange(positions)[None]), (1, positions))
-
-
 def check_weights(schedule: Schedule, eta: Any, shape: tuple[int, ...]) -> None:
     """Raise ValueError unless `eta` is a float tensor of `shape` with every value in [0, 1]."""
     name = type(schedule).__name__

@@ -54,7 +54,6 @@ from .host_values import long_tensor
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Linear, Power, Schedule, Step, schedule_weights
 from .verifiers.base import RoundInputs, UnusableTargetError, Verifier
-from .verifiers.lossless import Lossless
 
 
 @dataclass(frozen=True, eq=False)
@@ -457,9 +456,9 @@ def _verify_group(
 
 def _sampled_deviation(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> torch.Tensor:
     """TV(out_i, q_i) [G, k] at T > 0 (Theorem 1), summed over the vocabulary in floating point. Where the
-    mixed rule is the lossless one (eta = 0, or the lossless verifier) out = q exactly, so the deviation is
-    0 there rather than the sum's rounding (~1e-8)."""
-    if type(verifier) is Lossless:
+    mixed rule is the lossless one (eta = 0, or a verifier at its lossless setting) out = q exactly, so the
+    deviation is 0 there rather than the sum's rounding (~1e-8)."""
+    if verifier.is_lossless:
         return torch.zeros(eta.shape, dtype=torch.float32, device=eta.device)
     deviation = total_variation(one_step_output(verifier, round_inputs, eta), round_inputs.verified_target_probs())
     return deviation.masked_fill(eta == 0, 0.0)

@@ -140,10 +140,13 @@ def check_lengths(max_new_tokens: Any, max_length: Any, where: str = "") -> None
 
 
 def checked_flag(name: str, value: Any) -> bool | None:
-    """A True/False option (NumPy and 0-d tensor booleans too) as a Python bool; None stays None (unset)."""
+    """A True/False option as a Python bool: True, False, 1 or 0 (NumPy and 0-d tensor ones too, as
+    transformers takes its own flags); None stays None (unset)."""
     value = python_scalar(value)
     if value is None or isinstance(value, bool):
         return value
+    if is_integer(value) and int(value) in (0, 1):
+        return bool(value)
     raise SecureSDConfigError(f"{name} must be True or False, got {short_repr(value)}")
 
 

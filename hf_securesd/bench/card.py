@@ -27,7 +27,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, _parse_json, _UNREADABLE, write_text_atomic
 from hf_securesd.bench.report_markdown import one_line
-from hf_securesd.bench.terminal import printable
+from hf_securesd.bench.terminal import printable, readable
 
 CARD_FILE = "card.json"
 FIGURES = ("prr_vs_ar.png", "position_tv.png")
@@ -42,11 +42,11 @@ CARD_ENTRIES: dict[str, tuple[type | tuple[type, ...], bool]] = {
 
 
 def _paragraphs(value: str | Sequence[str] | None) -> list[str]:
-    """card.json text or list of text as paragraphs (`printable`: Markdown, but no control characters)."""
+    """card.json text or list of text as paragraphs (`readable`: Markdown, but no control characters)."""
     if not value:
         return []
     items = [value] if isinstance(value, str) else list(value)
-    return [line for item in items for line in (printable(item), "")]
+    return [line for item in items for line in (readable(item), "")]
 
 
 def _unknown_entry_problem(spec: dict[str, Any]) -> str | None:
@@ -137,7 +137,7 @@ def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> P
         body[index] = line
     lines = [f"# {one_line(spec['title'])}", "", *_paragraphs(spec.get("preamble"))]
     if spec.get("commands"):
-        lines += ["## Commands", "", "```bash", *map(printable, spec["commands"]), "```", ""]
+        lines += ["## Commands", "", "```bash", *map(readable, spec["commands"]), "```", ""]
     lines += body
     lines += ["", *_paragraphs(spec.get("closing"))]
     write_text_atomic(output, "\n".join(lines).rstrip() + "\n")

@@ -125,7 +125,8 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--threads",
         type=positive_int,
         default=None,
-        help="torch CPU threads (default: the profile's, else torch's; refused by --engine openai)",
+        help="torch CPU threads (default: the profile's, else torch's; with --engine openai, those of a local "
+        "judge model)",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     accept_underscores(parser)

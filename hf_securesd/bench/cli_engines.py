@@ -59,7 +59,6 @@ ENGINE_OPTIONS: dict[str, tuple[str, str, Any]] = {
 LOCAL_MODEL_OPTIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "device": ("--device", (None, "auto")),
     "dtype": ("--dtype", (None, "auto")),
-    "threads": ("--threads", (None,)),
     "num_assistant_tokens": ("--num-assistant-tokens", (None,)),
 }
 
@@ -270,7 +269,8 @@ def check_local_model_options(args: argparse.Namespace, engine: str) -> None:
     if engine not in REMOTE_ENGINES:
         return
     for dest, (flag, unset) in LOCAL_MODEL_OPTIONS.items():
-        if getattr(args, dest, None) not in unset:
+        value = getattr(args, dest, None)
+        if (value.strip().lower() if isinstance(value, str) else value) not in unset:
             raise EngineError(f"{flag} is not used by --engine {engine} (its servers run the models and choose "
                               f"it); drop {flag}")
 

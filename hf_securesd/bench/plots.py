@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from hf_securesd.bench.terminal import printable  # noqa: E402
+from hf_securesd.bench.terminal import readable  # noqa: E402
 
 KIND_COLORS = {"safety": "tab:red", "utility": "tab:blue"}
 NOTHING = "nothing to plot\n(no relaxed verifier cells; see report.md)"
@@ -21,9 +21,9 @@ NOTHING = "nothing to plot\n(no relaxed verifier cells; see report.md)"
 
 def _label(text: str) -> str:
     """A name from a results file as plain text for a title or legend: control characters as
-    escapes (`printable`, no missing-glyph warnings) and `$` escaped (never read as mathtext, whose
+    escapes (`readable`, no missing-glyph warnings) and `$` escaped (never read as mathtext, whose
     parse errors would stop the report)."""
-    return printable(text).replace("$", r"\$")
+    return readable(text).replace("$", r"\$")
 
 
 def _grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:

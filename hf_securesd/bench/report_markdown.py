@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 
-from hf_securesd.bench.terminal import printable
+from hf_securesd.bench.terminal import readable
 
 LINE_BREAK = " ⏎ "
 # characters replaced by HTML entities: no tag, comment or entity of the text's own can form
@@ -22,9 +22,9 @@ _MARKUP = frozenset("\\`*_[]~|")
 
 
 def one_line(text: str) -> str:
-    """`text` with every line break (\\r\\n, \\r, \\n) shown as ⏎ and every other control or format
-    character as its escape (`terminal.printable`: ``\\x1b``), stripped."""
-    return printable(re.sub(r"\r\n|\r|\n", LINE_BREAK, text).strip())
+    """`text` with every line break (\\r\\n, \\r, \\n) shown as ⏎ and every other control character and
+    bidirectional override as its escape (`terminal.readable`: ``\\x1b``), stripped."""
+    return readable(re.sub(r"\r\n|\r|\n", LINE_BREAK, text).strip())
 
 
 def inline_text(text: str) -> str:

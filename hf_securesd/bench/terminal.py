@@ -1,5 +1,6 @@
-"""Text from results files made safe to print on a terminal: control characters (ESC, BEL, a
-carriage return, ...) could otherwise set the window title, clear the screen or hide the line."""
+"""Text from results files made safe to print on a terminal (`printable`) or to write into a report
+(`readable`): control characters (ESC, BEL, a carriage return, ...) could otherwise set the window
+title, clear the screen or hide the line, and bidirectional overrides reorder what a reader sees."""
 
 from __future__ import annotations
 
@@ -11,5 +12,22 @@ def printable(text: str) -> str:
     escape (``\\x1b``, ``\\u202e``), so printing it cannot drive the terminal."""
     return "".join(
         char if char in "\t\n" or unicodedata.category(char) not in ("Cc", "Cf") else repr(char)[1:-1]
+        for char in text
+    )
+
+
+# Unicode's bidirectional embeddings, overrides and isolates (LRE, RLE, PDF, LRO, RLO; LRI, RLI, FSI, PDI):
+# they reorder the text that follows them, so a name could show a reader other characters than it holds.
+BIDI_CONTROLS = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def readable(text: str) -> str:
+    """`text` for a written report, card or figure: control characters (but a tab or a newline) and
+    bidirectional controls shown as their escapes; other format characters stay, so that joined emoji,
+    soft hyphens and the joiners and direction marks of Arabic, Hebrew, Persian and Indic scripts
+    display as written."""
+    return "".join(
+        repr(char)[1:-1] if char in BIDI_CONTROLS or (char not in "\t\n" and unicodedata.category(char) == "Cc")
+        else char
         for char in text
     )

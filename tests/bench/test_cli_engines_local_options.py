@@ -1,5 +1,5 @@
 """`--engine openai` generates on its servers, which choose device, dtype and k: `--device`,
-`--dtype` (other than auto), `--threads` and `--num-assistant-tokens` were accepted and did nothing
+`--dtype` (other than auto) and `--num-assistant-tokens` were accepted and did nothing
 (k was even recorded as 5 and bound the directory); they are refused with one line, status 2,
 before anything is sent. The budget line of an engine that cannot be probed says "no estimate",
 not "estimate 0 s at most"."""
@@ -12,7 +12,7 @@ from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.cli import main
 
 
-@pytest.mark.parametrize("option", [["--dtype", "bf16"], ["--device", "cpu"], ["--threads", "2"],
+@pytest.mark.parametrize("option", [["--dtype", "bf16"], ["--device", "cpu"],
                                     ["--num-assistant-tokens", "3"], ["--num_assistant_tokens", "5"]])
 def test_the_openai_engine_refuses_options_of_local_models(capsys, tmp_path, option):
     out = tmp_path / "out"
@@ -23,6 +23,16 @@ def test_the_openai_engine_refuses_options_of_local_models(capsys, tmp_path, opt
     flag = option[0].replace("_", "-")
     assert err.startswith(f"error: {flag} is not used by --engine openai") and f"drop {flag}" in err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("option", [["--device", "AUTO"], ["--dtype", "auto"], ["--threads", "2"]])
+def test_the_openai_engine_takes_auto_in_any_case_and_threads_for_a_local_judge(capsys, tmp_path, option):
+    """Past the local-model check (any spelling of auto; --threads sets a local judge model's threads),
+    the run fails only on the unreachable server."""
+    out = tmp_path / "out"
+    code = main(["bench", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1", "--tokenizer", "tiny",
+                 "--tasks", "jailbreak", "--out", str(out), "--request-timeout", "1", "--max-retries", "0", *option])
+    assert "is not used by --engine openai" not in capsys.readouterr().err and code != 0
 
 
 def test_a_kind_without_a_rate_gives_no_estimate():

@@ -103,3 +103,24 @@ def test_a_study_without_relaxed_cells_still_writes_both_figures_and_says_why(co
 def test_a_study_with_relaxed_cells_has_no_empty_figure_note(copy):
     report = _report_quietly(copy).read_text(encoding="utf-8")
     assert "No relaxed verifier was run" not in report and "](position_tv.png)" in report
+
+
+@pytest.mark.parametrize("text", [
+    "family \U0001f468\u200d\U0001f469\u200d\U0001f467",  # emoji joined by ZERO WIDTH JOINER
+    "co\u00adoperate",  # SOFT HYPHEN
+    "\u0645\u06cc\u200c\u062e\u0648\u0627\u0647\u0645",  # Persian with ZERO WIDTH NON-JOINER
+    "\u05e9\u05dc\u05d5\u05dd\u200f!",  # Hebrew with RIGHT-TO-LEFT MARK
+    "\u4f60\u597d",  # Chinese
+])
+def test_scripts_and_emoji_are_written_as_they_are(text):
+    """Only control characters and bidirectional overrides are escaped in a report: the format
+    characters that scripts and emoji need are kept."""
+    from hf_securesd.bench.report_markdown import inline_text
+
+    assert inline_text(text) == text
+
+
+def test_bidirectional_overrides_and_isolates_are_escaped():
+    from hf_securesd.bench.report_markdown import inline_text
+
+    assert inline_text("abc\u202edef\u2066x\u2069") == "abc\\\\u202edef\\\\u2066x\\\\u2069"

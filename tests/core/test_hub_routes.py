@@ -191,6 +191,15 @@ def test_a_schedule_that_would_not_load_back_is_refused_before_saving(tmp_path, 
     assert not (tmp_path / "out").exists()
 
 
+def test_a_segments_holding_a_custom_schedule_names_it(tmp_path):
+    _, target = tiny_pair()
+    hf_securesd.wrap(target)
+    target.generation_config.verifier = "mars"
+    target.generation_config.secure_schedule = hf_securesd.Segments([5], before=_Half())
+    with pytest.raises(hf_securesd.SecureSDConfigError, match=r"_Half is not one of the library's"):
+        target.save_pretrained(tmp_path / "out")
+
+
 def test_built_in_rules_with_infinite_knobs_and_text_boundaries_save(tmp_path):
     _, target = tiny_pair()
     hf_securesd.wrap(target)

@@ -41,6 +41,13 @@ def test_sampled_deviation_is_exactly_zero_where_the_rule_is_lossless(llama_pair
     lossless = target.generate(PROMPT, max_new_tokens=12, assistant_model=draft, verifier="lossless",
                                do_sample=True, output_deviation=True, return_dict_in_generate=True).speculative_stats
     assert lossless.position_tv_sum and all(tv == 0.0 for tv in lossless.position_tv_sum)
+    from hf_securesd import MARS
+
+    torch.manual_seed(0)
+    at_lossless_end = target.generate(PROMPT, max_new_tokens=12, assistant_model=draft, verifier=MARS(theta=1.0),
+                                      do_sample=True, output_deviation=True,
+                                      return_dict_in_generate=True).speculative_stats
+    assert at_lossless_end.position_tv_sum and all(tv == 0.0 for tv in at_lossless_end.position_tv_sum)
     from hf_securesd import Step
 
     torch.manual_seed(0)
