@@ -172,3 +172,45 @@ def sharp_random_model(config, seed: int):
             parameter.mul_(3.0)
     model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 256
     return model
+
+
+# `securesd bench` / `calibrate` options of the smallest run: the tiny pair, one GSM8K prompt, two tokens
+SMOKE_CLI = ("--profile", "smoke", "--tasks", "gsm8k", "--limit", "1", "--max-new-tokens", "2", "--no-progress")
+
+
+def cli_refusal(capsys, argv: list[str]) -> str:
+    """Run `securesd` with argv, which must be refused: exit 2 and one error line (no traceback), returned."""
+    from hf_securesd.cli import main
+
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def tiny_results(out, data_dir, schedules: tuple[str, ...]):
+    """A results directory at `out` of the tiny pair: jailbreak and gsm8k, three prompts, mars:0.5 under
+    each of `schedules` (no report)."""
+    from hf_securesd.cli import main
+
+    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "gsm8k", "--limit", "3", "--max-new-tokens",
+            "4", "--verifiers", "mars:0.5", "--schedules", *schedules, "--data-dir", str(data_dir), "--out",
+            str(out), "--no-progress", "--no-report"]
+    assert main(argv) == 0
+    return out
+
+
+def calibration_cell(config, kind: str, prr: float | None, spd: float | None, ar: float = 0.5) -> dict:
+    """A recorded cell of a MARS/Step calibration with only what `calibrate.recommend` reads."""
+    schedule = config.schedule
+    return {
+        "cell": f"{config.key}|{kind}",
+        "config_key": config.key,
+        "config": config.to_dict(),
+        "knob_value": None if config.verifier.name == "lossless" else config.verifier.theta,
+        "schedule_label": None if schedule is None else f"step(L={schedule.L})",
+        "task_kind": kind,
+        "prr": prr,
+        "spd": spd,
+        "acceptance_rate": ar,
+    }

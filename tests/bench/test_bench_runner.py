@@ -11,7 +11,7 @@ import json
 import pytest
 import torch
 
-from hf_securesd.bench import cli_bench, cli_calibrate, cli_report, runner
+from hf_securesd.bench import cli_bench, cli_calibrate, cli_report
 from hf_securesd.bench.calibrate import calibration_configs, recommend
 from hf_securesd.bench.engines.hf import HFEngine
 from hf_securesd.bench.loading import load_study_models
@@ -30,6 +30,7 @@ from hf_securesd.bench.runner import StudySettings, TaskRun, finish_cell, prepar
 from hf_securesd.schedules import Step
 from hf_securesd.stats import SpeculativeStats
 from hf_securesd.verifiers import MARS
+from support import calibration_cell
 
 
 
@@ -317,30 +318,15 @@ def test_prr_and_delta_prr_from_recorded_runs(tmp_path, data_dir) -> None:
     assert "0.500 [" in text and "mars(theta=0.5)+step(L=1)" in text
 
 
-def _cell(config: RunConfig, kind: str, prr: float | None, spd: float, ar: float = 0.5) -> dict:
-    schedule = config.schedule
-    return {
-        "cell": f"{config.key}|{kind}",
-        "config_key": config.key,
-        "config": config.to_dict(),
-        "knob_value": None if config.verifier.name == "lossless" else config.verifier.theta,
-        "schedule_label": None if schedule is None else f"step(L={schedule.L})",
-        "task_kind": kind,
-        "prr": prr,
-        "spd": spd,
-        "acceptance_rate": ar,
-    }
-
-
 def _calibration_cells(
     safety_by_length: dict[int | None, float], spd_by_length: dict[int | None, float]
 ) -> list:
-    cells = [_cell(LOSSLESS, "safety", 1.0, 1.2), _cell(LOSSLESS, "utility", 1.0, 1.2)]
+    cells = [calibration_cell(LOSSLESS, "safety", 1.0, 1.2), calibration_cell(LOSSLESS, "utility", 1.0, 1.2)]
     for length, safety in safety_by_length.items():
         config = RunConfig("speculative", MARS(theta=0.5), None if length is None else Step(L=length))
         cells += [
-            _cell(config, "safety", safety, spd_by_length[length]),
-            _cell(config, "utility", 0.9, spd_by_length[length]),
+            calibration_cell(config, "safety", safety, spd_by_length[length]),
+            calibration_cell(config, "utility", 0.9, spd_by_length[length]),
         ]
     return cells
 

@@ -12,33 +12,20 @@ from hf_securesd.bench.calibrate import Recommendation, check_text, recommend
 from hf_securesd.bench.plan import LOSSLESS, RunConfig
 from hf_securesd.schedules import Step
 from hf_securesd.verifiers import MARS
+from support import calibration_cell
 
 VERIFIER = "mars(theta=0.5)"
-
-
-def _cell(config: RunConfig, kind: str, prr: float | None, spd: float | None) -> dict[str, Any]:
-    """A recorded cell with only what `recommend` reads."""
-    schedule = config.schedule
-    return {
-        "cell": f"{config.key}|{kind}",
-        "config_key": config.key,
-        "config": config.to_dict(),
-        "knob_value": None if config.verifier.name == "lossless" else config.verifier.theta,
-        "schedule_label": None if schedule is None else f"step(L={schedule.L})",
-        "task_kind": kind,
-        "prr": prr,
-        "spd": spd,
-        "acceptance_rate": 0.7,
-    }
 
 
 def _cells(lossless_safety: float | None, safety: dict[int | None, float | None],
            spd: dict[int | None, float | None]) -> list[dict[str, Any]]:
     """Lossless, the relaxed verifier (None) and each swept L, on one safety and one utility task."""
-    cells = [_cell(LOSSLESS, "safety", lossless_safety, 1.2), _cell(LOSSLESS, "utility", None, 1.2)]
+    cells = [calibration_cell(LOSSLESS, "safety", lossless_safety, 1.2),
+             calibration_cell(LOSSLESS, "utility", None, 1.2)]
     for length, prr in safety.items():
         config = RunConfig("speculative", MARS(theta=0.5), None if length is None else Step(L=length))
-        cells += [_cell(config, "safety", prr, spd[length]), _cell(config, "utility", None, spd[length])]
+        cells += [calibration_cell(config, "safety", prr, spd[length]),
+                  calibration_cell(config, "utility", None, spd[length])]
     return cells
 
 

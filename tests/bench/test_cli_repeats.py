@@ -8,23 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from hf_securesd.cli import main
+from support import SMOKE_CLI, cli_refusal
 
-SMOKE = ("--profile", "smoke", "--tasks", "gsm8k", "--limit", "1", "--max-new-tokens", "2", "--no-progress")
-
-
-def refused(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize("verifier", ["mars", "fly"])
 def test_calibrate_asks_for_the_setting_instead_of_running_the_sweep(capsys, tmp_path: Path, data_dir,
                                                                     verifier):
     out = tmp_path / "out"
-    error = refused(capsys, ["calibrate", *SMOKE, "--verifier", verifier, "--L", "1", "--data-dir",
+    error = cli_refusal(capsys, ["calibrate", *SMOKE_CLI, "--verifier", verifier, "--L", "1", "--data-dir",
                              str(data_dir), "--out", str(out)])
     assert f"--verifier '{verifier}' names no setting" in error and f"{verifier}:VALUE" in error
     assert not out.exists()
@@ -38,12 +30,12 @@ def test_calibrate_asks_for_the_setting_instead_of_running_the_sweep(capsys, tmp
 ])
 def test_bench_refuses_a_setting_named_twice(capsys, tmp_path: Path, data_dir, option, values):
     out = tmp_path / "out"
-    error = refused(capsys, ["bench", *SMOKE, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
+    error = cli_refusal(capsys, ["bench", *SMOKE_CLI, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
                              option, *values])
     assert f"{option} names the same setting twice" in error and not out.exists()
 
 
 def test_calibrate_refuses_a_verifier_named_twice(capsys, tmp_path: Path, data_dir):
-    error = refused(capsys, ["calibrate", *SMOKE, "--verifier", "mars:0.5", "mars:0.5", "--L", "1",
+    error = cli_refusal(capsys, ["calibrate", *SMOKE_CLI, "--verifier", "mars:0.5", "mars:0.5", "--L", "1",
                              "--data-dir", str(data_dir), "--out", str(tmp_path / "out")])
     assert "--verifier names the same setting twice" in error

@@ -10,16 +10,8 @@ from pathlib import Path
 import pytest
 
 from hf_securesd.bench.plan import check_no_repeats, parse_schedule, verifier_key
-from hf_securesd.cli import main
+from support import SMOKE_CLI, cli_refusal
 
-SMOKE = ("--profile", "smoke", "--tasks", "gsm8k", "--limit", "1", "--max-new-tokens", "2", "--no-progress")
-
-
-def refused(capsys, argv: list[str]) -> str:
-    assert main(argv) == 2
-    err = capsys.readouterr().err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
-    return err
 
 
 @pytest.mark.parametrize("specs, setting", [
@@ -40,7 +32,7 @@ def test_different_settings_pass():
 @pytest.mark.parametrize("values", [["mars:0.5,0.5"], ["mars:0.5,0.9", "mars:0.9"], ["mars", "mars:0.5"]])
 def test_bench_refuses_overlapping_verifier_values(capsys, tmp_path: Path, data_dir, values):
     out = tmp_path / "out"
-    error = refused(capsys, ["bench", *SMOKE, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
+    error = cli_refusal(capsys, ["bench", *SMOKE_CLI, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
                              "--verifiers", *values])
     assert "--verifiers names the same setting twice: mars(theta=" in error and not out.exists()
 
@@ -48,14 +40,14 @@ def test_bench_refuses_overlapping_verifier_values(capsys, tmp_path: Path, data_
 @pytest.mark.parametrize("values", [["mars:0.5,0.5"], ["mars:0.5,0.9", "mars:0.9"]])
 def test_calibrate_refuses_overlapping_verifier_values(capsys, tmp_path: Path, data_dir, values):
     out = tmp_path / "out"
-    error = refused(capsys, ["calibrate", *SMOKE, "--verifier", *values, "--L", "1", "--data-dir", str(data_dir),
+    error = cli_refusal(capsys, ["calibrate", *SMOKE_CLI, "--verifier", *values, "--L", "1", "--data-dir", str(data_dir),
                              "--out", str(out)])
     assert "--verifier names the same setting twice" in error and not out.exists()
 
 
 def test_calibrate_refuses_an_l_named_twice(capsys, tmp_path: Path, data_dir):
     out = tmp_path / "out"
-    error = refused(capsys, ["calibrate", *SMOKE, "--L", "2", "2", "--data-dir", str(data_dir), "--out", str(out)])
+    error = cli_refusal(capsys, ["calibrate", *SMOKE_CLI, "--L", "2", "2", "--data-dir", str(data_dir), "--out", str(out)])
     assert "--L names the same setting twice: L=2" in error and not out.exists()
 
 
@@ -67,8 +59,8 @@ def test_a_schedule_with_l_0_is_refused_as_none(spec):
 
 def test_bench_refuses_step_0_and_calibrate_l_0(capsys, tmp_path: Path, data_dir):
     out = tmp_path / "out"
-    error = refused(capsys, ["bench", *SMOKE, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
+    error = cli_refusal(capsys, ["bench", *SMOKE_CLI, "--no-report", "--data-dir", str(data_dir), "--out", str(out),
                              "--schedules", "none", "step:0"])
     assert "relaxed verifier alone; give it as none" in error
-    error = refused(capsys, ["calibrate", *SMOKE, "--L", "0", "1", "--data-dir", str(data_dir), "--out", str(out)])
+    error = cli_refusal(capsys, ["calibrate", *SMOKE_CLI, "--L", "0", "1", "--data-dir", str(data_dir), "--out", str(out)])
     assert "--L 0:" in error and "relaxed verifier alone" in error and not out.exists()

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 
 from hf_securesd.bench.report import write_report
-from hf_securesd.cli import main
+from support import tiny_results
 
 # control characters, then mathtext matplotlib cannot parse (a figure title must show it as text)
 CONTROL = "\x1b]0;PWNED\x07\x1b[31m\u202e$\\frac$"
@@ -29,12 +29,7 @@ MANIFEST_NAMES = ("target", "draft", "decoding", "profile", "dtype", "device")
 def clean(tmp_path_factory, data_dir) -> Path:
     """A results directory of the tiny pair: jailbreak and gsm8k, three prompts, mars:0.5 without a
     schedule and under step:1."""
-    out = tmp_path_factory.mktemp("report") / "clean"
-    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "gsm8k", "--limit", "3", "--max-new-tokens",
-            "4", "--verifiers", "mars:0.5", "--schedules", "none", "step:1", "--data-dir", str(data_dir),
-            "--out", str(out), "--no-progress", "--no-report"]
-    assert main(argv) == 0
-    return out
+    return tiny_results(tmp_path_factory.mktemp("report") / "clean", data_dir, ("none", "step:1"))
 
 
 @pytest.fixture

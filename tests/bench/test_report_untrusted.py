@@ -13,6 +13,7 @@ from typing import Any, Callable
 import pytest
 
 from hf_securesd.cli import main
+from support import tiny_results
 
 Edit = Callable[[Path], None]
 
@@ -20,12 +21,7 @@ Edit = Callable[[Path], None]
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory, data_dir) -> Path:
     """A results directory of the tiny pair: jailbreak and gsm8k, three prompts, mars:0.5."""
-    out = tmp_path_factory.mktemp("report") / "clean"
-    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "gsm8k", "--limit", "3", "--max-new-tokens",
-            "4", "--verifiers", "mars:0.5", "--schedules", "none", "--data-dir", str(data_dir), "--out", str(out),
-            "--no-progress", "--no-report"]
-    assert main(argv) == 0
-    return out
+    return tiny_results(tmp_path_factory.mktemp("report") / "clean", data_dir, ("none",))
 
 
 @pytest.fixture
