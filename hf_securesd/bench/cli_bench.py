@@ -25,6 +25,7 @@ holds --out (`EXIT_IN_USE`).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -114,7 +115,7 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="judge constructor argument (repeatable)",
+        help="judge constructor argument (repeatable); VALUE: a number, text, or a JSON list in brackets",
     )
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
     parser.add_argument("--cache-dir", type=non_empty_text, default=None, help="folder of the offline model copies")
@@ -160,8 +161,9 @@ def accept_underscores(parser: argparse.ArgumentParser) -> None:
 
 def out_path(text: str) -> Path:
     """``--out`` (an argparse type): an empty or blank path is refused (``Path('')`` is the current
-    folder, which would receive the results)."""
-    return Path(non_empty_text(text))
+    folder, which would receive the results); a leading ``~`` (left as it is by ``--out=~/dir``) is the
+    home folder, as the results directory reads it."""
+    return Path(non_empty_text(text)).expanduser()
 
 
 def check_out_dir(out: Path) -> None:
@@ -223,12 +225,16 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def judge_options(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE strings -> dict; numbers are parsed."""
+    """KEY=VALUE strings -> dict; numbers are parsed, and a VALUE in brackets is a JSON list
+    (``prefixes=["I cannot", "I won't"]``)."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, separator, value = pair.partition("=")
         if not separator or not key:
             raise ValueError(f"--judge-option takes KEY=VALUE, got {pair!r}")
+        if value.lstrip().startswith("["):
+            options[key] = _json_list(key, value)
+            continue
         try:
             options[key] = int(value)
         except ValueError:
@@ -237,6 +243,18 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
             except ValueError:
                 options[key] = value
     return options
+
+
+def _json_list(key: str, value: str) -> list[Any]:
+    """--judge-option KEY=[...]: the JSON list, else a ValueError naming the option."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if not isinstance(parsed, list):
+        raise ValueError(f"--judge-option {key}={value}: a value in brackets must be a JSON list, e.g. "
+                         f"{key}='[\"I cannot\", \"I won\'t\"]'")
+    return parsed
 
 
 def vllm_dtype(spec: str, device: str) -> tuple[str, str]:
@@ -320,9 +338,11 @@ def prepare(args: argparse.Namespace):
     `calibrate`, which has no --engine and runs `hf`)."""
     from hf_securesd.bench.runner import StudySettings, prepare_tasks
 
+    from hf_securesd.bench.plan import check_no_repeats
     from hf_securesd.bench.tasks import check_isolation
 
     profile: Profile = get_profile(args.profile)
+    check_no_repeats("--tasks", args.tasks or [], lambda task: (task,))
     check_isolation(args.tasks or profile.tasks, requested_isolation(args))
     machine = machine_settings(args, profile)
     target, draft = study_models(args, args.target or profile.target, args.draft or profile.draft)

@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
+
+import torch
 
 from hf_securesd.schedules import Linear, Power, Schedule, Step, resolve_schedule
 from hf_securesd.segments import Segments
@@ -138,10 +140,47 @@ def check_no_repeats(option: str, values: Sequence[Any], settings: Callable[[Any
             seen[setting] = index
 
 
-def schedule_key(spec: str) -> tuple[str]:
-    """The setting a --schedules value names: its label (``none`` without a schedule)."""
+@dataclass(frozen=True)
+class ScheduleSetting:
+    """A --schedules value as the setting it names: equal for spellings that weigh every position alike
+    (``step:1``, ``linear:1`` and ``power:1:2``; ``power:4:1.0`` and ``linear:4``); shown as its label."""
+
+    weights: tuple
+    label: str = field(compare=False)
+
+    def __str__(self) -> str:
+        return self.label
+
+
+WEIGHED_UP_TO = 4096  # the largest L whose weights are compared; beyond it schedules compare by label
+
+
+def schedule_key(spec: str) -> tuple[ScheduleSetting]:
+    """The setting a --schedules value names (`ScheduleSetting`; ``none`` without a schedule)."""
     schedule = parse_schedule(spec)
-    return ("none" if schedule is None else schedule_label(schedule),)
+    label = "none" if schedule is None else schedule_label(schedule)
+    return (ScheduleSetting(_weights(schedule), label),)
+
+
+def _weights(schedule: Schedule | str | None) -> tuple:
+    """What makes two schedules one setting: a position schedule's weights eta_0 .. eta_L without the
+    trailing 1s (every built-in one weighs 1 from L on; ``none`` is the empty tuple); a segment schedule's
+    boundaries and the weights of its parts (both parts constant and alike: that constant)."""
+    if schedule is None:
+        return ()
+    if schedule == "lossless":
+        return ("lossless",)
+    if isinstance(schedule, Segments):
+        before, after = _weights(schedule.before), _weights(schedule.after)
+        if before == after and before in ((), ("lossless",)):
+            return before
+        return ("segments", repr(schedule.to_dict()["boundary"]), before, after)
+    if not isinstance(schedule, (Step, Power)) or schedule.L > WEIGHED_UP_TO:
+        return ("label", schedule_label(schedule))
+    weights = [float(eta) for eta in schedule.eta(torch.arange(schedule.L + 1))]
+    while weights and weights[-1] == 1.0:
+        weights.pop()
+    return tuple(weights)
 
 
 def verifier_key(spec: str) -> tuple[str, ...]:

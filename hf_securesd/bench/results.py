@@ -68,6 +68,9 @@ BINDING_DEFAULTS = {"engine": "hf", "seed": DEFAULT_SEED}
 BINDING_FLAGS = {"target": "--target", "draft": "--draft", "device": "--device", "dtype": "--dtype",
                  "num_assistant_tokens": "--num-assistant-tokens", "batch_size": "--batch-size", "seed": "--seed",
                  "judge": "--judge", "judge_options": "--judge-option", "engine": "--engine"}
+# what sets the target and draft an engine that generates on servers records
+REMOTE_MODEL_FLAGS = {"target": "set by --model, else --baseline NAME as endpoint:NAME, else --base-url",
+                      "draft": "set by --draft-baseline NAME as endpoint:NAME, else none"}
 # bound only where both manifests record them (a manifest written before they were is not checked)
 RECORDED_BINDING_KEYS = ("judge_backend",)
 # settings of this process's models (k: their draft tokens per round): not bound for an engine that
@@ -235,6 +238,8 @@ def binding_value(values: dict[str, Any], key: str) -> Any:
     value = BINDING_DEFAULTS.get(key) if value is None else value
     if key == "judge_options":
         return effective_judge_options(values.get("judge"), value or {})
+    if key in REMOTE_MODEL_FLAGS and isinstance(value, str) and values.get("engine") in REMOTE_ENGINES:
+        return value.rstrip("/")  # a server's URL with or without its trailing slash
     return value
 
 
@@ -255,6 +260,8 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
         for key in keys
         if binding_value(existing, key) != binding_value(manifest, key)
     }
+    if "judge" in clashes and (existing.get("judge_options") or {}) == (manifest.get("judge_options") or {}):
+        clashes.pop("judge_options", None)  # the same options, other defaults only because the judge changed
     before, now = existing.get("endpoints") or {}, manifest.get("endpoints") or {}
     moved = [f"endpoint {name!r}: {before[name]!r} there, {now[name]!r} now"
              for name in before.keys() & now.keys() if before[name].rstrip("/") != now[name].rstrip("/")]
@@ -263,9 +270,12 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
     return clashes
 
 
-def recorded_option(key: str, value: Any) -> str:
+def recorded_option(key: str, value: Any, engine: str | None = None) -> str:
     """The command-line form of binding setting `key` recorded as `value`: ``--dtype bf16``,
-    ``--judge-option match=start``, ``--seed left out``."""
+    ``--judge-option match=start``, ``--seed left out``; for an engine that generates on servers the
+    target and draft are what its server options name (`REMOTE_MODEL_FLAGS`)."""
+    if engine in REMOTE_ENGINES and key in REMOTE_MODEL_FLAGS:
+        return f"the {key} {value!r} ({REMOTE_MODEL_FLAGS[key]})"
     flag = BINDING_FLAGS[key]
     if value is None or value == {}:
         return f"{flag} left out"
@@ -278,7 +288,8 @@ def clash_fixes(clashes: Mapping[str, str], existing: dict[str, Any], path: Path
     """How to resolve `clashes` (`binding_clashes`) with the results directory `path` whose manifest
     is `existing`: a setting an option sets, by giving the recorded value again (or a new --out);
     the others as `CLASH_FIXES` says (the judge's model: `securesd rescore`), else `SAME_SETTINGS_FIX`."""
-    recorded = [recorded_option(key, existing.get(key)) for key in clashes if key in BINDING_FLAGS]
+    engine = existing.get("engine")
+    recorded = [recorded_option(key, existing.get(key), engine) for key in clashes if key in BINDING_FLAGS]
     fixes = [f"give the recorded {'setting' if len(recorded) == 1 else 'settings'} again "
              f"({', '.join(recorded)}) or use a new --out directory"] if recorded else []
     fixes += [CLASH_FIXES[key].format(path=path) for key in clashes if key in CLASH_FIXES]

@@ -113,6 +113,11 @@ def _prefix_tuple(prefix_list: str, prefixes: Sequence[str] | None) -> tuple[str
             choices = ", ".join(PREFIX_LISTS)
             raise ValueError(f"unknown prefix list {prefix_list!r}; choose one of {choices}.")
         prefixes = PREFIX_LISTS[prefix_list]
+    if isinstance(prefixes, str):
+        raise ValueError(
+            f"`prefixes` must be a list of strings, not the one string {prefixes!r} (it would be read letter "
+            "by letter); on the command line give a JSON list: --judge-option 'prefixes=[\"I cannot\"]'"
+        )
     if not prefixes or not all(isinstance(p, str) and p for p in prefixes):
         raise ValueError("`prefixes` must be a non-empty list of non-empty strings.")
     return tuple(prefixes)

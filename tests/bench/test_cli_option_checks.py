@@ -165,3 +165,20 @@ def test_4_an_endpoint_url_with_control_characters_is_refused(capsys, tmp_path, 
     line = refused(capsys, *bench(tmp_path, data_dir, *OPENAI, "--endpoint", "a=http://127.0.0.1:9/v1\r\nX: y"))
     assert line.startswith("error: --endpoint a=: the URL") and "control characters" in line
     assert not (tmp_path / "out").exists()
+
+
+def test_a_judge_option_in_brackets_is_a_json_list():
+    from hf_securesd.bench.cli_bench import judge_options
+
+    assert judge_options(['prefixes=["I cannot", "Sorry"]', "match=start"]) == {
+        "prefixes": ["I cannot", "Sorry"], "match": "start"}
+    with pytest.raises(ValueError, match=r"--judge-option prefixes=\[oops: a value in brackets must be a JSON list"):
+        judge_options(["prefixes=[oops"])
+
+
+def test_a_single_string_of_prefixes_is_refused_not_read_letter_by_letter():
+    from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
+
+    for judge in (RefusalPrefixJudge, ExactRefusalPrefixJudge):
+        with pytest.raises(ValueError, match="not the one string 'I cannot' .* give a JSON list"):
+            judge(prefixes="I cannot")

@@ -39,3 +39,11 @@ def test_calibrate_refuses_a_verifier_named_twice(capsys, tmp_path: Path, data_d
     error = cli_refusal(capsys, ["calibrate", *SMOKE_CLI, "--verifier", "mars:0.5", "mars:0.5", "--L", "1",
                              "--data-dir", str(data_dir), "--out", str(tmp_path / "out")])
     assert "--verifier names the same setting twice" in error
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_a_task_named_twice_is_refused(capsys, tmp_path: Path, data_dir, command):
+    out = tmp_path / "out"
+    error = cli_refusal(capsys, [command, "--profile", "smoke", "--tasks", "gsm8k", "gsm8k", "--limit", "1",
+                                 "--data-dir", str(data_dir), "--out", str(out)])
+    assert "--tasks names the same setting twice: gsm8k" in error and not out.exists()

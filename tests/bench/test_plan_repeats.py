@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_securesd.bench.plan import check_no_repeats, parse_schedule, verifier_key
+from hf_securesd.bench.plan import check_no_repeats, parse_schedule, schedule_key, verifier_key
 from support import SMOKE_CLI, cli_refusal
 
 
@@ -27,6 +27,24 @@ def test_a_setting_named_twice_inside_or_across_values_is_refused(specs, setting
 
 def test_different_settings_pass():
     check_no_repeats("--verifiers", ["mars:0.5,0.9", "bild"], verifier_key)
+    check_no_repeats("--schedules", ["none", "step:2", "linear:2", "power:2:2.0", "step:1"], schedule_key)
+
+
+SEGMENTS = '{{"schedule": "segments", "boundary": "</think>", "before": {before}, "after": {after}}}'
+
+
+@pytest.mark.parametrize("specs", [
+    ["step:1", "linear:1"],
+    ["power:4:1.0", "linear:4"],
+    ["power:1:3.0", "step:1"],
+    [SEGMENTS.format(before="null", after='{"schedule": "step", "L": 1}'),
+     SEGMENTS.format(before="null", after='{"schedule": "linear", "L": 1}')],
+    ["none", SEGMENTS.format(before="null", after="null")],
+])
+def test_schedules_that_weigh_every_position_alike_are_one_setting(specs):
+    """Two spellings of the same weights would run the same cells twice under two labels."""
+    with pytest.raises(ValueError, match="names the same setting twice"):
+        check_no_repeats("--schedules", specs, schedule_key)
 
 
 @pytest.mark.parametrize("values", [["mars:0.5,0.5"], ["mars:0.5,0.9", "mars:0.9"], ["mars", "mars:0.5"]])

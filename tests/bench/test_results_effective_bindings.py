@@ -32,6 +32,14 @@ def test_another_value_still_clashes_and_the_fix_names_the_flag(tmp_path):
     assert "or use a new --out directory" in fixes
 
 
+def test_a_judge_change_is_one_clash_not_also_its_unchanged_options():
+    from hf_securesd.judges import JUDGES
+
+    other = next(name for name in JUDGES if name.startswith("refusal_prefix") and name != "refusal_prefix")
+    clashes = binding_clashes(MANIFEST, {**MANIFEST, "judge": other})
+    assert set(clashes) == {"judge"}
+
+
 def run_argv(out, data_dir, *extra: str) -> list[str]:
     return ["bench", "--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--max-new-tokens", "2",
             "--data-dir", str(data_dir), "--verifiers", "mars:0.5", "--schedules", "none", "--no-progress",
@@ -56,3 +64,26 @@ def test_dtype_auto_resumes_with_the_recorded_dtype(tmp_path, data_dir, capsys, 
     assert main(run_argv(out, data_dir, "--dtype", "fp32")) == 2
     err = capsys.readouterr().err
     assert "dtype: 'bf16' there, 'fp32' now" in err and "(--dtype bf16)" in err
+
+
+def test_a_tilde_in_out_is_the_home_folder_for_every_reader(monkeypatch, tmp_path):
+    """`--out=~/dir` reaches the program with its `~`: the dtype a resume reads and the checks of --out
+    must look where the results directory writes."""
+    from hf_securesd.bench.cli_bench import out_path
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert out_path("~/study") == tmp_path / "study"
+
+
+REMOTE = {**MANIFEST, "target": "http://127.0.0.1:8000/v1/", "draft": "none", "device": None, "dtype": None,
+          "num_assistant_tokens": None, "engine": "openai"}
+
+
+def test_an_openai_study_binds_its_server_with_or_without_a_trailing_slash():
+    assert binding_clashes(REMOTE, {**REMOTE, "target": "http://127.0.0.1:8000/v1"}) == {}
+
+
+def test_an_openai_target_clash_names_the_server_options_not_target(tmp_path):
+    clashes = binding_clashes(REMOTE, {**REMOTE, "target": "endpoint:prod"})
+    fixes = "; ".join(clash_fixes(clashes, REMOTE, tmp_path))
+    assert "--target" not in fixes and "set by --model, else --baseline NAME as endpoint:NAME, else --base-url" in fixes
