@@ -262,15 +262,6 @@ def _check_caches(
         check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens)
 
 
-def _loads_back(schedule: Schedule) -> bool:
-    """Whether `schedule`'s saved form loads back as the same schedule."""
-    try:
-        loaded = resolve_schedule(schedule.to_dict())
-    except (TypeError, ValueError):
-        return False
-    return type(loaded) is type(schedule) and loaded.to_dict() == schedule.to_dict()
-
-
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The call without our fields, for plain transformers decoding."""
     return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
@@ -482,20 +473,26 @@ def _check_round_trip(name: str, value: Verifier | Schedule, resolve: Callable[[
     """Raise SecureSDConfigError unless `value`'s saved form (`to_dict`) loads back as the same rule: a
     custom verifier or schedule class is saved under a name a later process cannot resolve, or under a
     built-in's name (a subclass) and would load as that built-in."""
+    if not _loads_back(value, resolve):
+        parts = (value.before, value.after) if isinstance(value, Segments) else ()
+        custom = next((part for part in parts if isinstance(part, Schedule) and not _loads_back(part, resolve)),
+                      value)
+        raise SecureSDConfigError(
+            f"generation_config.{name} cannot be saved: {type(custom).__name__} is not one of the library's "
+            f"verifiers and schedules, and its saved form {value.to_dict()} would not load back as it. Pass it to "
+            f"generate at call time ({name}=...) and set model.generation_config.{name} to None (or a built-in "
+            "one) before save_pretrained"
+        )
+
+
+def _loads_back(value: Verifier | Schedule, resolve: Callable[[Any], Any]) -> bool:
+    """Whether `value`'s saved form (`to_dict`) resolves to the same rule: its class and saved form."""
     saved = value.to_dict()
     try:
         loaded = resolve(saved)
     except (TypeError, ValueError):
-        loaded = None
-    if type(loaded) is not type(value) or loaded.to_dict() != saved:
-        parts = (value.before, value.after) if isinstance(value, Segments) else ()
-        custom = next((part for part in parts if isinstance(part, Schedule) and not _loads_back(part)), value)
-        raise SecureSDConfigError(
-            f"generation_config.{name} cannot be saved: {type(custom).__name__} is not one of the library's "
-            f"verifiers and schedules, and its saved form {saved} would not load back as it. Pass it to "
-            f"generate at call time ({name}=...) and set model.generation_config.{name} to None (or a built-in "
-            "one) before save_pretrained"
-        )
+        return False
+    return type(loaded) is type(value) and loaded.to_dict() == saved
 
 
 def _register_config_fields(generation_config: GenerationConfig) -> None:
