@@ -13,12 +13,17 @@ DIVERGENCES = ("js", "kl", "tv")
 
 
 def divergence(target: torch.Tensor, draft: torch.Tensor, kind: str) -> torch.Tensor:
-    """D(q~, p~) over the last dim, in nats for "js" (<= ln 2) and "kl" (KL(p~ || q~)); [B, k, V] -> [B, k]."""
+    """D(q~, p~) over the last dim, in nats for "js" (<= ln 2) and "kl" (KL(p~ || q~)); [B, k, V] -> [B, k].
+
+    KL(p~ || q~) is +inf where the draft puts mass on a token q~ gives none (a token the processors mask
+    out of q~): such a position is never close."""
     tiny = torch.finfo(target.dtype).tiny
     if kind == "tv":
         return 0.5 * (target - draft).abs().sum(dim=-1)
     if kind == "kl":
-        return (draft * (draft.clamp_min(tiny).log() - target.clamp_min(tiny).log())).sum(dim=-1).clamp_min(0.0)
+        # Terms where p~ = 0 are 0; where p~ > 0 = q~ the log ratio is +inf, and so is the sum.
+        terms = torch.where(draft > 0, draft * (draft.log() - target.log()), torch.zeros_like(draft))
+        return terms.sum(dim=-1).clamp_min(0.0)
     middle = 0.5 * (target + draft)
     log_middle = middle.clamp_min(tiny).log()
     kl_target = (target * (target.clamp_min(tiny).log() - log_middle)).sum(dim=-1)
@@ -31,7 +36,10 @@ class FSD(Verifier):
     """Accept every drafted token at a position iff D(q~, p~) < tau (it does not depend on the
     token); otherwise reject and draw from q itself. `divergence` is "js" (default), "kl" or "tv".
     At T = 0 a token equal to x* is accepted too, which changes no output (x* is what recovery
-    would emit) and keeps tau = 0 exactly lossless with the lossless acceptance rate.
+    would emit) and keeps tau = 0 exactly lossless with the lossless acceptance rate. At T > 0,
+    tau = 0 is the lossless rule itself (`is_lossless`), while any tau > 0 that no position meets
+    rejects every draft and draws from q: the same output, acceptance 0 (and, mixed with the
+    lossless rule by a schedule, a lossy mixture: SPEC's mixed rule of two q-preserving rules).
 
     FSD compares the two distributions, so it needs the draft model's raw logits: a deterministic
     proposer (prompt lookup, n-gram, greedy EAGLE without logits) cannot feed it.

@@ -12,7 +12,8 @@ from .base import RoundInputs, Verifier, is_target_choice, lossless_acceptance, 
 @dataclass(frozen=True)
 class MARS(Verifier):
     """Logit-ratio threshold `theta` in (0, 1] (1 = lossless). With v1, v2 the target's top-2 tokens
-    and z1 >= z2 their raw logits, the runner-up is "close" when z1 > 0 and z2 / z1 > theta.
+    (ties go to the lowest index, on every device: `top_two`) and z1 >= z2 their raw logits, the
+    runner-up is "close" when z1 > 0 and z2 / z1 > theta.
 
     * T = 0: accept x iff x = x*, or x in {v1, v2} and close.
     * T > 0: if close, accept x in {v1, v2}; otherwise the lossless rule. Recovery: residual.
@@ -46,14 +47,22 @@ class MARS(Verifier):
         logits = round_inputs.constrained_raw_logits[:, : round_inputs.num_draft_tokens]
         if logits.shape[-1] < 2:  # no runner-up
             return torch.zeros(candidates.shape, dtype=torch.bool, device=candidates.device)
-        top = logits.topk(2, dim=-1)
-        z1, z2 = top.values[..., :1], top.values[..., 1:]
+        v1, v2 = top_two(logits)
+        z1, z2 = logits.gather(-1, v1), logits.gather(-1, v2)
         close = (z1 > 0) & (z2 > self.theta * z1)
-        in_top2 = (candidates == top.indices[..., :1]) | (candidates == top.indices[..., 1:])
-        return close & in_top2
+        return close & ((candidates == v1) | (candidates == v2))
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         lenient = self._lenient(round_inputs, candidates)
         if round_inputs.greedy:
             return (is_target_choice(round_inputs, candidates) | lenient).to(torch.float32)
         return torch.where(lenient, torch.ones_like(candidates, dtype=torch.float32), lossless_acceptance(round_inputs, candidates))
+
+
+def top_two(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v1, v2) [..., 1] long: the largest and the runner-up of logits [..., V >= 2], ties broken by the
+    lowest index (v1 is `argmax`'s x*; v2 is the first maximum once v1 is set aside), the same on every
+    device, where `topk`'s order among equal values is unspecified."""
+    v1 = logits.argmax(dim=-1, keepdim=True)
+    v2 = logits.scatter(-1, v1, float("-inf")).argmax(dim=-1, keepdim=True)
+    return v1, v2
