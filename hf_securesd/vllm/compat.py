@@ -3,16 +3,20 @@
 Installed, the package is loaded into every vLLM process through the `vllm.general_plugins` entry
 point. It changes nothing there until the operator opts in: `SECURESD_VLLM=1`, or a server-wide
 default in `SECURESD_VLLM_DEFAULT` (`SECURESD_VLLM=0` keeps it off even then). Without the opt-in,
-and when this vLLM lacks a symbol the plugin needs (`features`), the only change is `patch_refusal`:
+and when this vLLM lacks a symbol the plugin needs (`features`), the only changes are the refusals:
 a request that asks for SecureSD fails validation (HTTP 400, or an exception from `LLM.generate`)
-with the reason and the fix, and every other request runs vLLM's own code.
+with the reason and the fix (`patch_refusal`; a beam search request, whose parameters never carry
+`vllm_xargs`, where the OpenAI server builds them: `patch_beam_search_refusal`), and every other
+request runs vLLM's own code.
 """
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Mapping
 
 from ..validation import SecureSDConfigError
+from .admission import HTTP_PARAMETER, HTTP_REQUEST_CLASSES
 from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, parse_request, request_for
 
 OPT_IN_ENV = "SECURESD_VLLM"
@@ -77,3 +81,43 @@ def patch_refusal(
         sampling_params_class._verify_args = original
 
     return undo
+
+
+def patch_beam_search_refusal(message: str, include_default: bool = True) -> Callable[[], None]:
+    """Make `to_beam_search_params` of the OpenAI request classes (`admission.HTTP_REQUEST_CLASSES`) refuse
+    with `message` a request whose `vllm_xargs` ask for SecureSD (with `include_default`, also by
+    inheriting the server-wide default): beam search builds its own parameters without `vllm_xargs`, so
+    `patch_refusal` never sees such a request. Only the classes this process has already imported are
+    wrapped: the OpenAI server imports them before it loads plugins, and a process that serves no HTTP
+    imports nothing for this. Returns a function that undoes it."""
+    originals: list[tuple[type, Any]] = []
+    for module_name, class_name in HTTP_REQUEST_CLASSES:
+        cls = getattr(sys.modules.get(module_name), class_name, None)
+        original = cls.__dict__.get("to_beam_search_params") if isinstance(cls, type) else None
+        if original is None:
+            continue
+
+        def to_beam_search_params(self: Any, *args: Any, __original: Any = original, **kwargs: Any):
+            if asks_for_securesd(getattr(self, "vllm_xargs", None), include_default):
+                raise _validation_error(message)
+            return __original(self, *args, **kwargs)
+
+        originals.append((cls, original))
+        cls.to_beam_search_params = to_beam_search_params
+
+    def undo() -> None:
+        for cls, original in reversed(originals):
+            cls.to_beam_search_params = original
+
+    return undo
+
+
+def _validation_error(message: str) -> Exception:
+    """vLLM's validation error (an HTTP 400 naming `vllm_xargs.securesd`) for `message`, or a
+    SecureSDConfigError (a ValueError) where this vLLM's error class does not take the parameter."""
+    try:
+        from vllm.exceptions import VLLMValidationError
+
+        return VLLMValidationError(message, parameter=HTTP_PARAMETER)
+    except (ImportError, TypeError):
+        return SecureSDConfigError(message)

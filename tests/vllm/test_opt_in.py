@@ -69,6 +69,36 @@ def test_without_opt_in_only_securesd_requests_are_refused(caplog):
             SamplingParams(max_tokens=4, extra_args={"securesd": "{not json"})
 
 
+@pytest.mark.parametrize("variables", [{}, {OPT_IN_ENV: "0", DEFAULT_ENV: '{"verifier": "mars"}'}],
+                         ids=["unset", "SECURESD_VLLM=0"])
+def test_without_opt_in_a_beam_search_request_asking_for_securesd_is_refused(variables):
+    """Beam search builds its own parameters without vllm_xargs, so the SamplingParams refusal never sees
+    it: the OpenAI request classes refuse it where they build them."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+
+    from hf_securesd.vllm import register
+
+    def beam(cls, xargs):
+        fields = dict(prompt="hi") if cls is CompletionRequest else dict(messages=[{"role": "user", "content": "hi"}])
+        request = cls(model="m", max_tokens=4, use_beam_search=True, n=2, vllm_xargs=xargs, **fields)
+        return request.to_beam_search_params(4, {})
+
+    with plugin_environment(**variables):
+        register()
+        for cls in (CompletionRequest, ChatCompletionRequest):
+            with pytest.raises(VLLMValidationError, match="plugin is off in this server") as refused:
+                beam(cls, {"securesd": "lossless"})
+            assert refused.value.parameter == "vllm_xargs.securesd"
+            with pytest.raises(VLLMValidationError, match="plugin is off in this server"):
+                beam(cls, {"securesd": "{not json"})
+            assert beam(cls, None).beam_width == 2  # plain beam search, and an opt-out, run as in vLLM
+            assert beam(cls, {"securesd": "null"}).beam_width == 2
+    assert "securesd" not in CompletionRequest.to_beam_search_params.__qualname__.lower()
+    assert CompletionRequest.to_beam_search_params.__qualname__ == "CompletionRequest.to_beam_search_params"
+
+
 def test_explicit_off_keeps_the_default_from_applying():
     from vllm.sampling_params import SamplingParams
 
