@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import torch
 from transformers import GenerationConfig
 
-from .schedules import is_integer
+from .schedules import as_real, is_integer, short_repr
 from .validation import SecureSDConfigError
 
 DEFAULT_NUM_DRAFT_TOKENS = 5
@@ -64,11 +64,13 @@ class DraftLength:
             raise DraftLengthError(
                 f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {', '.join(map(repr, SCHEDULES))}"
             )
-        threshold = self.confidence_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not 0.0 <= threshold <= 1.0:
+        threshold = as_real(self.confidence_threshold)  # a Python, NumPy or 0-d tensor real number
+        if threshold is None or not 0.0 <= threshold <= 1.0:
             raise DraftLengthError(
-                f"assistant_confidence_threshold must be a probability in [0, 1] (0 switches the early stop off), got {threshold!r}"
+                "assistant_confidence_threshold must be a probability in [0, 1] (a Python, NumPy or 0-d tensor "
+                f"real number; 0 switches the early stop off), got {short_repr(self.confidence_threshold)}"
             )
+        object.__setattr__(self, "confidence_threshold", float(threshold))
 
     def generation_fields(self) -> dict[str, Any]:
         """The `GenerationConfig` fields that carry this setting into the decoding loop."""

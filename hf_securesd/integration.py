@@ -298,7 +298,7 @@ def _run_speculative(
     check_lengths(
         generation_config.max_new_tokens, generation_config.max_length, where=" (in the call or its generation_config)"
     )
-    check_inputs(input_ids, model_kwargs.get("attention_mask"))
+    check_inputs(input_ids, model_kwargs.get("attention_mask"), pad_token_id=generation_config.pad_token_id)
     check_prompt_ids(input_ids, {"target": model, "draft": draft})
     pad_token_id = _as_int(getattr(generation_config, "_pad_token_tensor", None))
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)

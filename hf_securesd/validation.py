@@ -150,10 +150,13 @@ def checked_flag(name: str, value: Any) -> bool | None:
     raise SecureSDConfigError(f"{name} must be True or False, got {short_repr(value)}")
 
 
-def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -> None:
+def check_inputs(
+    input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pad_token_id: Any = None
+) -> None:
     """The prompt [B, P] must hold integer token ids, at least one row and one token per row, and the attention
     mask, if any, its shape, only 0s and 1s, and no row padded on the right (a row's next token would follow
-    its padding)."""
+    its padding). pad_token_id: the call's, when the mask may be the one transformers builds from it (a
+    call without attention_mask): a right-padded row that ends in it is then named as such."""
     if input_ids.dtype.is_floating_point or input_ids.dtype.is_complex or input_ids.dtype == torch.bool:
         raise SecureSDConfigError(
             f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the tokenizer's input_ids "
@@ -186,10 +189,18 @@ def check_inputs(input_ids: torch.Tensor, attention_mask: torch.Tensor | None) -
     attended = attention_mask != 0  # [B, P]
     right_padded = (~attended[:, -1] & attended.any(dim=-1)).nonzero()[:, 0].tolist()
     if right_padded:
+        inferred = ""
+        pad = python_scalar(pad_token_id)
+        if is_integer(pad) and all(int(input_ids[row, -1]) == int(pad) for row in right_padded):
+            inferred = (
+                f" (without an attention_mask in the call, transformers builds one from pad_token_id={int(pad)}, "
+                "and these rows end in that id: if it is a real token there, pass "
+                "attention_mask=torch.ones_like(input_ids), or set a pad_token_id the prompt does not use)"
+            )
         raise SecureSDConfigError(
-            f"batch row(s) {right_padded} are padded on the right (their attention_mask ends in 0), so each new "
-            "token would follow the padding; decoder-only generation needs left padding: load the tokenizer with "
-            "padding_side='left'"
+            f"batch row(s) {right_padded} are padded on the right (their attention_mask ends in 0){inferred}, so "
+            "each new token would follow the padding; decoder-only generation needs left padding: load the "
+            "tokenizer with padding_side='left'"
         )
 
 

@@ -4,6 +4,7 @@ dynamic draft length."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from support import random_prompts
@@ -69,6 +70,18 @@ def test_unsupported_settings_are_refused_before_decoding(llama_pair, field, val
     draft, target = llama_pair
     with pytest.raises(SecureSDConfigError, match=match):
         target.generate(PROMPT, max_new_tokens=4, assistant_model=draft, verifier="lossless", **{field: value})
+
+
+@pytest.mark.parametrize("value", [np.float32(0.4), np.float16(0.5), np.float64(0.25), torch.tensor(0.4), 1],
+                         ids=["np.float32", "np.float16", "np.float64", "0-d tensor", "int 1"])
+def test_a_numpy_or_tensor_confidence_threshold_is_taken_as_its_value(value):
+    assert DraftLength(confidence_threshold=value).confidence_threshold == float(value)
+
+
+@pytest.mark.parametrize("value", ["0.4", True, float("nan"), np.array([0.4]), -0.1])
+def test_a_confidence_threshold_that_is_no_probability_is_refused_by_name(value):
+    with pytest.raises(SecureSDConfigError, match="assistant_confidence_threshold must be a probability in"):
+        DraftLength(confidence_threshold=value)
 
 
 def _heuristic_steps_hold(drafted: list[int], accepted: list[int], start: int, budgets: list[int]) -> None:

@@ -191,6 +191,19 @@ def test_right_padded_rows_are_refused(llama_pair, forward_calls):
     assert forward_calls["n"] == 0
 
 
+def test_a_prompt_ending_in_the_pad_id_without_a_mask_names_the_inferred_mask(llama_pair, forward_calls):
+    """Without attention_mask transformers builds one from pad_token_id, so a prompt whose last token is
+    that id looks right-padded: the refusal says so and how to pass the prompt as it is."""
+    draft, target = llama_pair
+    ids = torch.tensor([[5, 6, 7, 0]])
+    with pytest.raises(SecureSDConfigError, match=r"builds one from pad_token_id=0.*attention_mask=torch.ones_like"):
+        target.generate(ids, pad_token_id=0, max_new_tokens=4, assistant_model=draft, verifier="lossless")
+    assert forward_calls["n"] == 0
+    out = target.generate(ids, attention_mask=torch.ones_like(ids), pad_token_id=0, max_new_tokens=4,
+                          assistant_model=draft, verifier="lossless")
+    assert out.shape == (1, 8)
+
+
 @pytest.mark.parametrize("mask, value", [([[2] * 5], "2"), ([[0, 1, 1, -1, 1]], "-1"), ([[1.0, 0.5, 1.0, 1.0, 1.0]], "0.5")])
 def test_an_attention_mask_of_other_values_than_0_and_1_is_refused(llama_pair, forward_calls, mask, value):
     """Such a mask was neither honoured nor refused (plain decoding counts its values into position ids)."""
