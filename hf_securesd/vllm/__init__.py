@@ -53,14 +53,14 @@ def register() -> None:
     import vllm
     from vllm.sampling_params import SamplingParams
 
-    from .compat import patch_beam_search_refusal, patch_refusal
+    from .compat import patch_http_refusal, patch_refusal
     from .features import check_installed, mismatch_message
 
     enabled, message = opt_in(os.environ)
     if not enabled:
         logger.debug("hf-securesd: vLLM plugin not enabled (%s); nothing patched", OPT_IN_ENV)
         _undo.append(patch_refusal(SamplingParams, message, include_default=False))
-        _undo.append(patch_beam_search_refusal(message, include_default=False))
+        _undo.append(patch_http_refusal(message, include_default=False))
         return
     mismatches = check_installed()
     if mismatches:
@@ -77,7 +77,7 @@ def register() -> None:
             logger.exception(message)
     logger.error(message)
     _undo.append(patch_refusal(SamplingParams, message))
-    _undo.append(patch_beam_search_refusal(message))
+    _undo.append(patch_http_refusal(message))
 
 
 def _install() -> str:

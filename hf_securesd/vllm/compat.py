@@ -5,9 +5,9 @@ point. It changes nothing there until the operator opts in: `SECURESD_VLLM=1`, o
 default in `SECURESD_VLLM_DEFAULT` (`SECURESD_VLLM=0` keeps it off even then). Without the opt-in,
 and when this vLLM lacks a symbol the plugin needs (`features`), the only changes are the refusals:
 a request that asks for SecureSD fails validation (HTTP 400, or an exception from `LLM.generate`)
-with the reason and the fix (`patch_refusal`; a beam search request, whose parameters never carry
-`vllm_xargs`, where the OpenAI server builds them: `patch_beam_search_refusal`), and every other
-request runs vLLM's own code.
+with the reason and the fix (`patch_refusal`; where the OpenAI server builds a request's parameters,
+a beam search request, whose parameters never carry `vllm_xargs`, and a top-level "securesd" field,
+which the server drops: `patch_http_refusal`), and every other request runs vLLM's own code.
 """
 
 from __future__ import annotations
@@ -83,31 +83,42 @@ def patch_refusal(
     return undo
 
 
-def patch_beam_search_refusal(message: str, include_default: bool = True) -> Callable[[], None]:
-    """Make `to_beam_search_params` of the OpenAI request classes (`admission.HTTP_REQUEST_CLASSES`) refuse
-    with `message` a request whose `vllm_xargs` ask for SecureSD (with `include_default`, also by
-    inheriting the server-wide default): beam search builds its own parameters without `vllm_xargs`, so
-    `patch_refusal` never sees such a request. Only the classes this process has already imported are
-    wrapped: the OpenAI server imports them before it loads plugins, and a process that serves no HTTP
-    imports nothing for this. Returns a function that undoes it."""
-    originals: list[tuple[type, Any]] = []
+def patch_http_refusal(message: str, include_default: bool = True) -> Callable[[], None]:
+    """Make the OpenAI request classes (`admission.HTTP_REQUEST_CLASSES`) refuse with `message` what
+    `patch_refusal` never sees: a beam search request whose `vllm_xargs` ask for SecureSD (with
+    `include_default`, also by inheriting the server-wide default; beam search builds its own parameters
+    without `vllm_xargs`), and a body with a top-level "securesd" field (which vLLM's server drops).
+    Only the classes this process has already imported are wrapped: the OpenAI server imports them
+    before it loads plugins, and a process that serves no HTTP imports nothing for this. Returns a
+    function that undoes it."""
+    originals: list[tuple[type, str, Any]] = []
+
+    def beam_asks(request: Any) -> bool:
+        return asks_for_securesd(getattr(request, "vllm_xargs", None), include_default)
+
+    def top_level(request: Any) -> bool:
+        return EXTRA_ARGS_KEY in (getattr(request, "model_extra", None) or {})
+
     for module_name, class_name in HTTP_REQUEST_CLASSES:
         cls = getattr(sys.modules.get(module_name), class_name, None)
-        original = cls.__dict__.get("to_beam_search_params") if isinstance(cls, type) else None
-        if original is None:
+        if not isinstance(cls, type):
             continue
+        for name, asks in (("to_beam_search_params", beam_asks), ("to_sampling_params", top_level)):
+            original = cls.__dict__.get(name)
+            if original is None:
+                continue
 
-        def to_beam_search_params(self: Any, *args: Any, __original: Any = original, **kwargs: Any):
-            if asks_for_securesd(getattr(self, "vllm_xargs", None), include_default):
-                raise _validation_error(message)
-            return __original(self, *args, **kwargs)
+            def refusing(self: Any, *args: Any, __original: Any = original, __asks: Any = asks, **kwargs: Any):
+                if __asks(self):
+                    raise _validation_error(message)
+                return __original(self, *args, **kwargs)
 
-        originals.append((cls, original))
-        cls.to_beam_search_params = to_beam_search_params
+            originals.append((cls, name, original))
+            setattr(cls, name, refusing)
 
     def undo() -> None:
-        for cls, original in reversed(originals):
-            cls.to_beam_search_params = original
+        for cls, name, original in reversed(originals):
+            setattr(cls, name, original)
 
     return undo
 

@@ -242,6 +242,10 @@ def _refuse_unknown_keys(value: Mapping, valid: Iterable[str], origin: str) -> N
 
 
 def _from_json(text: str, origin: str) -> Any:
+    if len(text) > MAX_JSON_CHARS:  # bounded before anything else reads it, surrounding whitespace included
+        raise SecureSDConfigError(
+            f"{origin} is {len(text)} characters long (at most {MAX_JSON_CHARS}); a request is short: {_EXAMPLE}"
+        )
     stripped = text.strip()
     if not stripped.startswith(("{", "[", '"', "null", "false", "true")):
         if len(stripped) > MAX_STRING_CHARS:
@@ -249,11 +253,6 @@ def _from_json(text: str, origin: str) -> Any:
                 f"{origin} is a string of {len(stripped)} characters (at most {MAX_STRING_CHARS})"
             )
         return stripped  # a bare verifier name
-    if len(stripped) > MAX_JSON_CHARS:
-        raise SecureSDConfigError(
-            f"{origin} is {len(stripped)} characters of JSON (at most {MAX_JSON_CHARS}); "
-            f"a request is short: {_EXAMPLE}"
-        )
     if json_depth(stripped) > MAX_DEPTH:
         raise SecureSDConfigError(
             f"{origin} is JSON nested more than {MAX_DEPTH} levels deep; a request is two objects deep: "

@@ -71,9 +71,10 @@ def test_without_opt_in_only_securesd_requests_are_refused(caplog):
 
 @pytest.mark.parametrize("variables", [{}, {OPT_IN_ENV: "0", DEFAULT_ENV: '{"verifier": "mars"}'}],
                          ids=["unset", "SECURESD_VLLM=0"])
-def test_without_opt_in_a_beam_search_request_asking_for_securesd_is_refused(variables):
-    """Beam search builds its own parameters without vllm_xargs, so the SamplingParams refusal never sees
-    it: the OpenAI request classes refuse it where they build them."""
+def test_without_opt_in_beam_search_and_top_level_securesd_requests_are_refused(variables):
+    """Beam search builds its own parameters without vllm_xargs, and the server drops a top-level field, so
+    the SamplingParams refusal never sees either: the OpenAI request classes refuse them where they build
+    a request's parameters."""
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
     from vllm.exceptions import VLLMValidationError
@@ -95,6 +96,10 @@ def test_without_opt_in_a_beam_search_request_asking_for_securesd_is_refused(var
                 beam(cls, {"securesd": "{not json"})
             assert beam(cls, None).beam_width == 2  # plain beam search, and an opt-out, run as in vLLM
             assert beam(cls, {"securesd": "null"}).beam_width == 2
+            fields = dict(prompt="hi") if cls is CompletionRequest else dict(messages=[{"role": "user", "content": "hi"}])
+            with pytest.raises(VLLMValidationError, match="plugin is off in this server"):  # a top-level field
+                cls(model="m", max_tokens=4, securesd="lossless", **fields).to_sampling_params(4, {})
+            assert cls(model="m", max_tokens=4, **fields).to_sampling_params(4, {}).max_tokens == 4
     assert "securesd" not in CompletionRequest.to_beam_search_params.__qualname__.lower()
     assert CompletionRequest.to_beam_search_params.__qualname__ == "CompletionRequest.to_beam_search_params"
 

@@ -269,8 +269,10 @@ MALFORMED = {
     ),
     "nan-theta": (json.dumps({"verifier": {"verifier": "mars", "theta": float("nan")}}), "theta must be in"),
     "json-1000-deep": ("[" * 1000 + "]" * 1000, "nested more than 5 levels deep"),
-    "json-too-long": ('{"verifier": ' * 300 + '"mars"' + "}" * 300, "characters of JSON"),
-    "name-too-long": ("x" * 5000, "a string of 5000 characters"),
+    "json-too-long": ('{"verifier": ' * 300 + '"mars"' + "}" * 300, "characters long"),
+    "whitespace-padded": ('"mars"' + " " * 5000, "characters long"),
+    "name-too-long": ("x" * 300, "a string of 300 characters"),
+    "text-too-long": ("x" * 5000, "5000 characters long"),
     "json-true": ("true", "must be an object"),
 }
 

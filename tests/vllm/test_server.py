@@ -201,7 +201,7 @@ def test_bad_words_and_min_tokens_bind_every_verifier(server, model_name, verifi
         ({"verifier": "mars", "secure_schedule": {"schedule": {"a": 1}}}, '["schedule"] must be a schedule'),
         ({"verifier": {"theta": 0.5}}, 'names no rule: add "verifier": "<name>"'),
         ("[" * 1000 + "]" * 1000, "nested more than 5 levels deep"),
-        ('{"verifier": ' * 1000 + '"mars"' + "}" * 1000, "characters of JSON"),
+        ('{"verifier": ' * 1000 + '"mars"' + "}" * 1000, "characters long"),
     ],
     ids=["verifier-nested", "schedule-name-object", "verifier-without-name", "json-1000-deep",
          "json-long"],

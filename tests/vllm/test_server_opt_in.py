@@ -48,7 +48,7 @@ def test_a_securesd_request_gets_400_saying_how_to_enable_the_plugin(server_with
     assert ENABLE_HINT in message and DEFAULT_ENV in message
 
 
-def test_a_beam_search_request_asking_for_securesd_gets_400_too(server_without_opt_in):
+def test_beam_search_and_top_level_securesd_requests_get_400_too(server_without_opt_in):
     from conftest import PROBE_PROMPTS
 
     xargs = {"securesd": "lossless"}
@@ -57,6 +57,9 @@ def test_a_beam_search_request_asking_for_securesd_gets_400_too(server_without_o
     assert ENABLE_HINT in response.json()["error"]["message"]
     plain = completion(server_without_opt_in, PROBE_PROMPTS[0], 4, use_beam_search=True, n=2)
     assert plain.status_code == 200, plain.text
+    top_level = completion(server_without_opt_in, PROBE_PROMPTS[0], 4, securesd="lossless")
+    assert top_level.status_code == 400, top_level.text
+    assert ENABLE_HINT in top_level.json()["error"]["message"]
 
 
 def test_plain_requests_get_the_tokens_of_vllm_without_the_package(
