@@ -35,6 +35,7 @@ tensor([[1., 1., 0., 0.]])
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Sequence, Union
@@ -100,6 +101,7 @@ def _one_boundary(value: Any) -> Boundary:
         return value
     ids = _token_ids(value)
     if ids is None:
+        _refuse_non_integer_ids(value)
         raise ValueError(f"Segments boundary {short_repr(value)} is not a boundary; {_BOUNDARY_HELP}")
     negative = [token for token in ids if token < 0]
     if negative:
@@ -107,6 +109,19 @@ def _one_boundary(value: Any) -> Boundary:
             f"Segments boundary {list(ids)} holds the negative token id {negative[0]}; ids are >= 0"
         )
     return ids
+
+
+def _refuse_non_integer_ids(value: Any) -> None:
+    """ValueError naming the first entry that is not an integer when `value` is a list or tuple of real
+    numbers that are not all integers (a boundary of token ids written as floats, [1.0, 2.0])."""
+    if not isinstance(value, (list, tuple)) or not value:
+        return
+    if all(isinstance(item, numbers.Real) and not isinstance(item, bool) for item in value):
+        first = next(item for item in value if not is_integer(item))
+        raise ValueError(
+            f"Segments boundary {short_repr(value)} holds {short_repr(first)}, which is not a token id; token "
+            "ids are integers, e.g. [151668]"
+        )
 
 
 def normalize_boundaries(boundary: Any) -> tuple[Boundary, ...]:
@@ -117,6 +132,7 @@ def normalize_boundaries(boundary: Any) -> tuple[Boundary, ...]:
     if isinstance(boundary, str) or _token_ids(boundary) is not None:
         return (_one_boundary(boundary),)
     if isinstance(boundary, (list, tuple)) and boundary:
+        _refuse_non_integer_ids(boundary)
         if any(is_integer(item) for item in boundary):
             raise ValueError(
                 f"Segments boundary {short_repr(boundary)} mixes token ids with other boundaries; write one "
@@ -344,7 +360,7 @@ class Segments(Schedule):
             offset = start - len(response)  # response position of response[0]
             found = matcher.last_segment_start(response)
             current = -1 if found is None else offset + found
-            tail = response[len(response) - tail_size :] if tail_size else []
+            tail = response[max(len(response) - tail_size, 0) :] if tail_size else []
             window = tail + row_drafts
             row = []
             for i in range(k):

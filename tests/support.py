@@ -8,8 +8,15 @@ from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import numpy as np
+import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
+
+from hf_securesd.bench.sandbox_bwrap import bwrap_problem
+
+# Tests that run generated code under the sandbox's default isolation: skipped, with the reason, where
+# bubblewrap cannot run (`apt-get install -y bubblewrap`; CI installs it).
+needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 
 
 def random_prompts(count: int, seed: int, low: int = 0, high: int = 256, min_len: int = 3, max_len: int = 12):

@@ -83,7 +83,10 @@ def test_device_auto_and_clear_errors(monkeypatch) -> None:
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
-def test_bench_without_cuda_is_a_one_line_error(tmp_path, capsys) -> None:
+def test_bench_without_cuda_is_a_one_line_error(tmp_path, capsys, monkeypatch) -> None:
+    import hf_securesd.bench.tasks as tasks
+
+    monkeypatch.setattr(tasks, "check_isolation", lambda names, isolation: None)  # bubblewrap or not
     code = cli_bench.run(parse("--profile", "smoke", "--device", "cuda", "--out", str(tmp_path / "r")))
     assert code == 2
     error = capsys.readouterr().err
@@ -259,6 +262,9 @@ def test_benchmark_data_out_of_reach_is_a_one_line_error(command, tmp_path, monk
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
     monkeypatch.delenv("SECURESD_DATA_DIR", raising=False)
+    import hf_securesd.bench.tasks as tasks
+
+    monkeypatch.setattr(tasks, "check_isolation", lambda names, isolation: None)  # bubblewrap or not
     module = cli_bench if command == "bench" else cli_calibrate
     parser = argparse.ArgumentParser()
     module.configure(parser)

@@ -10,6 +10,7 @@ import json
 
 import pytest
 import torch
+from support import needs_bwrap
 
 from hf_securesd.bench import cli_bench, cli_calibrate, cli_report
 from hf_securesd.bench.calibrate import calibration_configs, recommend
@@ -62,6 +63,7 @@ def test_plan_parsing() -> None:
     assert keys == ["mars(theta=0.5)", "mars(theta=0.5)+step(L=1)", "lossless"]
 
 
+@needs_bwrap  # the smoke profile scores HumanEval
 def test_smoke_profile_end_to_end_then_resume_redoes_nothing(tmp_path, data_dir, capsys) -> None:
     out = tmp_path / "smoke"
     assert (

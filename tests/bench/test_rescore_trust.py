@@ -117,7 +117,10 @@ def test_a_recorded_transformers_model_needs_the_flag(clean, tmp_path, user_env,
     assert "--judge-model" in capsys.readouterr().err
 
 
-def test_rescore_of_an_absent_or_repeated_task_is_an_error(clean, tmp_path, data_dir, capsys):
+def test_rescore_of_an_absent_or_repeated_task_is_an_error(clean, tmp_path, data_dir, capsys, monkeypatch):
+    import hf_securesd.bench.rescore as rescore_module
+
+    monkeypatch.setattr(rescore_module, "check_isolation", lambda names, isolation: None)  # bubblewrap or not
     path = tmp_path / "copy"
     shutil.copytree(clean, path, ignore=shutil.ignore_patterns(".lock"))
     before = (path / "runs.jsonl").read_bytes()

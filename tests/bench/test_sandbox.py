@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from support import needs_bwrap
 
 from hf_securesd.bench.sandbox import Sandbox, SandboxLimits, SandboxUnavailableError, descendants
 from hf_securesd.bench.sandbox_bwrap import bwrap_problem
@@ -20,7 +21,6 @@ from hf_securesd.bench.tasks import Example, ScoreOptions, get_task
 from hf_securesd.bench.tasks.humaneval import build_solution, extract_code
 
 LIMITS = SandboxLimits(timeout_s=4, cpu_s=4, memory_bytes=1024**3, max_processes=16)
-needs_bwrap = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +48,7 @@ def _descendant_count() -> int:
     return len(descendants(os.getpid()))
 
 
+@needs_bwrap
 def test_canonical_solutions_pass(problems: dict[str, Example]) -> None:
     task = get_task("humaneval")
     chosen = [problems[f"HumanEval/{index}"] for index in (0, 2, 14, 15, 32)]
@@ -57,12 +58,14 @@ def test_canonical_solutions_pass(problems: dict[str, Example]) -> None:
     assert result.value == 1.0
 
 
+@needs_bwrap
 def test_body_only_completion_passes(problems: dict[str, Example]) -> None:
     problem = problems["HumanEval/2"]
     result = get_task("humaneval").score([problem], [problem.fields["canonical_solution"]], _options())
     assert result.value == 1.0, result.details
 
 
+@needs_bwrap
 def test_off_by_one_fails(problems: dict[str, Example]) -> None:
     fifteen, fourteen = problems["HumanEval/15"], problems["HumanEval/14"]
     broken = [fifteen.fields["canonical_solution"].replace("range(n + 1)", "range(n)"),
@@ -74,6 +77,7 @@ def test_off_by_one_fails(problems: dict[str, Example]) -> None:
     assert "AssertionError" in result.details[0]["output"]
 
 
+@needs_bwrap
 def test_hostile_completions_are_contained_and_the_harness_goes_on(problems: dict[str, Example]) -> None:
     problem = problems["HumanEval/0"]
     hostile = {
@@ -95,6 +99,7 @@ def test_hostile_completions_are_contained_and_the_harness_goes_on(problems: dic
     assert _descendant_count() <= before  # nothing the completions started is left running
 
 
+@needs_bwrap
 def test_a_completion_that_is_not_valid_unicode_fails_without_stopping_the_others(problems: dict[str, Example]) -> None:
     """A lone surrogate (a JSON escape from a server) cannot be written as UTF-8: that completion fails,
     the batch is scored."""
@@ -106,6 +111,7 @@ def test_a_completion_that_is_not_valid_unicode_fails_without_stopping_the_other
     assert result.details[0]["status"] == "failed" and "not valid Unicode" in result.details[0]["output"]
 
 
+@needs_bwrap
 @pytest.mark.parametrize("entry_point", ["{0}", "{inputs.__class__}", "a b", "class", ""])
 def test_an_entry_point_that_is_not_a_name_fails_that_example_only(problems: dict[str, Example],
                                                                    entry_point: str) -> None:
@@ -158,6 +164,7 @@ def test_network_is_unreachable(problems: dict[str, Example]) -> None:
     assert "Network is unreachable" in result.details[0]["output"] or "refused" in result.details[0]["output"]
 
 
+@needs_bwrap
 def test_sandbox_direct_use(sandbox: Sandbox) -> None:
     assert sandbox.run("assert sum(range(4)) == 6").passed
     failed = sandbox.run("raise SystemExit(3)")
@@ -167,11 +174,13 @@ def test_sandbox_direct_use(sandbox: Sandbox) -> None:
     assert main_block.passed and main_block.output == "ok"
 
 
+@needs_bwrap
 def test_run_many_keeps_order(sandbox: Sandbox) -> None:
     results = sandbox.run_many([f"print({index})" for index in range(4)], workers=2, progress=False)
     assert [result.output for result in results] == ["0", "1", "2", "3"]
 
 
+@needs_bwrap
 def test_file_size_limit() -> None:
     small = Sandbox(SandboxLimits(timeout_s=4, max_file_bytes=1024 * 1024))
     result = small.run("open('big.bin', 'wb').write(b'x' * (8 * 1024 * 1024))")
@@ -209,6 +218,7 @@ def test_extract_code_variants() -> None:
     assert extract_code("    return 1\n", "f") == "    return 1\n"
 
 
+@needs_bwrap
 def test_build_solution_replaces_the_stub() -> None:
     example = Example("t/0", {"prompt": "import math\n\ndef f(x):\n    \"\"\"doc\"\"\"\n", "entry_point": "f",
                               "test": "def check(c):\n    assert c(2) == 4\n", "canonical_solution": ""})

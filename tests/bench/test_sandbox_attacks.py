@@ -15,12 +15,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from support import needs_bwrap
 
 from hf_securesd.bench.sandbox import Sandbox, SandboxLimits
-from hf_securesd.bench.sandbox_bwrap import bwrap_problem
 from hf_securesd.bench.sandbox_limits import RUN_PREFIX, RunCgroup, sweep_stale
 
-pytestmark = pytest.mark.skipif(bwrap_problem() is not None, reason=f"{bwrap_problem()}")
+pytestmark = needs_bwrap
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=8, memory_bytes=512 * 1024**2, run_memory_bytes=768 * 1024**2,
                        max_processes=16, disk_bytes=8 * 1024**2)
 TESTS = "def check(f):\n    assert f(2, 3) == 5\n"

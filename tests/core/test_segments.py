@@ -59,17 +59,18 @@ SEGMENT_SCHEDULES = [None, "lossless", Step(L=2), Linear(L=3), Power(L=4, gamma=
 
 def test_round_eta_matches_the_reference_on_random_rounds():
     """Random responses and drafts over a 4-token vocabulary (boundaries occur often, split over the
-    committed tokens and the drafts, overlapping, repeated), several boundaries, every segment schedule."""
+    committed tokens and the drafts, overlapping, repeated), several boundaries of 1 to 5 tokens (so a
+    boundary may start in a response shorter than the longest one), every segment schedule."""
     rng = random.Random(0)
     checked_in_after = 0
-    for trial in range(400):
+    for trial in range(1000):
         boundaries = [
-            tuple(rng.randrange(4) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 3))
+            tuple(rng.randrange(4) for _ in range(rng.randint(1, 5))) for _ in range(rng.randint(1, 3))
         ]
         before, after = rng.choice(SEGMENT_SCHEDULES), rng.choice(SEGMENT_SCHEDULES)
         schedule = Segments(boundaries, before=before, after=after)
         batch, k = rng.randint(1, 4), rng.randint(1, 6)
-        responses = [[rng.randrange(4) for _ in range(rng.randint(0, 12))] for _ in range(batch)]
+        responses = [[rng.randrange(4) for _ in range(rng.choice((0, 1, 2, 3, rng.randint(0, 12))))] for _ in range(batch)]
         drafts = torch.tensor([[rng.randrange(4) for _ in range(k)] for _ in range(batch)])
         starts = torch.tensor([len(response) for response in responses])
         eta = schedule_weights(schedule, starts, drafts, responses)
@@ -106,6 +107,16 @@ def test_boundary_placements_within_a_round(response, drafts, expected):
     schedule = Segments([9], before=None, after=Step(L=2))
     eta = schedule.round_eta(torch.tensor([len(response)]), torch.tensor([drafts]), [response])
     assert eta[0].tolist() == expected
+
+
+def test_a_long_boundary_starting_in_a_short_response_is_found_within_the_round():
+    """The boundary [0, 0, 1] starts in the 2 committed tokens and ends on the first draft: the drafts
+    after it are the after segment's. A response shorter than the longest boundary but one was read
+    from a negative index, so only its last token was seen and the boundary was missed until the next
+    round."""
+    schedule = Segments([[0, 0, 1], [2, 2, 2, 1]])  # before None (eta 1), after "lossless" (eta 0)
+    eta = schedule.round_eta(torch.tensor([2]), torch.tensor([[1, 2, 0]]), [[0, 0]])
+    assert eta.tolist() == [[1.0, 0.0, 0.0]]
 
 
 def test_boundary_split_over_committed_tokens_and_drafts():
@@ -293,6 +304,12 @@ def test_a_text_boundary_whose_split_does_not_decode_back_is_refused():
 def test_bad_arguments_are_refused_with_the_field_named(kwargs, error, match):
     with pytest.raises(error, match=match):
         Segments(**kwargs)
+
+
+@pytest.mark.parametrize("boundary, named", [([1.0, 2.0], "1.0"), ([[1, 2], [3.0]], "3.0"), ([5, 2.5], "2.5")])
+def test_token_ids_written_as_floats_are_refused_as_not_integers(boundary, named):
+    with pytest.raises(ValueError, match=rf"holds {named}, which is not a token id; token ids are integers"):
+        Segments(boundary)
 
 
 def test_resolve_schedule_errors_for_segment_dicts():

@@ -2,8 +2,8 @@
 boundaries on a step's first draft, mid-step, on the bonus token, split over two tokens and over two
 steps, and for a batch whose rows cross the boundary at different steps; the L tokens after the
 boundary are the target's greedy choice (full target forwards); no boundary is `before` alone.
-Requests carry token-id boundaries: the plugin takes one boundary per request (its nesting limit
-refuses a list of several id boundaries) and does not resolve text boundaries.
+Requests here carry one token-id boundary each; the plugin also takes several boundaries and text
+boundaries, which it resolves with the model's tokenizer at admission (`tests/vllm/test_request.py`).
 
 vLLM commits response token 0 at prefill, from the target; its first drafted token sits at response
 position 1. The `generate` reference therefore continues from that first token with `before` shifted
