@@ -12,6 +12,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from support import needs_bwrap
 
 from hf_securesd.cli import main
 from hf_securesd.judges.secrets import redacted_excerpt
@@ -56,6 +57,7 @@ def _files_holding(root: Path, needle: str) -> list[str]:
     return [str(path) for path in root.rglob("*") if path.is_file() and needle.encode() in path.read_bytes()]
 
 
+@needs_bwrap  # the study scores HumanEval
 def test_a_planted_secret_reaches_no_file_report_or_log(tmp_path, data_dir, echoing_judge, monkeypatch, capfd,
                                                          caplog):
     if not (data_dir / "strongreject").is_dir():
