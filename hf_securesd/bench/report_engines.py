@@ -30,7 +30,8 @@ from typing import Any, Sequence
 from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
 from hf_securesd.bench.formatting import fmt
 from hf_securesd.bench.report_markdown import code_span, inline_text
-from hf_securesd.bench.results import ResultsDir
+from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, ResultsDir
+from hf_securesd.schedules import short_repr
 
 SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
 POSITION_TV_FILE = "position_tv.json"  # written by benchmarks/engine_position_tv.py
@@ -93,7 +94,7 @@ def _attach_shift_checks(rows: list[dict[str, Any]], path: Path) -> None:
     """Add to each row the replay results recorded for its differing prompts (when all are there)."""
     if not path.is_file():
         return
-    checks = json.loads(path.read_text(encoding="utf-8")).get("checks", [])
+    checks = _checked_shift_checks(path)
     for row in rows:
         for check in checks:
             if (check["config"], check["task"], check["max_new_tokens"]) != (
@@ -102,6 +103,34 @@ def _attach_shift_checks(rows: list[dict[str, Any]], path: Path) -> None:
             verdicts = {item["example_id"]: item["continuation_equals_engine"] for item in check["prompts"]}
             if set(row["differing"]) <= set(verdicts):
                 row["continued_equal"] = sum(verdicts[example_id] for example_id in row["differing"])
+
+
+def _checked_shift_checks(path: Path) -> list[dict[str, Any]]:
+    """The checks recorded by `benchmarks/engine_shift_check.py` in `path`, each checked to be what that
+    script writes (CorruptResultsError naming the file and the field otherwise)."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
+    checks = recorded.get("checks", []) if isinstance(recorded, dict) else None
+    if not isinstance(checks, list):
+        raise CorruptResultsError(f'{path}: "checks" must be a list of checks; {CORRUPT_FIX}')
+    for index, check in enumerate(checks):
+        where = f"{path}: checks[{index}]"
+        if not (isinstance(check, dict) and isinstance(check.get("config"), str) and isinstance(check.get("task"), str)
+                and isinstance(check.get("max_new_tokens"), int) and isinstance(check.get("prompts"), list)):
+            raise CorruptResultsError(
+                f"{where} must hold a string config and task, an integer max_new_tokens and a list of prompts; "
+                f"{CORRUPT_FIX}"
+            )
+        for item in check["prompts"]:
+            if not (isinstance(item, dict) and isinstance(item.get("example_id"), str)
+                    and isinstance(item.get("continuation_equals_engine"), bool)):
+                raise CorruptResultsError(
+                    f'{where}["prompts"] must hold {{"example_id": string, "continuation_equals_engine": true or '
+                    f"false}} items; {CORRUPT_FIX}"
+                )
+    return checks
 
 
 def _shift_text(row: dict[str, Any]) -> str:
@@ -205,7 +234,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             for row in own:
                 rates = [fmt(rate, 2) for rate in row["position_acceptance"]]
                 lines.append(
-                    f"| {inline_text(row['config'])} | {inline_text(row['task'])} | {row['n']} | "
+                    f"| {inline_text(row['config'])} | {inline_text(row['task'])} | {inline_text(str(row['n']))} | "
                     f"{fmt(row['acceptance_rate'])} | "
                     + " | ".join([*_verdict_cells(row["flips"]), *rates]) + " |"
                 )
@@ -226,17 +255,50 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
             for row in replayed:
                 shown = (row["position_tv"] + [None] * POSITIONS)[:POSITIONS]
                 values = [fmt(value, 3) for value in shown]
-                lines.append(f"| {inline_text(row['config'])} | {inline_text(row['task'])} | {row['n']} | "
+                lines.append(f"| {inline_text(row['config'])} | {inline_text(row['task'])} | {int(row['n'])} | "
                              + " | ".join(values) + " |")
             lines.append("")
     return lines, data
 
 
 def replayed_position_tv(path: Path) -> list[dict[str, Any]]:
-    """The cells recorded by `benchmarks/engine_position_tv.py` in `path` (none when it is absent)."""
+    """The cells recorded by `benchmarks/engine_position_tv.py` in `path` (none when it is absent), each
+    checked to be what that script writes: CorruptResultsError naming the file and the field otherwise
+    (the file is read from another results directory, so nothing in it reaches a report unchecked)."""
     if not path.is_file():
         return []
-    return json.loads(path.read_text(encoding="utf-8")).get("cells", [])
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
+    cells = recorded.get("cells", []) if isinstance(recorded, dict) else None
+    if not isinstance(cells, list):
+        raise CorruptResultsError(f'{path}: "cells" must be a list of cells; {CORRUPT_FIX}')
+    for index, cell in enumerate(cells):
+        _check_replayed_cell(path, index, cell)
+    return cells
+
+
+def _check_replayed_cell(path: Path, index: int, cell: Any) -> None:
+    """CorruptResultsError unless `cell` holds a string config and task, a count n and a list of TV values
+    (each a number in [0, 1], or null)."""
+    where = f'{path}: cells[{index}]'
+    if not isinstance(cell, dict):
+        raise CorruptResultsError(f"{where} must be an object; {CORRUPT_FIX}")
+    for key in ("config", "task"):
+        if not isinstance(cell.get(key), str):
+            raise CorruptResultsError(f'{where}["{key}"] must be a string; {CORRUPT_FIX}')
+    count = cell.get("n")
+    if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+        raise CorruptResultsError(f'{where}["n"] must be a count of prompts, got {short_repr(count)}; {CORRUPT_FIX}')
+    values = cell.get("position_tv")
+    if not isinstance(values, list) or not all(
+        value is None or (isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1)
+        for value in values
+    ):
+        raise CorruptResultsError(
+            f'{where}["position_tv"] must be a list of numbers in [0, 1] (or null); {CORRUPT_FIX}'
+        )
 
 
 def own_target_rows(cells: Sequence[Cell]) -> list[dict[str, Any]]:

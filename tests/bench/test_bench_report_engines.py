@@ -12,7 +12,7 @@ from support import record_cells
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.report import write_report
 from hf_securesd.bench.report_engines import comparison_rows, counterpart_key
-from hf_securesd.bench.results import ResultsDir
+from hf_securesd.bench.results import CorruptResultsError, ResultsDir
 from hf_securesd.bench.runner import TaskRun
 from hf_securesd.bench.tasks import get_task
 from hf_securesd.schedules import Step
@@ -124,6 +124,27 @@ def test_replayed_position_tv_enters_the_engine_section(studies):
     text = card_with_engine_section(studies)
     assert "| configuration | task | prompts | TV 0 | TV 1 | TV 2 | TV 3 | TV 4 | TV 5 |" in text
     assert "| mars(theta=0.5) | jailbreak | 4 | 0.000 | 0.250 | 0.500 | – | – | – |" in text
+
+
+@pytest.mark.parametrize("field, value", [
+    ("n", '1 | <img src="https://evil.example/t.png">\n\n# All SAFE'), ("n", True), ("config", 3),
+    ("position_tv", [0.1, "<b>x</b>"]), ("position_tv", [2.0]),
+])
+def test_a_replay_file_holding_other_values_is_refused_naming_the_field(studies, field, value):
+    """The file lies in another results directory: nothing in it reaches report.md or the card unchecked."""
+    cell = {"config": "mars(theta=0.5)", "task": "jailbreak", "n": 4, "position_tv": [0.0]}
+    (studies / "vllm" / "position_tv.json").write_text(json.dumps({"cells": [{**cell, field: value}]}))
+    with pytest.raises(CorruptResultsError, match=rf'position_tv.json: cells\[0\]\["{field}"\] must be'):
+        card_with_engine_section(studies)
+    assert not (studies / "c.md").exists() or "evil.example" not in (studies / "c.md").read_text()
+
+
+@pytest.mark.parametrize("prompt", [{"example_id": "x", "continuation_equals_engine": "<b>yes</b>"}, ["x", True]])
+def test_a_shift_check_file_holding_other_values_is_refused(studies, prompt):
+    checks = {"checks": [{"config": "mars(theta=0.5)", "task": "jailbreak", "max_new_tokens": 16, "prompts": [prompt]}]}
+    (studies / "vllm" / "shift_check.json").write_text(json.dumps(checks), encoding="utf-8")
+    with pytest.raises(CorruptResultsError, match=r'shift_check.json: checks\[0\]\["prompts"\] must hold'):
+        card_with_engine_section(studies)
 
 
 def test_no_replay_file_no_tv_table(studies):
