@@ -92,6 +92,14 @@ def check_request(params: Any, vllm_config: Any) -> None:
             "Runner V2. Start it with VLLM_USE_V2_MODEL_RUNNER=0 (the plugin sets this when it is unset)"
         )
     check_engine_draft_length(request, speculative.num_speculative_tokens)
+    scheduler = getattr(vllm_config, "scheduler_config", None)
+    if getattr(request.schedule, "reads_tokens", False) and getattr(scheduler, "async_scheduling", False):
+        raise SecureSDConfigError(
+            f'extra_args["{EXTRA_ARGS_KEY}"]["secure_schedule"]: {request.schedule.name} reads each request\'s '
+            "committed response, and with vLLM's async scheduling (on in this engine) its last tokens are still "
+            "placeholders when a step is verified. Start vLLM with --no-async-scheduling (async_scheduling="
+            "False) to use it, or send a position schedule (step, linear, power)"
+        )
     try:
         check_boundary_ids(
             request.schedule,

@@ -37,12 +37,14 @@ from typing import Any, Callable
 import torch
 
 from ..validation import SecureSDConfigError
+from ..verifiers import Lossless
 from . import sampler
 from .drafting import DraftRows, without_generators
 from .request import SecureSDRequest, request_for
 
 logger = logging.getLogger(__name__)
 _UNSET = object()
+LOSSLESS_REQUEST = SecureSDRequest(Lossless(), None)  # what a row whose schedule cannot be read is verified with
 
 
 def request_of(state: Any) -> SecureSDRequest | None:
@@ -140,6 +142,11 @@ def _row_plans(
         response = None
         if getattr(request.schedule, "reads_tokens", False):
             response = list(runner.requests[req_id].output_token_ids[:position])
+            if any(token < 0 for token in response):
+                # A placeholder (vLLM's async scheduling, refused on admission): the schedule cannot be read,
+                # so the row is verified exactly this step.
+                logger.error("SecureSD: batch row %d's response holds placeholders; verified lossless this step", row)
+                request, response = LOSSLESS_REQUEST, None
         plans.append(sampler.RowPlan(
             row, request, position, raw, processed, generators.get(row), response, one_hot, proposed
         ))

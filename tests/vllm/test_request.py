@@ -62,7 +62,7 @@ def test_server_wide_default_and_opt_out(monkeypatch) -> None:
         request_for(None)
 
 
-def engine_config(speculative=True, method="draft_model", k=3, v2=False):
+def engine_config(speculative=True, method="draft_model", k=3, v2=False, async_scheduling=False):
     spec = None
     if speculative:
         spec = SimpleNamespace(
@@ -70,7 +70,8 @@ def engine_config(speculative=True, method="draft_model", k=3, v2=False):
             uses_draft_model=lambda: method == "draft_model",
         )
     model = SimpleNamespace(get_vocab_size=lambda: 259)
-    return SimpleNamespace(speculative_config=spec, use_v2_model_runner=v2, model_config=model)
+    return SimpleNamespace(speculative_config=spec, use_v2_model_runner=v2, model_config=model,
+                           scheduler_config=SimpleNamespace(async_scheduling=async_scheduling))
 
 
 def params(extra_args):
@@ -100,6 +101,40 @@ def test_admission_refuses_what_the_engine_cannot_run(config, message) -> None:
     request = {"securesd": {"verifier": {"verifier": "fly", "window": 3}}} if "fly" in message else {"securesd": CONFIG}
     with pytest.raises(SecureSDConfigError, match=message):
         check_request(params(request), config)
+
+
+def test_a_segments_schedule_is_refused_under_async_scheduling() -> None:
+    """Async scheduling leaves the last committed tokens as placeholders when a step is verified, so a
+    schedule that reads the response cannot run there; position schedules can."""
+    segments = {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [100]}}
+    with pytest.raises(SecureSDConfigError, match=r"segments reads each request's committed response.*"
+                                                   r"--no-async-scheduling"):
+        check_request(params({"securesd": segments}), engine_config(async_scheduling=True))
+    check_request(params({"securesd": segments}), engine_config(async_scheduling=False))
+    check_request(params({"securesd": CONFIG}), engine_config(async_scheduling=True))
+
+
+def test_a_row_whose_response_holds_placeholders_is_verified_lossless() -> None:
+    """The runtime guard behind that refusal: a placeholder (-1) in the committed response makes the row's
+    schedule unreadable, so the row is verified with the lossless rule that step."""
+    import numpy as np
+
+    from hf_securesd.vllm.verification import LOSSLESS_REQUEST, _row_plans
+
+    request = request_for({"securesd": {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [5]}}})
+    states = {
+        "a": SimpleNamespace(output_token_ids=[1, 2, 5], _securesd_request=request),
+        "b": SimpleNamespace(output_token_ids=[1, -1, -1], _securesd_request=request),
+    }
+    batch = SimpleNamespace(
+        req_ids=["a", "b"], num_computed_tokens_cpu=np.array([12, 12]), num_prompt_tokens=np.array([10, 10]),
+        sampling_metadata=SimpleNamespace(generators={}, all_greedy=True, all_random=False, temperature=None),
+    )
+    runner = SimpleNamespace(input_batch=batch, requests=states, drafter=SimpleNamespace())
+    plans = _row_plans(runner, [request, request], None)
+    assert [plan.position for plan in plans] == [3, 3]
+    assert plans[0].request is request and plans[0].response == [1, 2, 5]
+    assert plans[1].request is LOSSLESS_REQUEST and plans[1].response is None
 
 
 def test_segment_boundary_ids_outside_the_model_vocabulary_are_refused() -> None:
