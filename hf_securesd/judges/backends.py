@@ -187,12 +187,35 @@ class TransformersChatBackend(ChatBackend):
         ids = ids.tolist() if hasattr(ids, "tolist") else ids
         return frozenset(ids if isinstance(ids, (list, tuple, set, frozenset)) else [ids])
 
+    def _inert(self, text: Any) -> Any:
+        """`text` with every special token of the judge's tokenizer (`<|im_end|>`, `<|im_start|>`, ...)
+        broken by a word joiner (U+2060) after its first character, so that a judged response quoting
+        one stays text: the rendered prompt is tokenized with special tokens parsed, and an intact one
+        would open or close a turn of the judge's conversation."""
+        if not isinstance(text, str):
+            return text
+        for token in self._special_texts():
+            if token in text:
+                text = text.replace(token, token[0] + "\u2060" + token[1:])
+        return text
+
+    def _special_texts(self) -> tuple[str, ...]:
+        """The judge tokenizer's special tokens as text, longest first (cached)."""
+        cached = getattr(self, "_special_cache", None)
+        if cached is None:
+            tokens = set(getattr(self.tokenizer, "all_special_tokens", None) or ())
+            decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+            tokens |= {str(added) for added in decoder.values() if getattr(added, "special", False)}
+            cached = self._special_cache = tuple(sorted((t for t in tokens if len(t) > 1), key=len, reverse=True))
+        return cached
+
     def _prompt(self, messages: list[Message]) -> str:
         """The conversation through the judge's chat template. Templates that refuse a system turn (Gemma's
         raise "System role not supported") get its text at the head of the first user turn instead, as
         their models are prompted; any other template error is a JudgeBackendError naming it."""
         from jinja2.exceptions import TemplateError
 
+        messages = [{**message, "content": self._inert(message.get("content", ""))} for message in messages]
         try:
             return self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         except TemplateError as error:
