@@ -30,14 +30,23 @@ def _per_step(metrics: Any, name: str) -> list[int]:
     return list(value or [])
 
 
-def speculative_stats(output: Any) -> SpeculativeStats:
+def speculative_stats(output: Any, new_tokens: int | None = None) -> SpeculativeStats:
     """A finished sequence's statistics by response position.
 
     `output`: a `CompletionOutput` from `LLM.generate`, its `spec_decode_metrics`, or the HTTP
-    response's `metrics.speculative_decoding` dict. Raises ValueError when the per-step counts are
-    missing (the engine was not started with detailed per-request metrics)."""
+    response's `metrics.speculative_decoding` dict. `new_tokens`: the sequence's length, when `output`
+    does not hold its token ids (the HTTP response's completion tokens). Raises ValueError when the
+    per-step counts are missing (the engine was not started with detailed per-request metrics).
+
+    vLLM records no entry for a step that drafted nothing (an n-gram proposer that found no match, a
+    request near max_model_len); each such step commits one token. When the sequence holds more tokens
+    than the recorded steps commit, the positions of the steps after the first unrecorded one are
+    unknown: the statistics then keep each step's drafted and accepted counts (the acceptance rate)
+    and no per-position lists."""
     metrics = getattr(output, "spec_decode_metrics", output)
     token_ids = getattr(output, "token_ids", None)
+    if token_ids is not None:
+        new_tokens = len(token_ids)
     if metrics is None:
         raise ValueError(
             "this output carries no speculative decoding metrics; start the engine with "
@@ -51,9 +60,15 @@ def speculative_stats(output: Any) -> SpeculativeStats:
             "per_request_spec_decode_metrics='detailed' (vllm serve --per-request-spec-decode-metrics detailed)"
         )
     stats = SpeculativeStats()
+    committed = FIRST_DRAFTED_POSITION + sum(step_accepted + 1 for step_accepted in accepted)
+    if new_tokens is not None and new_tokens > committed:  # steps without drafts went unrecorded
+        stats.drafted_per_round += drafted
+        stats.accepted_per_round += accepted
+        stats.new_tokens = new_tokens
+        return stats
     start = FIRST_DRAFTED_POSITION
     for step_drafted, step_accepted in zip(drafted, accepted):
         stats.record_round(start, step_drafted, step_accepted)
         start += step_accepted + 1
-    stats.new_tokens = len(token_ids) if token_ids is not None else start
+    stats.new_tokens = new_tokens if new_tokens is not None else start
     return stats

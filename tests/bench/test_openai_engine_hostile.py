@@ -168,7 +168,7 @@ def test_plausible_speculative_metrics_are_still_recorded(serve):
 
 
 def test_running_out_of_memory_on_a_reply_is_a_failed_reply(serve, monkeypatch):
-    def exhausted(metrics):
+    def exhausted(*args, **kwargs):
         raise MemoryError
 
     monkeypatch.setattr("hf_securesd.vllm.stats.speculative_stats", exhausted)

@@ -218,6 +218,20 @@ def test_statistics_by_response_position_from_vllm_metrics() -> None:
         speculative_stats(SimpleNamespace(spec_decode_metrics=None, token_ids=[1, 2]))
 
 
+def test_steps_that_drafted_nothing_leave_positions_unknown() -> None:
+    """vLLM records no entry for a step without drafts (an n-gram proposer without a match), which commits
+    one token: when the sequence is longer than the recorded steps commit, the statistics keep the counts
+    and no per-position lists rather than place later steps too early."""
+    metrics = {"num_draft_tokens": 6, "per_step_drafted": [3, 3], "per_step_accepted": [2, 1]}
+    whole = speculative_stats(SimpleNamespace(spec_decode_metrics=metrics, token_ids=list(range(6))))
+    assert whole.position_drafted == [0, 1, 1, 1, 1, 1, 1]  # 1 + 3 + 2 = 6 tokens: every step recorded
+    gaps = speculative_stats(SimpleNamespace(spec_decode_metrics=metrics, token_ids=list(range(9))))
+    assert gaps.acceptance_rate == 0.5 and gaps.new_tokens == 9
+    assert gaps.position_drafted == [] and gaps.position_acceptance_rate == []
+    assert speculative_stats(metrics, new_tokens=9).position_drafted == []  # an HTTP metrics dict
+    assert speculative_stats(metrics, new_tokens=5).position_drafted == whole.position_drafted  # cut by a stop
+
+
 @requires_vllm()
 def test_refusal_on_vllms_own_sampling_params() -> None:
     from vllm import SamplingParams

@@ -458,7 +458,7 @@ class OpenAIEngine(Engine):
         if problem is not None:
             return GenerationFailure(f"the reply's metrics.speculative_decoding cannot be right: {problem}")
         try:
-            stats = speculative_stats(spec) if isinstance(spec, dict) else None
+            stats = speculative_stats(spec, new_tokens) if isinstance(spec, dict) else None
         except (ValueError, TypeError):
             stats = None
         if stats is not None:
