@@ -44,6 +44,7 @@ from hf_securesd.bench.cli_engines import (
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
 from hf_securesd.bench.results import MANIFEST, REMOTE_ENGINES, ResultsDir
 from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
+from hf_securesd.bench.terminal import printable
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text, non_negative_int, positive_int
 
 # what refuses options or a setup before anything is generated (exit 2): DeviceError and EngineError
@@ -390,7 +391,7 @@ def setup_error(error: Exception) -> int:
     """Print an error of the options or the setup (one of `SETUP_ERRORS`) as one line and return 2
     (a KeyError's message without the quotes its str adds)."""
     message = error.args[0] if isinstance(error, KeyError) and error.args else error
-    print(f"error: {message}", file=sys.stderr)
+    print(f"error: {printable(str(message))}", file=sys.stderr)  # it may quote a results file's text
     return 2
 
 
@@ -407,7 +408,7 @@ def study_exit_code(error: Exception) -> int:
     code = next((code for kind, code in codes if isinstance(error, kind)), None)
     if code is None:
         raise error
-    print(f"error: {error}", file=sys.stderr)
+    print(f"error: {printable(str(error))}", file=sys.stderr)  # it may quote a results file's text
     return code
 
 
@@ -468,7 +469,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_report_if_any(args.out)
         except ValueError as error:  # e.g. a results file damaged outside this run
-            print(f"error: {error}", file=sys.stderr)
+            print(f"error: {printable(str(error))}", file=sys.stderr)
             return 2
     if outcome.failed:
         print(f"{outcome.failed} prompts got no answer (see failures.jsonl); rerun the same command to retry "

@@ -32,10 +32,23 @@ def inline_text(text: str) -> str:
     become HTML entities and every other character Markdown reads as markup is backslash-escaped
     (an underscore between two letters or digits is left as it is: it never starts or ends
     emphasis), so the rendered text shows exactly the characters of `text`. Model responses and
-    the names a results file gives (configurations, schedules, tasks) both go through it."""
+    the names a results file gives (configurations, schedules, tasks) both go through it. The ':' of
+    a '://' and the '.' of a 'www.' are escaped too, so that GitHub does not turn a bare URL into a
+    link (an e-mail address still shows as a mailto link whose text is the address itself)."""
     line = one_line(text)
-    return "".join(_ENTITIES.get(char) or ("\\" + char if char in _MARKUP and not _intraword(line, index) else char)
+    return "".join(_ENTITIES.get(char) or ("\\" + char if _escaped(line, index) else char)
                    for index, char in enumerate(line))
+
+
+def _escaped(text: str, index: int) -> bool:
+    """Whether `text[index]` gets a backslash: Markdown markup (but an intraword underscore) and the
+    characters that let GitHub autolink a bare URL."""
+    char = text[index]
+    if char in _MARKUP:
+        return not _intraword(text, index)
+    if char == ":":
+        return text.startswith("//", index + 1)
+    return char == "." and index >= 3 and text[index - 3 : index].lower() == "www"
 
 
 def _intraword(text: str, index: int) -> bool:

@@ -153,7 +153,7 @@ def run(args: argparse.Namespace) -> int:
         changes = rescore(args.results, args.tasks, args.data_dir, args.judge_base_url, args.judge_model,
                           requested_isolation(args))
     except ResultsDirInUseError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {printable(str(error))}", file=sys.stderr)
         return EXIT_IN_USE
     except JudgeError as error:
         print(printable(f"error: the judge failed while rescoring {args.results}: {error}; nothing was rewritten"),

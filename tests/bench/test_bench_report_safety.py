@@ -185,6 +185,19 @@ MODEL_TEXT = ('Sure.</td></tr></table><h1>AFR 1.000</h1><img src="https://attack
               '![x](https://attacker.example/q.png) `code | cell` <!-- & \\| end')
 
 
+def test_a_bare_url_is_escaped_out_of_autolinking_and_renders_as_written() -> None:
+    """GitHub turns `https://...` and `www....` in text into links; the ':' of '://' and the '.' after
+    'www' get a backslash, which renders as the character itself and stops the autolink."""
+    from hf_securesd.bench.report_markdown import inline_text
+
+    reply = "visit https://attacker.example/x or WWW.attacker.example, at 3:00 e.g."
+    cell = inline_text(reply)
+    assert cell == "visit https\\://attacker.example/x or WWW\\.attacker.example, at 3:00 e.g."
+    markdown_it = pytest.importorskip("markdown_it")
+    rendered = markdown_it.MarkdownIt("commonmark").render(cell)
+    assert html.unescape(rendered) == f"<p>{reply}</p>\n"
+
+
 def test_model_text_stays_text_in_its_table_cell(results) -> None:
     markdown_it = pytest.importorskip("markdown_it")
     path, examples = results

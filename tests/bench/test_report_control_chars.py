@@ -119,3 +119,15 @@ def test_bidirectional_overrides_and_isolates_are_escaped():
     from hf_securesd.bench.report_markdown import inline_text
 
     assert inline_text("abc\u202edef\u2066x\u2069") == "abc\\\\u202edef\\\\u2066x\\\\u2069"
+
+
+@pytest.mark.parametrize("report", ["setup_error", "study_exit_code"])
+def test_bench_errors_quoting_a_results_file_print_its_control_characters_as_escapes(report, capsys):
+    """A clash message quotes study.json's values: an edited one must not drive the terminal."""
+    from hf_securesd.bench import cli_bench
+
+    planted = "judge option \x1b]0;TITLE\x07\x1b[2J\u202e"
+    assert getattr(cli_bench, report)(ValueError(planted)) == 2
+    error = capsys.readouterr().err
+    assert "\x1b" not in error and "\x07" not in error and "\u202e" not in error
+    assert "\\x1b]0;TITLE\\x07" in error

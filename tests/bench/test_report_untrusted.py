@@ -193,7 +193,7 @@ def test_names_from_the_records_are_escaped(copy):
     assert main(["report", str(copy)]) == 0
     text = (copy / "report" / "report.md").read_text()
     assert "<img" not in text and "\n# Injected" not in text and "[l](https" not in text
-    assert "&lt;img src=https://e.vil/p.png&gt;" in text and "x\\|y" in text
+    assert "&lt;img src=https\\://e.vil/p.png&gt;" in text and "x\\|y" in text
 
 
 def test_control_characters_from_the_records_are_not_printed(copy, capsys):
