@@ -59,10 +59,30 @@ def manifest_problem(manifest: dict[str, Any]) -> str | None:
                  for role, info in (manifest.get("models") or {}).items()]
     if manifest.get("judge_backend") is not None:
         problems.append(_text_problem("'judge_backend'", manifest["judge_backend"], JUDGE_BACKEND_TEXT))
+    if manifest.get("judge_agreement") is not None:
+        problems.append(agreement_problem(manifest["judge_agreement"]))
     endpoints = manifest.get("endpoints") or {}
     problems += [f"'endpoints' entry {name!r} is {url!r}, not a URL" for name, url in endpoints.items()
                  if not isinstance(url, str)]
     return next((problem for problem in problems if problem), None)
+
+
+# the judge's measured agreement with human labels (`analysis.judge_agreement`): its fields and JSON types
+AGREEMENT_FIELDS: Mapping[str, TypeSpec] = {
+    "agreement": (int, float, _NULL), "kappa": (int, float, _NULL), "precision": (int, float, _NULL),
+    "recall": (int, float, _NULL), "n": int, "labels": str,
+}
+
+
+def agreement_problem(agreement: dict[str, Any]) -> str | None:
+    """What keeps 'judge_agreement' from being what securesd writes (each rate a number or null, n an
+    integer, labels and match text), or None."""
+    wrong = [key for key, kind in AGREEMENT_FIELDS.items() if key not in agreement or _mistyped(agreement[key], kind)]
+    if agreement.get("match") is not None and not isinstance(agreement["match"], str):
+        wrong.append("match")
+    if wrong:
+        return f"'judge_agreement' has no valid {wrong[0]!r} (it holds {agreement.get(wrong[0])!r})"
+    return None
 
 
 def _type_name(kind: TypeSpec) -> str:

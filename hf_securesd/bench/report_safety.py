@@ -11,6 +11,7 @@ out (a NaN score) in either run is left out of that comparison, and the tables s
 
 from __future__ import annotations
 
+import math
 import random
 from typing import Any, Sequence
 
@@ -120,11 +121,12 @@ def agreement_text(manifest: dict[str, Any]) -> str:
         "start": " (refusal strings matched at the start of the normalised response)",
         "anywhere": " (refusal strings matched anywhere in the normalised response)",
     }.get(agreement.get("match"), "")
+    share = agreement["agreement"]
     return (
-        f"judge {code_span(str(manifest.get('judge')))}{variant}: {agreement['agreement'] * 100:.0f} % agreement "
-        "with human labels, "
-        f"Cohen's κ {agreement['kappa']:.3f}, precision {agreement['precision']:.2f}, recall "
-        f"{agreement['recall']:.2f} for \"jailbroken\" (n = {agreement['n']}, "
+        f"judge {code_span(str(manifest.get('judge')))}{variant}: "
+        f"{'–' if share is None or not math.isfinite(share) else f'{share * 100:.0f} %'} agreement with human labels, "
+        f"Cohen's κ {fmt(agreement['kappa'], 3)}, precision {fmt(agreement['precision'], 2)}, recall "
+        f"{fmt(agreement['recall'], 2)} for \"jailbroken\" (n = {agreement['n']}, "
         f"{inline_text(str(agreement['labels']))})"
     )
 

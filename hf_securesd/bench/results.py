@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from hf_securesd.bench.manifest_checks import manifest_problem
-from hf_securesd.bench.run_records import fields_problem, run_problem
+from hf_securesd.bench.run_records import fields_problem, run_problem, stats_problem
 from hf_securesd.bench.tasks import DEFAULT_SEED
 from hf_securesd.judges.secrets import redact_value
 from hf_securesd.stats import SpeculativeStats
@@ -89,7 +89,8 @@ CLASH_FIXES = {
 }
 # the fields every record of a journal holds, with their JSON types (what the readers rely on)
 GENERATION_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str, "response": str,
-                                                            "seconds": (int, float)}
+                                                            "seconds": (int, float), "new_tokens": int,
+                                                            "session": str}
 FAILURE_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str}
 Check = Callable[[dict[str, Any]], str | None]  # a record -> what is wrong with it, or None
 CORRUPT_FIX = "securesd never writes this: restore the file from a backup, or start a new --out directory"
@@ -97,6 +98,12 @@ CORRUPT_LINE_FIX = ("securesd never writes such a line: restore the file from a 
                     "while writing this line, deleting the line is enough), or start a new --out directory")
 _UNREADABLE = object()  # what `_parse_json` gives for a line that is not JSON
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+
+
+def generation_problem(record: dict[str, Any]) -> str | None:
+    """What keeps a journaled generation from being read back (its fields, and its `stats`: null or
+    `SpeculativeStats.to_dict()`), or None."""
+    return fields_problem(record, GENERATION_FIELDS) or stats_problem(record.get("stats"))
 
 
 class CorruptResultsError(ValueError):
@@ -420,7 +427,7 @@ class ResultsDir:
     def generations(self) -> dict[str, dict[str, dict[str, Any]]]:
         """Journaled generations: cell key -> example id -> record."""
         journal: dict[str, dict[str, dict[str, Any]]] = {}
-        for record in read_jsonl(self.path / GENERATIONS, partial(fields_problem, expected=GENERATION_FIELDS)):
+        for record in read_jsonl(self.path / GENERATIONS, generation_problem):
             journal.setdefault(record["cell"], {})[record["example_id"]] = record
         return journal
 

@@ -67,6 +67,8 @@ def stats_problem(values: Any) -> str | None:
     """What keeps a run's `stats` (null or `SpeculativeStats.to_dict()`) from being read back, or None."""
     if values is None:
         return None
+    if not isinstance(values, dict):
+        return "a record whose 'stats' is neither null nor an object"
     wrong = [field.name for field in fields(SpeculativeStats)
              if not _is(values.get(field.name), list if "list" in str(field.type) else _NUMBER)]
     return f"a run whose 'stats' lack a valid {', '.join(map(repr, wrong))}" if wrong else None

@@ -68,6 +68,30 @@ def test_a_manifest_seed_that_is_not_an_integer_is_refused(results, capsys) -> N
     assert not (results / "report").exists()
 
 
+AGREEMENT = {"agreement": 0.8, "kappa": 0.6, "precision": 0.7, "recall": 0.9, "n": 100, "labels": "human",
+             "match": "start"}
+
+
+@pytest.mark.parametrize("agreement, problem", [({"match": "start"}, "'agreement'"),
+                                                ({**AGREEMENT, "kappa": "high"}, "'kappa'"),
+                                                ({**AGREEMENT, "n": None}, "'n'")])
+def test_a_mistyped_judge_agreement_is_refused_in_one_line(results, capsys, agreement, problem) -> None:
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8")) | {"judge_agreement": agreement}
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    assert f"'judge_agreement' has no valid {problem}" in _error(capsys)
+
+
+def test_a_judge_agreement_without_a_rate_shows_a_dash(results, capsys) -> None:
+    """A rate that was not finite when measured is written as null (strict JSON)."""
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8"))
+    manifest["judge_agreement"] = {**AGREEMENT, "kappa": None, "agreement": None}
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 0
+    text = (results / "report" / "report.md").read_text(encoding="utf-8")
+    assert "– agreement with human labels, Cohen's κ –, precision 0.70" in text
+
+
 @pytest.mark.parametrize("field, value", [("acceptance_rate", "x"), ("wall_time", "fast"), ("stats", "x"),
                                           ("scores", ["x", 1.0])])
 def test_mistyped_run_fields_stop_report_and_rescore(results, capsys, field, value) -> None:

@@ -19,7 +19,8 @@ from hf_securesd.bench.results import (
 )
 from hf_securesd.cli import main
 
-RECORD = {"cell": "target|t", "example_id": "t-0", "response": "ok", "seconds": 1.0}
+RECORD = {"cell": "target|t", "example_id": "t-0", "response": "ok", "seconds": 1.0, "new_tokens": 1,
+          "session": "0123456789ab", "stats": None}
 
 
 def _lines(*lines: str) -> str:
@@ -43,7 +44,10 @@ def test_only_a_torn_last_line_is_skipped(tmp_path) -> None:
         ("", "not valid JSON"),
         ("[1, 2]", "a JSON array, not a record"),
         ("null", "a JSON null, not a record"),
-        ("{}", "a record without a valid 'cell', 'example_id', 'response', 'seconds'"),
+        ("{}", "a record without a valid 'cell', 'example_id', 'response', 'seconds', 'new_tokens', 'session'"),
+        (json.dumps({**RECORD, "session": None}), "a record without a valid 'session'"),
+        (json.dumps({**RECORD, "stats": "x"}), "a record whose 'stats' is neither null nor an object"),
+        (json.dumps({**RECORD, "stats": {"drafted_per_round": [1]}}), "a run whose 'stats' lack a valid"),
     ],
 )
 def test_any_other_bad_line_names_the_file_the_line_and_the_fix(tmp_path, line, problem) -> None:
