@@ -21,8 +21,9 @@ def divergence(target: torch.Tensor, draft: torch.Tensor, kind: str) -> torch.Te
     if kind == "tv":
         return 0.5 * (target - draft).abs().sum(dim=-1)
     if kind == "kl":
-        # Terms where p~ = 0 are 0; where p~ > 0 = q~ the log ratio is +inf, and so is the sum.
-        terms = torch.where(draft > 0, draft * (draft.log() - target.log()), torch.zeros_like(draft))
+        # Terms where p~ = 0 are 0; where p~ > 0 = q~ the log ratio is +inf, and so is the sum. A NaN stays
+        # NaN (never close).
+        terms = torch.where(draft == 0, torch.zeros_like(draft), draft * (draft.log() - target.log()))
         return terms.sum(dim=-1).clamp_min(0.0)
     middle = 0.5 * (target + draft)
     log_middle = middle.clamp_min(tiny).log()
@@ -31,10 +32,22 @@ def divergence(target: torch.Tensor, draft: torch.Tensor, kind: str) -> torch.Te
     return (0.5 * (kl_target + kl_draft)).clamp(0.0, math.log(2.0))
 
 
+def _draft_over_allowed(round_inputs: RoundInputs) -> torch.Tensor:
+    """p~ [B, k, V] renormalised over the tokens the constraints allow the target at each position, as q~
+    is: the two distributions are compared on the same support. A position where p~ has no mass on an
+    allowed token gets NaN, which is never close."""
+    draft = round_inputs.draft_raw_probs
+    if round_inputs.unconstrained:
+        return draft
+    allowed = draft * round_inputs.target_allowed[:, : round_inputs.num_draft_tokens]
+    return allowed / allowed.sum(dim=-1, keepdim=True)
+
+
 @dataclass(frozen=True)
 class FSD(Verifier):
     """Accept every drafted token at a position iff D(q~, p~) < tau (it does not depend on the
     token); otherwise reject and draw from q itself. `divergence` is "js" (default), "kl" or "tv".
+    Where processors forbid tokens, q~ and p~ are both renormalised over the allowed ones.
     At T = 0 a token equal to x* is accepted too, which changes no output (x* is what recovery
     would emit) and keeps tau = 0 exactly lossless with the lossless acceptance rate. At T > 0,
     tau = 0 is the lossless rule itself (`is_lossless`), while any tau > 0 that no position meets
@@ -67,7 +80,7 @@ class FSD(Verifier):
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         k = round_inputs.num_draft_tokens
-        close = divergence(round_inputs.target_raw_probs[:, :k], round_inputs.draft_raw_probs, self.divergence) < self.tau
+        close = divergence(round_inputs.target_raw_probs[:, :k], _draft_over_allowed(round_inputs), self.divergence) < self.tau
         accepted = close[..., None].expand(candidates.shape)
         if round_inputs.greedy:
             accepted = accepted | is_target_choice(round_inputs, candidates)
