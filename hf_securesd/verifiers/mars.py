@@ -49,7 +49,7 @@ class MARS(Verifier):
             return torch.zeros(candidates.shape, dtype=torch.bool, device=candidates.device)
         v1, v2 = top_two(logits)
         z1, z2 = logits.gather(-1, v1), logits.gather(-1, v2)
-        close = (z1 > 0) & (z2 > self.theta * z1)
+        close = (z1 > 0) & (z2 > self.theta * z1) & (v2 != v1)  # one allowed token: no runner-up
         return close & ((candidates == v1) | (candidates == v2))
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
@@ -62,7 +62,8 @@ class MARS(Verifier):
 def top_two(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(v1, v2) [..., 1] long: the largest and the runner-up of logits [..., V >= 2], ties broken by the
     lowest index (v1 is `argmax`'s x*; v2 is the first maximum once v1 is set aside), the same on every
-    device, where `topk`'s order among equal values is unspecified."""
+    device, where `topk`'s order among equal values is unspecified. A row with a single finite logit at
+    index 0 gets v2 = v1 (nothing else is larger than -inf)."""
     v1 = logits.argmax(dim=-1, keepdim=True)
     v2 = logits.scatter(-1, v1, float("-inf")).argmax(dim=-1, keepdim=True)
     return v1, v2

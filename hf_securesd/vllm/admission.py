@@ -367,9 +367,15 @@ def _importable(locations: tuple[tuple[str, str], ...]) -> list[type]:
     return found
 
 
-def patch_http_requests(request_classes: list[type], error_class: type[Exception]) -> Callable[[], None]:
-    """Wrap `to_sampling_params` (top-level field check) and `to_beam_search_params` (beam search check)
-    of each class so a refusal surfaces as `error_class` (HTTP 400); returns a function that undoes it."""
+def patch_http_requests(
+    request_classes: list[type],
+    error_class: Callable[..., Exception],
+    checks: Mapping[str, Callable[[Any], None]] | None = None,
+) -> Callable[[], None]:
+    """Wrap the methods of each class that build a request's parameters so a check's SecureSDConfigError
+    surfaces as `error_class(message, parameter=...)` (HTTP 400); returns a function that undoes it.
+    `checks`: method name -> check of the request object; by default `to_sampling_params` gets the
+    top-level field check and `to_beam_search_params` the beam search check."""
     originals: list[tuple[type, str, Any]] = []
 
     def wrap(cls: type, name: str, check: Callable[[Any], None]) -> None:
@@ -387,9 +393,11 @@ def patch_http_requests(request_classes: list[type], error_class: type[Exception
         originals.append((cls, name, original))
         setattr(cls, name, checked)
 
+    checks = checks if checks is not None else {"to_sampling_params": check_http_body,
+                                                "to_beam_search_params": check_beam_search}
     for cls in request_classes:
-        wrap(cls, "to_sampling_params", check_http_body)
-        wrap(cls, "to_beam_search_params", check_beam_search)
+        for name, check in checks.items():
+            wrap(cls, name, check)
 
     def undo() -> None:
         for cls, name, original in reversed(originals):

@@ -16,8 +16,8 @@ import sys
 from typing import Any, Callable, Mapping
 
 from ..validation import SecureSDConfigError
-from .admission import HTTP_PARAMETER, HTTP_REQUEST_CLASSES
-from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, parse_request, request_for
+from .admission import HTTP_REQUEST_CLASSES, patch_http_requests
+from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, looks_like_securesd, parse_request, request_for
 
 OPT_IN_ENV = "SECURESD_VLLM"
 
@@ -85,50 +85,35 @@ def patch_refusal(
 
 def patch_http_refusal(message: str, include_default: bool = True) -> Callable[[], None]:
     """Make the OpenAI request classes (`admission.HTTP_REQUEST_CLASSES`) refuse with `message` what
-    `patch_refusal` never sees: a beam search request whose `vllm_xargs` ask for SecureSD (with
-    `include_default`, also by inheriting the server-wide default; beam search builds its own parameters
-    without `vllm_xargs`), and a body with a top-level "securesd" field (which vLLM's server drops).
-    Only the classes this process has already imported are wrapped: the OpenAI server imports them
-    before it loads plugins, and a process that serves no HTTP imports nothing for this. Returns a
-    function that undoes it."""
-    originals: list[tuple[type, str, Any]] = []
+    `patch_refusal` never sees: a body with a top-level "securesd" field or a close misspelling (which
+    vLLM's server drops), and a beam search request that asks for SecureSD in `vllm_xargs` (with
+    `include_default`, also by inheriting the server-wide default; beam search builds its own
+    parameters without `vllm_xargs`). Only the classes this process has already imported are wrapped:
+    the OpenAI server imports them before it loads plugins, and a process that serves no HTTP imports
+    nothing for this. Returns a function that undoes it."""
 
-    def beam_asks(request: Any) -> bool:
-        return asks_for_securesd(getattr(request, "vllm_xargs", None), include_default)
+    def top_level(request: Any) -> None:
+        if any(key == EXTRA_ARGS_KEY or looks_like_securesd(key) for key in getattr(request, "model_extra", None) or {}):
+            raise SecureSDConfigError(message)
 
-    def top_level(request: Any) -> bool:
-        return EXTRA_ARGS_KEY in (getattr(request, "model_extra", None) or {})
+    def beam_search(request: Any) -> None:
+        top_level(request)
+        if asks_for_securesd(getattr(request, "vllm_xargs", None), include_default):
+            raise SecureSDConfigError(message)
 
-    for module_name, class_name in HTTP_REQUEST_CLASSES:
-        cls = getattr(sys.modules.get(module_name), class_name, None)
-        if not isinstance(cls, type):
-            continue
-        for name, asks in (("to_beam_search_params", beam_asks), ("to_sampling_params", top_level)):
-            original = cls.__dict__.get(name)
-            if original is None:
-                continue
-
-            def refusing(self: Any, *args: Any, __original: Any = original, __asks: Any = asks, **kwargs: Any):
-                if __asks(self):
-                    raise _validation_error(message)
-                return __original(self, *args, **kwargs)
-
-            originals.append((cls, name, original))
-            setattr(cls, name, refusing)
-
-    def undo() -> None:
-        for cls, name, original in reversed(originals):
-            setattr(cls, name, original)
-
-    return undo
+    imported = [getattr(sys.modules.get(module), name, None) for module, name in HTTP_REQUEST_CLASSES]
+    return patch_http_requests(
+        [cls for cls in imported if isinstance(cls, type)], _validation_error,
+        {"to_sampling_params": top_level, "to_beam_search_params": beam_search},
+    )
 
 
-def _validation_error(message: str) -> Exception:
-    """vLLM's validation error (an HTTP 400 naming `vllm_xargs.securesd`) for `message`, or a
-    SecureSDConfigError (a ValueError) where this vLLM's error class does not take the parameter."""
+def _validation_error(message: str, parameter: str) -> Exception:
+    """vLLM's validation error (an HTTP 400 naming `parameter`) for `message`, or a SecureSDConfigError
+    (a ValueError) where this vLLM's error class does not take the parameter."""
     try:
         from vllm.exceptions import VLLMValidationError
 
-        return VLLMValidationError(message, parameter=HTTP_PARAMETER)
+        return VLLMValidationError(message, parameter=parameter)
     except (ImportError, TypeError):
         return SecureSDConfigError(message)

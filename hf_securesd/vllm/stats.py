@@ -42,7 +42,9 @@ def speculative_stats(output: Any, new_tokens: int | None = None) -> Speculative
     request near max_model_len); each such step commits one token. When the sequence holds more tokens
     than the recorded steps commit, the positions of the steps after the first unrecorded one are
     unknown: the statistics then keep each step's drafted and accepted counts (the acceptance rate)
-    and no per-position lists."""
+    and no per-position lists. A gap is not seen when the sequence's last step was cut short (EOS, a
+    stop string, max_tokens) by at least as many tokens as went unrecorded: vLLM counts a step's
+    accepted drafts before it applies the stop."""
     metrics = getattr(output, "spec_decode_metrics", output)
     token_ids = getattr(output, "token_ids", None)
     if token_ids is not None:

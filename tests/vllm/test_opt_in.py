@@ -98,11 +98,16 @@ def test_without_opt_in_beam_search_and_top_level_securesd_requests_are_refused(
             assert beam(cls, None).beam_width == 2  # plain beam search, and an opt-out, run as in vLLM
             assert beam(cls, {"securesd": "null"}).beam_width == 2
             fields = dict(prompt="hi") if cls is CompletionRequest else dict(messages=[{"role": "user", "content": "hi"}])
-            with pytest.raises(VLLMValidationError, match="plugin is off in this server"):  # a top-level field
-                cls(model="m", max_tokens=4, securesd="lossless", **fields).to_sampling_params(4, {})
+            for key in ("securesd", "secure_sd"):  # a top-level field, or a misspelling, beam search or not
+                with pytest.raises(VLLMValidationError, match="plugin is off in this server"):
+                    cls(model="m", max_tokens=4, **{key: "lossless"}, **fields).to_sampling_params(4, {})
+                with pytest.raises(VLLMValidationError, match="plugin is off in this server"):
+                    cls(model="m", max_tokens=4, use_beam_search=True, n=2, **{key: "lossless"},
+                        **fields).to_beam_search_params(4, {})
             assert cls(model="m", max_tokens=4, **fields).to_sampling_params(4, {}).max_tokens == 4
         uninstall()  # the refusals are undone with the rest
         assert all(cls.__dict__["to_beam_search_params"] is original for cls, original in originals.items())
+        assert beam(CompletionRequest, {"securesd": "lossless"}).beam_width == 2  # vLLM's own method again
 
 
 def test_explicit_off_keeps_the_default_from_applying():
