@@ -22,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
-from functools import partial
+from functools import cached_property, partial
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -194,20 +194,18 @@ class TransformersChatBackend(ChatBackend):
         would open or close a turn of the judge's conversation."""
         if not isinstance(text, str):
             return text
-        for token in self._special_texts():
+        for token in self._special_texts:
             if token in text:
                 text = text.replace(token, token[0] + "\u2060" + token[1:])
         return text
 
+    @cached_property
     def _special_texts(self) -> tuple[str, ...]:
-        """The judge tokenizer's special tokens as text, longest first (cached)."""
-        cached = getattr(self, "_special_cache", None)
-        if cached is None:
-            tokens = set(getattr(self.tokenizer, "all_special_tokens", None) or ())
-            decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
-            tokens |= {str(added) for added in decoder.values() if getattr(added, "special", False)}
-            cached = self._special_cache = tuple(sorted((t for t in tokens if len(t) > 1), key=len, reverse=True))
-        return cached
+        """The judge tokenizer's special tokens as text, longest first."""
+        tokens = set(getattr(self.tokenizer, "all_special_tokens", None) or ())
+        decoder = getattr(self.tokenizer, "added_tokens_decoder", None) or {}
+        tokens |= {str(added) for added in decoder.values() if getattr(added, "special", False)}
+        return tuple(sorted((token for token in tokens if len(token) > 1), key=len, reverse=True))
 
     def _prompt(self, messages: list[Message]) -> str:
         """The conversation through the judge's chat template. Templates that refuse a system turn (Gemma's
