@@ -108,13 +108,7 @@ def _attach_shift_checks(rows: list[dict[str, Any]], path: Path) -> None:
 def _checked_shift_checks(path: Path) -> list[dict[str, Any]]:
     """The checks recorded by `benchmarks/engine_shift_check.py` in `path`, each checked to be what that
     script writes (CorruptResultsError naming the file and the field otherwise)."""
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
-    checks = recorded.get("checks", []) if isinstance(recorded, dict) else None
-    if not isinstance(checks, list):
-        raise CorruptResultsError(f'{path}: "checks" must be a list of checks; {CORRUPT_FIX}')
+    checks = _recorded_list(path, "checks")
     for index, check in enumerate(checks):
         where = f"{path}: checks[{index}]"
         if not (isinstance(check, dict) and isinstance(check.get("config"), str) and isinstance(check.get("task"), str)
@@ -131,6 +125,19 @@ def _checked_shift_checks(path: Path) -> list[dict[str, Any]]:
                     f"false}} items; {CORRUPT_FIX}"
                 )
     return checks
+
+
+def _recorded_list(path: Path, key: str) -> list[Any]:
+    """The list under `key` of the JSON object a companion's benchmark script wrote in `path` (empty when
+    the key is absent); CorruptResultsError naming the file otherwise."""
+    try:
+        recorded = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
+    items = recorded.get(key, []) if isinstance(recorded, dict) else None
+    if not isinstance(items, list):
+        raise CorruptResultsError(f'{path}: "{key}" must be a list; {CORRUPT_FIX}')
+    return items
 
 
 def _shift_text(row: dict[str, Any]) -> str:
@@ -267,13 +274,7 @@ def replayed_position_tv(path: Path) -> list[dict[str, Any]]:
     (the file is read from another results directory, so nothing in it reaches a report unchecked)."""
     if not path.is_file():
         return []
-    try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
-    cells = recorded.get("cells", []) if isinstance(recorded, dict) else None
-    if not isinstance(cells, list):
-        raise CorruptResultsError(f'{path}: "cells" must be a list of cells; {CORRUPT_FIX}')
+    cells = _recorded_list(path, "cells")
     for index, cell in enumerate(cells):
         _check_replayed_cell(path, index, cell)
     return cells
