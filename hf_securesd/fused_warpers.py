@@ -20,10 +20,13 @@ round's host time. Here the pair runs on the CPU scores through NumPy:
   the sorted row (the cumulative sum of non-negative terms never decreases), so when the last removed
   and the first kept value differ, the removed tokens are exactly the scores <= the last removed value,
   whatever order a sort puts ties in.
-* A row with a cumulative value inside that margin, a tie straddling the cut (where `torch.sort`'s
-  unstable order decides which tied token goes) or a non-finite maximum is handed to HF's two warpers,
-  which sort it (a row's result depends only on the row). A row holding NaN is one of them: NumPy
-  sorts and partitions NaN as the largest value, so the row's maximum is NaN.
+* A row with a cumulative value inside that margin is decided by torch's own float32 computation: the
+  row is rebuilt as `TopPLogitsWarper` sorts it (-inf entries, then the tail: the same values at the
+  same positions), and torch's softmax and cumulative sum on it are the warper's, bit for bit (a row's
+  result depends only on the row). No sort is needed for it.
+* A tie straddling the cut (where `torch.sort`'s unstable order decides which tied token goes) or a
+  non-finite maximum is handed to HF's two warpers, which sort the row. A row holding NaN is one of
+  them: NumPy sorts and partitions NaN as the largest value, so the row's maximum is NaN.
 
 Scores that are not CPU float32 [N, V] tensors, small calls (where HF's warpers are cheaper than this
 pass) and filter values other than -inf go to HF's warpers unchanged.
@@ -108,17 +111,31 @@ class TopKTopP:
         limit, margin = threshold * total, _cumulative_error(width) * total
         surely_removed = (span < limit - margin).sum(axis=1)
         maybe_removed = (span <= limit + margin).sum(axis=1)
-        uncertain = maybe_removed != surely_removed
+        # A NaN or infinite peak makes the total NaN (NaN - x, inf - inf): those rows go to HF's warpers.
+        finite = ~np.isnan(total[:, 0])
+        unsure = np.flatnonzero((maybe_removed != surely_removed) & finite)
+        if unsure.size:
+            maybe_removed[unsure] = self._removed_by_torch(tail[unsure], lead, span.shape[1])
         # [N] removed entries of the tail (a sorted prefix; < width: min_tokens_to_keep >= 1)
         in_tail = maybe_removed + (min(lead, removable) - lead)
         # The last removed and the first kept entry of each row (both the first entry where none is removed).
         pair = tail[_row_numbers(len(tail)), np.maximum(in_tail[:, None] + _LAST_AND_NEXT, 0)]
-        # A tie straddling the cut: torch's sort order decides which tied token goes. A NaN or infinite
-        # peak makes the total NaN (NaN - x, inf - inf): those rows go to HF's warpers too.
+        # A tie straddling the cut: torch's sort order decides which tied token goes (HF's warpers do).
         straddles = (in_tail > 0) & (pair[:, 0] == pair[:, 1])
-        handed = (uncertain | straddles | np.isnan(total[:, 0])).nonzero()[0]
+        handed = (straddles | ~finite).nonzero()[0]
         # The first kept entry is >= kth unless the row removes nothing in the tail (then kth decides).
         return np.maximum(pair[:, 1:], kth), handed
+
+    def _removed_by_torch(self, tail: np.ndarray, lead: int, span: int) -> np.ndarray:
+        """The entries of tail [H, width] (rows sorted ascending after `lead` -inf entries) among its first
+        `span` that `TopPLogitsWarper` removes -> [H] intp, decided by its own float32 computation: the
+        rows are rebuilt as it sorts them (the same values at the same positions, so the same softmax and
+        cumulative sum bit for bit) and compared with its threshold as it compares them."""
+        rebuilt = np.full((len(tail), lead + tail.shape[1]), NEG_INF, dtype=np.float32)
+        rebuilt[:, lead:] = tail
+        cumulative = torch.from_numpy(rebuilt).softmax(dim=-1).cumsum(dim=-1)  # [H, V] as the warper's
+        removed = cumulative[:, lead : lead + span] <= (1 - self.top_p.top_p)
+        return removed.sum(dim=1).numpy()
 
 
 _LAST_AND_NEXT = np.array([[-1, 0]])  # offsets of the last removed and the first kept sorted entry

@@ -156,19 +156,52 @@ def _near_threshold_calls(generator: torch.Generator, calls: int):
 
 
 def test_decisions_at_the_threshold_equal_hf(monkeypatch):
-    """Rows whose cut torch's rounding decides are handed to HF's warpers; without the error margin the
-    float64 decision disagrees with torch's on many of these calls (the check below has teeth)."""
+    """Rows whose cut torch's rounding decides are decided by torch's own float32 softmax and cumulative
+    sum on the rebuilt sorted row, bitwise as HF's warpers decide them and without HF's sort; without the
+    error margin the float64 decision disagrees with torch's on many of these calls (the check has teeth)."""
     monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
     disagreements, margin = {}, fused_warpers.ERROR_PER_TERM
+    hf_sorts = []
+    hf_call = TopPLogitsWarper.__call__
+
+    def recording(self, input_ids, rows_scores):
+        hf_sorts.append(rows_scores.shape[0])
+        return hf_call(self, input_ids, rows_scores)
+
     for per_term in (margin, 0):
         monkeypatch.setattr(fused_warpers, "ERROR_PER_TERM", per_term)
         generator = torch.Generator().manual_seed(7)
-        disagreements[per_term] = sum(
-            not torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores.clone())), _bits(top_p(None, top_k(None, scores))))
-            for scores, top_k, top_p in _near_threshold_calls(generator, 300)
-        )
+        outcomes = []
+        for scores, top_k, top_p in _near_threshold_calls(generator, 300):
+            expected = top_p(None, top_k(None, scores))
+            monkeypatch.setattr(TopPLogitsWarper, "__call__", recording)
+            fused = TopKTopP(top_k, top_p)(None, scores.clone())
+            monkeypatch.setattr(TopPLogitsWarper, "__call__", hf_call)
+            outcomes.append(torch.equal(_bits(fused), _bits(expected)))
+        disagreements[per_term] = outcomes.count(False)
     assert disagreements[margin] == 0
     assert disagreements[0] > 10
+    assert hf_sorts == []  # (random scores: no tie at any cut)
+
+
+def test_rows_inside_the_margin_are_decided_by_torch_not_by_float64(monkeypatch):
+    """The rows inside the margin take torch's float32 decision: deciding them in float64 instead (the
+    margin's certainty skipped) gives other scores on many near-threshold calls."""
+    monkeypatch.setattr(fused_warpers, "FUSE_FROM", 0)
+
+    def float64_decision(self, tail, lead, span):
+        cumulative = np.cumsum(np.exp(tail.astype(np.float64) - tail[:, -1:]), axis=1)
+        return (cumulative[:, :span] <= (1 - self.top_p.top_p) * cumulative[:, -1:]).sum(axis=1)
+
+    generator = torch.Generator().manual_seed(7)
+    calls = list(_near_threshold_calls(generator, 300))
+    expected = [top_p(None, top_k(None, scores)) for scores, top_k, top_p in calls]
+    monkeypatch.setattr(TopKTopP, "_removed_by_torch", float64_decision)
+    disagreements = sum(
+        not torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores.clone())), _bits(want))
+        for (scores, top_k, top_p), want in zip(calls, expected)
+    )
+    assert disagreements > 10
 
 
 @pytest.mark.parametrize("kind", ["normal", "flat", "wide", "two_level", "offset"])
