@@ -26,20 +26,21 @@ is fed only the uncached suffix of the input, the draft prefills the whole input
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, StoppingCriteriaList
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .draft_length import DraftLength, DraftLengthController
 from .host_values import long_tensor
 from .model_runner import ModelRunner
-from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, first_stops, without_invalid_values
+from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, without_invalid_values
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
 from .schedules import Schedule
 from .stats import RoundRecorder, SpeculativeStats
 from .validation import SecureSDConfigError
 from . import step as core_step
+from . import stopping
 from .step import RowSpec, StepOutput, VerificationRound
 from .verifiers.base import Verifier
 
@@ -51,9 +52,11 @@ class NonFiniteLogitsError(FloatingPointError):
 
 @dataclass(frozen=True)
 class PromptLookup:
-    """Prompt lookup drafting (HF's `prompt_lookup_num_tokens` / `max_matching_ngram_size`)."""
+    """Prompt lookup drafting (HF's `prompt_lookup_num_tokens` / `max_matching_ngram_size`); drafts end
+    before the generation config's end-of-sequence ids [n] (`eos_token_id`, as in HF's lookup)."""
 
     max_matching_ngram_size: int = 2
+    eos_token_id: torch.Tensor | None = None
 
 
 @dataclass
@@ -62,8 +65,8 @@ class DecodeSettings:
 
     Args:
         draft_length: k, its schedule and the draft's confidence early stop (`draft_length.py`).
-        max_length: prompt plus new tokens, per row.
-        eos_token_id: [n_eos] end-of-sequence ids, or None.
+        max_length: prompt plus new tokens, per row (where the stopping criteria's `MaxLengthCriteria` stops).
+        eos_token_id: [n_eos] ids that end a row (its `EosTokenCriteria`'s), or None.
         pad_token_id: fills rows that finished early in the returned [B, P + new] tensor.
         collect_deviation: also compute the exact per-position TV deviation (Theorem 1). Closed form at
             T = 0; at T > 0 it evaluates the acceptance rule over the whole vocabulary each round.
@@ -127,10 +130,6 @@ def _read_back(
     return Committed(*counts, [values[3 * active + a * k : 3 * active + (a + 1) * k] for a in range(active)])
 
 
-def _only_length_and_eos(stopping_criteria: StoppingCriteriaList) -> bool:
-    return all(isinstance(criterion, (MaxLengthCriteria, EosTokenCriteria)) for criterion in stopping_criteria)
-
-
 class SpeculativeLoop:
     """The rows still decoding and everything that follows them from round to round.
 
@@ -170,7 +169,7 @@ class SpeculativeLoop:
         self.controller = DraftLengthController(settings.draft_length, batch, self.device)
         self.recorder = RoundRecorder(batch) if settings.collect_stats else None
         self.health = Health()
-        self.check_each_token = not _only_length_and_eos(settings.stopping_criteria)
+        self.check_each_token = not stopping.only_length_and_eos(settings.stopping_criteria)
         self.eos = settings.eos_token_id.to(self.device) if settings.eos_token_id is not None else None
         self.spec = RowSpec(settings.verifier, settings.schedule)
         self.scores: tuple[torch.Tensor, ...] | None = () if settings.output_scores else None
@@ -264,13 +263,21 @@ class SpeculativeLoop:
         self.buffer.write(self.rows, 0, new_tokens, every_row=active == self.batch)
         done = _read_back(accepted, count, finished, outcome.deviation)
         if self.check_each_token:
-            stops = first_stops(self.settings.stopping_criteria, self.buffer, self.host_rows, done.count)
+            stops = stopping.first_stops(
+                self.settings.stopping_criteria, self.buffer, self.host_rows, done.count,
+                None if self.scores is None else self._scores_until(scored),
+            )
             for a, stop in enumerate(stops):
                 if stop is not None:
                     done.count[a], done.finished[a] = stop, 1
             count = long_tensor(done.count, self.device)
         self.buffer.advance(self.rows, count, self.host_rows, done.count)
         return done, new_tokens
+
+    def _scores_until(self, scored: Scored) -> Callable[[int], tuple[torch.Tensor, ...]]:
+        """n -> the processed scores of the committed tokens and of this round's first n (single row)."""
+        committed = self.scores
+        return lambda n: committed + tuple(scored.processed[:, i] for i in range(n))
 
     def report(
         self, proposal: Proposal, scored: Scored, outcome: StepOutput, done: Committed, starts: list[int],
@@ -358,7 +365,7 @@ def speculative_decode(
         )
     elif prompt_lookup is not None:
         proposer = PromptLookupProposer(
-            loop.buffer, loop.prompt_mask, prompt_lookup.max_matching_ngram_size, settings.eos_token_id,
+            loop.buffer, loop.prompt_mask, prompt_lookup.max_matching_ngram_size, prompt_lookup.eos_token_id,
             writes_drafts=bool(loop.processing.processors),
         )
     else:

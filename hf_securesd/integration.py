@@ -27,6 +27,7 @@ from .cache_support import check_cache_layers, check_cache_support
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
 from .segments import BoundaryResolutionError, Segments, check_boundary_ids, resolve_boundaries
+from . import stopping
 from .stats import SegmentStats, SpeculativeStats, segment_statistics
 from .validation import (
     OTHER_METHODS,
@@ -305,14 +306,21 @@ def _run_speculative(
     input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
     return_dict = generation_config.return_dict_in_generate
     target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))
-    _check_caches(model, draft, target_cache, input_ids, generation_config.max_length)
+    # A caller's MaxLengthCriteria / EosTokenCriteria replaced the ones transformers built from the config.
+    # Plain decoding checks the criteria after each token, so even a length the prompt already reaches
+    # gives one token.
+    max_length, eos_token_id = stopping.limits(
+        stopping_criteria, generation_config.max_length, getattr(generation_config, "_eos_token_tensor", None)
+    )
+    max_length = max(max_length, input_ids.shape[1] + 1)
+    _check_caches(model, draft, target_cache, input_ids, max_length)
     settings = DecodeSettings(
         verifier=generation_config.verifier,
         schedule=generation_config.secure_schedule,
         draft_length=DraftLength.from_generation_config(generation_config),
         do_sample=bool(generation_config.do_sample),
-        max_length=generation_config.max_length,
-        eos_token_id=getattr(generation_config, "_eos_token_tensor", None),
+        max_length=max_length,
+        eos_token_id=eos_token_id,
         pad_token_id=pad_token_id,
         logits_processor=logits_processor,
         stopping_criteria=stopping_criteria,
@@ -326,7 +334,10 @@ def _run_speculative(
     )
     lookup = None
     if draft is None:
-        lookup = PromptLookup(generation_config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE)
+        lookup = PromptLookup(
+            generation_config.max_matching_ngram_size or DEFAULT_MAX_MATCHING_NGRAM_SIZE,
+            getattr(generation_config, "_eos_token_tensor", None),
+        )
     result = speculative_decode(
         model,
         input_ids,

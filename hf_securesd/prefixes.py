@@ -1,5 +1,5 @@
-"""Every row's tokens in one tensor, and the user's logits processors and stopping criteria applied
-over them batched, each row seeing exactly its own prefix and its own batch row.
+"""Every row's tokens in one tensor, and the user's logits processors applied over them batched, each
+row seeing exactly its own prefix and its own batch row.
 
 Rows of a speculative batch advance by different numbers of tokens per round, so at a given draft
 step (or verified position) their prefixes differ in length. Two ways to call a processor:
@@ -23,7 +23,7 @@ from __future__ import annotations
 import math
 
 import torch
-from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers import LogitsProcessorList
 from transformers.generation import logits_process
 
 from .fused_penalty import PenaltyThenTemperature, fuse_penalty_temperature, ids_within
@@ -474,29 +474,3 @@ class RowProcessing:
             index, i, row = (torch.tensor(column, device=device) for column in zip(*members))
             processed[index, i] = scores[row]
         return processed
-
-
-def first_stops(
-    stopping_criteria: StoppingCriteriaList, buffer: TokenBuffer, host_rows: list[int], counts: list[int]
-) -> list[int | None]:
-    """For each of `host_rows` whose next counts[a] tokens are written after its committed tokens: the
-    smallest n <= counts[a] at which the criteria stop it, or None. Criteria are called with the batch's
-    full shape, one call per distinct prefix length (as plain `generate` calls them, token by token)."""
-    lengths = buffer.host_lengths
-    batch = len(lengths)
-    device = buffer.tokens.device
-    everyone = torch.arange(batch, device=device)
-    available = list(lengths)
-    wanted: dict[tuple[int, int], tuple[int, int]] = {}
-    for a, (row, count) in enumerate(zip(host_rows, counts)):
-        available[row] += count
-        wanted.update({(row, lengths[row] + n): (a, n) for n in range(1, count + 1)})
-    stops: list[int | None] = [None] * len(host_rows)
-    for length in sorted({length for _, length in wanted}):
-        prefix = torch.tensor([min(length, tokens) for tokens in available], device=device)
-        done = stopping_criteria(buffer.views(everyone, prefix, length), None).tolist()
-        for row in range(batch):
-            hit = wanted.get((row, length))
-            if hit is not None and done[row] and stops[hit[0]] is None:
-                stops[hit[0]] = hit[1]
-    return stops

@@ -1,0 +1,77 @@
+"""The stopping criteria `generate` prepared, applied in a speculative round.
+
+transformers merges the criteria a caller passes with the ones it builds from the generation config: a
+caller's `MaxLengthCriteria` or `EosTokenCriteria` replaces the built one of its type (the others are
+added). `limits` reads what the merged list asks for, so that the loop's own length and EOS checks
+(per row, on the device, with no call per token) stop exactly where those criteria would; any other
+criterion is called token by token (`first_stops`), as plain decoding calls it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from transformers import StoppingCriteriaList
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from .prefixes import TokenBuffer
+
+
+def limits(
+    stopping_criteria: StoppingCriteriaList, max_length: int, eos_token_id: torch.Tensor | None
+) -> tuple[int, torch.Tensor | None]:
+    """(max_length, eos ids [n] or None) at which the criteria's `MaxLengthCriteria` and
+    `EosTokenCriteria` stop a row: the smallest of their lengths and the union of their ids. Without a
+    criterion of a type, the given value (the generation config's) stands for it."""
+    lengths = [criterion.max_length for criterion in stopping_criteria if isinstance(criterion, MaxLengthCriteria)]
+    ids = [
+        torch.as_tensor(criterion.eos_token_id).reshape(-1)
+        for criterion in stopping_criteria
+        if isinstance(criterion, EosTokenCriteria)
+    ]
+    if ids:
+        eos_token_id = torch.unique(torch.cat([tensor.to(ids[0].device) for tensor in ids]))
+    return (min(lengths) if lengths else max_length), eos_token_id
+
+
+def only_length_and_eos(stopping_criteria: StoppingCriteriaList) -> bool:
+    """True when every criterion is a `MaxLengthCriteria` or an `EosTokenCriteria`: then `limits` says
+    all they do, and no criterion needs a call per token."""
+    return all(isinstance(criterion, (MaxLengthCriteria, EosTokenCriteria)) for criterion in stopping_criteria)
+
+
+def first_stops(
+    stopping_criteria: StoppingCriteriaList,
+    buffer: TokenBuffer,
+    host_rows: list[int],
+    counts: list[int],
+    scores_until: Callable[[int], tuple[torch.Tensor, ...]] | None = None,
+) -> list[int | None]:
+    """For each of `host_rows` whose next counts[a] tokens are written after its committed tokens: the
+    smallest n <= counts[a] at which the criteria stop it, or None. Criteria are called with the batch's
+    full shape, one call per distinct prefix length (as plain `generate` calls them, token by token).
+
+    scores_until: with `output_scores` (a single row), n -> the processed scores of every token up to the
+    n-th of this round, which the criteria then receive as plain decoding passes them; else None."""
+    lengths = buffer.host_lengths
+    batch = len(lengths)
+    device = buffer.tokens.device
+    everyone = torch.arange(batch, device=device)
+    available = list(lengths)
+    wanted: dict[tuple[int, int], tuple[int, int]] = {}
+    for a, (row, count) in enumerate(zip(host_rows, counts)):
+        available[row] += count
+        wanted.update({(row, lengths[row] + n): (a, n) for n in range(1, count + 1)})
+    stops: list[int | None] = [None] * len(host_rows)
+    for length in sorted({length for _, length in wanted}):
+        if None not in stops:  # every row has stopped: no call past it (plain decoding makes none)
+            break
+        prefix = torch.tensor([min(length, tokens) for tokens in available], device=device)
+        scores = None if scores_until is None else scores_until(length - lengths[host_rows[0]])
+        done = stopping_criteria(buffer.views(everyone, prefix, length), scores).tolist()
+        for row in range(batch):
+            hit = wanted.get((row, length))
+            if hit is not None and done[row] and stops[hit[0]] is None:
+                stops[hit[0]] = hit[1]
+    return stops
