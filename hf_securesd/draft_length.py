@@ -22,6 +22,8 @@ changes only how many tokens are proposed, never how they are verified.
 
 from __future__ import annotations
 
+import math
+import weakref
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -104,20 +106,41 @@ def resolve_draft_length(
     In a config object, a field equal to transformers' global default counts as unset: some callers
     (pipelines on transformers 5.17) pass configs with every default filled in, which would otherwise
     read as an explicit k = 20 and an explicit lookbehind. Pass such a value as a keyword to force it."""
-    sources = [explicit]
-    sources += [_explicit_fields(config) for config in (passed_config, draft_config) if config is not None]
+    places = [(explicit, "")]
+    if passed_config is not None:
+        places.append((_explicit_fields(passed_config), " (in the GenerationConfig passed to generate)"))
+    if draft_config is not None:
+        places.append((_draft_fields(draft_config), " (in the draft model's generation_config)"))
+    sources = [source for source, _ in places]
 
-    def pick(name: str) -> Any:
-        return next((source[name] for source in sources if source.get(name) is not None), None)
+    def pick(name: str) -> tuple[Any, str]:
+        return next(((source[name], where) for source, where in places if source.get(name) is not None), (None, ""))
 
     _refuse_unsupported(sources + ([_explicit_fields(target_config)] if target_config is not None else []))
     defaults = DraftLength()
+    k, where = pick("num_assistant_tokens")
+    if k is not None:
+        k = _whole_number(k, where)
     values = {
-        "num_tokens": pick("num_assistant_tokens"),
-        "schedule": pick("num_assistant_tokens_schedule"),
-        "confidence_threshold": pick("assistant_confidence_threshold"),
+        "num_tokens": k,
+        "schedule": pick("num_assistant_tokens_schedule")[0],
+        "confidence_threshold": pick("assistant_confidence_threshold")[0],
     }
     return DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+
+
+def _whole_number(k: Any, where: str) -> Any:
+    """A draft length given as a float with a whole value (6.0, as some configs store it) as that integer;
+    any other value unchanged (DraftLength checks it). A float with a fraction is refused with its place."""
+    value = as_real(k)
+    if is_integer(k) or value is None or not math.isfinite(value):
+        return k
+    if value != int(value):
+        raise DraftLengthError(
+            f"num_assistant_tokens{where} (the draft length k) must be a whole number >= 1, got {k!r}; set it to "
+            "an integer"
+        )
+    return int(value)
 
 
 def resolve_prompt_lookup(
@@ -174,6 +197,25 @@ def _refuse_unsupported(sources: list[Mapping[str, Any]]) -> None:
             )
 
 
+# id(draft generation_config) -> (a weak reference to it, the k the "heuristic" schedule wrote back)
+_WRITTEN_BACK: dict[int, tuple[weakref.ref, int]] = {}
+
+
+def _draft_fields(config: GenerationConfig) -> dict[str, Any]:
+    """`_explicit_fields` of the draft's config, where a k this module wrote back ("heuristic") counts as
+    set even when it equals transformers' global default (20): the next call starts from it, as in HF."""
+    fields = _explicit_fields(config)
+    reference, written = _WRITTEN_BACK.get(id(config), (None, None))
+    if reference is not None and reference() is config and config.num_assistant_tokens == written:
+        fields["num_assistant_tokens"] = written
+    return fields
+
+
+def _remember_written_back(config: GenerationConfig, k: int) -> None:
+    key = id(config)
+    _WRITTEN_BACK[key] = (weakref.ref(config, lambda _: _WRITTEN_BACK.pop(key, None)), k)
+
+
 def _explicit_fields(config: GenerationConfig) -> dict[str, Any]:
     """The config's fields, less those that merely repeat transformers' global defaults."""
     defaults = GenerationConfig._get_default_generation_params()
@@ -185,8 +227,10 @@ def tuned_thresholds(confidence: torch.Tensor, outcome: torch.Tensor, current: t
 
     confidence: [B, H] draft probabilities of past drafts; outcome: [B, H] 1 accepted, 0 rejected,
     -1 no entry; current: [B] thresholds. Returns [B]: per row with more than 5 entries of both
-    outcomes and a non-zero threshold, the score threshold minimising FPR + 3 FNR (scikit-learn's
-    `roc_curve` order: distinct scores from high to low after a leading +inf, first minimum wins)."""
+    outcomes and a non-zero threshold, the threshold of scikit-learn's `roc_curve` (as HF calls it)
+    minimising FPR + 3 FNR, computed in float64 as there: the distinct scores from high to low after a
+    leading +inf, without the points `drop_intermediate` drops (a point whose false- and true-positive
+    counts both lie on a straight line between its neighbours'), the first minimum winning."""
     valid = outcome >= 0
     key = torch.where(valid, confidence, -1.0)
     key, order = key.sort(dim=-1, descending=True, stable=True)
@@ -196,13 +240,36 @@ def tuned_thresholds(confidence: torch.Tensor, outcome: torch.Tensor, current: t
     false_positives = ((labels == 0) & valid).cumsum(dim=-1)
     positives, negatives = true_positives[:, -1:], false_positives[:, -1:]
     following = torch.cat([key[:, 1:], key.new_full((key.shape[0], 1), -1.0)], dim=-1)
-    run_end = valid & (following != key)
-    cost = false_positives / negatives.clamp_min(1) + 3.0 * (1.0 - true_positives / positives.clamp_min(1))
-    cost = torch.where(run_end, cost, torch.inf)
+    run_end = valid & (following != key)  # [B, H] the last entry of each distinct score: a ROC point
+    kept = run_end & ~_intermediate(run_end, false_positives, true_positives)
+    fpr = false_positives.double() / negatives.clamp_min(1)
+    tpr = true_positives.double() / positives.clamp_min(1)
+    cost = torch.where(kept, fpr + 3 * (1 - tpr), torch.inf)
     best_cost, best = cost.min(dim=-1)
+    # The leading point (+inf: no draft kept) costs 3 and comes first, so it wins unless a point costs less.
     chosen = torch.where(best_cost < 3.0, key.gather(1, best[:, None])[:, 0], torch.inf)
     eligible = (valid.sum(dim=-1) > 5) & (positives[:, 0] > 0) & (negatives[:, 0] > 0) & (current > 0)
     return torch.where(eligible, chosen.to(current.dtype), current)
+
+
+def _intermediate(points: torch.Tensor, false_positives: torch.Tensor, true_positives: torch.Tensor) -> torch.Tensor:
+    """[B, H] bool: the ROC points (True in points [B, H]) that `roc_curve(drop_intermediate=True)` drops:
+    those with a point before and after them whose false- and true-positive counts ([B, H], cumulative)
+    both have a zero second difference with theirs."""
+    rows, width = points.shape
+    index = torch.arange(width, device=points.device).expand(rows, width)
+    # The nearest point strictly before / after each entry (-1 / width where there is none).
+    before = torch.where(points, index, -1).cummax(dim=-1).values
+    before = torch.cat([before.new_full((rows, 1), -1), before[:, :-1]], dim=-1)
+    after = torch.where(points, index, width).flip(-1).cummin(dim=-1).values.flip(-1)
+    after = torch.cat([after[:, 1:], after.new_full((rows, 1), width)], dim=-1)
+    inner = points & (before >= 0) & (after < width)
+    previous, following = before.clamp_min(0), after.clamp_max(width - 1)
+
+    def straight(counts: torch.Tensor) -> torch.Tensor:
+        return counts.gather(1, following) - 2 * counts + counts.gather(1, previous) == 0
+
+    return inner & straight(false_positives) & straight(true_positives)
 
 
 class DraftLengthController:
@@ -254,3 +321,4 @@ class DraftLengthController:
         """`"heuristic"`: store the final k for the next call (the rounded mean over the batch's rows)."""
         if self.setting.schedule == "heuristic":
             draft_config.num_assistant_tokens = max(1, round(sum(self.k) / len(self.k)))
+            _remember_written_back(draft_config, draft_config.num_assistant_tokens)

@@ -11,7 +11,7 @@ from support import random_prompts
 from transformers import GenerationConfig
 
 from hf_securesd import MARS, SecureSDConfigError, Step
-from hf_securesd.draft_length import DraftLength, resolve_draft_length, tuned_thresholds
+from hf_securesd.draft_length import DraftLength, DraftLengthController, resolve_draft_length, tuned_thresholds
 from hf_securesd.tiny import byte_tokenizer
 
 PROMPT = torch.tensor([[5, 6, 7, 8]])
@@ -119,31 +119,59 @@ def test_confidence_threshold_stops_drafting_early(llama_pair, draft_settings):
 
 
 def _reference_threshold(confidence: list[float], outcome: list[int], current: float) -> float:
-    """scikit-learn's roc_curve (leading +inf, thresholds from high to low) and HF's cost fpr + 3 fnr."""
+    """What HF does with scikit-learn's `roc_curve(outcome, confidence)` (drop_intermediate=True), written
+    from sklearn's documented rule in plain Python floats: the distinct scores from high to low; the
+    points whose false- and true-positive counts both have a zero second difference dropped (the first
+    and the last kept); a leading (+inf, 0, 0); the first point minimising fpr + 3 (1 - tpr)."""
     if len(confidence) <= 5 or not {0, 1} <= set(outcome) or current <= 0:
         return current
-    positives, negatives = outcome.count(1), outcome.count(0)
-    best, best_cost = float("inf"), 3.0
-    for threshold in sorted(set(confidence), reverse=True):
-        tp = sum(1 for c, o in zip(confidence, outcome) if c >= threshold and o == 1)
-        fp = sum(1 for c, o in zip(confidence, outcome) if c >= threshold and o == 0)
-        cost = fp / negatives + 3 * (1 - tp / positives)
-        if cost < best_cost:
-            best, best_cost = threshold, cost
-    return best
+    thresholds = sorted(set(confidence), reverse=True)
+    fps = [sum(1 for c, o in zip(confidence, outcome) if c >= t and o == 0) for t in thresholds]
+    tps = [sum(1 for c, o in zip(confidence, outcome) if c >= t and o == 1) for t in thresholds]
+    last = len(thresholds) - 1
+    kept = [
+        i for i in range(len(thresholds))
+        if i in (0, last) or fps[i - 1] - 2 * fps[i] + fps[i + 1] or tps[i - 1] - 2 * tps[i] + tps[i + 1]
+    ]
+    points = [(float("inf"), 0, 0)] + [(thresholds[i], fps[i], tps[i]) for i in kept]
+    costs = [fp / fps[-1] + 3 * (1 - tp / tps[-1]) for _, fp, tp in points]
+    return points[costs.index(min(costs))][0]
 
 
-def test_threshold_tuning_matches_the_roc_rule():
-    generator = torch.Generator().manual_seed(0)
-    for trial in range(60):
-        width = int(torch.randint(3, 16, (1,), generator=generator))
-        confidence = (torch.randint(0, 6, (1, width), generator=generator) / 5.0)  # ties on purpose
+@pytest.mark.parametrize("levels", [3, 6, 40])
+def test_threshold_tuning_matches_the_roc_rule(levels):
+    """Ties on purpose (few score levels), long histories with collinear ROC points and costs equal up to
+    rounding (where float64, as scikit-learn computes, and the dropped points decide)."""
+    generator = torch.Generator().manual_seed(levels)
+    for trial in range(200):
+        width = int(torch.randint(3, 40, (1,), generator=generator))
+        confidence = torch.randint(0, levels, (1, width), generator=generator) / (levels - 1.0)
         outcome = torch.randint(-1, 2, (1, width), generator=generator)
         current = torch.tensor([0.4 if trial % 7 else 0.0])
         got = float(tuned_thresholds(confidence, outcome, current)[0])
         kept = [(c, o) for c, o in zip(confidence[0].tolist(), outcome[0].tolist()) if o >= 0]
         expected = _reference_threshold([c for c, _ in kept], [o for _, o in kept], float(current[0]))
-        assert got == pytest.approx(expected), (confidence, outcome)
+        assert got == expected, (confidence, outcome)
+
+
+def test_a_whole_number_float_draft_length_is_taken_and_a_fraction_refused():
+    """6.0 (as some saved configs hold it) is k = 6, as in transformers; 6.5 is refused naming its place."""
+    draft_config = GenerationConfig(num_assistant_tokens=6.0)
+    assert resolve_draft_length({}, None, draft_config).num_tokens == 6
+    draft_config.num_assistant_tokens = 6.5
+    with pytest.raises(SecureSDConfigError, match=r"num_assistant_tokens \(in the draft model's generation_config\).*6\.5"):
+        resolve_draft_length({}, None, draft_config)
+
+
+def test_a_heuristic_k_written_back_equal_to_transformers_default_is_kept():
+    """k = 20 written back by the "heuristic" schedule starts the next call, though 20 is transformers'
+    global default (which otherwise counts as unset in a config)."""
+    draft_config = GenerationConfig()
+    draft_config.num_assistant_tokens = 20
+    assert resolve_draft_length({}, None, draft_config).num_tokens == 5  # 20 set by hand reads as the default
+    DraftLengthController(DraftLength(num_tokens=20, schedule="heuristic"), 1, torch.device("cpu")).finish(draft_config)
+    assert draft_config.num_assistant_tokens == 20
+    assert resolve_draft_length({}, None, draft_config).num_tokens == 20
 
 
 DYNAMIC = [
