@@ -97,6 +97,9 @@ class VerificationRound:
             has it (it is not recomputed), or None.
         draft_probs: [B, k, V] softmax(draft_logits), the probabilities the drafts were drawn from, when the
             proposer has them (they are not recomputed), or None.
+
+    The [..., V] tensors are float32 or float64; half-precision ones (float16, bfloat16) are verified in
+    float32.
     """
 
     rows: Sequence[RowSpec]
@@ -213,6 +216,7 @@ def verify_step(
     Raises ValueError naming the field for a round that breaks `VerificationRound`'s contract, and
     `UnusableTargetError` (a ValueError) naming the row and position where the target gives no distribution."""
     batch, k, vocab = _round_shape(round_)
+    round_ = _at_least_float32(round_)
     device = round_.draft_tokens.device
     if batch == 0:
         return _empty_output(k, device, collect_deviation)
@@ -308,10 +312,29 @@ def _round_shape(round_: VerificationRound) -> tuple[int, int, int | None]:
     return batch, k, vocab
 
 
+def _at_least_float32(round_: VerificationRound) -> VerificationRound:
+    """`round_` with half-precision (float16 / bfloat16) logits and probabilities as float32, where the
+    rules compute (float32 and float64 ones as they are); ValueError naming a field that is not floating."""
+    changes = {}
+    for name in _VOCABULARY_FIELDS:
+        tensor = getattr(round_, name)
+        if tensor is None or tensor.dtype in (torch.float32, torch.float64):
+            continue
+        if not tensor.dtype.is_floating_point:
+            raise ValueError(
+                f"VerificationRound.{name} must hold floating-point values, got {tensor.dtype}; give the model's "
+                "logits (float32, float64 or half precision)"
+            )
+        changes[name] = tensor.float()
+    return replace(round_, **changes) if changes else round_
+
+
+_VOCABULARY_FIELDS = ("target_logits", "target_raw_logits", "draft_logits", "draft_raw_logits", "draft_probs")
+
+
 def _vocabulary_tensors(round_: VerificationRound) -> tuple[torch.Tensor | None, ...]:
     """The round's tensors with a vocabulary dimension (last), in the order V is read from."""
-    return (round_.target_logits, round_.target_raw_logits, round_.draft_logits, round_.draft_raw_logits,
-            round_.draft_probs)
+    return tuple(getattr(round_, name) for name in _VOCABULARY_FIELDS)
 
 
 def _expected_shapes(batch: int, k: int, vocab: int | None) -> tuple[tuple[str, tuple[int, ...]], ...]:

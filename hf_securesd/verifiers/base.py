@@ -272,6 +272,12 @@ def gather(values: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
     return values.gather(-1, candidates)
 
 
+def divided(numerator: torch.Tensor, denominator: torch.Tensor) -> torch.Tensor:
+    """numerator / denominator where the denominator is positive (subnormal values included, exactly),
+    numerator / 1 elsewhere (for the caller to replace): same broadcast shape."""
+    return numerator / torch.where(denominator > 0, denominator, torch.ones_like(denominator))
+
+
 def lossless_acceptance(round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
     """alpha(c) = min(1, q(c) / p(c)) -> [B, k, C]; where p(c) = 0, 1 if q(c) > 0 else 0 (never NaN).
 
@@ -280,8 +286,7 @@ def lossless_acceptance(round_inputs: RoundInputs, candidates: torch.Tensor) -> 
         return is_target_choice(round_inputs, candidates).to(torch.float32)
     q = gather(round_inputs.verified_target_probs(), candidates)
     p = gather(round_inputs.draft_probs, candidates)
-    ratio = q / p.clamp_min(torch.finfo(p.dtype).tiny)
-    return torch.where(p > 0, ratio.clamp(max=1.0), (q > 0).to(q.dtype))
+    return torch.where(p > 0, divided(q, p).clamp(max=1.0), (q > 0).to(q.dtype))
 
 
 # Below this positive mass a float32 difference of probabilities loses too many digits (each entry is
@@ -307,14 +312,14 @@ def normalized_positive_part(
         q, p, extras = q[at], p[at], tuple(extra[at] for extra in extras)
     positive = difference(q, p, *extras).clamp_min(0.0)
     mass = positive.sum(dim=-1, keepdim=True)
-    out = torch.where(mass > 0, positive / mass.clamp_min(torch.finfo(mass.dtype).tiny), q)
+    out = torch.where(mass > 0, divided(positive, mass), q)
     small = mass[..., 0] < PRECISE_BELOW
     if bool(small.any()):
         index = small.nonzero(as_tuple=True)
         q64, p64 = round_inputs.precise_probs(index if at is None else (at[0][index[0]], at[1][index[0]]))
         positive64 = difference(q64, p64, *(extra[index].double() for extra in extras)).clamp_min(0.0)
         mass64 = positive64.sum(dim=-1, keepdim=True)
-        out[index] = torch.where(mass64 > 0, positive64 / mass64.clamp_min(torch.finfo(mass64.dtype).tiny), q64).float()
+        out[index] = torch.where(mass64 > 0, divided(positive64, mass64), q64).to(out.dtype)
     return out
 
 

@@ -62,7 +62,7 @@ class BiLD(Verifier):
 
     def acceptance(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         raw = round_inputs.target_raw_probs[:, : round_inputs.num_draft_tokens]
-        nll = -gather(raw, candidates).clamp_min(torch.finfo(raw.dtype).tiny).log()
+        nll = -gather(raw, candidates).log()  # +inf where the raw probability is 0 (never accepted as close)
         if round_inputs.greedy:
             alpha = (is_target_choice(round_inputs, candidates) | (nll < self.tau_rb)).to(nll.dtype)
         else:

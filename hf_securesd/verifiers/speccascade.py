@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, is_target_choice, normalized_positive_part, set_choice, set_real
+from .base import Needs, RoundInputs, Verifier, divided, gather, is_target_choice, normalized_positive_part, set_choice, set_real
 
 RULES = ("token", "chow")
 
@@ -73,7 +73,7 @@ class SpecCascade(Verifier):
         eta_c = self._deferred_mass(round_inputs, kept)
         q = gather(round_inputs.verified_target_probs(), candidates)
         p = gather(round_inputs.draft_probs, candidates)
-        outside = torch.where(p > 0, (eta_c * q / p.clamp_min(torch.finfo(p.dtype).tiny)).clamp(max=1.0), (q > 0).to(q.dtype))
+        outside = torch.where(p > 0, divided(eta_c * q, p).clamp(max=1.0), (q > 0).to(q.dtype))
         return torch.where(lenient, torch.ones_like(outside), outside)
 
     def sampled_recovery(self, round_inputs: RoundInputs) -> torch.Tensor:

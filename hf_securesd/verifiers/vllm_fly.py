@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import Needs, RoundInputs, Verifier, gather, require, set_integer, set_real
+from .base import Needs, RoundInputs, Verifier, divided, gather, require, set_integer, set_real
 
 # vLLM 0.33 `SpeculativeConfig` defaults (vllm/config/speculative.py: fly_entropy_threshold=0.3,
 # fly_entropy_top_k=3, fly_window_size=None -> min(6, num_speculative_tokens - 1)).
@@ -121,7 +121,7 @@ class VLLMFLy(Verifier):
         """q(c) / p(c), 0 where p(c) = 0 (vLLM rejects such a draft natively): [B, k, C]."""
         q = gather(round_inputs.verified_target_probs(), candidates)
         p = gather(round_inputs.draft_probs, candidates)
-        return torch.where(p > 0, q / p.clamp_min(torch.finfo(p.dtype).tiny), torch.zeros_like(q))
+        return torch.where(p > 0, divided(q, p), torch.zeros_like(q))
 
     def _uniforms(self, round_inputs: RoundInputs) -> torch.Tensor:
         """[B, k] uniforms in [0, 1) for the native tests, drawn once per round with the rows' own

@@ -208,3 +208,26 @@ def test_range_checks_run_unless_an_adapter_vouches_for_its_rounds(monkeypatch, 
                     check_ranges=check_ranges)
     with pytest.raises(UnusableTargetError):
         verify_step(broken_round(MARS(theta=0.5), "nan", greedy=False), check_ranges=check_ranges)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("verifier", VERIFIERS, ids=lambda verifier: verifier.name)
+def test_half_precision_logits_are_verified_as_float32(verifier, dtype):
+    """Half-precision logits give the float32 round's output (draws included: the same generator state).
+    Drafts close to the target are the case that failed: a small residual mass is recomputed in float64."""
+    generator = torch.Generator().manual_seed(3)
+    target = torch.randn(64, K + 1, V, generator=generator).to(dtype)
+    draft = (target[:, :K].float() + 0.01 * torch.randn(64, K, V, generator=generator)).to(dtype)
+    fields = dict(target_logits=target, target_raw_logits=target, draft_logits=draft, draft_raw_logits=draft)
+    rows = [RowSpec(verifier)] * 64
+    torch.manual_seed(0)
+    half = verify_step(make_round(rows, **fields))
+    torch.manual_seed(0)
+    single = verify_step(make_round(rows, **{name: value.float() for name, value in fields.items()}))
+    assert torch.equal(half.accepted, single.accepted) and torch.equal(half.next_tokens, single.next_tokens)
+
+
+def test_logits_that_are_not_floating_point_are_refused():
+    round_ = make_round([RowSpec(Lossless())], target_logits=torch.zeros(1, K + 1, V, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"VerificationRound.target_logits must hold floating-point values, got torch.int64"):
+        verify_step(round_)

@@ -183,3 +183,21 @@ def test_residual_recoveries_match_a_float64_reference(name):
 def test_fsd_recovers_from_q_exactly():
     for zt, zd in adversarial_cases(50):
         assert tv(recovery_of(FSD(), zt, zd), softmax64(zt)) < 1e-5
+
+
+def test_subnormal_probabilities_are_divided_exactly():
+    """alpha = min(1, q/p) with q(x) = e^-90, p(x) = e^-91 (float32 subnormals) is 1 (a clamp of p to the
+    smallest normal float made it 0.07), and a residual whose whole mass is subnormal in float64 is still
+    normalised (target [1, 1.3e-315] over draft [1, 0] recovers token 1 with probability 1)."""
+    target = torch.tensor([[[0.0, -90.0], [0.0, 0.0]]])
+    draft = torch.tensor([[[0.0, -91.0]]])
+    inputs = RoundInputs(draft_tokens=torch.tensor([[1]]), target_logits=target, draft_logits=draft,
+                         target_raw_logits=target, draft_raw_logits=draft, greedy=False)
+    assert float(Lossless().acceptance(inputs, torch.tensor([[[1]]]))) == 1.0
+    tiny = float(np.log(1.3e-315))  # float64 only: q(1) / q(0) = 1.3e-315
+    target = torch.tensor([[[0.0, tiny], [0.0, 0.0]]], dtype=torch.float64)
+    draft = torch.tensor([[[0.0, float("-inf")]]], dtype=torch.float64)
+    inputs = RoundInputs(draft_tokens=torch.tensor([[0]]), target_logits=target, draft_logits=draft,
+                         target_raw_logits=target, draft_raw_logits=draft, greedy=False)
+    recovery = Lossless().recovery(inputs)[0, 0]
+    assert recovery.tolist() == [0.0, 1.0]
