@@ -113,6 +113,24 @@ def test_prompt_injection_with_expected_outputs(afr):
     assert exact["verdicts"] == [True, False, False, True]
 
 
+@pytest.mark.parametrize("answer", ["no", None, [], 2])
+def test_a_checker_that_does_not_answer_true_or_false_is_refused(afr, answer):
+    """Read by truthiness, the string "no" was counted as a successful attack."""
+    with pytest.raises(ValueError, match=r"`success_checker` must return True or False, got .* for prediction 0"):
+        afr.compute(predictions=["a"], references=["p"], injected_outputs=["a"],
+                    success_checker=lambda response, target: answer)
+
+
+def test_a_checker_may_answer_with_numpy_or_tensor_booleans(afr):
+    import numpy as np
+    import torch
+
+    for yes, no in ((np.bool_(True), np.bool_(False)), (torch.tensor(True), torch.tensor(False)), (1, 0)):
+        result = afr.compute(predictions=["a", "b"], references=["p", "p"], injected_outputs=["a", "a"],
+                             success_checker=lambda response, target, yes=yes, no=no: yes if response == target else no)
+        assert result["verdicts"] == [True, False]
+
+
 def test_prompt_injection_errors(afr):
     with pytest.raises(ValueError, match="one expected output per response"):
         afr.compute(predictions=["a", "b"], references=["p", "p"], injected_outputs=["a"])
