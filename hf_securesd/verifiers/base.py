@@ -394,17 +394,21 @@ class Verifier(ABC):
         """What this configuration needs (see `Needs`); the default rule reads only the target and p."""
         return Needs()
 
-    def check_proposer(self, proposer: str, has_raw_draft_logits: bool) -> None:
+    def check_proposer(
+        self, proposer: str, has_raw_draft_logits: bool, draft_model: str = "a draft model (assistant_model=...)"
+    ) -> None:
         """Raise ValueError when `proposer` (a name for the message, e.g. "prompt lookup") cannot feed this
-        configuration: the rule reads the draft's raw logits and the proposer has none."""
+        configuration: the rule reads the draft's raw logits and the proposer has none. draft_model: how
+        the caller's engine is given a draft model, for the fix the message names."""
         reason = self.needs().raw_draft_logits
         if reason is not None and not has_raw_draft_logits:
             from . import VERIFIERS  # the registry imports this module
 
             usable = [name for name, cls in VERIFIERS.items() if cls().needs().raw_draft_logits is None]
+            itself = f" ({self.name} too, without that setting: its defaults need none)" if self.name in usable else ""
             raise ValueError(
-                f"{reason}; {proposer} has no draft distribution. Use a draft model "
-                f"(assistant_model=...), or a verifier that reads only the target: {'/'.join(usable)}"
+                f"{reason}; {proposer} has no draft distribution. Use {draft_model}, or a verifier that reads "
+                f"only the target: {'/'.join(usable)}{itself}"
             )
 
     @property

@@ -149,12 +149,13 @@ def check_proposer(request: SecureSDRequest, speculative: Any) -> None:
         )
     if method in ONE_HOT:
         try:
-            request.verifier.check_proposer(f"vLLM's {method} proposer", has_raw_draft_logits=False)
+            request.verifier.check_proposer(
+                f"vLLM's {method} proposer", has_raw_draft_logits=False,
+                draft_model="an engine started with a draft model (--speculative-config "
+                "'{\"method\": \"draft_model\", ...}', or eagle/eagle3)",
+            )
         except ValueError as error:
-            raise SecureSDConfigError(
-                f"{error}. Here: start the engine with a draft model (--speculative-config "
-                "'{\"method\": \"draft_model\", ...}', or eagle/eagle3), or send another verifier"
-            ) from None
+            raise SecureSDConfigError(str(error)) from None
         return
     if method in WITH_DRAFT_DISTRIBUTION:
         return

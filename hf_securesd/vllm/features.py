@@ -86,7 +86,7 @@ _HTTP = (
 REQUIRED: tuple[Symbol, ...] = (
     # compat.patch_refusal and admission: requests are refused where vLLM validates them
     Symbol("vllm.sampling_params", "SamplingParams._verify_args", "callable"),
-    Symbol("vllm.sampling_params", "SamplingParams", "class", fields=("extra_args",)),
+    Symbol("vllm.sampling_params", "SamplingParams", "class", fields=("extra_args", "seed")),
     Symbol("vllm.exceptions", "VLLMValidationError.__init__", "callable", ("message",), "defaulted",
            keywords=("parameter",)),
     Symbol("vllm.v1.engine.input_processor", "InputProcessor._validate_params", "callable", ("params",)),
@@ -102,7 +102,7 @@ REQUIRED: tuple[Symbol, ...] = (
     # verification.patch_runner
     Symbol(_RUNNER, "GPUModelRunner._sample", "callable", ("logits", "spec_decode_metadata"), "none"),
     Symbol(_RUNNER, "GPUModelRunner.propose_draft_token_ids", "callable"),
-    Symbol(_RUNNER, "GPUModelRunner", "class", fields=("requests", "input_batch", "drafter")),
+    Symbol(_RUNNER, "GPUModelRunner", "class", fields=("requests", "input_batch", "drafter", "device")),
     Symbol("vllm.v1.worker.gpu_input_batch", "InputBatch", "class",
            fields=("req_ids", "num_computed_tokens_cpu", "num_prompt_tokens", "sampling_metadata")),
     Symbol("vllm.v1.worker.gpu_input_batch", "CachedRequestState", "class", fields=("sampling_params",)),

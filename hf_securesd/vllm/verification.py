@@ -68,6 +68,20 @@ def request_of(state: Any) -> SecureSDRequest | None:
     return request
 
 
+def seeded_generator(state: Any, device: torch.device) -> torch.Generator | None:
+    """SecureSD's own generator for a request with a `seed` that vLLM keeps none for (temperature 0:
+    vLLM's sampling is greedy), made from the seed once and kept on the runner's request state: the draws
+    a schedule makes at T = 0 (a fractional eta's coin: `Linear`, `Power`) then come from it, so the
+    seed fixes the output as it does at T > 0. None without a seed (torch's global generator draws)."""
+    cached = getattr(state, "_securesd_generator", _UNSET)
+    if cached is not _UNSET:
+        return cached
+    seed = getattr(getattr(state, "sampling_params", None), "seed", None)
+    generator = None if seed is None else torch.Generator(device=device).manual_seed(seed)
+    setattr(state, "_securesd_generator", generator)
+    return generator
+
+
 @dataclass
 class DraftStash:
     """What the last proposal recorded: the proposer's `DraftRows` and each SecureSD request's row in it
@@ -147,9 +161,10 @@ def _row_plans(
                 # so the row is verified exactly this step.
                 logger.error("SecureSD: batch row %d's response holds placeholders; verified lossless this step", row)
                 request, response = LOSSLESS_REQUEST, None
-        plans.append(sampler.RowPlan(
-            row, request, position, raw, processed, generators.get(row), response, one_hot, proposed
-        ))
+        generator = generators.get(row)
+        if generator is None:
+            generator = seeded_generator(runner.requests[req_id], runner.device)
+        plans.append(sampler.RowPlan(row, request, position, raw, processed, generator, response, one_hot, proposed))
     return plans
 
 

@@ -27,7 +27,7 @@ import pytest
 import torch
 from scipy.stats import chisquare
 
-from hf_securesd import FSD, MARS, BiLD, FLy, LossySD, SpecCascade, Step
+from hf_securesd import FSD, MARS, BiLD, FLy, Linear, LossySD, SpecCascade, Step
 from hf_securesd.vllm import DEFAULT_ENV, speculative_stats
 
 from vllm_support import NUM_SPECULATIVE_TOKENS, engine_environment, requires_vllm
@@ -367,6 +367,19 @@ def test_a_seed_fixes_the_whole_output_at_temperature_one(engine, trace):
     assert run(7) == first
     assert run(7, companions=2) == first
     assert run(8) != first
+
+
+def test_a_seed_fixes_the_output_at_temperature_zero_with_a_fractional_schedule(engine):
+    """At T = 0 vLLM keeps no generator for a seeded request; a Linear schedule's eta coin then comes from
+    SecureSD's own generator made from the seed (it came from torch's global one: every run differed)."""
+    extra = securesd(LossySD(epsilon=1.0), Linear(L=30))
+
+    def run(seed):
+        return tokens(generate(engine, PROMPTS[2:3], max_tokens=32, temperature=0, extra_args=extra, seed=seed))[0]
+
+    first = run(5)
+    assert all(run(5) == first for _ in range(3))
+    assert any(run(seed) != first for seed in (6, 7, 8))
 
 
 def test_the_engine_verifies_through_the_core_step(engine, monkeypatch):

@@ -130,7 +130,7 @@ def test_a_row_whose_response_holds_placeholders_is_verified_lossless() -> None:
         req_ids=["a", "b"], num_computed_tokens_cpu=np.array([12, 12]), num_prompt_tokens=np.array([10, 10]),
         sampling_metadata=SimpleNamespace(generators={}, all_greedy=True, all_random=False, temperature=None),
     )
-    runner = SimpleNamespace(input_batch=batch, requests=states, drafter=SimpleNamespace())
+    runner = SimpleNamespace(input_batch=batch, requests=states, drafter=SimpleNamespace(), device=torch.device("cpu"))
     plans = _row_plans(runner, [request, request], None)
     assert [plan.position for plan in plans] == [3, 3]
     assert plans[0].request is request and plans[0].response == [1, 2, 5]
@@ -165,9 +165,12 @@ def test_admission_accepts_every_proposer_for_rules_that_read_only_the_target(me
 def test_one_hot_proposers_refuse_rules_that_read_the_draft_distribution(method, verifier, reason) -> None:
     """The refusal names the rule's reason, the proposer and the fix; a proposer with a distribution
     (draft model, EAGLE) runs the same rules."""
-    no_distribution = rf"{reason}.*vLLM's {method} proposer has no draft distribution"
-    with pytest.raises(SecureSDConfigError, match=no_distribution):
+    no_distribution = rf"{reason}.*vLLM's {method} proposer has no draft distribution. Use an engine started with a draft model"
+    with pytest.raises(SecureSDConfigError, match=no_distribution) as error:
         check_request(params({"securesd": {"verifier": verifier}}), engine_config(method=method))
+    assert "assistant_model" not in str(error.value)  # transformers' argument, not vLLM's
+    if isinstance(verifier, dict):  # BiLD / SpecCascade: their defaults need no draft distribution
+        assert f"({verifier['verifier']} too, without that setting" in str(error.value)
     for other in ("draft_model", "eagle"):
         check_request(params({"securesd": {"verifier": verifier}}), engine_config(method=other))
 
