@@ -290,8 +290,9 @@ def judge_agreement(judge: str, judge_options: dict[str, Any] | None = None, dat
     """Agreement of a string judge with the human majority labels of JailbreakBench's
     `classifier_comparison.csv` (100 responses), positive class = jailbroken: agreement, Cohen's
     kappa, precision, recall and n. None when the file is not available locally, and for judges
-    that call a model (run `securesd judge-validate` for those)."""
-    from hf_securesd.judges import get_judge
+    that call a model (run `securesd judge-validate` for those). `judge_options` the judge does not
+    take, or with values it refuses, are a ValueError naming them (`check_judge_options`)."""
+    from hf_securesd.judges import check_judge_options, get_judge
     from hf_securesd.judges.validate import agreement_stats, load_comparison
 
     if judge != "refusal_prefix":
@@ -300,6 +301,7 @@ def judge_agreement(judge: str, judge_options: dict[str, Any] | None = None, dat
         rows = load_comparison(data_dir)
     except (FileNotFoundError, ValueError):
         return None
+    check_judge_options(judge, dict(judge_options or {}))
     judge_object = get_judge(judge, **dict(judge_options or {}))
     verdicts = judge_object.judge([row["goal"] for row in rows], [row["target_response"] for row in rows])
     stats = agreement_stats([v.attack_succeeded for v in verdicts], [row["human_majority"] == "1" for row in rows])

@@ -86,6 +86,8 @@ def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
             raise CorruptResultsError(f'{spec_path}: "{key}" must be {what}, got {value!r}; '
                                       f"see hf_securesd.bench.card ({CORRUPT_FIX})")
     card_output(results_dir, spec["output"])
+    for companion in spec.get("engines") or []:
+        companion_path(results_dir, companion)
     return spec
 
 
@@ -106,6 +108,23 @@ def card_output(results_dir: str | os.PathLike, output: str) -> Path:
             f"{results / CARD_FILE}: the card 'output' {output!r} is not a {CARD_SUFFIX} file directly in "
             f"{results}, nor the card beside it named after the directory; give \"NAME{CARD_SUFFIX}\" or "
             f"\"../{beside}\""
+        )
+    return path
+
+
+def companion_path(results_dir: str | os.PathLike, companion: str) -> Path:
+    """The results directory that card.json's "engines" entry `companion` names: a folder directly
+    beside RESULTS (``../NAME``) or directly in it. Anything else (an absolute path, a path climbing
+    further up or into a subfolder's subfolder, and RESULTS itself: ``.`` or an empty entry) is
+    refused, as the card's `output` is: a results directory must not choose which other folders
+    `report` reads into its report and card."""
+    results = Path(results_dir).resolve()
+    path = Path(os.path.normpath(results / companion))
+    if Path(companion).is_absolute() or path == results or path.parent not in (results, results.parent):
+        raise ValueError(
+            f"{results / CARD_FILE}: the 'engines' entry {companion!r} is not a results directory directly "
+            f"beside {results} (\"../NAME\") or directly in it; RESULTS itself, absolute paths and any "
+            "other folder are refused"
         )
     return path
 

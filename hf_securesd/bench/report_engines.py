@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
+from hf_securesd.bench.card import companion_path
 from hf_securesd.bench.formatting import fmt
 from hf_securesd.bench.report_markdown import code_span, inline_text
 from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, ResultsDir
@@ -171,7 +172,7 @@ def engines_section(results: ResultsDir, companions: Sequence[str]) -> tuple[lis
     lines: list[str] = []
     data = []
     for companion in companions:
-        other_dir = ResultsDir(Path(results.path, companion))
+        other_dir = ResultsDir(companion_path(results.path, companion))
         manifest = other_dir.read_manifest()
         other_engine = manifest.get("engine", "hf")
         rows = comparison_rows(cells, other_dir.runs(), other_engine)

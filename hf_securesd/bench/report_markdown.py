@@ -15,10 +15,17 @@ import re
 from hf_securesd.bench.terminal import readable
 
 LINE_BREAK = " ⏎ "
-# characters replaced by HTML entities: no tag, comment or entity of the text's own can form
-_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;"}
+# characters replaced by HTML entities: no tag, comment or entity of the text's own can form, and no
+# `$` delimits GitHub math (GitHub reads math delimiters in the source, where a backslash escape is
+# not always honoured; an entity is never a delimiter)
+_ENTITIES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "$": "&#36;"}
 # characters escaped with a backslash: code spans, emphasis, links and images, strikethrough, table cells
 _MARKUP = frozenset("\\`*_[]~|")
+# where GitHub would link a mention (@user), an issue (#123) or show an emoji (:smile:) in rendered text
+_REFERENCE_START = re.compile(r"@(?=[A-Za-z0-9])|#(?=[0-9])|:(?=[\w+-]+:)")
+# an invisible character that ends those references: GitHub finds them in the rendered text, so an
+# escape or entity would not stop them
+WORD_JOINER = "\u2060"
 
 
 def one_line(text: str) -> str:
@@ -34,10 +41,19 @@ def inline_text(text: str) -> str:
     emphasis), so the rendered text shows exactly the characters of `text`. Model responses and
     the names a results file gives (configurations, schedules, tasks) both go through it. The ':' of
     a '://' and the '.' of a 'www.' are escaped too, so that GitHub does not turn a bare URL into a
-    link (an e-mail address still shows as a mailto link whose text is the address itself)."""
+    link (an e-mail address still shows as a mailto link whose text is the address itself); `$`
+    becomes an entity (no GitHub math), and a word joiner (U+2060, invisible) follows the `@`, `#` or
+    `:` that would start a mention, an issue reference or an emoji shortcode."""
     line = one_line(text)
-    return "".join(_ENTITIES.get(char) or ("\\" + char if _escaped(line, index) else char)
-                   for index, char in enumerate(line))
+    references = {match.start() for match in _REFERENCE_START.finditer(line)}
+    return "".join(_shown(line, index) + (WORD_JOINER if index in references else "")
+                   for index in range(len(line)))
+
+
+def _shown(text: str, index: int) -> str:
+    """`text[index]` as inline_text writes it: an entity, a backslash-escaped character, or itself."""
+    char = text[index]
+    return _ENTITIES.get(char) or ("\\" + char if _escaped(text, index) else char)
 
 
 def _escaped(text: str, index: int) -> bool:

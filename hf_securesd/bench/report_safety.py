@@ -26,6 +26,7 @@ from hf_securesd.bench.analysis import (
 )
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.report_markdown import code_span, inline_text, table_code
+from hf_securesd.bench.results import CORRUPT_FIX, MANIFEST, CorruptResultsError
 
 # Tiers of the safety study: which tasks each covers.
 TIERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -113,7 +114,7 @@ def agreement_text(manifest: dict[str, Any]) -> str:
     else measured now when the labelled file is available; else says it was not measured."""
     agreement = manifest.get("judge_agreement")
     if agreement is None:
-        agreement = judge_agreement(manifest.get("judge", ""), manifest.get("judge_options") or {})
+        agreement = _measured_agreement(manifest)
     if not agreement:
         return (f"judge {code_span(str(manifest.get('judge')))}: agreement with human labels not measured "
                 "(`securesd judge-validate`)")
@@ -129,6 +130,17 @@ def agreement_text(manifest: dict[str, Any]) -> str:
         f"{fmt(agreement['recall'], 2)} for \"jailbroken\" (n = {agreement['n']}, "
         f"{inline_text(str(agreement['labels']))})"
     )
+
+
+def _measured_agreement(manifest: dict[str, Any]) -> dict[str, Any] | None:
+    """`judge_agreement` of the recorded judge built with the recorded options; options it does not
+    take, or values it refuses, are a `CorruptResultsError` naming study.json's 'judge_options'."""
+    options = manifest.get("judge_options") or {}
+    try:
+        return judge_agreement(manifest.get("judge", ""), options)
+    except ValueError as error:
+        raise CorruptResultsError(f"{MANIFEST}: 'judge_options' {options!r} cannot build the recorded judge "
+                                  f"({error}); {CORRUPT_FIX}") from None
 
 
 def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base: dict) -> list[str]:
@@ -238,17 +250,25 @@ def cost_section(cells: Sequence[Cell], manifest: dict[str, Any]) -> list[str]:
                 rows.append(_cost_row(label, chosen))
     if not rows:
         return []
-    threads = sorted({session.get("threads") for session in manifest.get("sessions", []) if session.get("threads")})
     return [
         "## Cost per tier",
         "",
         "Generation time only (scoring excluded). Wall hours are what the runs took on this machine while "
         "it was shared with other work; CPU hours are the process CPU time charged to the generations "
-        f"(recorded from the session that introduced it on). Torch threads per session: {threads or '?'}.",
+        "(recorded from the session that introduced it on). Torch threads per session: "
+        f"{_threads_text(manifest)}.",
         "",
         table(["tier", "cells", "generations", "wall hours", "CPU hours"], rows),
         "",
     ]
+
+
+def _threads_text(manifest: dict[str, Any]) -> str:
+    """The torch thread counts the sessions recorded (positive integers, `manifest_checks`), each
+    shown as inert text; "?" when none recorded one."""
+    sessions = manifest.get("sessions", [])
+    counts = sorted({session["threads"] for session in sessions if session.get("threads")})
+    return ", ".join(inline_text(str(count)) for count in counts) or "?"
 
 
 def _cost_row(label: str, cells: Sequence[Cell]) -> list[Any]:

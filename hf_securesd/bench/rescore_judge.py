@@ -16,7 +16,9 @@ user's files is read and sent as the rubric. So:
 - ``data_dir`` (where the rubric file is read) is the user's ``--data-dir`` or
   ``SECURESD_DATA_DIR``, never the recorded one.
 The recorded ``rubric`` text, ``threshold``, ``unparsed`` policy and numeric backend settings
-(timeouts, retries) are kept: they change verdicts, not where anything goes.
+(timeouts, retries) are kept: they change verdicts, not where anything goes. A numeric setting must
+lie in the range the backend allows (`backends.BACKEND_SETTINGS`): a planted ``backoff: 1e9``
+would otherwise hold rescore for years on the first HTTP 429.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import os
 from typing import Any, Mapping
 
 from hf_securesd.judges import StrongRejectJudge
-from hf_securesd.judges.backends import endpoint_settings
+from hf_securesd.judges.backends import BACKEND_SETTINGS, endpoint_settings
 from hf_securesd.judges.secrets import strip_userinfo
 
 # backend settings that say where requests go, what is loaded, or with which credential
@@ -42,6 +44,18 @@ def _recorded(manifest: Mapping[str, Any], settings: Mapping[str, Any], key: str
     backend = manifest.get("judge_backend")
     value = settings.get(key) or (backend.get(described) if isinstance(backend, Mapping) else None)
     return value if isinstance(value, str) and value else None
+
+
+def _check_recorded_settings(backend: str, settings: Mapping[str, Any]) -> None:
+    """ValueError naming study.json's field and the allowed range when a recorded numeric setting of
+    `backend` lies outside it (`BACKEND_SETTINGS`)."""
+    bounds = BACKEND_SETTINGS.get(backend, {})
+    for name, value in settings.items():
+        problem = bounds[name].problem(value) if name in bounds else None
+        if problem:
+            raise ValueError(f"study.json: judge option 'backend_kwargs' {name!r}: {problem}; securesd never "
+                             "records such a setting: fix it or start a new --out directory; nothing was "
+                             "rewritten")
 
 
 def _refuse(what: str, recorded: str, current: str, source: str, flag: str) -> ValueError:
@@ -83,6 +97,7 @@ def trusted_judge_options(manifest: Mapping[str, Any], data_dir: str | os.PathLi
         raise ValueError(f"study.json: judge option 'backend_kwargs' is {recorded!r}, not an object; "
                          "start a new --out directory")
     settings = {key: value for key, value in (recorded or {}).items() if key not in LOCATION_KEYS}
+    _check_recorded_settings(str(backend), settings)
     if backend == "openai":
         settings.update(_openai_settings(manifest, recorded or {}, base_url, model))
     elif backend == "transformers":

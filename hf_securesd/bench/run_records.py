@@ -1,7 +1,8 @@
 """What a finished cell of runs.jsonl must hold for `bench`, `report`, `rescore` and `calibrate` to
-read it: every field those readers use, with its JSON type, per-example lists aligned with the
-example ids, scores that are verdicts (0 or 1, null for an excluded one) whose mean is the cell's
-score, ``n`` equal to the number of examples and an acceptance rate in [0, 1].
+read it: every field those readers use, with its JSON type (numbers finite and within float range,
+`finite_real`), per-example lists aligned with the example ids, times and counts never negative,
+scores that are verdicts (0 or 1, null for an excluded one) whose mean is the cell's score, ``n``
+equal to the number of examples, an acceptance rate in [0, 1] and a PRR interval of two bounds.
 
 `run_problem` names the first thing wrong with a record (`results.read_jsonl` turns it into one
 error line naming the file and the line); it never raises.
@@ -10,6 +11,7 @@ error line naming the file and the line); it never raises.
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import fields
 from typing import Any, Mapping
 
@@ -39,16 +41,28 @@ RUN_LIST_ITEMS: Mapping[str, TypeSpec] = {
     "scores": _NUMBER_OR_NULL, "responses": str, "details": dict, "seconds": _NUMBER, "new_tokens": int,
     "drafted": _NUMBER, "accepted": _NUMBER,
 }
+# numbers of a record that are times or counts, and per-example lists of them: never negative
+NON_NEGATIVE_FIELDS = ("wall_time", "cpu_time")
+NON_NEGATIVE_ITEMS = ("seconds", "new_tokens", "drafted", "accepted")
 # how far a recorded score may be from the mean of its verdicts (float summation order)
 SCORE_TOLERANCE = 1e-9
 
 
+def finite_real(value: Any) -> bool:
+    """Whether `value` is a JSON number securesd could have written: an int or float (not a boolean)
+    that is finite and within float range (an integer such as 10**400 overflows float arithmetic)."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and abs(value) <= sys.float_info.max)
+
+
 def _is(value: Any, kind: TypeSpec) -> bool:
-    """`isinstance`, except that a JSON boolean is not a number."""
+    """`isinstance`, except that a JSON boolean is not a number and a number must be `finite_real`."""
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        return False
-    return isinstance(value, kinds) and not (isinstance(value, float) and not math.isfinite(value))
+    if isinstance(value, bool):
+        return bool in kinds
+    if isinstance(value, (int, float)):
+        return isinstance(value, kinds) and finite_real(value)
+    return isinstance(value, kinds)
 
 
 def fields_problem(record: dict[str, Any], expected: Mapping[str, TypeSpec]) -> str | None:
@@ -84,7 +98,8 @@ def config_problem(record: dict[str, Any]) -> str | None:
     if config["kind"] != "speculative":
         return None
     verifier = config.get("verifier")
-    if not isinstance(verifier, dict) or verifier.get("verifier") not in VERIFIERS:
+    name = verifier.get("verifier") if isinstance(verifier, dict) else None
+    if not isinstance(name, str) or name not in VERIFIERS:
         return (f"a speculative run whose config 'verifier' is {verifier!r}, not a verifier of "
                 f"{', '.join(VERIFIERS)}")
     missing = [name for name in SPECULATIVE_FIELDS if name not in record]
@@ -110,6 +125,25 @@ def lists_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+def negative_problem(record: dict[str, Any]) -> str | None:
+    """Times or counts of a record (`NON_NEGATIVE_FIELDS`, `NON_NEGATIVE_ITEMS`) that are negative."""
+    negative = [name for name in NON_NEGATIVE_FIELDS if (record.get(name) or 0) < 0]
+    negative += [name for name in NON_NEGATIVE_ITEMS if any(item < 0 for item in record.get(name) or [])]
+    if negative:
+        return f"a run whose {' and '.join(map(repr, negative))} hold a negative time or count"
+    return None
+
+
+def interval_problem(record: dict[str, Any]) -> str | None:
+    """A `prr_ci` that is neither null nor two bounds (each a number, or null where it was undefined)."""
+    interval = record.get("prr_ci")
+    if interval is None:
+        return None
+    if len(interval) == 2 and all(bound is None or finite_real(bound) for bound in interval):
+        return None
+    return f"a run whose 'prr_ci' is {interval!r}, not null or two bounds (numbers or null)"
+
+
 def numbers_problem(record: dict[str, Any]) -> str | None:
     """Numbers that disagree with the rest of the record: `n` and the example count, verdicts that
     are not 0, 1 or null, a `score` that is not their mean, an acceptance rate outside [0, 1]."""
@@ -133,5 +167,5 @@ def numbers_problem(record: dict[str, Any]) -> str | None:
 def run_problem(record: dict[str, Any]) -> str | None:
     """What keeps `record` from being a finished cell of runs.jsonl (see the module docstring), or None."""
     return (fields_problem(record, RUN_FIELDS) or optional_fields_problem(record, OPTIONAL_RUN_FIELDS)
-            or config_problem(record) or lists_problem(record) or numbers_problem(record)
-            or stats_problem(record.get("stats")))
+            or config_problem(record) or lists_problem(record) or negative_problem(record)
+            or interval_problem(record) or numbers_problem(record) or stats_problem(record.get("stats")))

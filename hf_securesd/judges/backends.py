@@ -13,11 +13,10 @@ judge as for its engine).
 from __future__ import annotations
 
 import base64
-import math
 import os
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -50,6 +49,8 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
+# the longest wait between two attempts, whatever `backoff` or a Retry-After header asks for
+MAX_WAIT_S = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 # finish_reason of a judge reply that ended on its own: OpenAI, vLLM, SGLang and llama.cpp say "stop",
 # TGI "eos_token" or "stop_sequence", some servers "eos". Any other ("length", "content_filter",
@@ -58,6 +59,45 @@ DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 FINISHED_REASONS = frozenset({"stop", "eos", "eos_token", "stop_sequence"})
 # the `time.monotonic()` past which judge requests are no longer sent (None: no deadline)
 _DEADLINE: ContextVar[float | None] = ContextVar("securesd_judge_deadline", default=None)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric backend setting may take: [`low`, `high`], whole numbers only when `integer`."""
+
+    low: float
+    high: float
+    integer: bool = False
+
+    def problem(self, value: Any) -> str | None:
+        """Why `value` is not allowed, naming the range; None when it is."""
+        kind = int if self.integer else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kind) or not self.low <= value <= self.high:
+            kind_name = "an integer" if self.integer else "a number"
+            return f"{value!r} is not {kind_name} in [{self.low}, {self.high}]"
+        return None
+
+
+# the numeric settings of each backend and their ranges: enough for any real judge, and bounded, so that
+# no setting (one recorded in a results directory included) can hold a run for days
+BACKEND_SETTINGS: Mapping[str, Mapping[str, Bounds]] = {
+    "openai": {
+        "timeout": Bounds(0.001, 3600), "max_retries": Bounds(0, 20, integer=True),
+        "backoff": Bounds(0, MAX_WAIT_S), "max_tokens": Bounds(1, 1_000_000, integer=True),
+        "concurrency": Bounds(1, 256, integer=True), "max_response_bytes": Bounds(1, 1 << 30, integer=True),
+    },
+    "transformers": {"max_new_tokens": Bounds(1, 32768, integer=True),
+                     "batch_size": Bounds(1, 1024, integer=True)},
+}
+
+
+def check_settings(backend: str, settings: Mapping[str, Any]) -> None:
+    """ValueError naming the first of `settings` outside its range in `BACKEND_SETTINGS[backend]`."""
+    bounds = BACKEND_SETTINGS[backend]
+    problems = [(name, bounds[name].problem(value)) for name, value in settings.items() if name in bounds]
+    wrong = [(name, problem) for name, problem in problems if problem]
+    if wrong:
+        raise ValueError(f"the {backend} judge backend's {wrong[0][0]!r}: {wrong[0][1]}")
 
 
 class JudgeBackendError(JudgeError):
@@ -116,8 +156,7 @@ class TransformersChatBackend(ChatBackend):
     def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int = 512, batch_size: int = 8) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the judge tokenizer has no chat template; use an instruct/chat model.")
-        if max_new_tokens < 1 or batch_size < 1:
-            raise ValueError("max_new_tokens and batch_size must be positive.")
+        check_settings("transformers", {"max_new_tokens": max_new_tokens, "batch_size": batch_size})
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -251,7 +290,9 @@ class OpenAIChatBackend(ChatBackend):
     `max_retries` times with exponential backoff
     (`backoff`, 2·`backoff`, ... seconds), or the server's Retry-After when it is a finite,
     non-negative number of seconds (capped at `MAX_RETRY_AFTER_S`; other values are ignored);
-    then, like any other HTTP status, they raise `JudgeBackendError`. Inside `judge_deadline`,
+    no wait is longer than `MAX_WAIT_S`, and every numeric setting must lie in its range
+    (`BACKEND_SETTINGS`: at most 20 retries, a timeout of at most an hour, ...), so no settings make
+    a request hang; then, like any other HTTP status, they raise `JudgeBackendError`. Inside `judge_deadline`,
     attempts and waits end at its deadline. A reply whose ``finish_reason`` is not a normal stop
     (`FINISHED_REASONS`; "length": it reached `max_tokens`) is returned with its `problem`
     (`complete_replies`), not retried: greedy decoding would cut it off again.
@@ -269,10 +310,9 @@ class OpenAIChatBackend(ChatBackend):
         concurrency: int = 4,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        if not (max_retries >= 0 and 0 <= backoff < math.inf and 0 < timeout < math.inf and concurrency >= 1
-                and max_response_bytes > 0):
-            raise ValueError("need a finite timeout > 0, max_retries >= 0, a finite backoff >= 0, concurrency >= 1 "
-                             "and max_response_bytes > 0.")
+        check_settings("openai", {"timeout": timeout, "max_retries": max_retries, "backoff": backoff,
+                                  "max_tokens": max_tokens, "concurrency": concurrency,
+                                  "max_response_bytes": max_response_bytes})
         url, self.model = endpoint_settings(base_url, model)
         before_query = url_before_query(url)
         if before_query is not None:
@@ -357,7 +397,7 @@ class OpenAIChatBackend(ChatBackend):
         wait = 0.0
         for attempt in range(self.max_retries + 1):
             if attempt:
-                time.sleep(wait if deadline is None else max(0.0, min(wait, deadline - time.monotonic())))
+                time.sleep(_pause(wait, deadline))
             timeout = self._attempt_timeout(deadline, last_problem)
             wait = self.backoff * 2**attempt
             try:
@@ -417,6 +457,13 @@ class OpenAIChatBackend(ChatBackend):
         }.get(status, "only HTTP 200 is an answer (redirects are not followed); check the endpoint "
                       "settings" if status < 400 else "check the request settings")
         return f"judge endpoint {self.base_url} answered HTTP {status}: {text!r}; {hint}."
+
+
+def _pause(wait: float, deadline: float | None) -> float:
+    """Seconds to sleep before the next attempt: `wait`, at most `MAX_WAIT_S` and no later than the
+    run `deadline` (a `time.monotonic()` value, or None)."""
+    pause = min(wait, MAX_WAIT_S)
+    return pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
 
 
 def retry_after(value: str | None, default: float) -> float:

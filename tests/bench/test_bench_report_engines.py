@@ -5,6 +5,7 @@ exact at the same positions (no schedule there -> Step(1) here)."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from support import record_cells
@@ -93,6 +94,18 @@ def test_a_malformed_engines_entry_is_refused_by_name(studies):
     (studies / "hf" / "card.json").write_text(json.dumps({"output": "../c.md", "title": "t", "engines": "../vllm"}))
     with pytest.raises(ValueError, match='"engines" must be a list'):
         write_report(studies / "hf")
+
+
+@pytest.mark.parametrize("companion", ["/tmp", "", ".", "./", "../hf", "../../vllm", "../vllm/sub"])
+def test_an_engines_entry_outside_the_results_neighbourhood_is_refused(studies, companion):
+    """Like the card's output, a companion is a folder directly beside RESULTS or in it: an absolute path
+    pulled any results folder of the reader's into the report and card, and "." compared RESULTS with itself."""
+    card = {"output": "../hf.md", "title": "t", "engines": ["../vllm", companion]}
+    (studies / "hf" / "card.json").write_text(json.dumps(card), encoding="utf-8")
+    with pytest.raises(ValueError, match=f"card.json: the 'engines' entry {re.escape(repr(companion))} is not a "
+                                         "results directory directly beside"):
+        write_report(studies / "hf")
+    assert not (studies / "hf.md").exists()
 
 
 def test_recorded_replays_of_the_differing_prompts_enter_the_table(studies):

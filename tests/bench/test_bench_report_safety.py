@@ -198,6 +198,23 @@ def test_a_bare_url_is_escaped_out_of_autolinking_and_renders_as_written() -> No
     assert html.unescape(rendered) == f"<p>{reply}</p>\n"
 
 
+def test_github_math_mentions_issue_links_and_emoji_stay_text() -> None:
+    """GitHub renders `$...$` as math and links @user, #123 and :emoji: in rendered text: `$` becomes an
+    entity and a word joiner (U+2060) follows the mark that would start a reference, so the rendered
+    text shows the characters as written (with invisible joiners) and nothing else changes."""
+    from hf_securesd.bench.report_markdown import WORD_JOINER, inline_text
+
+    reply = "$x$ and $$y$$ cc @everyone @user, fixes #123 :x: :+1: (a # 2, mars:0.5, 3:00, @ home)"
+    cell = inline_text(reply)
+    assert "$" not in cell and cell.count("&#36;") == 6
+    for reference in ("@everyone", "@user", "#123", ":x:", ":+1:"):
+        assert reference not in cell and reference[0] + WORD_JOINER + reference[1:] in cell
+    assert "# 2, mars:0.5, 3:00, @ home" in cell  # text GitHub would not link stays as written
+    markdown_it = pytest.importorskip("markdown_it")
+    rendered = markdown_it.MarkdownIt("commonmark").render(cell)
+    assert html.unescape(rendered).replace(WORD_JOINER, "") == f"<p>{reply}</p>\n"
+
+
 def test_model_text_stays_text_in_its_table_cell(results) -> None:
     markdown_it = pytest.importorskip("markdown_it")
     path, examples = results

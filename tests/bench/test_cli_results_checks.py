@@ -82,6 +82,58 @@ def test_a_mistyped_judge_agreement_is_refused_in_one_line(results, capsys, agre
     assert f"'judge_agreement' has no valid {problem}" in _error(capsys)
 
 
+@pytest.mark.parametrize("changes, problem", [
+    ({"agreement": 10**400}, "no valid 'agreement'"), ({"kappa": 10**400}, "no valid 'kappa'"),
+    ({"agreement": 7}, "'agreement' 7, outside [0, 1]"), ({"recall": -0.1}, "'recall' -0.1, outside [0, 1]"),
+    ({"kappa": -1.5}, "'kappa' -1.5, outside [-1, 1]"),
+])
+def test_an_impossible_judge_agreement_is_refused_in_one_line(results, capsys, changes, problem) -> None:
+    """A rate beyond float range overflowed the report's formatting (a traceback); one outside its
+    range showed as, say, "700 % agreement"."""
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8"))
+    manifest["judge_agreement"] = AGREEMENT | changes
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    assert f"{results / MANIFEST}: 'judge_agreement' has {problem}" in _error(capsys)
+
+
+@pytest.mark.parametrize("threads", ['<img src="https://attacker.example/p.png">', "2", [1], 0, -1, True,
+                                     10**400, 1.5])
+def test_session_threads_that_are_not_a_positive_integer_are_refused(results, capsys, threads) -> None:
+    """The report's cost section showed the recorded thread counts raw: HTML and links reached
+    report.md, and mixed types or lists ended in a traceback."""
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8"))
+    manifest["sessions"].append({"id": "planted", "threads": threads})
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    line = _error(capsys)
+    assert line.startswith(f"error: {results / MANIFEST}: 'sessions' item 1 has 'threads' ")
+    assert "not a positive integer (or null)" in line
+    assert not (results / "report").exists()
+
+
+def test_session_threads_show_as_numbers(results) -> None:
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8"))
+    manifest["sessions"] += [{"id": "two", "threads": 2}, {"id": "unknown", "threads": None}]
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 0
+    assert "Torch threads per session: 1, 2." in (results / "report" / "report.md").read_text(encoding="utf-8")
+
+
+def test_recorded_judge_options_the_judge_does_not_take_are_named(results, capsys, monkeypatch, data_dir) -> None:
+    """Without a recorded agreement, report measures the recorded judge with the recorded options;
+    an option it does not take was a TypeError traceback."""
+    monkeypatch.setenv("SECURESD_DATA_DIR", str(data_dir))
+    manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8"))
+    manifest.pop("judge_agreement", None)
+    manifest["judge_options"] = {"bogus": 1}
+    (results / MANIFEST).write_text(json.dumps(manifest), encoding="utf-8")
+    assert main(["report", str(results)]) == 2
+    line = _error(capsys)
+    assert "study.json: 'judge_options' {'bogus': 1} cannot build the recorded judge" in line
+    assert "takes no option 'bogus'" in line
+
+
 def test_a_judge_agreement_without_a_rate_shows_a_dash(results, capsys) -> None:
     """A rate that was not finite when measured is written as null (strict JSON)."""
     manifest = json.loads((results / MANIFEST).read_text(encoding="utf-8"))
@@ -92,8 +144,13 @@ def test_a_judge_agreement_without_a_rate_shows_a_dash(results, capsys) -> None:
     assert "– agreement with human labels, Cohen's κ –, precision 0.70" in text
 
 
-@pytest.mark.parametrize("field, value", [("acceptance_rate", "x"), ("wall_time", "fast"), ("stats", "x"),
-                                          ("scores", ["x", 1.0])])
+@pytest.mark.parametrize("field, value", [
+    ("acceptance_rate", "x"), ("wall_time", "fast"), ("stats", "x"), ("scores", ["x", 1.0]),
+    # the right JSON type, an impossible value (an OverflowError or a numpy casting error before)
+    ("score", 10**400), ("wall_time", 10**400), ("cpu_time", 10**400), ("seconds", [10**400, 1.0]),
+    ("wall_time", -1.0), ("cpu_time", -1.0), ("seconds", [-(10**30), 1.0]), ("new_tokens", [-1, 4]),
+    ("prr_ci", ["low", 1.0]), ("prr_ci", [10**400, 1.0]), ("prr_ci", [0.1]),
+])
 def test_mistyped_run_fields_stop_report_and_rescore(results, capsys, field, value) -> None:
     runs = read_jsonl(results / RUNS)
     runs[0][field] = value

@@ -258,5 +258,5 @@ def test_a_key_given_in_place_of_its_variable_name_is_refused_without_being_show
 def test_the_judge_backend_refuses_infinite_durations(setting):
     from hf_securesd.judges.backends import OpenAIChatBackend
 
-    with pytest.raises(ValueError, match="finite timeout"):
+    with pytest.raises(ValueError, match=f"'{next(iter(setting))}': inf is not a number in"):
         OpenAIChatBackend(base_url="http://127.0.0.1:9/v1", model="judge", **setting)

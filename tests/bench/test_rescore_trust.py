@@ -110,6 +110,29 @@ def test_the_user_names_the_endpoint_and_the_recorded_files_are_not_read(clean, 
     assert not any("PLANTED-FILE" in body for _, body in seen)
 
 
+@pytest.mark.parametrize("backend, name, value, allowed", [
+    ("openai", "backoff", 1e9, "a number in [0, 60.0]"), ("openai", "max_retries", 10**9, "an integer in [0, 20]"),
+    ("openai", "timeout", 1e12, "a number in [0.001, 3600]"), ("openai", "timeout", "60", "a number in"),
+    ("openai", "max_response_bytes", 2**60, "an integer in [1, 1073741824]"),
+    ("openai", "concurrency", 0, "an integer in [1, 256]"), ("openai", "max_tokens", 1.5, "an integer in"),
+    ("transformers", "max_new_tokens", 10**9, "an integer in [1, 32768]"),
+])
+def test_recorded_backend_settings_out_of_range_are_refused(clean, tmp_path, server, user_env, data_dir, capsys,
+                                                            backend, name, value, allowed):
+    """Recorded numeric settings are kept, within their ranges: a planted `backoff: 1e9` made rescore
+    sleep for decades on the judge's first HTTP 429."""
+    url, seen = server
+    path = _strongreject_copy(clean, tmp_path, {"backend": backend, "backend_kwargs": {name: value}})
+    before = (path / "runs.jsonl").read_bytes()
+    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), "--judge-base-url", url,
+            "--judge-model", "m"]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert f"study.json: judge option 'backend_kwargs' {name!r}: {value!r} is not {allowed}" in lines[0]
+    assert seen == [] and (path / "runs.jsonl").read_bytes() == before
+
+
 def test_a_recorded_transformers_model_needs_the_flag(clean, tmp_path, user_env, data_dir, capsys):
     options = {"backend": "transformers", "backend_kwargs": {"model": "/home/victim/some-folder"}}
     path = _strongreject_copy(clean, tmp_path, options)

@@ -71,6 +71,21 @@ def test_a_run_record_must_hold_one_score_and_response_per_example(tmp_path) -> 
     assert len(ResultsDir(tmp_path).runs()) == 1
 
 
+@pytest.mark.parametrize("name", [[], {"mars": 1}, 7, None])
+def test_a_verifier_name_that_is_not_text_is_named(tmp_path, name) -> None:
+    """A list or object as the verifier's name was an unhashable-type traceback in the check itself."""
+    run = {"cell": "c", "config_key": "mars", "config": {"kind": "speculative", "verifier": {"verifier": name}},
+           "task": "t", "task_kind": "safety", "metric": "afr", "baseline_id": "t|n=1", "n": 1,
+           "max_new_tokens": 4, "example_ids": ["a"], "scores": [1.0], "score": 1.0, "responses": ["x"], "wall_time": 1.0,
+           "spd_same_session": True, "knob_value": 0.5, "schedule_label": None}
+    (tmp_path / RUNS).write_text(_lines(json.dumps(run)), encoding="utf-8")
+    with pytest.raises(CorruptResultsError, match="line 1: a speculative run whose config 'verifier' is"):
+        ResultsDir(tmp_path).runs()
+    run["config"]["verifier"]["verifier"] = "mars"
+    (tmp_path / RUNS).write_text(_lines(json.dumps(run)), encoding="utf-8")
+    assert len(ResultsDir(tmp_path).runs()) == 1
+
+
 def test_appending_cuts_off_a_torn_line_and_ends_a_whole_one(tmp_path) -> None:
     path = tmp_path / GENERATIONS
     path.write_text(_lines(json.dumps(RECORD)) + '{"cell": "targ', encoding="utf-8")

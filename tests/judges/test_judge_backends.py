@@ -196,6 +196,27 @@ def test_invalid_backend_settings():
         OpenAIChatBackend(base_url="http://127.0.0.1:1/v1", max_retries=-1)
 
 
+@pytest.mark.parametrize("name, value", [("backoff", 1e9), ("max_retries", 10**9), ("timeout", 1e12),
+                                         ("concurrency", 10**6), ("max_response_bytes", 2**60),
+                                         ("max_tokens", True)])
+def test_settings_that_could_hold_a_run_for_days_are_refused(name, value):
+    with pytest.raises(ValueError, match=f"the openai judge backend's '{name}': .* is not an? .* in \\["):
+        OpenAIChatBackend(base_url="http://127.0.0.1:1/v1", **{name: value})
+
+
+def test_no_wait_between_attempts_exceeds_the_cap(stub, monkeypatch):
+    """Whatever the backoff or Retry-After asks for, one wait lasts at most MAX_WAIT_S."""
+    from hf_securesd.judges import backends
+
+    stub.script = [Reply(429, b"slow down"), Reply(503, b"busy", headers={"Retry-After": "1e9"}), Reply()]
+    client = backend(stub)
+    client.backoff = 1e9  # past the constructor's check
+    waits: list[float] = []
+    monkeypatch.setattr(backends.time, "sleep", waits.append)
+    assert client.complete([CHAT]) == [GOOD_REPLY]
+    assert [wait for wait in waits if wait] == [backends.MAX_WAIT_S] * 2  # the stub's own sleeps are 0
+
+
 # -- StrongREJECT judge, AFR module and judge-validate over the stub -------------------------------
 
 
