@@ -51,6 +51,10 @@ def _check_recorded_settings(backend: str, settings: Mapping[str, Any]) -> None:
     `backend` lies outside it (`BACKEND_SETTINGS`)."""
     bounds = BACKEND_SETTINGS.get(backend, {})
     for name, value in settings.items():
+        if bounds and name not in bounds:
+            raise ValueError(f"study.json: judge option 'backend_kwargs' has {name!r}, which the {backend} judge "
+                             f"backend does not take (its settings: {', '.join(sorted(bounds))}); fix it or start "
+                             "a new --out directory; nothing was rewritten")
         problem = bounds[name].problem(value) if name in bounds else None
         if problem:
             raise ValueError(f"study.json: judge option 'backend_kwargs' {name!r}: {problem}; securesd never "

@@ -133,6 +133,19 @@ def test_recorded_backend_settings_out_of_range_are_refused(clean, tmp_path, ser
     assert seen == [] and (path / "runs.jsonl").read_bytes() == before
 
 
+@pytest.mark.parametrize("backend", ["openai", "transformers"])
+def test_a_recorded_backend_setting_the_backend_does_not_take_is_refused(clean, tmp_path, server, user_env, data_dir,
+                                                                         capsys, backend):
+    url, seen = server
+    path = _strongreject_copy(clean, tmp_path, {"backend": backend, "backend_kwargs": {"foo": 1}})
+    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), "--judge-base-url", url,
+            "--judge-model", "m"]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1 and f"'backend_kwargs' has 'foo', which the {backend} judge backend does not take" in lines[0]
+    assert seen == []
+
+
 def test_a_recorded_transformers_model_needs_the_flag(clean, tmp_path, user_env, data_dir, capsys):
     options = {"backend": "transformers", "backend_kwargs": {"model": "/home/victim/some-folder"}}
     path = _strongreject_copy(clean, tmp_path, options)
