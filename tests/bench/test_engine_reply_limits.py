@@ -97,14 +97,35 @@ def test_token_ids_that_are_not_the_tokenizers_fail_the_prompt(serve, token_ids,
 
 
 def test_token_ids_of_the_tokenizer_are_decoded(serve):
-    url = serve(answering(reply("ignored", token_ids=[72, 105, 258])))  # 258: <|im_end|>, skipped
+    url = serve(answering(reply("ignored", token_ids=[72, 105, 258], usage={"completion_tokens": 3})))
+    result = answer(url, token_ids=True)  # 258: <|im_end|>, skipped in the text, counted as a token
+    assert isinstance(result, Generation) and result.response == "Hi" and result.new_tokens == 3
+
+
+@pytest.mark.parametrize("usage, new_tokens", [({}, 3), ({"completion_tokens": 3}, 3)])
+def test_with_token_ids_the_count_is_the_ids(serve, usage, new_tokens):
+    url = serve(answering(reply("ignored", token_ids=[72, 105, 258], usage=usage)))
     result = answer(url, token_ids=True)
-    assert isinstance(result, Generation) and result.response == "Hi" and result.new_tokens == MAX_TOKENS
+    assert isinstance(result, Generation) and result.new_tokens == new_tokens
+
+
+def test_a_count_that_disagrees_with_the_token_ids_fails_the_prompt(serve):
+    """The claimed completion_tokens was recorded while the ids (the answer) said otherwise."""
+    url = serve(answering(reply("ignored", token_ids=[72, 105], usage={"completion_tokens": 4})))
+    result = answer(url, token_ids=True)
+    assert isinstance(result, GenerationFailure)
+    assert "claims 4 completion tokens but holds 2 token ids" in result.error
+
+
+def test_zero_completion_tokens_for_a_text_fails_the_prompt(serve):
+    url = serve(answering(reply("Sure, here it is", usage={"completion_tokens": 0})))
+    result = answer(url)
+    assert isinstance(result, GenerationFailure) and "claims 0 completion tokens for a non-empty text" in result.error
 
 
 def test_a_huge_token_id_fails_one_prompt_and_the_run_goes_on(serve, tmp_path, data_dir):
     def respond(handler, state):
-        send(handler, 200, reply(token_ids=[10**30] if state["requests"] == 2 else [72, 105]))
+        send(handler, 200, reply(token_ids=[10**30] if state["requests"] == 2 else [72, 105], usage={}))
 
     out = tmp_path / "out"
     assert main(bench_argv(serve(respond), out, data_dir, "--token-ids")) == 1

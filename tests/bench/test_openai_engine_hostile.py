@@ -157,6 +157,26 @@ def test_implausible_speculative_metrics_are_a_failed_reply(serve, metrics, prob
     assert "speculative_decoding cannot be right" in answer.error and problem in answer.error
 
 
+@pytest.mark.parametrize("steps, tokens, fits", [
+    (10, 2, False),  # ten steps of five accepted drafts cannot fit in a 2-token answer
+    (2, 13, True),   # 1 + 6 + 6: both steps whole
+    (2, 8, True),    # the second step cut after its first token (max_tokens, EOS)
+    (2, 7, False),   # the second step would start at position 7, past the answer
+])
+def test_per_step_counts_must_fit_the_answers_tokens(serve, steps, tokens, fits):
+    """An endpoint claiming accepted drafts its answer cannot hold got AR 1.000 recorded for it."""
+    metrics = {"per_step_drafted": [5] * steps, "per_step_accepted": [5] * steps}
+    body = json.dumps({"choices": [{"message": {"content": "hello"}, "metrics": {"speculative_decoding": metrics}}],
+                       "usage": {"completion_tokens": tokens}}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 64, 0)[0]
+    if fits:
+        assert isinstance(answer, Generation) and answer.stats.accepted_tokens == 5 * steps
+    else:
+        assert isinstance(answer, GenerationFailure)
+        assert f"but the answer holds {tokens} tokens" in answer.error
+
+
 def test_plausible_speculative_metrics_are_still_recorded(serve):
     metrics = {"per_step_drafted": [3, 3], "per_step_accepted": [2, 1]}
     body = json.dumps({"choices": [{"message": {"content": "hello"},

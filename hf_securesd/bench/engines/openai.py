@@ -199,13 +199,16 @@ def _counts(value: Any) -> bool:
     return isinstance(value, list) and all(_is_count(count) for count in value)
 
 
-def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int) -> str | None:
+def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int, new_tokens: int | None = None) -> str | None:
     """Why a reply's ``metrics.speculative_decoding`` per-step counts cannot be true, or None.
 
     They must be lists of non-negative integers of equal length, each step drafting at most
     `MAX_DRAFTS_PER_STEP` tokens and accepting no more than it drafted, and every step must start
     within `max_new_tokens` (the request's max_tokens) + `MAX_DRAFTS_PER_STEP` response positions:
-    the per-position statistics are sized by them."""
+    the per-position statistics are sized by them. With the answer's `new_tokens`, the last step must
+    also start inside the answer: each step commits its accepted drafts and one token, and only the
+    last one can be cut short (max_tokens, EOS), so every earlier step's tokens are in the answer (a
+    step that drafted nothing goes unrecorded, which only moves later steps further in)."""
     drafted, accepted = spec.get("per_step_drafted"), spec.get("per_step_accepted")
     if drafted is None and accepted is None:
         return None
@@ -226,6 +229,11 @@ def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int) -> st
             return (
                 f"step {step} starts at response position {start}, past the request's max_tokens "
                 f"{max_new_tokens} + {MAX_DRAFTS_PER_STEP}"
+            )
+        if new_tokens is not None and start >= new_tokens:
+            return (
+                f"step {step} starts at response position {start}, but the answer holds {new_tokens} "
+                "tokens: the steps before it commit more tokens than the answer has"
             )
         start += step_accepted + 1
     return None
@@ -450,11 +458,20 @@ class OpenAIEngine(Engine):
             text = self._tokenizer.decode(token_ids, skip_special_tokens=True)
         text = valid_unicode(text)
         new_tokens = claimed
-        if new_tokens is None:
+        if self.settings.token_ids:  # the ids are the answer: a count that disagrees is not believed
+            if claimed is not None and claimed != len(token_ids):
+                return GenerationFailure(
+                    f"the reply claims {claimed:,} completion tokens but holds {len(token_ids):,} token ids"
+                )
+            new_tokens = len(token_ids)
+        elif new_tokens is None:
             new_tokens = len(token_ids) if isinstance(token_ids, list) else 0
+        elif new_tokens == 0 and text:
+            return GenerationFailure("the reply claims 0 completion tokens for a non-empty text")
         metrics = reply.get("metrics") or choice.get("metrics")
         spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-        problem = speculative_metrics_problem(spec, max_new_tokens) if isinstance(spec, dict) else None
+        counted = new_tokens if claimed is not None or isinstance(token_ids, list) else None
+        problem = speculative_metrics_problem(spec, max_new_tokens, counted) if isinstance(spec, dict) else None
         if problem is not None:
             return GenerationFailure(f"the reply's metrics.speculative_decoding cannot be right: {problem}")
         try:
