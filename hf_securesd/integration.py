@@ -15,6 +15,7 @@ import copy
 import functools
 import inspect
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -47,6 +48,8 @@ from .validation import (
 )
 from .schedules import Schedule, resolve_schedule
 from .verifiers import Verifier, resolve_verifier
+
+logger = logging.getLogger(__name__)
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
@@ -518,7 +521,12 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
 
     A generation_config.json marked `"_from_model_config": true` (most Hub checkpoints) is loaded
     without its non-standard keys. This reads them from the model's saved file once per model
-    instance; fields already set on the config win, an explicit None included."""
+    instance (at `wrap`, or at the first `generate` of a patched model); fields already set on the
+    config win, an explicit None included. transformers does not record the file, so it is found again
+    from `name_or_path` (for a `subfolder=` load too: transformers reads the generation config from
+    that root folder); its fields are taken only when the rest of it is what the config was loaded
+    from (transformers' hash of the loaded config), else a warning says they were not restored (a
+    folder changed since the load)."""
     if not getattr(model.generation_config, "_from_model_config", False) or getattr(model, "_securesd_fields_read", False):
         return
     model._securesd_fields_read = True
@@ -533,9 +541,28 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
         return
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
-    for name in _CONFIG_FIELDS:
-        if saved.get(name) is not None and name not in vars(model.generation_config):
-            setattr(model.generation_config, name, saved[name])
+    wanted = [name for name in _CONFIG_FIELDS if saved.get(name) is not None and name not in vars(model.generation_config)]
+    if not wanted:
+        return
+    if not _loaded_from(model.generation_config, saved):
+        logger.warning(
+            "SecureSD: %s holds %s, but it is not the generation_config.json this model's config was loaded "
+            "from (the folder changed since the load); they were not restored. Set them on "
+            "model.generation_config (or pass them to generate)", path, " and ".join(wanted),
+        )
+        return
+    for name in wanted:
+        setattr(model.generation_config, name, saved[name])
+
+
+def _loaded_from(config: GenerationConfig, saved: dict[str, Any]) -> bool:
+    """Whether `saved` (a generation_config.json) is, but for SecureSD's fields, the file `config` was
+    loaded from: the hash transformers took of the config it loaded equals that of one loaded from it."""
+    original = getattr(config, "_original_object_hash", None)
+    if original is None:
+        return False
+    standard = {key: value for key, value in saved.items() if key not in _CONFIG_FIELDS}
+    return hash(GenerationConfig.from_dict(standard)) == original
 
 
 def wrap(model: PreTrainedModel) -> PreTrainedModel:

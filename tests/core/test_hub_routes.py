@@ -249,3 +249,30 @@ def test_evaluate_load_from_package_path_and_space_id(name, tmp_path, monkeypatc
 def test_unknown_metric_names_the_choices():
     with pytest.raises(ValueError, match="prr"):
         hf_securesd.metrics.path("bleu")
+
+
+def test_fields_of_a_file_the_config_was_not_loaded_from_are_not_restored(tmp_path, caplog):
+    """The file is found again from name_or_path when the fields are restored (at wrap): one rewritten
+    since the load, with other standard fields, is not taken for the loaded file (its verifier was used
+    silently)."""
+    _saved_with_verifier(tmp_path / "a", from_model_config=True)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "a")
+    path = tmp_path / "a" / "generation_config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "max_length": 77,
+                                "verifier": {"verifier": "lossysd", "epsilon": 1.0}}))
+    with caplog.at_level("WARNING", logger="hf_securesd.integration"):
+        model = hf_securesd.wrap(loaded)
+    assert getattr(model.generation_config, "verifier", None) is None
+    assert "it is not the generation_config.json this model's config was loaded from" in caplog.text
+
+
+def test_a_subfolder_load_restores_the_fields_of_the_file_transformers_loaded(tmp_path):
+    """transformers (5.24) reads a subfolder= load's generation_config.json from the root folder: the
+    fields come from that same file, as the rest of the config does."""
+    _saved_with_verifier(tmp_path / "root" / "sub", from_model_config=True)
+    root_config = json.loads((tmp_path / "root" / "sub" / "generation_config.json").read_text())
+    root_config.update(verifier={"verifier": "lossysd", "epsilon": 1.0}, max_length=77)
+    (tmp_path / "root" / "generation_config.json").write_text(json.dumps(root_config))
+    model = hf_securesd.wrap(AutoModelForCausalLM.from_pretrained(tmp_path / "root", subfolder="sub"))
+    assert model.generation_config.max_length == 77  # transformers loaded the root's file
+    assert model.generation_config.verifier == {"verifier": "lossysd", "epsilon": 1.0}
