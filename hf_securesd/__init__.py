@@ -9,6 +9,7 @@ out = model.generate(**inputs, assistant_model=draft, verifier="mars", secure_sc
 ```
 """
 
+from . import hub  # hf_securesd.hub.path() / export_repo() after `import hf_securesd`
 from .decoding import NonFiniteLogitsError
 from .integration import SecureSDGenerateOutput, patch, securesd_generate, unpatch, wrap
 from .schedules import Linear, Power, Schedule, Step
@@ -43,4 +44,5 @@ __all__ = [
     "SecureSDGenerateOutput",
     "SecureSDConfigError",
     "NonFiniteLogitsError",
+    "hub",
 ]

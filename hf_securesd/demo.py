@@ -104,6 +104,8 @@ def relaxed_verifier(name: str, strength: float | None):
     from hf_securesd.verifiers import VERIFIERS
 
     relaxed = [verifier for verifier in VERIFIERS if verifier != "lossless"]
+    if name.lower() in relaxed and name not in relaxed:
+        raise ValueError(f"--verifier {name!r}: verifier names are lower case; use {name.lower()!r}")
     if name not in relaxed:
         raise ValueError(f"--verifier must be a relaxed verifier: {', '.join(relaxed)}")
     cls = VERIFIERS[name]
@@ -199,6 +201,7 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         verifier = relaxed_verifier(args.verifier, args.strength)
+        verifier.check_draft_length(args.num_assistant_tokens)  # e.g. FLy's window needs k > 1
         schedule = hf_securesd.Step(L=args.L)
         check_json_path(args.json)
         device = resolve_device(args.device)

@@ -451,24 +451,29 @@ def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple,
     `custom_generate/` entry point, so plain transformers loading it with `trust_remote_code=True` runs
     SecureSD too."""
     config = model.generation_config
-    _check_saved_fields(config)
+    saved_forms = _check_saved_fields(config)
     if getattr(config, "verifier", None) is None:
         return save(save_directory, *args, **kwargs)
-    from_model_config = config._from_model_config
+    originals = {name: getattr(config, name) for name in ("_from_model_config", *saved_forms)}
     config._from_model_config = False
+    for name, form in saved_forms.items():  # the canonical JSON form (a NumPy or tensor knob as a float)
+        setattr(config, name, form)
     try:
         result = save(save_directory, *args, **kwargs)
     finally:
-        config._from_model_config = from_model_config
+        for name, value in originals.items():
+            setattr(config, name, value)
     from .hub import export_custom_generate
 
     export_custom_generate(save_directory)
     return result
 
 
-def _check_saved_fields(config: GenerationConfig) -> None:
-    """Raise SecureSDConfigError, before anything is written, when the config's verifier or schedule could
-    not run: a saved model would otherwise publish it and fail only when someone generates with it."""
+def _check_saved_fields(config: GenerationConfig) -> dict[str, dict[str, Any]]:
+    """Raise SecureSDConfigError, before anything is written, when the config's verifier, schedule or
+    output_deviation could not run: a saved model would otherwise publish it and fail only when someone
+    generates with it. Returns the saved form (`to_dict`) of each verifier and schedule set."""
+    saved_forms = {}
     for name, resolve in (("verifier", resolve_verifier), ("secure_schedule", resolve_schedule)):
         value = getattr(config, name, None)
         if value is None:
@@ -481,6 +486,12 @@ def _check_saved_fields(config: GenerationConfig) -> None:
                 "model.generation_config before save_pretrained"
             ) from None
         _check_round_trip(name, resolved, resolve)
+        saved_forms[name] = resolved.to_dict()
+    try:
+        checked_flag("generation_config.output_deviation", getattr(config, "output_deviation", None))
+    except SecureSDConfigError as error:
+        raise SecureSDConfigError(f"{error}; set it before save_pretrained") from None
+    return saved_forms
 
 
 def _check_round_trip(name: str, value: Verifier | Schedule, resolve: Callable[[Any], Any]) -> None:

@@ -81,6 +81,8 @@ def test_the_demo_judge_reads_refusal_openings(answer, refused) -> None:
         (("--json", "{tmp}"), "is a folder"),
         (("--json", "{tmp}/missing/out.json"), "does not exist"),
         (("--device", "tpu9"), "tpu9"),
+        (("--verifier", "fly", "--num-assistant-tokens", "2"), "FLy window W=3 needs W <= k-1"),
+        (("--verifier", "MARS"), "verifier names are lower case; use 'mars'"),
     ],
 )
 def test_bad_options_are_refused_before_loading(options, message, loads, tmp_path, capsys) -> None:

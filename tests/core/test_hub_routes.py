@@ -7,8 +7,12 @@ import importlib.metadata
 import json
 import math
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import evaluate
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -165,6 +169,31 @@ def test_an_invalid_field_is_refused_before_anything_is_saved(tmp_path, route, f
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
 
 
+def test_an_invalid_output_deviation_is_refused_before_anything_is_saved(tmp_path):
+    _, target = tiny_pair()
+    hf_securesd.wrap(target)
+    target.generation_config.verifier = "mars"
+    target.generation_config.output_deviation = "yes"
+    with pytest.raises(hf_securesd.SecureSDConfigError, match=r"output_deviation must be True or False.*before save_pretrained"):
+        target.save_pretrained(tmp_path / "out")
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("knob", [np.float32(0.75), torch.tensor(0.75)], ids=["numpy", "tensor"])
+def test_a_dict_verifier_with_a_numpy_or_tensor_knob_saves_its_canonical_form(tmp_path, knob):
+    """Such a dict ran in generate but made save_pretrained fail with a JSON TypeError, leaving a folder
+    that would not load."""
+    _, target = tiny_pair()
+    hf_securesd.wrap(target)
+    target.generation_config.verifier = {"verifier": "mars", "theta": knob}
+    target.save_pretrained(tmp_path / "out")
+    assert target.generation_config.verifier["theta"] is knob  # the model's own config is left as it was
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert saved["verifier"] == {"verifier": "mars", "theta": 0.75}
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert reloaded.generation_config.verifier == {"verifier": "mars", "theta": 0.75}
+
+
 class _Half(hf_securesd.Schedule):
     """A custom position schedule: not one of the library's, so it has no saved form."""
 
@@ -276,3 +305,11 @@ def test_a_subfolder_load_restores_the_fields_of_the_file_transformers_loaded(tm
     model = hf_securesd.wrap(AutoModelForCausalLM.from_pretrained(tmp_path / "root", subfolder="sub"))
     assert model.generation_config.max_length == 77  # transformers loaded the root's file
     assert model.generation_config.verifier == {"verifier": "lossysd", "epsilon": 1.0}
+
+
+def test_the_hub_folder_is_reachable_after_importing_the_package():
+    """README: `custom_generate=hf_securesd.hub.path()` after `import hf_securesd` (it raised
+    AttributeError unless hf_securesd.hub was imported by name)."""
+    code = "import hf_securesd; print(hf_securesd.hub.path())"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert Path(result.stdout.strip(), "custom_generate", "generate.py").is_file()
