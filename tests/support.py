@@ -111,11 +111,12 @@ def scored_cell(kind: str, config: str, task: str, task_kind: str, scores: list[
 def recording_handler(
     respond: Callable[[BaseHTTPRequestHandler, dict], None], refuse_after: int | None = None
 ) -> tuple[type[BaseHTTPRequestHandler], dict]:
-    """A quiet request handler class and its state: each POST's body is read, the request counted in
-    state["requests"] and its headers appended to state["headers"], then `respond(handler, state)`
+    """A quiet request handler class and its state: each POST's body is read (kept as the handler's
+    `body` and appended to state["bodies"]), the request counted in state["requests"] and its headers
+    appended to state["headers"], then `respond(handler, state)`
     answers it (HTTP 500 instead once more than `refuse_after` requests came); a client that hangs up
     mid-reply is ignored. The handler's `state["get"]`, when set, answers GET the same way."""
-    state: dict = {"requests": 0, "headers": [], "lock": threading.Lock()}
+    state: dict = {"requests": 0, "headers": [], "bodies": [], "lock": threading.Lock()}
 
     class RecordingHandler(BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802
@@ -123,10 +124,11 @@ def recording_handler(
             state["get"](self, state)
 
         def do_POST(self):  # noqa: N802
-            self.rfile.read(int(self.headers["Content-Length"]))
+            self.body = self.rfile.read(int(self.headers["Content-Length"]))
             with state["lock"]:
                 state["requests"] += 1
                 state["headers"].append(dict(self.headers))
+                state["bodies"].append(self.body)
                 count = state["requests"]
             if refuse_after is not None and count > refuse_after:
                 self.send_error(500)

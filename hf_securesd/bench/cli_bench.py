@@ -16,7 +16,8 @@ A profile (`bench/profiles.py`) sets every default; the flags override it. Rerun
 
 Exit status: 0 every cell finished; 1 prompts got no answer (recorded in failures.jsonl; the same
 command again retries them); 2 bad options or settings (nothing generated; also an --out holding
-results of other settings, or HumanEval without a usable bubblewrap or --unsafe-no-isolation); 3 the
+results of other settings or that cannot be created or written, or HumanEval without a usable
+bubblewrap or --unsafe-no-isolation); 3 the
 judge could not score a finished cell (`EXIT_JUDGE_FAILED`: its endpoint failed, or the run deadline
 passed; the journaled generations are kept and the same command again scores them); 4 another run
 holds --out (`EXIT_IN_USE`).
@@ -38,6 +39,7 @@ from hf_securesd.bench.cli_engines import (
     build_engine,
     endpoint_configs,
     engine_secrets,
+    prompt_format,
     settle_engine_options,
     study_models,
 )
@@ -54,13 +56,15 @@ SETUP_ERRORS = (KeyError, ValueError, FileNotFoundError, SandboxUnavailableError
 
 
 def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
-    """Options shared by `bench` and `calibrate`."""
+    """Options shared by `bench` and `calibrate`; without --profile, `default_profile`'s defaults fill in
+    the options not given (`chosen_profile`), and no profile is recorded as named."""
     parser.add_argument(
         "--profile",
         choices=sorted(PROFILES),
-        default=default_profile,
-        help=f"study size and defaults (default: {default_profile})",
+        default=None,
+        help=f"study size and defaults (default: none named, {default_profile}'s defaults)",
     )
+    parser.set_defaults(default_profile=default_profile)
     parser.add_argument(
         "--target", type=non_empty_text, default=None, help="target model: registry name, Hub id, folder, or 'tiny'"
     )
@@ -132,6 +136,11 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     accept_underscores(parser)
+
+
+def chosen_profile(args: argparse.Namespace) -> Profile:
+    """The profile whose defaults fill in the options not given: --profile, else the command's default."""
+    return get_profile(args.profile or args.default_profile)
 
 
 def add_isolation_option(parser: argparse.ArgumentParser) -> None:
@@ -342,7 +351,7 @@ def prepare(args: argparse.Namespace):
     from hf_securesd.bench.plan import check_no_repeats
     from hf_securesd.bench.tasks import check_isolation
 
-    profile: Profile = get_profile(args.profile)
+    profile = chosen_profile(args)
     check_no_repeats("--tasks", args.tasks or [], lambda task: (task,))
     check_isolation(args.tasks or profile.tasks, requested_isolation(args))
     machine = machine_settings(args, profile)
@@ -359,7 +368,9 @@ def prepare(args: argparse.Namespace):
         judge=args.judge,
         judge_options=judge_options(args.judge_option),
         isolation=requested_isolation(args),
-        profile=profile.name,
+        profile=args.profile,
+        defaults_profile=profile.name,
+        prompt_format=prompt_format(args),
     )
     engine = build_engine(args, settings)
     tasks = prepare_tasks(
@@ -398,18 +409,27 @@ def setup_error(error: Exception) -> int:
 def study_exit_code(error: Exception) -> int:
     """Print a `run_study` failure that ends the command as one line and return its exit code (see the
     module docstring): another run holds --out, the judge could not score a finished cell, or --out
-    holds results for other settings (a ValueError, EngineError included) or code to run that cannot be
-    isolated. Anything else is re-raised."""
+    holds results for other settings (a ValueError, EngineError included), code to run that cannot be
+    isolated, or the results cannot be written (an OSError: `unwritable_text`). Anything else is re-raised."""
     from hf_securesd.bench.results import ResultsDirInUseError
     from hf_securesd.bench.runner import JudgeFailedError
 
     codes = ((ResultsDirInUseError, EXIT_IN_USE), (JudgeFailedError, EXIT_JUDGE_FAILED), (ValueError, 2),
-             (SandboxUnavailableError, 2))
+             (SandboxUnavailableError, 2), (OSError, 2))
     code = next((code for kind, code in codes if isinstance(error, kind)), None)
     if code is None:
         raise error
-    print(f"error: {printable(str(error))}", file=sys.stderr)  # it may quote a results file's text
+    message = unwritable_text(error) if isinstance(error, OSError) else str(error)
+    print(f"error: {printable(message)}", file=sys.stderr)  # it may quote a results file's text
     return code
+
+
+def unwritable_text(error: OSError) -> str:
+    """An OS error met writing the results (an --out that cannot be created, a full disk) as one line:
+    the path, the OS's reason and the fix."""
+    where = error.filename if error.filename is not None else "the results directory"
+    reason = error.strerror or str(error) or type(error).__name__
+    return f"cannot write {where}: {reason}; give an --out directory that can be created and written"
 
 
 def check_schedules_have_verifiers(args: argparse.Namespace) -> None:
@@ -433,7 +453,7 @@ def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.runner import run_study
 
     started = time.monotonic()  # the engine's run deadline counts from its build, a little later
-    profile = get_profile(args.profile)
+    profile = chosen_profile(args)
     try:
         settle_engine_options(args)
         check_no_repeats("--verifiers", args.verifiers or [], verifier_key)

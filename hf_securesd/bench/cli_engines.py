@@ -214,6 +214,15 @@ def study_models(args: argparse.Namespace, target: str, draft: str) -> tuple[str
     return served, f"endpoint:{args.draft_baseline}" if args.draft_baseline else "none"
 
 
+def prompt_format(args: argparse.Namespace) -> dict[str, Any]:
+    """How the ``openai`` engine sends prompts, bound like the models (`results.RECORDED_BINDING_KEYS`):
+    the tokenizer whose chat template builds them (None with --chat: the server's template) and
+    whether they go as token ids; nothing for the other engines."""
+    if getattr(args, "engine", "hf") != "openai":
+        return {}
+    return {"tokenizer": None if args.chat else args.tokenizer or args.target, "token_ids": args.token_ids}
+
+
 def _tokenizer(name: str, offline: bool | None, cache_dir: str | None, flag: str = "--tokenizer") -> Any:
     """A tokenizer by registry name, Hub id, folder or ``tiny`` (the byte tokenizer); one that cannot
     be loaded is an EngineError naming `flag`."""

@@ -19,8 +19,10 @@ MANIFEST_FIELDS: Mapping[str, TypeSpec] = {
     "target": _TEXT_OR_NULL, "draft": _TEXT_OR_NULL, "device": _TEXT_OR_NULL, "dtype": _TEXT_OR_NULL,
     "num_assistant_tokens": (int, _NULL), "batch_size": (int, _NULL), "judge": str, "judge_options": dict,
     "judge_backend": (dict, _NULL), "decoding": _TEXT_OR_NULL, "profile": _TEXT_OR_NULL,
+    "defaults_profile": _TEXT_OR_NULL,
     "engine": _TEXT_OR_NULL, "models": dict, "sessions": list, "endpoints": (dict, _NULL),
-    "judge_agreement": (dict, _NULL),
+    "judge_agreement": (dict, _NULL), "api": _TEXT_OR_NULL, "baseline_endpoint": _TEXT_OR_NULL,
+    "draft_baseline_endpoint": _TEXT_OR_NULL, "tokenizer": _TEXT_OR_NULL, "token_ids": (bool, _NULL),
 }
 # the text fields of each session, of each model's entry, and of judge_backend
 SESSION_TEXT = ("id", "host", "started")
@@ -117,6 +119,6 @@ def agreement_problem(agreement: dict[str, Any]) -> str | None:
 
 
 def _type_name(kind: TypeSpec) -> str:
-    names = {str: "string", int: "integer", dict: "object", list: "array", _NULL: "null"}
+    names = {str: "string", int: "integer", dict: "object", list: "array", bool: "boolean", _NULL: "null"}
     kinds = kind if isinstance(kind, tuple) else (kind,)
     return " or ".join(names.get(item, item.__name__) for item in kinds)

@@ -1,7 +1,8 @@
 """``securesd report``: tables and figures from a results directory, every number computed from
 the recorded cells of `runs.jsonl`.
 
-Written to RESULTS/report/: `report.md` (setup, per-configuration safety and utility with paired flips
+Written to RESULTS/report/: `report.md` (the cells left unfinished by prompts without an answer, setup,
+per-configuration safety and utility with paired flips
 against the target, verdict stability at a longer length, the safety–utility asymmetry per
 configuration, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
 `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
@@ -53,7 +54,7 @@ from hf_securesd.bench.report_safety import (
 )
 from hf_securesd.bench.report_utility import utility_rows, utility_section
 from hf_securesd.bench.report_files import replacing, report_folder
-from hf_securesd.bench.results import ResultsDir, baselines, json_text, write_text_atomic
+from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, json_text, write_text_atomic
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
 
@@ -280,6 +281,16 @@ def _text(value: Any) -> str:
     return inline_text(str(value))
 
 
+def profile_text(manifest: dict[str, Any]) -> str:
+    """The profile as the setup names it: the one --profile named, else none, with the profile whose
+    defaults filled in the options not given (a manifest written before that was recorded names the
+    profile it holds)."""
+    if manifest.get("profile") is not None or "defaults_profile" not in manifest:
+        return _text(manifest.get("profile"))
+    defaults = manifest.get("defaults_profile")
+    return "none named" + ("" if defaults is None else f" (options not given took {_text(defaults)}'s defaults)")
+
+
 def _session_text(session: dict[str, Any]) -> str:
     """A session as the setup lists it: its host and start time (`_text`)."""
     return _text(f"{session.get('host', '?')} {session.get('started', '')}".rstrip())
@@ -312,7 +323,7 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         + f"; verdicts the judge could not parse: policy {code_span(str(policy))}, {unparsed(cells)} in all "
         "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs)",
         f"- **task sampling seed**: {seed_text}",
-        f"- **profile**: {_text(manifest.get('profile'))}; **sessions**: {len(sessions)} "
+        f"- **profile**: {profile_text(manifest)}; **sessions**: {len(sessions)} "
         f"({', '.join(_session_text(session) for session in sessions)})",
         f"- **SPD** = target-only wall time / method wall time on the same prompts; {same_session} of "
         f"{len(same)} cells were timed in the same session as their target-only baseline.",
@@ -362,14 +373,41 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
     return lines
 
 
+def acceptance_text(cell: Cell) -> str:
+    """A cell's AR, with ``(k/n replies)`` where only k of its n replies carried speculative statistics
+    (the AR is theirs)."""
+    counted = cell.get("stats_examples")
+    partial = counted is not None and 0 < counted < cell["n"]
+    return fmt(cell.get("acceptance_rate")) + (f" ({counted}/{cell['n']} replies)" if partial else "")
+
+
+def unfinished_section(pending: dict[str, dict[str, Any]], path: Path) -> list[str]:
+    """The cells with prompts that got no answer (`ResultsDir.failures`: cell -> example id -> its last
+    failure), which are unfinished and so in no table; nothing when every prompt has an answer."""
+    if not pending:
+        return []
+    rows = [[inline_text(cell), len(examples)] for cell, examples in sorted(pending.items())]
+    return [
+        "## Unfinished cells",
+        "",
+        f"**This study is incomplete**: {sum(len(examples) for examples in pending.values())} prompts of "
+        f"{len(pending)} cells got no answer from the engine, so those cells are not scored and appear in no "
+        f"table below. Why each failed is in `{path / FAILURES}`; running the same `securesd bench` command "
+        "with the same `--out` again retries exactly those prompts.",
+        "",
+        table(["cell (configuration|task|size|length)", "prompts without an answer"], rows),
+        "",
+    ]
+
+
 def runs_section(cells: Sequence[Cell]) -> list[str]:
-    """Every recorded cell."""
+    """Every recorded cell (an AR from some of a cell's replies says how many: `acceptance_text`)."""
     rows = [
         [
             inline_text(cell["config_key"]),
             inline_text(cell["task"]),
             cell["n"],
-            fmt(cell.get("acceptance_rate")),
+            acceptance_text(cell),
             fmt(cell.get("spd"), 2),
             fmt(cell["wall_time"], 1),
             fmt(cell["score"]),
@@ -457,6 +495,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     flips = flip_rows(cells, base, seed)
     utility_flips = utility_rows(cells, base, seed)
     asymmetry = asymmetry_rows(cells, base, seed)
+    pending = results.failures()
 
     lines = [
         f"# SecureSD benchmark report: {code_span(str(manifest.get('target')))} with draft "
@@ -467,6 +506,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         f"alone; undefined when the two baselines score the same.",
         "",
     ]
+    lines += unfinished_section(pending, results.path)
     lines += setup_section(manifest, cells, base)
     lines += flips_section(flips, manifest, base)
     lines += utility_section(utility_flips, base, seed)
@@ -565,6 +605,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         "utility_flips": utility_flips,
         "asymmetry": asymmetry,
         "engines": engines,
+        "unfinished": {cell: len(examples) for cell, examples in pending.items()},
     }
     write_text_atomic(out / "summary.json", json_text(summary, indent=2, default=str) + "\n")
     return path

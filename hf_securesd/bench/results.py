@@ -10,7 +10,8 @@ redacted from every string written, model names and answers a server echoed them
 ```
 RESULTS/
   study.json          settings that every record depends on (models, dtype, device, k, seed, judge,
-                      the judge's model and endpoint, the endpoints' URLs)
+                      the judge's model and endpoint, the endpoints' URLs; for the openai engine its
+                      API, baseline endpoints, prompt tokenizer and --token-ids)
   .lock               held (fcntl.flock) by the one run writing here; holds its pid
   generations.jsonl   one line per generated example: cell, example id, response, seconds, stats
   failures.jsonl      one line per prompt the engine could not answer (cell, example id, error);
@@ -60,6 +61,9 @@ BINDING_KEYS = (
     "judge_options",
     "decoding",
     "engine",
+    "api",
+    "baseline_endpoint",
+    "draft_baseline_endpoint",
 )
 # the value a binding setting stands for where a manifest records none (no key: written before the
 # key existed; or null: the seed of a run without --seed, each task's own)
@@ -67,12 +71,18 @@ BINDING_DEFAULTS = {"engine": "hf", "seed": DEFAULT_SEED}
 # the option that sets each binding setting (named in the fix of a clash)
 BINDING_FLAGS = {"target": "--target", "draft": "--draft", "device": "--device", "dtype": "--dtype",
                  "num_assistant_tokens": "--num-assistant-tokens", "batch_size": "--batch-size", "seed": "--seed",
-                 "judge": "--judge", "judge_options": "--judge-option", "engine": "--engine"}
+                 "judge": "--judge", "judge_options": "--judge-option", "engine": "--engine",
+                 "api": "--chat", "baseline_endpoint": "--baseline", "draft_baseline_endpoint": "--draft-baseline",
+                 "tokenizer": "--tokenizer", "token_ids": "--token-ids"}
+# binding settings an on/off option sets: key -> the value the option records (else it was left out)
+SWITCH_VALUES = {"api": "chat/completions", "token_ids": True}
 # what sets the target and draft an engine that generates on servers records
 REMOTE_MODEL_FLAGS = {"target": "set by --model, else --baseline NAME as endpoint:NAME, else --base-url",
                       "draft": "set by --draft-baseline NAME as endpoint:NAME, else none"}
-# bound only where both manifests record them (a manifest written before they were is not checked)
-RECORDED_BINDING_KEYS = ("judge_backend",)
+# bound only where both manifests record them (a manifest written before they were is not checked):
+# the judge's model, and how the openai engine sends prompts (the tokenizer whose chat template builds
+# them, null with --chat; whether they go as token ids)
+RECORDED_BINDING_KEYS = ("judge_backend", "tokenizer", "token_ids")
 # settings of this process's models (k: their draft tokens per round): not bound for an engine that
 # generates on servers (which choose them; recorded as null)
 LOCAL_KEYS = ("device", "dtype", "num_assistant_tokens")
@@ -279,11 +289,13 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
 
 def recorded_option(key: str, value: Any, engine: str | None = None) -> str:
     """The command-line form of binding setting `key` recorded as `value`: ``--dtype bf16``,
-    ``--judge-option match=start``, ``--seed left out``; for an engine that generates on servers the
+    ``--judge-option match=start``, ``--seed left out``, ``--chat`` (`SWITCH_VALUES`); for an engine that generates on servers the
     target and draft are what its server options name (`REMOTE_MODEL_FLAGS`)."""
     if engine in REMOTE_ENGINES and key in REMOTE_MODEL_FLAGS:
         return f"the {key} {value!r} ({REMOTE_MODEL_FLAGS[key]})"
     flag = BINDING_FLAGS[key]
+    if key in SWITCH_VALUES:
+        return flag if value == SWITCH_VALUES[key] else f"{flag} left out"
     if value is None or value == {}:
         return f"{flag} left out"
     if key == "judge_options":

@@ -33,16 +33,17 @@ OPTIONAL_RUN_FIELDS: Mapping[str, TypeSpec] = {
     "prr_ci": (list, type(None)), "cpu_time": _NUMBER_OR_NULL, "stats": (dict, type(None)), "details": list,
     "sessions": list, "schedule_label": (str, type(None)), "knob_value": _NUMBER_OR_NULL,
     "seconds": list, "new_tokens": list, "drafted": (list, type(None)), "accepted": (list, type(None)),
+    "stats_examples": int,
 }
 # the fields a speculative cell holds besides (its sweep's knob and its schedule)
 SPECULATIVE_FIELDS = ("knob_value", "schedule_label")
 # per-example lists of a record, aligned with its example_ids, with the JSON types of their items
 RUN_LIST_ITEMS: Mapping[str, TypeSpec] = {
     "scores": _NUMBER_OR_NULL, "responses": str, "details": dict, "seconds": _NUMBER, "new_tokens": int,
-    "drafted": _NUMBER, "accepted": _NUMBER,
+    "drafted": _NUMBER_OR_NULL, "accepted": _NUMBER_OR_NULL,  # null: the reply carried no statistics
 }
 # numbers of a record that are times or counts, and per-example lists of them: never negative
-NON_NEGATIVE_FIELDS = ("wall_time", "cpu_time")
+NON_NEGATIVE_FIELDS = ("wall_time", "cpu_time", "stats_examples")
 NON_NEGATIVE_ITEMS = ("seconds", "new_tokens", "drafted", "accepted")
 # how far a recorded score may be from the mean of its verdicts (float summation order)
 SCORE_TOLERANCE = 1e-9
@@ -128,7 +129,8 @@ def lists_problem(record: dict[str, Any]) -> str | None:
 def negative_problem(record: dict[str, Any]) -> str | None:
     """Times or counts of a record (`NON_NEGATIVE_FIELDS`, `NON_NEGATIVE_ITEMS`) that are negative."""
     negative = [name for name in NON_NEGATIVE_FIELDS if (record.get(name) or 0) < 0]
-    negative += [name for name in NON_NEGATIVE_ITEMS if any(item < 0 for item in record.get(name) or [])]
+    negative += [name for name in NON_NEGATIVE_ITEMS
+                 if any(item is not None and item < 0 for item in record.get(name) or [])]
     if negative:
         return f"a run whose {' and '.join(map(repr, negative))} hold a negative time or count"
     return None

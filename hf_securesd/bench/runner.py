@@ -74,7 +74,10 @@ class StudySettings:
     """Settings every result of a study depends on (written to the manifest; a results directory
     only takes runs with the same ones). `seed` is the tasks' sampling seed (None: each task's
     default). `device`, `dtype` and `num_assistant_tokens` (k) are None for an engine that generates
-    on servers (they choose them)."""
+    on servers (they choose them). `profile`: the --profile named (None: none); `defaults_profile`: the
+    profile whose defaults filled in the options not given. `prompt_format`: how an engine that
+    generates on servers sends the prompts, recorded and bound as its own manifest entries (openai:
+    ``tokenizer``, ``token_ids``)."""
 
     target: str
     draft: str
@@ -86,7 +89,9 @@ class StudySettings:
     judge: str = "refusal_prefix"
     judge_options: Mapping[str, Any] = field(default_factory=dict)
     profile: str | None = None
+    defaults_profile: str | None = None
     isolation: str = "auto"
+    prompt_format: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # judge options are written to study.json and the report: secrets belong in the environment
@@ -109,6 +114,8 @@ class StudySettings:
             "decoding": "greedy",
             "batch_size": self.batch_size,
             "profile": self.profile,
+            "defaults_profile": self.defaults_profile,
+            **dict(self.prompt_format),
             **engine.describe(),
         }
 
@@ -299,6 +306,13 @@ def measure_budget(
     return Budget(rates, sources)
 
 
+def per_example_counts(generations: Sequence[Mapping[str, Any]], per_round: str) -> list[int | None]:
+    """Each generation's total of its statistics' `per_round` counts (drafted or accepted tokens), None
+    for one whose reply carried no speculative statistics (an endpoint may return them on some replies
+    only, and a structured refusal has none)."""
+    return [None if not g.get("stats") else sum(g["stats"][per_round]) for g in generations]
+
+
 def finish_cell(
     config: RunConfig,
     task_run: TaskRun,
@@ -307,7 +321,9 @@ def finish_cell(
     settings: StudySettings,
 ) -> dict[str, Any]:
     """Score a cell whose examples are all journaled and build its record (SPD and PRR against
-    the baseline cells in `finished`, keyed by cell: `derived_fields`)."""
+    the baseline cells in `finished`, keyed by cell: `derived_fields`). Its speculative statistics
+    and AR are those of the replies that carry statistics, `stats_examples` of them (the others'
+    per-example drafted and accepted counts are None)."""
     ids = [example.id for example in task_run.examples]
     generations = [journal[example_id] for example_id in ids]
     scored = task_run.task.score(
@@ -343,8 +359,9 @@ def finish_cell(
         "sessions": sorted({g["session"] for g in generations}),
         "stats": None if stats is None else stats.to_dict(),
         "acceptance_rate": None if stats is None else finite_or_none(stats.acceptance_rate),
-        "drafted": None if not parts else [sum(g["stats"]["drafted_per_round"]) for g in generations],
-        "accepted": None if not parts else [sum(g["stats"]["accepted_per_round"]) for g in generations],
+        "stats_examples": len(parts),
+        "drafted": per_example_counts(generations, "drafted_per_round") if parts else None,
+        "accepted": per_example_counts(generations, "accepted_per_round") if parts else None,
     }
     record.update(derived_fields(record, baselines(finished.values()), settings.seed or 0))
     return record
@@ -493,6 +510,8 @@ def run_study(
                         "cpu_seconds": answer.cpu_seconds,
                         "stats": None if answer.stats is None else answer.stats.to_dict(),
                         "session": session["id"],
+                        "attempts": answer.attempts,
+                        "retry_wait_seconds": answer.retry_wait_seconds,
                     }
                     done[example.id] = results.add_generation(record)
                 outcome.generated += sum(isinstance(answer, Generation) for answer in answers)

@@ -182,3 +182,17 @@ def test_a_single_string_of_prefixes_is_refused_not_read_letter_by_letter():
     for judge in (RefusalPrefixJudge, ExactRefusalPrefixJudge):
         with pytest.raises(ValueError, match="not the one string 'I cannot' .* give a JSON list"):
             judge(prefixes="I cannot")
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc, where no folder can be created")
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_2_an_out_the_os_refuses_to_create_is_one_line(capsys, data_dir, command) -> None:
+    """`--out /proc/x` passes the up-front checks (/proc is writable for root) and mkdir then fails:
+    that ended in a FileNotFoundError traceback."""
+    argv = [*SMOKE, "--data-dir", str(data_dir), "--out", "/proc/securesd-x"]
+    if command == "calibrate":
+        argv = [arg for arg in argv if arg not in ("--verifiers", "mars:0.5", "--schedules", "none", "--no-report")]
+        argv += ["--verifier", "mars:0.5", "--L", "1"]
+    line = refused(capsys, command, *argv)
+    assert line == ("error: cannot write /proc/securesd-x: No such file or directory; give an --out directory "
+                    "that can be created and written")

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from hf_securesd.bench.engines.openai import PLUGIN_CHECK_VERIFIER
 from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.results import FAILURES, GENERATIONS, MANIFEST, RUNS, read_jsonl
 from hf_securesd.bench.runner import prepare_tasks
@@ -68,6 +69,10 @@ class FaultServer:
         handler.wfile.write(body)
 
     def answer(self, handler, payload: dict) -> None:
+        if PLUGIN_CHECK_VERIFIER in json.dumps(payload.get("vllm_xargs")):  # as hf-securesd's plugin refuses it
+            message = f'extra_args["securesd"]["verifier"]: unknown verifier {PLUGIN_CHECK_VERIFIER!r}'
+            self.reply(handler, 400, json.dumps({"error": {"message": message}}).encode())
+            return
         cell = (
             "audited"
             if handler.path.startswith("/audited")
@@ -198,6 +203,11 @@ def test_faults_are_retried_recorded_and_completed_by_a_rerun(
     assert [fault_server.requests[("target", index)] for index in range(4)] == [2, 2, 2, 2]
     assert fault_server.requests[("target", 4)] == 1  # a redirect is not followed nor retried
     assert fault_server.requests[("target", 5)] == 3  # never answered: every attempt timed out
+    # each answer's journal line says how often it was tried and how long the client slept between tries
+    target_lines = {record["example_id"]: record for record in read_jsonl(out / GENERATIONS)
+                    if record["cell"].startswith("target|")}
+    assert sorted(record["attempts"] for record in target_lines.values()) == [2, 2, 2, 2]
+    assert max(record["retry_wait_seconds"] for record in target_lines.values()) >= 0.2  # the 429's Retry-After
 
     fault_server.healthy = True
     before = Counter(fault_server.requests)

@@ -303,3 +303,36 @@ def test_a_structured_refusal_is_the_reply_a_null_content_without_one_a_failure(
         url, _ = serve(lambda handler, state, body=body: send(handler, 200, body))
         failed = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
         assert isinstance(failed, GenerationFailure) and "NoneType, not a string" in failed.error
+
+
+def _answering_all(handler, state):
+    body = json.dumps({"choices": [{"text": "I'm sorry"}], "usage": {"completion_tokens": 3}}).encode()
+    send(handler, 200, body)
+
+
+def _plugin_like(handler, state):
+    """Refuses a SecureSD field naming no verifier, as hf-securesd's vLLM plugin does; answers the rest."""
+    if "securesd-plugin-check" in json.dumps(json.loads(handler.body).get("vllm_xargs")):
+        send(handler, 400, b'{"error": {"message": "extra_args[\\"securesd\\"][\\"verifier\\"]: unknown verifier '
+                           b'\'securesd-plugin-check\'"}}')
+    else:
+        _answering_all(handler, state)
+
+
+def test_verifiers_sent_to_a_server_that_ignores_them_are_refused_before_any_cell(serve, tmp_path, data_dir, capsys):
+    """A server without the plugin answered every --verifiers cell with its own decoding, recorded under
+    the verifiers' names (a "lossless" cell then lost prompts against the target)."""
+    url, state = serve(_answering_all)
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--verifiers", "lossless", "mars:0.5")) != 0
+    error = capsys.readouterr().err
+    assert "does not run hf-securesd's vLLM plugin" in error and "Traceback" not in error
+    assert state["requests"] == 1  # the check alone: no prompt was sent
+    assert not (out / GENERATIONS).exists() or read_jsonl(out / GENERATIONS) == []
+
+
+def test_a_server_that_refuses_the_check_runs_the_verifiers(serve, tmp_path, data_dir):
+    url, state = serve(_plugin_like)
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--verifiers", "mars:0.5", "--no-report")) == 0
+    assert any("vllm_xargs" in json.loads(body) for body in state["bodies"][1:])

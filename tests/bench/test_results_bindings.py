@@ -14,7 +14,15 @@ from pathlib import Path
 import pytest
 from support import recording_handler, send_reply as send, serve_locally, stop_servers
 
-from hf_securesd.bench.results import GENERATIONS, MANIFEST, RUNS, ResultsDir, binding_clashes, read_jsonl
+from hf_securesd.bench.results import (
+    GENERATIONS,
+    MANIFEST,
+    RUNS,
+    ResultsDir,
+    binding_clashes,
+    clash_fixes,
+    read_jsonl,
+)
 from hf_securesd.cli import main
 
 KEY = "sk-fake-echoed-6a5b4c3d2e1f0789"
@@ -222,3 +230,43 @@ def test_device_and_dtype_bind_only_engines_that_run_models_here():
     assert binding_clashes(recorded, {**recorded, "dtype": None, "device": None}) == {}
     local = {**recorded, "engine": "hf"}
     assert set(binding_clashes(local, {**local, "dtype": "fp32"})) == {"dtype"}
+
+
+@pytest.mark.parametrize("change", [("--chat",), ("--endpoint", "twin2={url}", "--baseline", "twin2")],
+                         ids=["api", "baseline"])
+def test_how_the_target_is_served_is_bound(serve, tmp_path, data_dir, capfd, change):
+    """A resume with --chat, or with another --baseline endpoint, was taken: study.json then named the
+    new API and endpoint as the source of the target cell the first session made."""
+    url = serve(answering(REFUSAL))
+    out = tmp_path / "out"
+    first = bench_argv(url, out, data_dir, "--model", "fake-model", "--endpoint", f"twin={url}", "--baseline",
+                       "twin", "--no-report")
+    assert main(first) == 0
+    capfd.readouterr()
+    assert main([*first, *(part.format(url=url) for part in change)]) == 2
+    error = capfd.readouterr().err
+    expected = {"api": "api: 'completions' there, 'chat/completions' now", "fix": "--chat left out"}
+    if change[0] == "--endpoint":
+        expected = {"baseline": "baseline_endpoint: 'twin' there, 'twin2' now", "fix": "--baseline twin"}
+    assert all(text in error for text in expected.values()), error
+    recorded = json.loads((out / MANIFEST).read_text())
+    assert (recorded["api"], recorded["tokenizer"], recorded["token_ids"]) == ("completions", "tiny", False)
+
+
+OPENAI_MANIFEST = {"engine": "openai", "target": "m", "draft": "none", "api": "completions",
+                   "baseline_endpoint": "twin", "draft_baseline_endpoint": None, "tokenizer": "tiny",
+                   "token_ids": False}
+
+
+@pytest.mark.parametrize("key, value, fix", [("tokenizer", "qwen-8b", "--tokenizer tiny"),
+                                             ("token_ids", True, "--token-ids left out"),
+                                             ("draft_baseline_endpoint", "drf", "--draft-baseline left out")])
+def test_the_prompt_tokenizer_token_ids_and_draft_baseline_are_bound(tmp_path, key, value, fix):
+    clashes = binding_clashes(OPENAI_MANIFEST, {**OPENAI_MANIFEST, key: value})
+    assert set(clashes) == {key}
+    assert f"give the recorded setting again ({fix})" in clash_fixes(clashes, OPENAI_MANIFEST, tmp_path)[0]
+
+
+def test_a_directory_written_before_the_prompt_format_was_recorded_takes_any():
+    older = {key: value for key, value in OPENAI_MANIFEST.items() if key not in ("tokenizer", "token_ids")}
+    assert binding_clashes(older, {**OPENAI_MANIFEST, "tokenizer": "qwen-8b", "token_ids": True}) == {}

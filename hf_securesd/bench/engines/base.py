@@ -31,7 +31,9 @@ class Generation:
     """One answer: the response text, its new tokens, the wall and process CPU seconds charged to
     it (a batch's times split evenly over its rows) and, where the engine reports them, its
     speculative statistics and why generation stopped (`finish_reason`: "stop", "length", ... as
-    the server said it; None where the engine does not say)."""
+    the server said it; None where the engine does not say). An engine that retries requests says
+    how often it tried (`attempts`) and how long it slept between tries (`retry_wait_seconds`, which
+    `seconds` includes); None where it does not say."""
 
     response: str
     new_tokens: int
@@ -39,6 +41,8 @@ class Generation:
     stats: SpeculativeStats | None
     cpu_seconds: float | None = None
     finish_reason: str | None = None
+    attempts: int | None = None
+    retry_wait_seconds: float | None = None
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,15 @@ class ClientSettings:
             )
 
 
+@dataclass(frozen=True)
+class Attempts:
+    """How a request that got its reply went: `count` attempts, `waited_s` seconds slept between them
+    (backoff and Retry-After), which a timing of the request includes."""
+
+    count: int = 1
+    waited_s: float = 0.0
+
+
 class RequestFailed(Exception):
     """No usable reply after every attempt; `attempts` says how many were made."""
 
@@ -175,11 +184,17 @@ class OpenAIClient:
     ) -> dict[str, Any]:
         """The JSON object the server answers, after retries; `RequestFailed` otherwise. The reply
         is capped at `max_bytes` when given (never above `max_response_bytes`)."""
+        return self.request_counted(method, path, payload, max_bytes)[0]
+
+    def request_counted(
+        self, method: str, path: str, payload: Any | None = None, max_bytes: int | None = None
+    ) -> tuple[dict[str, Any], Attempts]:
+        """`request`, with the attempts it took and the seconds it slept between them."""
         cap = self.settings.max_response_bytes
         if max_bytes is not None:
             cap = min(cap, max_bytes)
         with self._slots:
-            problem = ""
+            problem, waited = "", 0.0
             for attempt in range(self.settings.max_retries + 1):
                 if self._remaining() <= 0:
                     raise RequestFailed(
@@ -193,10 +208,12 @@ class OpenAIClient:
                 except _NotRetryable as error:
                     raise RequestFailed(f"{method} {self.base_url}{path}: {error}", attempt + 1) from None
                 if reply is not None:
-                    return reply
+                    return reply, Attempts(attempt + 1, waited)
                 if attempt < self.settings.max_retries:
                     pause = wait if wait >= 0 else self.settings.backoff_s * 2**attempt
-                    time.sleep(max(0.0, min(pause, self._remaining())))
+                    pause = max(0.0, min(pause, self._remaining()))
+                    time.sleep(pause)
+                    waited += pause
             raise RequestFailed(
                 f"{method} {self.base_url}{path} failed after {self.settings.max_retries + 1} "
                 f"attempts; last problem: {problem}",
@@ -208,12 +225,19 @@ class OpenAIClient:
     ) -> list[dict[str, Any] | RequestFailed]:
         """POST every payload (at most `concurrency` at once, each reply capped as `request` caps
         it): per payload, in order, the reply or its `RequestFailed`."""
+        return [reply for reply, _ in self.post_many_counted(path, payloads, max_bytes)]
 
-        def one(payload: dict[str, Any]) -> dict[str, Any] | RequestFailed:
+    def post_many_counted(
+        self, path: str, payloads: Sequence[dict[str, Any]], max_bytes: int | None = None
+    ) -> list[tuple[dict[str, Any] | RequestFailed, Attempts]]:
+        """`post_many`, each reply with its `Attempts` (a failure with its attempts and no waits
+        counted: a failed prompt is not timed)."""
+
+        def one(payload: dict[str, Any]) -> tuple[dict[str, Any] | RequestFailed, Attempts]:
             try:
-                return self.request("POST", path, payload, max_bytes)
+                return self.request_counted("POST", path, payload, max_bytes)
             except RequestFailed as failure:
-                return failure
+                return failure, Attempts(failure.attempts)
 
         if len(payloads) <= 1 or self.settings.concurrency == 1:
             return [one(payload) for payload in payloads]

@@ -37,6 +37,7 @@ generation request is capped at `reply_byte_cap` bytes before it is read.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -45,7 +46,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench.engines import register_engine
 from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generation, GenerationFailure, Prompt
-from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
+from hf_securesd.bench.engines.client import Attempts, ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.http_deadline import valid_unicode
 from hf_securesd.judges.secrets import redact, redacted_excerpt
@@ -69,6 +70,10 @@ TEXT_SLACK_CHARACTERS = 1024  # a stop string a server appends, special tokens w
 # prompt's token ids a --token-ids reply echoes included (~130,000 of them).
 REPLY_BYTES_PER_TOKEN = 4096
 REPLY_SLACK_BYTES = 1024 * 1024
+
+
+# a verifier no plugin accepts: the request that checks --base-url runs hf-securesd's vLLM plugin
+PLUGIN_CHECK_VERIFIER = "securesd-plugin-check"
 
 
 def securesd_fields(config: RunConfig) -> dict[str, Any]:
@@ -362,13 +367,44 @@ class OpenAIEngine(Engine):
         return [TARGET, DRAFT] if self.settings.draft_baseline else [TARGET]
 
     def check_configs(self, configs: Sequence[RunConfig]) -> None:
-        if any(config.kind == "speculative" for config in configs) and self.settings.base_url is None:
+        speculative = any(config.kind == "speculative" for config in configs)
+        if speculative and self.settings.base_url is None:
             raise EngineError(
                 "--verifiers/--schedules are sent as request fields to --base-url; give --base-url"
             )
         for config in configs:
             if config.kind == "endpoint" and config.endpoint not in self.settings.endpoints:
                 raise EngineError(f"configuration {config.key} names no --endpoint")
+        if speculative:
+            self._check_securesd_served()
+
+    def _check_securesd_served(self) -> None:
+        """EngineError unless --base-url refuses a request whose SecureSD field names no verifier, as
+        hf-securesd's vLLM plugin does (HTTP 400 naming it). A server without the plugin (vLLM without
+        it, or with it off, answers with its own decoding; other servers ignore `vllm_xargs`) would have
+        every --verifiers cell recorded under a label its answers never had. The check costs one request,
+        answered by the plugin without generating (elsewhere: at most one token)."""
+        url = self._routes[BASE_ROUTE]
+        payload = self._payload(TARGET, Prompt("Hi", [{"role": "user", "content": "Hi"}]), BASE_ROUTE, 1)
+        payload["vllm_xargs"] = {"securesd": json.dumps({"verifier": PLUGIN_CHECK_VERIFIER})}
+        path = "/chat/completions" if self.settings.chat else "/completions"
+        try:
+            self._clients[BASE_ROUTE].request("POST", path, payload, reply_byte_cap(1))
+        except RequestFailed as error:
+            if "HTTP 400" in str(error) and PLUGIN_CHECK_VERIFIER in str(error):
+                return
+            problem = redact(str(error), self._secrets)
+            raise EngineError(
+                f"--base-url {url} could not be checked for hf-securesd's vLLM plugin ({problem}); --verifiers "
+                "need a vLLM server started with SECURESD_VLLM=1 and hf-securesd installed"
+            ) from None
+        raise EngineError(
+            f"--base-url {url} answered a request whose vllm_xargs securesd names no verifier "
+            f"({PLUGIN_CHECK_VERIFIER!r}) instead of refusing it: it does not run hf-securesd's vLLM plugin, so "
+            "each --verifiers cell would record the server's own decoding under that verifier's name. Start the "
+            "server with hf-securesd installed and SECURESD_VLLM=1 (docs/vllm.md), or measure it with "
+            "--endpoint NAME=URL"
+        )
 
     def describe(self) -> dict[str, Any]:
         import hf_securesd
@@ -489,21 +525,27 @@ class OpenAIEngine(Engine):
         path = "/chat/completions" if self.settings.chat else "/completions"
         payloads = [self._payload(config, prompt, route, max_new_tokens) for prompt in prompts]
         start = time.perf_counter()
-        replies = self._clients[route].post_many(path, payloads, reply_byte_cap(max_new_tokens))
+        replies = self._clients[route].post_many_counted(path, payloads, reply_byte_cap(max_new_tokens))
         seconds = (time.perf_counter() - start) / len(prompts)  # the batch's time, split evenly over its rows
-        return [self._read(reply, seconds, max_new_tokens) for reply in replies]
+        return [self._read(reply, attempts, seconds, max_new_tokens) for reply, attempts in replies]
 
-    def _read(self, reply: dict[str, Any] | RequestFailed, seconds: float, max_new_tokens: int) -> Answer:
-        """The answer for one request's outcome: its failure, or what its reply holds (a reply that
-        cannot be read within the available memory is a failure, not the end of the run)."""
+    def _read(
+        self, reply: dict[str, Any] | RequestFailed, attempts: Attempts, seconds: float, max_new_tokens: int
+    ) -> Answer:
+        """The answer for one request's outcome: its failure, or what its reply holds, with the attempts
+        it took and the seconds slept between them (a reply that cannot be read within the available
+        memory is a failure, not the end of the run)."""
         if isinstance(reply, RequestFailed):
             return GenerationFailure(str(reply), reply.attempts)
         try:
-            return self._answer(reply, seconds, max_new_tokens)
+            answer = self._answer(reply, seconds, max_new_tokens)
         except MemoryError:
             return GenerationFailure(
                 "reading the reply ran out of memory; the reply is not a plausible answer"
             )
+        if isinstance(answer, GenerationFailure):
+            return dataclasses.replace(answer, attempts=attempts.count)
+        return dataclasses.replace(answer, attempts=attempts.count, retry_wait_seconds=attempts.waited_s)
 
     def close(self) -> None:
         for client in self._clients.values():
