@@ -92,13 +92,16 @@ def _copy_status(spec: ModelSpec, copy: Path, verify: bool, cache_dir: Path | No
     if not os.path.lexists(copy):
         return "not cached", False
     problem = copy_problem(copy, spec)
+    rebuild = fetch_command(spec.key, cache_dir, dtype, force=True)
     if problem is None and verify:
         problem = copy_problem(copy, spec, rehash=True)
         if problem is None:
             return f"{copy} (every file re-hashed)", False
+        # Loading checks the stamp and the sizes, not the hashes: this copy is still the one loaded.
+        return (f"{copy} FAILS re-hashing: {problem}; loading checks only its stamp and sizes and still uses "
+                f"it: rebuild it with `{rebuild}`"), True
     if problem is None:
         return str(copy), False
-    rebuild = fetch_command(spec.key, cache_dir, dtype, force=True)
     return f"{copy} is NOT USED: {problem}; rebuild it with `{rebuild}`", verify
 
 

@@ -97,7 +97,9 @@ def test_where_verify_rehashes_each_copy(registered, capsys: pytest.CaptureFixtu
     assert cli("where", spec.key, "--cache-dir", str(cache), "--offline") == 0
     assert cli("where", spec.key, "--cache-dir", str(cache), "--offline", "--verify") == 1
     captured = capsys.readouterr()
-    assert "NOT USED: the sha256 of 'model.safetensors' differs from its stamp" in captured.out
+    assert "FAILS re-hashing: the sha256 of 'model.safetensors' differs from its stamp" in captured.out
+    assert "still uses it" in captured.out and "NOT USED" not in captured.out  # loading checks sizes only
+    assert f"resolves to: {folder}" in captured.out
     assert f"securesd models fetch {spec.key} --dtype bf16 --cache-dir {cache} --force" in captured.out
     assert "does not match its stamp" in captured.err
 
