@@ -231,6 +231,8 @@ def tuned_thresholds(confidence: torch.Tensor, outcome: torch.Tensor, current: t
     minimising FPR + 3 FNR, computed in float64 as there: the distinct scores from high to low after a
     leading +inf, without the points `drop_intermediate` drops (a point whose false- and true-positive
     counts both lie on a straight line between its neighbours'), the first minimum winning."""
+    if confidence.device.type == "mps":  # no float64 there: the same rule on the CPU
+        return tuned_thresholds(confidence.cpu(), outcome.cpu(), current.cpu()).to(current.device)
     valid = outcome >= 0
     key = torch.where(valid, confidence, -1.0)
     key, order = key.sort(dim=-1, descending=True, stable=True)

@@ -23,12 +23,13 @@ def limits(
 ) -> tuple[int, torch.Tensor | None]:
     """(max_length, eos ids [n] or None) at which the criteria's `MaxLengthCriteria` and
     `EosTokenCriteria` stop a row: the smallest of their lengths and the union of their ids. Without a
-    criterion of a type, the given value (the generation config's) stands for it."""
-    lengths = [criterion.max_length for criterion in stopping_criteria if isinstance(criterion, MaxLengthCriteria)]
+    criterion of a type, the given value (the generation config's) stands for it. A subclass of either
+    is a criterion like any other (transformers adds it beside its own, and it is called per token)."""
+    lengths = [criterion.max_length for criterion in stopping_criteria if type(criterion) is MaxLengthCriteria]
     ids = [
         torch.as_tensor(criterion.eos_token_id).reshape(-1)
         for criterion in stopping_criteria
-        if isinstance(criterion, EosTokenCriteria)
+        if type(criterion) is EosTokenCriteria
     ]
     if ids:
         eos_token_id = torch.unique(torch.cat([tensor.to(ids[0].device) for tensor in ids]))
@@ -36,9 +37,10 @@ def limits(
 
 
 def only_length_and_eos(stopping_criteria: StoppingCriteriaList) -> bool:
-    """True when every criterion is a `MaxLengthCriteria` or an `EosTokenCriteria`: then `limits` says
-    all they do, and no criterion needs a call per token."""
-    return all(isinstance(criterion, (MaxLengthCriteria, EosTokenCriteria)) for criterion in stopping_criteria)
+    """True when every criterion is a `MaxLengthCriteria` or an `EosTokenCriteria` (those classes, not a
+    subclass, which may decide otherwise): then `limits` says all they do, and no criterion needs a call
+    per token."""
+    return all(type(criterion) in (MaxLengthCriteria, EosTokenCriteria) for criterion in stopping_criteria)
 
 
 def first_stops(

@@ -23,11 +23,17 @@ would otherwise hold rescore for years on the first HTTP 429.
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, Mapping
 
 from hf_securesd.judges import StrongRejectJudge
-from hf_securesd.judges.backends import BACKEND_SETTINGS, endpoint_settings
+from hf_securesd.judges.backends import (
+    BACKEND_SETTINGS,
+    OpenAIChatBackend,
+    TransformersChatBackend,
+    endpoint_settings,
+)
 from hf_securesd.judges.secrets import strip_userinfo
 
 # backend settings that say where requests go, what is loaded, or with which credential
@@ -50,16 +56,26 @@ def _check_recorded_settings(backend: str, settings: Mapping[str, Any]) -> None:
     """ValueError naming study.json's field and the allowed range when a recorded numeric setting of
     `backend` lies outside it (`BACKEND_SETTINGS`)."""
     bounds = BACKEND_SETTINGS.get(backend, {})
+    taken = _backend_settings(backend)
     for name, value in settings.items():
-        if bounds and name not in bounds:
+        if taken is not None and name not in taken:
             raise ValueError(f"study.json: judge option 'backend_kwargs' has {name!r}, which the {backend} judge "
-                             f"backend does not take (its settings: {', '.join(sorted(bounds))}); fix it or start "
+                             f"backend does not take (its settings: {', '.join(sorted(taken))}); fix it or start "
                              "a new --out directory; nothing was rewritten")
         problem = bounds[name].problem(value) if name in bounds else None
         if problem:
             raise ValueError(f"study.json: judge option 'backend_kwargs' {name!r}: {problem}; securesd never "
                              "records such a setting: fix it or start a new --out directory; nothing was "
                              "rewritten")
+
+
+def _backend_settings(backend: str) -> set[str] | None:
+    """The keyword settings `make_backend(backend, ...)` passes on (the backend's own parameters, less
+    where it points: `LOCATION_KEYS`), or None for a backend this module does not know."""
+    builders = {"openai": OpenAIChatBackend, "transformers": TransformersChatBackend.from_pretrained}
+    if backend not in builders:
+        return None
+    return set(inspect.signature(builders[backend]).parameters) - {"self", *LOCATION_KEYS}
 
 
 def _refuse(what: str, recorded: str, current: str, source: str, flag: str) -> ValueError:

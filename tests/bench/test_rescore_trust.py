@@ -166,3 +166,13 @@ def test_rescore_of_an_absent_or_repeated_task_is_an_error(clean, tmp_path, data
     assert main(["rescore", str(path), "--tasks", "jailbreak", "jailbreak", "--data-dir", str(data_dir)]) == 2
     assert "more than once" in capsys.readouterr().err
     assert (path / "runs.jsonl").read_bytes() == before
+
+
+def test_every_setting_a_backend_takes_passes_the_recorded_settings_check():
+    """`device` of a local (transformers) judge is a real setting with no numeric range: a directory
+    scored with it must stay rescorable."""
+    from hf_securesd.bench.rescore_judge import _check_recorded_settings
+
+    _check_recorded_settings("transformers", {"device": "cpu", "max_new_tokens": 256, "batch_size": 4})
+    _check_recorded_settings("openai", {"timeout": 30, "max_retries": 2, "backoff": 1.0, "max_tokens": 512,
+                                        "concurrency": 4, "max_response_bytes": 1024})

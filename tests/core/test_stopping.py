@@ -92,3 +92,24 @@ def test_limits_read_the_merged_criteria():
     ])
     length, ids = stopping.limits(criteria, 30, eos)
     assert length == 9 and ids.tolist() == [3, 5]
+
+
+class StopAtLengthOrOnToken(MaxLengthCriteria):
+    """A subclass that decides differently: transformers keeps it beside its own MaxLengthCriteria and
+    calls it, so it must be called, not read as a length."""
+
+    def __init__(self, max_length: int, token: int) -> None:
+        super().__init__(max_length)
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_a_subclass_of_a_length_criterion_is_called_like_any_criterion(pair):
+    draft, target = pair
+    greedy, _ = _both(target, draft, 1, max_new_tokens=20)
+    token = int(greedy[0, PROMPT.shape[1] + 9])
+    criteria = StoppingCriteriaList([StopAtLengthOrOnToken(PROMPT.shape[1] + 2, token)])
+    plain, ours = _both(target, draft, 1, max_new_tokens=20, stopping_criteria=criteria)
+    assert plain.shape[1] > PROMPT.shape[1] + 2 and torch.equal(ours, plain)

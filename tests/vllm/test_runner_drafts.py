@@ -50,6 +50,7 @@ class Runner:
             for req_id, config in zip(self.req_ids, configurations)
         }
         self.drafter = Drafter()
+        self.device = torch.device("cpu")
         generator = torch.Generator().manual_seed(0)
         self.recorded = [torch.randn(len(configurations), VOCAB, generator=generator) for _ in range(K)]
         self.plans: list = []

@@ -32,8 +32,9 @@ class Generation:
     it (a batch's times split evenly over its rows) and, where the engine reports them, its
     speculative statistics and why generation stopped (`finish_reason`: "stop", "length", ... as
     the server said it; None where the engine does not say). An engine that retries requests says
-    how often it tried (`attempts`) and how long it slept between tries (`retry_wait_seconds`, which
-    `seconds` includes); None where it does not say."""
+    how often it tried (`attempts`) and how long it slept between this request's tries
+    (`retry_wait_seconds`: the batch's time, and so `seconds`, holds the sleeps of all its requests, so
+    this row's own cannot be subtracted from its share); None where it does not say."""
 
     response: str
     new_tokens: int
