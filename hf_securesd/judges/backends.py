@@ -38,6 +38,7 @@ from hf_securesd.http_deadline import (
     valid_unicode,
 )
 from hf_securesd.judges.base import JudgeError
+from hf_securesd.schedules import as_real, is_integer
 from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo, url_before_query
 
 Message = dict[str, str]
@@ -70,9 +71,10 @@ class Bounds:
     integer: bool = False
 
     def problem(self, value: Any) -> str | None:
-        """Why `value` is not allowed, naming the range; None when it is."""
-        kind = int if self.integer else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kind) or not self.low <= value <= self.high:
+        """Why `value` is not allowed, naming the range; None when it is. A number is a Python, NumPy or
+        0-d tensor one (`schedules.is_integer` / `as_real`), never a bool."""
+        number = as_real(value) if not self.integer or is_integer(value) else None
+        if number is None or not self.low <= number <= self.high:
             kind_name = "an integer" if self.integer else "a number"
             return f"{value!r} is not {kind_name} in [{self.low}, {self.high}]"
         return None
@@ -91,13 +93,15 @@ BACKEND_SETTINGS: Mapping[str, Mapping[str, Bounds]] = {
 }
 
 
-def check_settings(backend: str, settings: Mapping[str, Any]) -> None:
-    """ValueError naming the first of `settings` outside its range in `BACKEND_SETTINGS[backend]`."""
+def checked_settings(backend: str, settings: Mapping[str, Any]) -> dict[str, int | float]:
+    """`settings` as Python numbers (int where `BACKEND_SETTINGS[backend]` wants one), in their order;
+    ValueError naming the first outside its range."""
     bounds = BACKEND_SETTINGS[backend]
-    problems = [(name, bounds[name].problem(value)) for name, value in settings.items() if name in bounds]
+    problems = [(name, bounds[name].problem(value)) for name, value in settings.items()]
     wrong = [(name, problem) for name, problem in problems if problem]
     if wrong:
         raise ValueError(f"the {backend} judge backend's {wrong[0][0]!r}: {wrong[0][1]}")
+    return {name: (int if bounds[name].integer else float)(as_real(value)) for name, value in settings.items()}
 
 
 class JudgeBackendError(JudgeError):
@@ -156,7 +160,9 @@ class TransformersChatBackend(ChatBackend):
     def __init__(self, model: Any, tokenizer: Any, max_new_tokens: int = 512, batch_size: int = 8) -> None:
         if getattr(tokenizer, "chat_template", None) is None:
             raise ValueError("the judge tokenizer has no chat template; use an instruct/chat model.")
-        check_settings("transformers", {"max_new_tokens": max_new_tokens, "batch_size": batch_size})
+        max_new_tokens, batch_size = checked_settings(
+            "transformers", {"max_new_tokens": max_new_tokens, "batch_size": batch_size}
+        ).values()
         self.model = model
         self.tokenizer = tokenizer
         self.max_new_tokens = max_new_tokens
@@ -310,9 +316,10 @@ class OpenAIChatBackend(ChatBackend):
         concurrency: int = 4,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
-        check_settings("openai", {"timeout": timeout, "max_retries": max_retries, "backoff": backoff,
-                                  "max_tokens": max_tokens, "concurrency": concurrency,
-                                  "max_response_bytes": max_response_bytes})
+        timeout, max_retries, backoff, max_tokens, concurrency, max_response_bytes = checked_settings(
+            "openai", {"timeout": timeout, "max_retries": max_retries, "backoff": backoff, "max_tokens": max_tokens,
+                       "concurrency": concurrency, "max_response_bytes": max_response_bytes},
+        ).values()
         url, self.model = endpoint_settings(base_url, model)
         before_query = url_before_query(url)
         if before_query is not None:

@@ -281,3 +281,18 @@ def test_the_judge_backend_refuses_infinite_durations(setting):
 
     with pytest.raises(ValueError, match=f"'{next(iter(setting))}': inf is not a number in"):
         OpenAIChatBackend(base_url="http://127.0.0.1:9/v1", model="judge", **setting)
+
+
+def test_the_judge_backend_takes_numpy_and_tensor_numbers_in_range():
+    """Settings are numbers as the rest of the package takes them (NumPy and 0-d tensor ones too)."""
+    import numpy as np
+    import torch
+
+    from hf_securesd.judges.backends import OpenAIChatBackend
+
+    backend = OpenAIChatBackend(base_url="http://127.0.0.1:9/v1", model="judge", max_retries=np.int64(2),
+                                backoff=torch.tensor(0.5), timeout=np.float32(30))
+    assert (backend.max_retries, backend.backoff, backend.timeout) == (2, 0.5, 30.0)
+    assert type(backend.max_retries) is int and type(backend.backoff) is float  # kept as Python numbers
+    with pytest.raises(ValueError, match="'max_retries': True is not an integer in"):
+        OpenAIChatBackend(base_url="http://127.0.0.1:9/v1", model="judge", max_retries=True)
