@@ -23,6 +23,18 @@ configuration and vLLM, as the passes are paired; seeded, so a rerun on the same
 same interval). An interval that excludes 0.97 resolves the 3 % question; one that straddles it does
 not, whatever the median says. Wall-clock tokens/s (median) and the acceptance rate follow.
 
+The plugin changes only the model runner's sampling stage: every patch it applies on the engine's step
+runs inside `GPUModelRunner._sample` (rejection and bonus sampling) or `propose_draft_token_ids`
+(drafting; the same n-gram, EAGLE or draft-model work with and without the plugin). The engine's
+forwards, scheduler and everything else run vLLM's own code in every configuration, and on a shared
+machine they carry most of the whole-engine figure's noise. So the script also clocks this thread's
+CPU time inside those two methods (whatever is installed there in the run) and reports, per
+configuration, the stage's CPU microseconds per generated token and the plugin's added share:
+(the configuration's stage CPU per token - vLLM's) / vLLM's whole-engine CPU per token, pooled over the
+passes with the same paired bootstrap interval. A share at most 0.03 means the plugin's code costs at
+most 3 % of vLLM's per-token CPU time, whatever the rest of the engine did in that pass. (On a GPU
+the stage clock counts the host's CPU time in those calls; kernels they launch run asynchronously.)
+
 The JSON output (`--json`) has, per proposer and configuration, the per-pass lists
 `tokens_per_cpu_s`, `tokens_per_s`, `cpu_ratio_to_vllm`, `generated_tokens` and `cpu_seconds`, the
 `acceptance_rate`, and `pooled_cpu_ratio_to_vllm` ({"ratio", "low", "high", "level", "resamples"}).
@@ -47,7 +59,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",
@@ -70,6 +84,7 @@ CONFIGS = {  # name -> (plugin installed, extra_args["securesd"])
         {"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}},
     ),
 }
+STAGE_METHODS = ("_sample", "propose_draft_token_ids")  # the runner methods every plugin patch runs inside
 RESULT_PREFIX = "RESULT "
 INTERVAL_LEVEL = 0.95
 
@@ -138,18 +153,68 @@ def percentile_interval(values: list[float], level: float = INTERVAL_LEVEL) -> t
     return quantile((1 - level) / 2), quantile((1 + level) / 2)
 
 
-def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int = 0) -> dict[str, float]:
-    """`pooled_ratio` over every pass with its percentile bootstrap interval: `resamples` sets of pass
-    indices drawn with replacement (as many as there are passes; the same set for `row` and `baseline`,
-    whose passes are paired), the pooled ratio recomputed on each."""
+def added_stage_share(row: dict, baseline: dict, passes: list[int]) -> float:
+    """The plugin's added sampling-stage CPU per token as a share of vLLM's whole-engine CPU per token,
+    pooled over the pass indices `passes`: (row's stage seconds / its tokens - baseline's stage seconds /
+    its tokens) / (baseline's CPU seconds / its tokens). Rows also carry `stage_cpu_seconds` per pass."""
+
+    def per_token(values: dict, key: str) -> float:
+        return sum(values[key][i] for i in passes) / sum(values["generated_tokens"][i] for i in passes)
+
+    added = per_token(row, "stage_cpu_seconds") - per_token(baseline, "stage_cpu_seconds")
+    return added / per_token(baseline, "cpu_seconds")
+
+
+def paired_interval(
+    figure, row: dict, baseline: dict, resamples: int, seed: int = 0
+) -> dict[str, float]:
+    """figure(row, baseline, passes) over every pass with its percentile bootstrap interval: `resamples`
+    sets of pass indices drawn with replacement (as many as there are passes; the same set for `row` and
+    `baseline`, whose passes are paired), the figure recomputed on each."""
     count = len(row["generated_tokens"])
     draw = random.Random(seed)
-    ratios = [
-        pooled_ratio(row, baseline, [draw.randrange(count) for _ in range(count)]) for _ in range(resamples)
-    ]
-    low, high = percentile_interval(ratios)
-    return {"ratio": pooled_ratio(row, baseline, list(range(count))), "low": low, "high": high,
+    values = [figure(row, baseline, [draw.randrange(count) for _ in range(count)]) for _ in range(resamples)]
+    low, high = percentile_interval(values)
+    return {"value": figure(row, baseline, list(range(count))), "low": low, "high": high,
             "level": INTERVAL_LEVEL, "resamples": resamples}
+
+
+def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int = 0) -> dict[str, float]:
+    """`pooled_ratio` over every pass with its paired percentile bootstrap interval (`paired_interval`),
+    the figure under "ratio"."""
+    figure = paired_interval(pooled_ratio, row, baseline, resamples, seed)
+    return {"ratio": figure.pop("value"), **figure}
+
+
+@contextmanager
+def stage_clock(runner_class: type) -> Iterator[list[float]]:
+    """Clocks this thread's CPU seconds inside runner_class's STAGE_METHODS, as installed on entry (vLLM's
+    own or the plugin's), into the yielded one-element list; puts those methods back on exit. A call made
+    inside another clocked call is not counted twice."""
+    spent, depth = [0.0], [0]
+    installed = {name: getattr(runner_class, name) for name in STAGE_METHODS}
+
+    def clocked(method):
+        def call(self, *args, **kwargs):
+            if depth[0]:
+                return method(self, *args, **kwargs)
+            depth[0] += 1
+            start = time.thread_time()
+            try:
+                return method(self, *args, **kwargs)
+            finally:
+                spent[0] += time.thread_time() - start
+                depth[0] -= 1
+
+        return call
+
+    for name, method in installed.items():
+        setattr(runner_class, name, clocked(method))
+    try:
+        yield spent
+    finally:
+        for name, method in installed.items():
+            setattr(runner_class, name, method)
 
 
 def measure(args: argparse.Namespace, proposer: str) -> dict:
@@ -158,6 +223,7 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
     the acceptance rate."""
     import hf_securesd.vllm as plugin
     from vllm import LLM, SamplingParams
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     from hf_securesd.stats import SpeculativeStats
 
@@ -181,9 +247,11 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
             plugin.uninstall()
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True,
                                 extra_args=None if securesd is None else {"securesd": securesd})
-        start_wall, start_cpu = time.perf_counter(), time.process_time()
-        outputs = llm.generate(prompts, params, use_tqdm=False)
-        return outputs, time.perf_counter() - start_wall, time.process_time() - start_cpu
+        with stage_clock(GPUModelRunner) as stage:
+            start_wall, start_cpu = time.perf_counter(), time.process_time()
+            outputs = llm.generate(prompts, params, use_tqdm=False)
+            seconds_wall, seconds_cpu = time.perf_counter() - start_wall, time.process_time() - start_cpu
+        return outputs, seconds_wall, seconds_cpu, stage[0]
 
     names = list(CONFIGS)
     for name in names:
@@ -191,10 +259,12 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
     cpu: dict[str, list[float]] = {name: [] for name in names}
     wall: dict[str, list[float]] = {name: [] for name in names}
     totals: dict[str, list[tuple[int, float]]] = {name: [] for name in names}  # (tokens, CPU s) per pass
+    stage_seconds: dict[str, list[float]] = {name: [] for name in names}
     stats: dict[str, SpeculativeStats] = {}
     for index in range(args.repeats):
         for name in names[index % len(names):] + names[: index % len(names)]:
-            outputs, seconds_wall, seconds_cpu = run(name)
+            outputs, seconds_wall, seconds_cpu, seconds_stage = run(name)
+            stage_seconds[name].append(seconds_stage)
             generated = sum(len(o.outputs[0].token_ids) for o in outputs)
             cpu[name].append(generated / seconds_cpu)
             totals[name].append((generated, seconds_cpu))
@@ -208,6 +278,7 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
             "cpu_ratio_to_vllm": [mine / base for mine, base in zip(cpu[name], cpu[BASELINE])],
             "generated_tokens": [tokens for tokens, _ in totals[name]],
             "cpu_seconds": [seconds for _, seconds in totals[name]],
+            "stage_cpu_seconds": stage_seconds[name],
             "acceptance_rate": stats[name].acceptance_rate,
         }
         for name in names
@@ -229,23 +300,28 @@ def run_proposer(args: argparse.Namespace, proposer: str) -> dict:
 
 
 def add_pooled_ratios(rows: dict, resamples: int) -> None:
-    """Give every configuration of one proposer its `pooled_cpu_ratio_to_vllm` (in place)."""
+    """Give every configuration of one proposer its `pooled_cpu_ratio_to_vllm` and `added_stage_share`
+    (in place)."""
     for row in rows.values():
         row["pooled_cpu_ratio_to_vllm"] = pooled_ratio_interval(row, rows[BASELINE], resamples)
+        row["added_stage_share"] = paired_interval(added_stage_share, row, rows[BASELINE], resamples)
 
 
 def print_table(proposer: str, rows: dict) -> None:
     print(f"\n{proposer}")
     print(f"{'configuration':28s} {'tok/CPU-s median [min-max]':>29s} {'vs vLLM median [min-max]':>26s} "
-          f"{'pooled vs vLLM [95% CI]':>25s} {'tok/s':>7s} {'AR':>6s}")
+          f"{'pooled vs vLLM [95% CI]':>25s} {'stage us/tok':>12s} {'added share [95% CI]':>26s} "
+          f"{'tok/s':>7s} {'AR':>6s}")
     for name, row in rows.items():
         cpu, ratio, wall = (
             spread(row[key]) for key in ("tokens_per_cpu_s", "cpu_ratio_to_vllm", "tokens_per_s")
         )
-        pooled = row["pooled_cpu_ratio_to_vllm"]
+        pooled, share = row["pooled_cpu_ratio_to_vllm"], row["added_stage_share"]
+        stage = 1e6 * sum(row["stage_cpu_seconds"]) / sum(row["generated_tokens"])
         print(f"{name:28s} {cpu['median']:9.1f} [{cpu['min']:7.1f}-{cpu['max']:7.1f}]   "
               f"{ratio['median']:8.3f} [{ratio['min']:.3f}-{ratio['max']:.3f}]  "
-              f"{pooled['ratio']:8.3f} [{pooled['low']:.3f}-{pooled['high']:.3f}] {wall['median']:7.1f} "
+              f"{pooled['ratio']:8.3f} [{pooled['low']:.3f}-{pooled['high']:.3f}] {stage:12.1f} "
+              f"{share['value']:+8.4f} [{share['low']:+.4f}, {share['high']:+.4f}] {wall['median']:7.1f} "
               f"{row['acceptance_rate']:6.3f}")
 
 

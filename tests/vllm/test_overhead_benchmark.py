@@ -1,6 +1,7 @@
-"""The headline figure of `benchmarks/vllm_overhead.py`: the pooled CPU-time ratio to vLLM and its
-paired percentile bootstrap interval over passes, against hand computations. The script is loaded
-from its file; these tests need neither vLLM nor a model."""
+"""The figures of `benchmarks/vllm_overhead.py`: the pooled CPU-time ratio to vLLM, the plugin's added
+sampling-stage share and their paired percentile bootstrap intervals over passes, against hand
+computations, and the clock of the sampling stage. The script is loaded from its file; these tests need
+neither vLLM nor a model."""
 
 from __future__ import annotations
 
@@ -66,21 +67,73 @@ def test_the_bootstrap_resamples_pass_indices_paired_and_is_seeded(overhead) -> 
     assert first["low"] < first["high"]
 
 
-def test_every_configuration_gets_its_pooled_figure_and_the_table_prints_it(overhead, capsys) -> None:
+def test_every_configuration_gets_its_pooled_figures_and_the_table_prints_them(overhead, capsys) -> None:
     rows = {
         overhead.BASELINE: {**row([64, 64], [1.0, 2.0]), "tokens_per_cpu_s": [64.0, 32.0],
                             "tokens_per_s": [60.0, 30.0], "cpu_ratio_to_vllm": [1.0, 1.0],
-                            "acceptance_rate": 0.5},
+                            "stage_cpu_seconds": [0.1, 0.1], "acceptance_rate": 0.5},
         "plugin_lossless": {**row([64, 64], [1.0, 4.0]), "tokens_per_cpu_s": [64.0, 16.0],
                             "tokens_per_s": [60.0, 15.0], "cpu_ratio_to_vllm": [1.0, 0.5],
-                            "acceptance_rate": 0.5},
+                            "stage_cpu_seconds": [0.13, 0.13], "acceptance_rate": 0.5},
     }
     overhead.add_pooled_ratios(rows, resamples=50)
     assert rows[overhead.BASELINE]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(1.0)
     assert rows["plugin_lossless"]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(3 / 5)
+    assert rows[overhead.BASELINE]["added_stage_share"]["value"] == pytest.approx(0.0)
+    # (0.26 - 0.2) / 128 tokens of stage time against vLLM's 3 CPU seconds / 128 tokens
+    assert rows["plugin_lossless"]["added_stage_share"]["value"] == pytest.approx(0.02)
     overhead.print_table("ngram", rows)
     printed = capsys.readouterr().out
     assert "pooled vs vLLM [95% CI]" in printed and "   0.600 [" in printed
+    assert "added share [95% CI]" in printed and "+0.0200 [" in printed
+    assert "      2031.2 " in printed  # the configuration's stage: 0.26 s / 128 tokens in microseconds
+
+
+def test_the_added_stage_share_compares_stage_time_per_token_against_the_whole_engine(overhead) -> None:
+    base = {**row([100, 300], [1.0, 3.0]), "stage_cpu_seconds": [0.1, 0.3]}
+    mine = {**row([200, 200], [2.0, 2.0]), "stage_cpu_seconds": [0.4, 0.2]}
+    # passes 0 and 1: (0.6 / 400 - 0.4 / 400) / (4.0 / 400) = 0.05
+    assert overhead.added_stage_share(mine, base, [0, 1]) == pytest.approx(0.05)
+    # pass 0 alone: (0.4 / 200 - 0.1 / 100) / (1.0 / 100) = 0.1; pass 1 twice: (0.2 / 200 - 0.3 / 300) / 0.01 = 0
+    assert overhead.added_stage_share(mine, base, [0]) == pytest.approx(0.1)
+    assert overhead.added_stage_share(mine, base, [1, 1]) == pytest.approx(0.0)
+    # a cheaper stage is a negative share; the whole-engine times of the configuration do not enter
+    cheaper = {**row([100, 300], [9.0, 9.0]), "stage_cpu_seconds": [0.05, 0.15]}
+    assert overhead.added_stage_share(cheaper, base, [0, 1]) == pytest.approx(-0.2 / 4.0)
+
+
+def test_the_stage_clock_counts_cpu_time_inside_the_installed_methods_once_and_puts_them_back(overhead) -> None:
+    import time
+
+    def spin(seconds: float) -> None:
+        start = time.thread_time()
+        while time.thread_time() - start < seconds:
+            pass
+
+    class Runner:
+        def _sample(self, outer: bool) -> str:
+            spin(0.02)
+            if outer:
+                self.propose_draft_token_ids()  # nested: counted once, inside the outer call
+            return "sampled"
+
+        def propose_draft_token_ids(self) -> str:
+            spin(0.03)
+            return "proposed"
+
+    installed = {name: Runner.__dict__[name] for name in overhead.STAGE_METHODS}
+    runner = Runner()
+    with overhead.stage_clock(Runner) as spent:
+        spin(0.03)  # outside the methods: not counted
+        assert runner._sample(outer=True) == "sampled"
+        assert runner.propose_draft_token_ids() == "proposed"
+    # the outer call 0.02 + 0.03, the second call 0.03 (counting the nested call again would add 0.03)
+    assert 0.08 <= spent[0] < 0.095
+    assert {name: Runner.__dict__[name] for name in overhead.STAGE_METHODS} == installed
+    with overhead.stage_clock(Runner) as spent:
+        with pytest.raises(TypeError):
+            runner._sample()  # a failing call still puts the methods back
+    assert {name: Runner.__dict__[name] for name in overhead.STAGE_METHODS} == installed
 
 
 def test_the_tiny_pair_takes_a_tokenizers_vocabulary(overhead, tmp_path) -> None:
