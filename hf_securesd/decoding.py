@@ -135,7 +135,8 @@ class SpeculativeLoop:
 
     One round is `propose` (the proposer), `score` (one target forward), `verify` (the shared
     verification step), `commit` (tokens, stopping, statistics, streamer) and `retire` (caches and
-    finished rows)."""
+    finished rows). empty_rounds_grow: `DraftLengthController`'s (False for a proposer whose empty
+    round says nothing of its drafts: prompt lookup)."""
 
     def __init__(
         self,
@@ -144,6 +145,7 @@ class SpeculativeLoop:
         settings: DecodeSettings,
         attention_mask: torch.Tensor | None,
         target_cache: DynamicCache | None,
+        empty_rounds_grow: bool = True,
     ) -> None:
         self.settings = settings
         input_ids = input_ids.long()  # HF accepts any integer dtype; the buffers and the caches use int64
@@ -166,7 +168,7 @@ class SpeculativeLoop:
         drafts_at_most = min(settings.draft_length.num_tokens, max(settings.max_length - self.prompt_length, 0))
         self.buffer = TokenBuffer(input_ids, room=drafts_at_most + 1)
         self.processing = RowProcessing(settings.logits_processor, self.buffer)
-        self.controller = DraftLengthController(settings.draft_length, batch, self.device)
+        self.controller = DraftLengthController(settings.draft_length, batch, self.device, empty_rounds_grow)
         self.recorder = RoundRecorder(batch) if settings.collect_stats else None
         self.health = Health()
         self.check_each_token = not stopping.only_length_and_eos(settings.stopping_criteria)
@@ -356,7 +358,7 @@ def speculative_decode(
         attention_mask: [B, P] (0 on padding) or None when nothing is padded.
     """
     settings.verifier.check_draft_length(settings.draft_length.num_tokens)
-    loop = SpeculativeLoop(target, input_ids, settings, attention_mask, target_cache)
+    loop = SpeculativeLoop(target, input_ids, settings, attention_mask, target_cache, empty_rounds_grow=draft is not None)
     proposer: Proposer
     if draft is not None:
         proposer = DraftModelProposer(

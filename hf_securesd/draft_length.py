@@ -175,13 +175,14 @@ def resolve_prompt_lookup(
         raise DraftLengthError(f"max_matching_ngram_size must be an integer >= 1, got {ngram!r}")
     # Asked for in this call (or its GenerationConfig) they would be ignored, so they are refused; saved in
     # the model's own generation_config they configure draft-model drafting, and are ignored as HF does.
+    # Any num_assistant_tokens is refused (0 is no draft length either); a threshold of 0 is the early stop off.
     asked = sources[: 2 if passed_config is not None else 1]
-    for name, why in (
-        ("num_assistant_tokens", "prompt lookup drafts prompt_lookup_num_tokens tokens; set that instead"),
-        ("assistant_confidence_threshold", "prompt lookup has no draft probabilities to stop on"),
+    for name, why, off in (
+        ("num_assistant_tokens", "prompt lookup drafts prompt_lookup_num_tokens tokens; set that instead", None),
+        ("assistant_confidence_threshold", "prompt lookup has no draft probabilities to stop on", 0),
     ):
         value = next((source[name] for source in asked if source.get(name) is not None), None)
-        if value is not None and value != 0:
+        if value is not None and not (off is not None and not isinstance(value, bool) and value == off):
             raise DraftLengthError(f"{name}={value!r} does not apply to prompt lookup: {why}")
     return DraftLength(num_tokens=int(k), schedule=pick("num_assistant_tokens_schedule") or "constant")
 
@@ -280,8 +281,15 @@ class DraftLengthController:
     `limits(rows, budgets)` gives each active row's cap for the next round; `record(...)` updates the
     schedule and the threshold history from the round's outcome."""
 
-    def __init__(self, setting: DraftLength, batch: int, device: torch.device) -> None:
+    def __init__(
+        self, setting: DraftLength, batch: int, device: torch.device, empty_rounds_grow: bool = True
+    ) -> None:
+        """empty_rounds_grow: whether a round in which a row drafted nothing counts as all accepted under a
+        heuristic schedule (HF's rule for a draft model, whose rows draft nothing only once their token
+        budget is spent). False for prompt lookup: there an empty round means the lookup found no match,
+        which says nothing of the drafts, so k stays."""
         self.setting = setting
+        self.empty_rounds_grow = empty_rounds_grow
         self.k = [setting.num_tokens] * batch
         self.thresholds = torch.full((batch,), float(setting.confidence_threshold), device=device)
         self.early_stop = setting.confidence_threshold > 0
@@ -305,7 +313,8 @@ class DraftLengthController:
         drafted tokens (None when the early stop is off), and the same counts on the device."""
         if self.setting.schedule != "constant":
             for row, d, n in zip(host_rows, drafted, accepted):
-                self.k[row] = self.k[row] + 2 if n == d else max(1, self.k[row] - 1)
+                if d or self.empty_rounds_grow:
+                    self.k[row] = self.k[row] + 2 if n == d else max(1, self.k[row] - 1)
         if confidence is None:
             return
         batch, k = self.thresholds.shape[0], confidence.shape[1]

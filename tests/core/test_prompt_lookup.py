@@ -117,6 +117,8 @@ def test_rules_that_read_the_draft_logits_are_refused(llama_pair, verifier):
     (dict(prompt_lookup_num_tokens=0), "prompt_lookup_num_tokens"),
     (dict(prompt_lookup_num_tokens=3, max_matching_ngram_size=0), "max_matching_ngram_size"),
     (dict(prompt_lookup_num_tokens=3, num_assistant_tokens=4), "does not apply to prompt lookup"),
+    (dict(prompt_lookup_num_tokens=3, num_assistant_tokens=0), "num_assistant_tokens=0 does not apply"),
+    (dict(prompt_lookup_num_tokens=3, num_assistant_tokens=False), "num_assistant_tokens=False does not apply"),
     (dict(prompt_lookup_num_tokens=3, assistant_confidence_threshold=0.4), "no draft probabilities"),
     (dict(prompt_lookup_num_tokens=3, assistant_early_exit=1), "assistant_early_exit=1 is not supported"),
     (dict(prompt_lookup_num_tokens=3, assistant_lookbehind=5), "assistant_lookbehind=5 is not supported"),
@@ -189,6 +191,24 @@ def test_features_work_with_prompt_lookup(llama_pair):
     continued = target.generate(follow, past_key_values=first.cache, max_new_tokens=6, do_sample=False,
                                 prompt_lookup_num_tokens=3, verifier="lossless")
     assert torch.equal(continued, target.generate(follow, max_new_tokens=6, do_sample=False))
+
+
+def test_rounds_where_the_lookup_finds_nothing_leave_a_heuristic_k_as_it_is(llama_pair):
+    """Under a heuristic schedule k grows by 2 after a round whose drafts were all accepted and shrinks by 1
+    otherwise; a prompt-lookup round that drafted nothing (no match) is neither, so k stays. Replayed from
+    the statistics, no round may draft more than that k."""
+    _, target = llama_pair
+    out = target.generate(REPEATING[0], max_new_tokens=30, do_sample=False, prompt_lookup_num_tokens=2,
+                          verifier="lossless", num_assistant_tokens_schedule="heuristic_transient",
+                          return_dict_in_generate=True)
+    stats = out.speculative_stats
+    assert 0 in stats.drafted_per_round and any(stats.drafted_per_round)
+    k = 2
+    for drafted, accepted in zip(stats.drafted_per_round, stats.accepted_per_round):
+        assert drafted <= k
+        if drafted:
+            k = k + 2 if accepted == drafted else max(1, k - 1)
+    assert torch.equal(out.sequences, target.generate(REPEATING[0], max_new_tokens=30, do_sample=False))
 
 
 VOCAB = 6
