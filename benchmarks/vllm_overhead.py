@@ -8,7 +8,7 @@ in that process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`), so the process's CPU time 
 scheduler, model runner, drafting and sampling. In that engine every configuration generates the same
 prompts with the same max_tokens (`ignore_eos`) at temperature 0 (the paper's setting; vLLM 0.32's own
 sampled path on CPU divides by uninitialised temperatures, see docs/vllm.md), after one warm-up pass.
-"vLLM without the plugin" runs with every patch removed (`hf_securesd.vllm.uninstall()`, which restores
+"vLLM without the plugin" runs with every patch removed (`hf_securesd.vllm.uninstall(refuse=False)`, which restores
 vLLM's own methods), the plugin's configurations with them installed again (`register()`).
 
 The passes are interleaved (pass i runs every configuration once, in an order rotated by i), so a busy
@@ -244,7 +244,7 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
         if installed:
             plugin.register()
         else:
-            plugin.uninstall()
+            plugin.uninstall(refuse=False)
         params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True,
                                 extra_args=None if securesd is None else {"securesd": securesd})
         with stage_clock(GPUModelRunner) as stage:

@@ -37,7 +37,13 @@ from .stats import speculative_stats
 
 logger = logging.getLogger(__name__)
 _undo: list[Callable[[], None]] = []
+_uninstalled_refusal: list[Callable[[], None]] = []  # what `uninstall()` left in place of the patches
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
+UNINSTALLED_MESSAGE = (
+    "hf-securesd's vLLM plugin was uninstalled in this process (hf_securesd.vllm.uninstall()), so this request, "
+    "which asks for SecureSD, would run as plain vLLM; call hf_securesd.vllm.register() to serve it, or send it "
+    'without the "securesd" key'
+)
 
 
 def register() -> None:
@@ -47,7 +53,9 @@ def register() -> None:
     fail validation with how to enable the plugin. With it, and when every symbol in
     `features.REQUIRED` matches, it selects the V1 model runner (unless `VLLM_USE_V2_MODEL_RUNNER` is
     set), installs the patches and logs one WARNING line saying so. On a mismatch, or if patching
-    fails, SecureSD requests are refused with the reason and plain requests are served as usual."""
+    fails, SecureSD requests are refused with the reason and plain requests are served as usual.
+    After `uninstall()` it lifts the refusal that left and registers again."""
+    _lift_uninstalled_refusal()
     if _undo:
         return
     import vllm
@@ -72,7 +80,7 @@ def register() -> None:
             _check_server_default()
             return
         except Exception as error:  # noqa: BLE001 - any failure must leave vLLM serving plain requests
-            uninstall()
+            _undo_patches()
             message = f"hf-securesd's vLLM plugin could not install on vllm {vllm.__version__}: {error!r}"
             logger.exception(message)
     logger.error(message)
@@ -128,10 +136,35 @@ def _check_server_default() -> None:
         logger.info("hf-securesd: server-wide default %s", default.to_dict())
 
 
-def uninstall() -> None:
-    """Undo every patch `register` installed (for tests and for embedding processes)."""
+def uninstall(refuse: bool = True) -> None:
+    """Undo every patch `register` installed (for embedding processes and tests).
+
+    refuse: afterwards a request that asks for SecureSD (itself, or through the server-wide default) is
+    refused, offline and over HTTP, saying the plugin was uninstalled, instead of running as plain vLLM
+    (`register()` lifts the refusal). False leaves vLLM exactly as without this package, which ignores
+    the "securesd" key and serves such requests as plain ones: for measuring vLLM's own code."""
+    _undo_patches()
+    _lift_uninstalled_refusal()
+    if not refuse:
+        return
+    try:
+        from vllm.sampling_params import SamplingParams
+    except ImportError:  # no vLLM in this process: no request to refuse
+        return
+    from .compat import patch_http_refusal, patch_refusal
+
+    _uninstalled_refusal.append(patch_refusal(SamplingParams, UNINSTALLED_MESSAGE))
+    _uninstalled_refusal.append(patch_http_refusal(UNINSTALLED_MESSAGE))
+
+
+def _undo_patches() -> None:
     while _undo:
         _undo.pop()()
+
+
+def _lift_uninstalled_refusal() -> None:
+    while _uninstalled_refusal:
+        _uninstalled_refusal.pop()()
 
 
 __all__ = [

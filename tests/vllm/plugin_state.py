@@ -18,14 +18,14 @@ def plugin_environment(**variables: str) -> Iterator[None]:
 
     installed_before = bool(plugin._undo)
     saved = {name: os.environ.get(name) for name in PLUGIN_VARIABLES}
-    plugin.uninstall()
+    plugin.uninstall(refuse=False)
     for name in PLUGIN_VARIABLES:
         os.environ.pop(name, None)
     os.environ.update(variables)
     try:
         yield
     finally:
-        plugin.uninstall()
+        plugin.uninstall(refuse=False)
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)

@@ -105,7 +105,7 @@ def test_without_opt_in_beam_search_and_top_level_securesd_requests_are_refused(
                     cls(model="m", max_tokens=4, use_beam_search=True, n=2, **{key: "lossless"},
                         **fields).to_beam_search_params(4, {})
             assert cls(model="m", max_tokens=4, **fields).to_sampling_params(4, {}).max_tokens == 4
-        uninstall()  # the refusals are undone with the rest
+        uninstall(refuse=False)  # the refusals are undone with the rest
         assert all(cls.__dict__["to_beam_search_params"] is original for cls, original in originals.items())
         assert beam(CompletionRequest, {"securesd": "lossless"}).beam_width == 2  # vLLM's own method again
 
@@ -155,9 +155,41 @@ def test_opt_in_patches_selects_the_runner_and_logs_one_warning(caplog, variable
         assert len(warnings) == 1 and warnings[0].levelno == logging.WARNING
         assert "VLLM_USE_V2_MODEL_RUNNER=0" in warnings[0].getMessage()
         assert "GPUModelRunner._sample" in warnings[0].getMessage()
-        uninstall()
+        uninstall(refuse=False)
         assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
         assert patched_symbols() == original
+
+
+def test_after_uninstall_securesd_requests_are_refused_until_registered_again():
+    """uninstall() removes the patches; a SecureSD request must then be refused, not run as plain vLLM.
+    register() serves them again; uninstall(refuse=False) leaves vLLM's own methods."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    from hf_securesd.vllm import register, uninstall
+
+    with plugin_environment(**{OPT_IN_ENV: "1"}):
+        original = patched_symbols()
+        register()
+        SamplingParams(max_tokens=4, extra_args=ASKS)
+        uninstall()
+        after = patched_symbols()
+        assert {name: after[name] is original[name] for name in original} == {
+            **{name: True for name in original}, "_verify_args": False
+        }
+        with pytest.raises(ValueError, match=r"was uninstalled in this process .*call hf_securesd.vllm.register\(\)"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
+        assert SamplingParams(max_tokens=4).max_tokens == 4  # plain requests run as in vLLM
+        with pytest.raises(VLLMValidationError, match="was uninstalled in this process"):
+            CompletionRequest(model="m", prompt="hi", max_tokens=4, securesd="lossless").to_sampling_params(4, {})
+        uninstall()  # twice: still one refusal, lifted at once by register()
+        register()
+        assert SamplingParams(max_tokens=4, extra_args=ASKS).extra_args == ASKS
+        assert patched_symbols()["_sample"] is not original["_sample"]
+        uninstall(refuse=False)
+        assert patched_symbols() == original
+        SamplingParams(max_tokens=4, extra_args=ASKS)  # vLLM's own: the key is not read
 
 
 def test_opt_in_keeps_an_operators_runner_choice(caplog):
