@@ -398,15 +398,18 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
             "generate, "
             "or give the boundary as token ids"
         )
-    vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
-    if text in vocabulary and tokenizer.decode([int(vocabulary[text])]) == text:
-        # One entry that stands for this text (an added token). A byte-level vocabulary also has keys such
-        # as "§" or "é" that stand for one byte of the text's encoding, not for the text: those go below.
-        return (int(vocabulary[text]),)
-    ids = tuple(int(token) for token in tokenizer.encode(text, add_special_tokens=False))
+    try:
+        single, ids, decoded = _tokenized(tokenizer, text)
+    except Exception as error:  # noqa: BLE001 - whatever was passed as tokenizer=: named with the fix
+        raise BoundaryResolutionError(
+            f"tokenizer= ({type(tokenizer).__name__}) could not tokenize the Segments boundary {text!r}: "
+            f"{type(error).__name__}: {short_repr(str(error), 200)}; pass the target's own tokenizer (a transformers "
+            "tokenizer), or give the boundary as token ids"
+        ) from None
+    if single is not None:
+        return single
     if not ids:
         raise BoundaryResolutionError(f"the tokenizer encodes the Segments boundary {text!r} to no tokens")
-    decoded = tokenizer.decode(list(ids))
     if decoded != text:
         raise BoundaryResolutionError(
             f"the tokenizer splits the Segments boundary {text!r} into {list(ids)}, which decodes to "
@@ -414,6 +417,17 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
             "give the boundary as the token ids the model emits, e.g. Segments([id, ...], ...)"
         )
     return ids
+
+
+def _tokenized(tokenizer: Any, text: str) -> tuple[tuple[int] | None, tuple[int, ...], str | None]:
+    """(the one vocabulary entry that stands for `text`, else None; its ids, its ids decoded) by `tokenizer`."""
+    vocabulary = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    if text in vocabulary and tokenizer.decode([int(vocabulary[text])]) == text:
+        # One entry that stands for this text (an added token). A byte-level vocabulary also has keys such
+        # as "§" or "é" that stand for one byte of the text's encoding, not for the text: those go below.
+        return (int(vocabulary[text]),), (), None
+    ids = tuple(int(token) for token in tokenizer.encode(text, add_special_tokens=False))
+    return None, ids, tokenizer.decode(list(ids)) if ids else None
 
 
 _BOUNDARY_ID_FIX = (

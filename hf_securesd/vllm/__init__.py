@@ -127,8 +127,14 @@ def _install() -> str:
 
 def _check_server_default() -> None:
     """Log, once per process, a server-wide default that cannot be parsed (requests then get the error)."""
+    from .request import TextBoundaryNeedsTokenizer
+
     try:
         default = server_default()
+    except TextBoundaryNeedsTokenizer:
+        logger.info("hf-securesd: the server-wide default's segments boundary is text, resolved with the "
+                    "model's tokenizer as each request is admitted")
+        return
     except ValueError as error:
         logger.error("hf-securesd: %s", error)
         return

@@ -56,6 +56,11 @@ _PROBE_DRAFTS = 2
 _EXAMPLE = '{"verifier": {"verifier": "mars", "theta": 0.5}, "secure_schedule": {"schedule": "step", "L": 1}}'
 
 
+class TextBoundaryNeedsTokenizer(SecureSDConfigError):
+    """A segments boundary given as text where no tokenizer resolves it (the engine resolves text with the
+    model's tokenizer when it admits a request; an engine started with skip_tokenizer_init has none)."""
+
+
 @dataclass(frozen=True)
 class SecureSDRequest:
     """A resolved per-request configuration. `schedule` None means the pure relaxed verifier."""
@@ -114,6 +119,13 @@ def parse_request(
     resolved_schedule = _build(resolve_schedule, _schedule_form(schedule, origin), schedule_origin)
     if tokenizer is not None and isinstance(resolved_schedule, Segments) and resolved_schedule.text_boundaries:
         resolved_schedule = _build(resolved_schedule.with_tokenizer, tokenizer, schedule_origin)
+    if isinstance(resolved_schedule, Segments) and resolved_schedule.token_boundaries is None:
+        texts = ", ".join(repr(_clip(text, 40)) for text in resolved_schedule.text_boundaries)
+        raise TextBoundaryNeedsTokenizer(
+            f"{schedule_origin}: the segments boundary {texts} is text, which vLLM resolves with the model's "
+            "tokenizer when it admits a request, and this engine has none (skip_tokenizer_init=True); send the "
+            'boundary as the token ids the model emits, "boundary": [id, ...]'
+        )
     if resolved_schedule is not None:
         _build(_evaluate_once, resolved_schedule, schedule_origin)
     return SecureSDRequest(resolved, resolved_schedule)

@@ -229,6 +229,27 @@ def test_text_boundaries_resolve_with_the_tokenizer_and_keep_their_text():
     assert Segments([5, 6]).token_boundaries == ((5, 6),)  # ids need no tokenizer
 
 
+class _BrokenTokenizer:
+    def get_vocab(self) -> dict:
+        return {}
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list:
+        raise RuntimeError("no vocabulary loaded")
+
+
+@pytest.mark.parametrize("tokenizer, cause", [
+    ("not a tokenizer", "TypeError"), (_BrokenTokenizer(), "RuntimeError: 'no vocabulary loaded'"),
+])
+def test_an_unusable_tokenizer_is_named_with_the_boundary_and_the_fix(tokenizer, cause):
+    """Whatever was passed as tokenizer= and fails to tokenize a text boundary gives one error naming
+    tokenizer=, the boundary and the fix, not the exception from inside the object."""
+    with pytest.raises(BoundaryResolutionError) as error:
+        resolve_boundaries(Segments(["ab", [5]]), tokenizer)
+    message = str(error.value)
+    assert message.startswith(f"tokenizer= ({type(tokenizer).__name__}) could not tokenize the Segments boundary 'ab': {cause}")
+    assert message.endswith("pass the target's own tokenizer (a transformers tokenizer), or give the boundary as token ids")
+
+
 def test_a_text_boundary_without_a_tokenizer_names_the_fix():
     schedule = Segments("</think>")
     with pytest.raises(BoundaryResolutionError, match="pass tokenizer=") as error:

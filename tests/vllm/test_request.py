@@ -413,6 +413,29 @@ def test_text_boundaries_are_written_as_ids_or_refused_with_their_token_count() 
         resolve_text_boundaries(_segments_params("\ud800"), tokenizer)
 
 
+def test_a_text_boundary_in_an_engine_without_a_tokenizer_asks_for_token_ids(monkeypatch, caplog) -> None:
+    """An engine started with skip_tokenizer_init has no tokenizer to resolve a text boundary on admission:
+    the refusal tells the client what it can send (token ids), not the generate-side tokenizer= fix. A
+    server-wide default with a text boundary is resolved per request, so it logs no error at start."""
+    import logging
+
+    from hf_securesd.vllm import _check_server_default
+    from hf_securesd.vllm.request import TextBoundaryNeedsTokenizer
+
+    params = _segments_params("</think>")
+    resolve_text_boundaries(params, None)
+    message = r'\["secure_schedule"\]: the segments boundary \'</think>\' is text.*skip_tokenizer_init.*"boundary": \[id'
+    with pytest.raises(TextBoundaryNeedsTokenizer, match=message):
+        request_for(params.extra_args)
+    assert "tokenizer=" not in str(pytest.raises(SecureSDConfigError, request_for, params.extra_args).value)
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps(params.extra_args["securesd"]))
+    caplog.set_level(logging.INFO)
+    _check_server_default()
+    records = [record for record in caplog.records if record.name.startswith("hf_securesd")]
+    assert [record.levelno for record in records] == [logging.INFO]
+    assert "resolved with the model's tokenizer as each request is admitted" in records[0].getMessage()
+
+
 @pytest.mark.parametrize(
     "extra_args, field",
     [
