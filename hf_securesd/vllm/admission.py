@@ -23,7 +23,15 @@ from typing import Any, Callable, Mapping
 
 from ..segments import Segments, check_boundary_ids
 from ..validation import SecureSDConfigError
-from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, SecureSDRequest, looks_like_securesd, parse_request, request_for
+from .request import (
+    DEFAULT_ENV,
+    EXTRA_ARGS_KEY,
+    SecureSDRequest,
+    TextBoundaryNeedsTokenizer,
+    looks_like_securesd,
+    parse_request,
+    request_for,
+)
 
 logger = logging.getLogger(__name__)
 # vLLM 0.32's OpenAI request classes (module, class) whose body fields become engine parameters.
@@ -206,7 +214,11 @@ def check_beam_search(request: Any) -> None:
     """Raise SecureSDConfigError when a beam search request asks for SecureSD (its vllm_xargs, or the
     server-wide default it did not opt out of): beam search drafts nothing, so nothing would be verified."""
     check_http_body(request)
-    if request_for(getattr(request, "vllm_xargs", None)) is not None:
+    try:  # the engine's tokenizer resolves a text boundary later: a text boundary asks for SecureSD too
+        asks = request_for(getattr(request, "vllm_xargs", None)) is not None
+    except TextBoundaryNeedsTokenizer:
+        asks = True
+    if asks:
         raise SecureSDConfigError(
             "use_beam_search cannot run with SecureSD: vLLM's beam search neither drafts nor forwards "
             "vllm_xargs, so the request would be served as plain beam search. Drop use_beam_search, or send "

@@ -378,6 +378,9 @@ def test_http_body_checks() -> None:
     check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "null"}))
     with pytest.raises(SecureSDConfigError, match="use_beam_search cannot run with SecureSD"):
         check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "mars"}))
+    text_boundary = json.dumps({"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": "</think>"}})
+    with pytest.raises(SecureSDConfigError, match="use_beam_search cannot run with SecureSD"):  # not "no tokenizer"
+        check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": text_boundary}))
 
 
 def test_beam_search_under_a_server_wide_default_is_refused(monkeypatch) -> None:
