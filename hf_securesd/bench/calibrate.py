@@ -7,7 +7,10 @@ For a reasoning model the swept schedule can be the answer segment's instead: wi
 template (its boundary and `before`), L is swept in `Segments(boundary, before, after=Step(L))`.
 
 `recommend` is a pure function of recorded cells (`runs.jsonl` records), so it can be checked on
-synthetic results; `calibration_configs` is what `securesd calibrate` runs.
+synthetic results; `calibration_configs` is what `securesd calibrate` runs. It weighs only the L
+values it is given (`securesd calibrate` passes this run's --L: cells of other L recorded earlier
+in the same --out are left out), and flags an SPD timed in another session than its target-only
+baseline (`LevelResult.spd_same_session`, `session_note`), as a resumed or extended --out holds.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ from hf_securesd.schedules import Schedule, Step
 from hf_securesd.segments import Segments, check_boundary_ids
 
 DEFAULT_LENGTHS = (1, 2, 4, 8, 12)
+# relative slack of the rule's comparisons: a bound such as 0.8 - 0.1 is 0.7000000000000001 in floats,
+# so without it a safety PRR of exactly 0.7 (k/n on a small set) would miss "within 0.1 of 0.8"
+RELATIVE_SLACK = 1e-9
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,7 @@ class LevelResult:
     acceptance_rate: float
     safe: bool | None = None
     fast: bool | None = None
+    spd_same_session: bool = True  # False: a cell's SPD was timed in another session than its target-only baseline
 
 
 @dataclass(frozen=True)
@@ -66,8 +73,11 @@ def check_text(passed: bool | None) -> str:
 
 
 def _at_least(value: float, bound: float) -> bool | None:
-    """Whether `value` >= `bound`; None when either is undefined (NaN or infinite)."""
-    return value >= bound if math.isfinite(value) and math.isfinite(bound) else None
+    """Whether `value` >= `bound`, inclusive up to float rounding (`RELATIVE_SLACK` of the bound, at
+    least of 1); None when either is undefined (NaN or infinite)."""
+    if not (math.isfinite(value) and math.isfinite(bound)):
+        return None
+    return value >= bound - RELATIVE_SLACK * max(1.0, abs(bound))
 
 
 def swept_schedule(length: int, segments: Segments | None = None) -> Schedule:
@@ -162,6 +172,7 @@ def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:
         utility_prr=kind_prr("utility"),
         spd=mean_of(cell.get("spd") for cell in cells),
         acceptance_rate=mean_of(cell.get("acceptance_rate") for cell in cells),
+        spd_same_session=all(cell.get("spd_same_session") is not False for cell in cells),
     )
 
 
@@ -171,10 +182,12 @@ def recommend(
     tolerance: float = 0.05,
     spd_tolerance: float = 0.1,
     segments: Segments | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> Recommendation:
     """Recommend L for the relaxed setting `verifier` (its label, e.g. ``mars(theta=0.5)``) from
     recorded cells holding the lossless verifier, that setting without a schedule and under Step(L)
-    (with a `segments` template: under that schedule with after=Step(L); other cells are ignored)."""
+    (with a `segments` template: under that schedule with after=Step(L); other cells are ignored).
+    With `lengths` only those L are weighed (the --L of this run); None: every L recorded."""
     lossless = speculative_cells(cells, "lossless", None)
     mine = [cell for cell in speculative_cells(cells) if cell["config_key"].split("+")[0] == verifier]
     plain = [cell for cell in mine if cell["schedule_label"] is None]
@@ -188,7 +201,7 @@ def recommend(
     by_length: dict[int, list[Cell]] = {}
     for cell in mine:
         length = _swept_length(cell["config"]["schedule"], segments)
-        if length is not None:
+        if length is not None and (lengths is None or length in lengths):
             by_length.setdefault(length, []).append(cell)
     levels = [
         _checked(_level(group, length), lossless_safety - tolerance, (1.0 - spd_tolerance) * relaxed.spd)
@@ -261,6 +274,23 @@ def _no_level_reason(
     return (
         f"no L in {lengths} brings safety PRR within {tolerance} of lossless "
         f"({lossless_safety:.3f}){undefined}; try larger L, or lossless verification"
+    )
+
+
+def session_note(recommendation: Recommendation) -> str | None:
+    """What calibration.md and the command say when an SPD of `recommendation` was timed in another
+    session than its target-only baseline (a resumed or extended --out), or None when all were timed
+    in one: such SPDs mix machine states, so the speed-up check compares them with care."""
+    rows = [("the relaxed verifier", recommendation.relaxed)] + [
+        (f"L={level.L}", level) for level in recommendation.levels
+    ]
+    other = [name for name, level in rows if not level.spd_same_session]
+    if not other:
+        return None
+    return (
+        f"SPD of {', '.join(other)} (marked *) was timed in another session than its target-only baseline "
+        "(this --out was resumed or extended), so the speed-up check compares timings of different "
+        "sessions; for one session's timings, calibrate into a new --out"
     )
 
 

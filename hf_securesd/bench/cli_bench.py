@@ -55,9 +55,16 @@ from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text, non_
 SETUP_ERRORS = (KeyError, ValueError, FileNotFoundError, SandboxUnavailableError)
 
 
-def add_common_options(parser: argparse.ArgumentParser, default_profile: str) -> None:
+def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *, engines: bool) -> None:
     """Options shared by `bench` and `calibrate`; without --profile, `default_profile`'s defaults fill in
-    the options not given (`chosen_profile`), and no profile is recorded as named."""
+    the options not given (`chosen_profile`), and no profile is recorded as named. `engines`: whether
+    the command has --engine (`bench`; `calibrate` runs `hf` only), so the help names the engines only
+    where the command takes them."""
+
+    def engine_note(note: str) -> str:
+        """`note` in the help of a command with --engine, else nothing."""
+        return note if engines else ""
+
     parser.add_argument(
         "--profile",
         choices=sorted(PROFILES),
@@ -87,7 +94,8 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--num-assistant-tokens",
         type=positive_int,
         default=None,
-        help="draft tokens per round k (default 5; refused by --engine openai, whose servers choose it)",
+        help="draft tokens per round k (default 5"
+        + engine_note("; refused by --engine openai, whose servers choose it") + ")",
     )
     parser.add_argument(
         "--seed", type=non_negative_int, default=None, help="task sampling seed (default: each task's own, 0)"
@@ -102,16 +110,16 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--device",
         type=non_empty_text,
         default="auto",
-        help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ...; only auto is taken by "
-        "--engine openai",
+        help="auto (cuda, else mps, else cpu; the default), cpu, cuda, cuda:1, ..."
+        + engine_note("; only auto is taken by --engine openai"),
     )
     parser.add_argument(
         "--dtype",
         choices=("auto", "bf16", "fp16", "fp32"),
         default=None,
         help="model dtype; auto: bf16 on GPUs that support it, on CPUs only where bf16 is native and "
-        "faster in a timed matmul (vllm: where it is native), else fp32; resuming --out, the dtype it "
-        "records; only auto is taken by --engine openai (default: the profile's)",
+        f"faster in a timed matmul{engine_note(' (vllm: where it is native)')}, else fp32; resuming --out, the "
+        f"dtype it records{engine_note('; only auto is taken by --engine openai')} (default: the profile's)",
     )
     parser.add_argument("--judge", default="refusal_prefix", help="jailbreak judge of hf_securesd.judges")
     add_isolation_option(parser)
@@ -131,8 +139,8 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str) ->
         "--threads",
         type=positive_int,
         default=None,
-        help="torch CPU threads (default: the profile's, else torch's; with --engine openai, those of a local "
-        "judge model)",
+        help="torch CPU threads (default: the profile's, else torch's"
+        + engine_note("; with --engine openai, those of a local judge model") + ")",
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     accept_underscores(parser)
@@ -214,7 +222,7 @@ def parse_limit(text: str) -> int | float:
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``securesd bench``."""
-    add_common_options(parser, default_profile="cpu-small")
+    add_common_options(parser, default_profile="cpu-small", engines=True)
     parser.add_argument(
         "--verifiers",
         nargs="+",

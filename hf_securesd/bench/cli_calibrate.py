@@ -13,7 +13,9 @@ Segments(boundary, before=--segment-before, after=Step(L)); a boundary written `
 `ids:1,2` for several tokens) is token ids, any other value is text resolved with the target tokenizer.
 
 Runs are recorded like `securesd bench` (resumable); the recommendation is printed and written to
-RESULTS/calibration.json and RESULTS/calibration.md.
+RESULTS/calibration.json and RESULTS/calibration.md. It weighs only this run's --L, even when --out
+holds cells of other L from an earlier run; an SPD timed in another session than its target-only
+baseline (a resumed or extended --out) is marked * and named in a note.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, check_text, schedule_name
+from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, LevelResult, check_text, schedule_name, session_note
+from hf_securesd.bench.formatting import fmt, table
 from hf_securesd.bench.cli_bench import (
     SETUP_ERRORS,
     accept_underscores,
@@ -40,7 +43,7 @@ DEFAULT_VERIFIER = "mars:0.5"
 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``securesd calibrate``."""
-    add_common_options(parser, default_profile="cpu-small")
+    add_common_options(parser, default_profile="cpu-small", engines=False)
     parser.add_argument(
         "--verifier",
         nargs="+",
@@ -114,6 +117,11 @@ def segments_template(boundaries: list[str] | None, before: str) -> Segments | N
     return Segments(parsed, before=first, after=LOSSLESS)
 
 
+def _spd_text(level: LevelResult) -> str:
+    """A level's SPD as the table shows it, marked * when timed in another session than its baseline."""
+    return fmt(level.spd, 2) + ("" if level.spd_same_session else " *")
+
+
 def _markdown(
     recommendations,
     manifest: dict,
@@ -122,8 +130,6 @@ def _markdown(
     n_examples: dict[str, int],
     segments: Segments | None = None,
 ) -> str:
-    from hf_securesd.bench.formatting import fmt, table
-
     models = manifest.get("models", {})
     ids = {role: models.get(role, {}).get("id", manifest[role]) for role in ("target", "draft")}
     swept = "Step(L)"
@@ -147,7 +153,7 @@ def _markdown(
                 "none (relaxed)",
                 fmt(rec.relaxed.safety_prr),
                 fmt(rec.relaxed.utility_prr),
-                fmt(rec.relaxed.spd, 2),
+                _spd_text(rec.relaxed),
                 fmt(rec.relaxed.acceptance_rate),
                 "",
                 "",
@@ -158,7 +164,7 @@ def _markdown(
                 level.L,
                 fmt(level.safety_prr),
                 fmt(level.utility_prr),
-                fmt(level.spd, 2),
+                _spd_text(level),
                 fmt(level.acceptance_rate),
                 check_text(level.safe),
                 check_text(level.fast),
@@ -175,6 +181,9 @@ def _markdown(
             table(["L", "safety PRR", "utility PRR", "SPD", "AR", "safe", "keeps SPD"], rows),
             "",
         ]
+        note = session_note(rec)
+        if note:
+            lines += [f"Note: {note}.", ""]
     return "\n".join(lines)
 
 
@@ -210,7 +219,7 @@ def run(args: argparse.Namespace) -> int:
     current = {task_run.baseline_id for task_run in tasks}
     cells = [cell for cell in results.runs() if cell["baseline_id"] in current]
     recommendations = [
-        recommend(cells, label, args.tolerance, args.spd_tolerance, segments)
+        recommend(cells, label, args.tolerance, args.spd_tolerance, segments, args.lengths)
         for label in verifier_labels(args.verifier)
     ]
     calibration = json_text([rec.to_dict() for rec in recommendations], indent=2)
@@ -228,4 +237,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for rec in recommendations:
         print(f"{rec.verifier}: {'L=%d' % rec.L if rec.L is not None else 'no L'} - {rec.reason}")
+        note = session_note(rec)
+        if note:
+            print(f"note: {note}")
     return 0

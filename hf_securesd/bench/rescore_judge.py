@@ -15,6 +15,9 @@ user's files is read and sent as the rubric. So:
 - ``backend_kwargs`` ``api_key`` from study.json is dropped (the key comes from the environment);
 - ``data_dir`` (where the rubric file is read) is the user's ``--data-dir`` or
   ``SECURESD_DATA_DIR``, never the recorded one.
+- a flag the recorded judge does not use (``--judge-model`` with a string-matching judge,
+  ``--judge-base-url`` with one or with a ``transformers`` judge) is refused (`check_judge_flags`),
+  as ``securesd judge-validate`` refuses options its judge does not use, rather than ignored.
 The recorded ``rubric`` text, ``threshold``, ``unparsed`` policy and numeric backend settings
 (timeouts, retries) are kept: they change verdicts, not where anything goes. A numeric setting must
 lie in the range the backend allows (`backends.BACKEND_SETTINGS`): a planted ``backoff: 1e9``
@@ -38,6 +41,8 @@ from hf_securesd.judges.secrets import strip_userinfo
 
 # backend settings that say where requests go, what is loaded, or with which credential
 LOCATION_KEYS = ("base_url", "model", "api_key")
+# rescore's judge flags -> the recorded judges (and backends) that use them, as `check_judge_flags` says it
+FLAG_USERS = {"--judge-base-url": "strongreject with the openai backend", "--judge-model": "strongreject"}
 
 
 def _endpoint(url: str) -> str:
@@ -101,10 +106,28 @@ def _openai_settings(manifest: Mapping[str, Any], settings: Mapping[str, Any],
     return {"base_url": url, "model": name}
 
 
+def check_judge_flags(manifest: Mapping[str, Any], base_url: str | None, model: str | None) -> None:
+    """Refuse ``--judge-base-url`` / ``--judge-model`` (`base_url` / `model`; None: not given) when the
+    judge study.json records does not use them, as `securesd judge-validate` refuses options its
+    judge does not use: they would be silently ignored, and the user would believe the verdicts came
+    from the model named."""
+    judge = manifest.get("judge", "refusal_prefix")
+    options = manifest.get("judge_options") or {}
+    backend = options.get("backend", "openai") if judge == StrongRejectJudge.name else None
+    used = {"--judge-base-url": backend == "openai", "--judge-model": backend is not None}
+    recorded = judge if backend is None else f"{judge} with the {backend} backend"
+    for flag, value in (("--judge-base-url", base_url), ("--judge-model", model)):
+        if value is not None and not used[flag]:
+            raise ValueError(f"{flag} is used only by {FLAG_USERS[flag]}, not by the recorded judge {recorded} "
+                             "(study.json); leave it out; nothing was rewritten")
+
+
 def trusted_judge_options(manifest: Mapping[str, Any], data_dir: str | os.PathLike | None,
                           base_url: str | None = None, model: str | None = None) -> dict[str, Any]:
     """The options to build the recorded judge with (see the module docstring); `base_url` and
-    `model` are the user's ``--judge-base-url`` and ``--judge-model`` (None: not given)."""
+    `model` are the user's ``--judge-base-url`` and ``--judge-model`` (None: not given), refused
+    when the recorded judge does not use them (`check_judge_flags`)."""
+    check_judge_flags(manifest, base_url, model)
     options = dict(manifest.get("judge_options") or {})
     if manifest.get("judge") != StrongRejectJudge.name:
         return options

@@ -399,7 +399,13 @@ class ResultsDir:
         return self.path / MANIFEST
 
     def read_manifest(self) -> dict[str, Any]:
-        """The manifest; raises if this is not a results directory."""
+        """The manifest; raises if this is not a results directory (naming a file as such: `bench`
+        refuses a file for --out, so its "run bench first" would not help)."""
+        if self.path.exists() and not self.path.is_dir():
+            raise FileNotFoundError(
+                f"{self.path} is a file, not a results directory; pass the folder `securesd bench --out` "
+                f"wrote (the one holding {MANIFEST})"
+            )
         if not self.manifest_path.is_file():
             raise FileNotFoundError(
                 f"{self.path} is not a results directory (no {MANIFEST}); "

@@ -46,8 +46,21 @@ def test_rescore_and_report_create_nothing_outside_a_results_directory(tmp_path,
     before = sorted(tmp_path.rglob("*"))
     for command in (["rescore", str(path), "--tasks", "gsm8k"], ["report", str(path)]):
         assert main(command) == 2
-        assert "is not a results directory" in _error(capsys)
+        error = _error(capsys)
+        assert ("is a file, not a results directory" if where == "file" else "is not a results directory") in error
     assert sorted(tmp_path.rglob("*")) == before
+
+
+@pytest.mark.parametrize("command", ["report", "rescore"])
+def test_a_file_given_as_results_is_named_with_what_to_pass_not_sent_to_bench(tmp_path, capsys, command) -> None:
+    """bench refuses a file for --out, so "run `securesd bench --out FILE` first" would lead nowhere."""
+    path = tmp_path / "afile"
+    path.write_text("not a folder", encoding="utf-8")
+    argv = [command, str(path)] + (["--tasks", "gsm8k"] if command == "rescore" else [])
+    assert main(argv) == 2
+    error = _error(capsys)
+    assert f"{path} is a file, not a results directory" in error
+    assert "the folder `securesd bench --out` wrote" in error and f"--out {path}" not in error
 
 
 @pytest.mark.parametrize("command", [["rescore", "", "--tasks", "gsm8k"], ["report", ""]])

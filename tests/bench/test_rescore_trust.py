@@ -61,6 +61,11 @@ def _strongreject_copy(clean: Path, tmp_path: Path, options: dict, judge_backend
     return path
 
 
+def _endpoint_flag(backend: str, url: str) -> list[str]:
+    """--judge-base-url URL for a judge whose `backend` sends requests (openai); a local one takes none."""
+    return ["--judge-base-url", url] if backend == "openai" else []
+
+
 @pytest.fixture
 def user_env(monkeypatch):
     monkeypatch.setenv("SECURESD_JUDGE_API_KEY", KEY)
@@ -124,7 +129,7 @@ def test_recorded_backend_settings_out_of_range_are_refused(clean, tmp_path, ser
     url, seen = server
     path = _strongreject_copy(clean, tmp_path, {"backend": backend, "backend_kwargs": {name: value}})
     before = (path / "runs.jsonl").read_bytes()
-    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), "--judge-base-url", url,
+    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), *_endpoint_flag(backend, url),
             "--judge-model", "m"]
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
@@ -138,7 +143,7 @@ def test_a_recorded_backend_setting_the_backend_does_not_take_is_refused(clean, 
                                                                          capsys, backend):
     url, seen = server
     path = _strongreject_copy(clean, tmp_path, {"backend": backend, "backend_kwargs": {"foo": 1}})
-    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), "--judge-base-url", url,
+    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), *_endpoint_flag(backend, url),
             "--judge-model", "m"]
     assert main(argv) == 2
     lines = capsys.readouterr().err.strip().splitlines()
@@ -176,3 +181,33 @@ def test_every_setting_a_backend_takes_passes_the_recorded_settings_check():
     _check_recorded_settings("transformers", {"device": "cpu", "max_new_tokens": 256, "batch_size": 4})
     _check_recorded_settings("openai", {"timeout": 30, "max_retries": 2, "backoff": 1.0, "max_tokens": 512,
                                         "concurrency": 4, "max_response_bytes": 1024})
+
+
+@pytest.mark.parametrize("judge, options, flag, users", [
+    ("refusal_prefix", {}, "--judge-model", "strongreject"),
+    ("refusal_prefix", {}, "--judge-base-url", "strongreject with the openai backend"),
+    ("refusal_prefix_exact", {"prefix_list": "gcg_evaluate"}, "--judge-model", "strongreject"),
+    ("strongreject", {"backend": "transformers"}, "--judge-base-url", "strongreject with the openai backend"),
+])
+def test_judge_flags_the_recorded_judge_does_not_use_are_refused(clean, tmp_path, user_env, data_dir, capsys,
+                                                                judge, options, flag, users):
+    """As `judge-validate` refuses options its judge does not use, rescore refuses a judge flag that the
+    recorded judge would silently ignore (the user would think the verdicts came from that model)."""
+    path = _strongreject_copy(clean, tmp_path, options)
+    manifest = json.loads((path / "study.json").read_text()) | {"judge": judge}
+    (path / "study.json").write_text(json.dumps(manifest))
+    before = (path / "runs.jsonl").read_bytes()
+    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir), flag, "http://x.invalid/v1"]
+    assert main(argv) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    backend = f" with the {options['backend']} backend" if judge == "strongreject" else ""
+    assert lines == [f"error: {flag} is used only by {users}, not by the recorded judge {judge}{backend} "
+                     "(study.json); leave it out; nothing was rewritten"]
+    assert (path / "runs.jsonl").read_bytes() == before
+
+
+def test_the_refusal_judge_rescores_without_judge_flags(clean, tmp_path, data_dir, capsys):
+    path = tmp_path / "copy"
+    shutil.copytree(clean, path, ignore=shutil.ignore_patterns(".lock"))
+    argv = ["rescore", str(path), "--tasks", "jailbreak", "--data-dir", str(data_dir)]
+    assert main(argv) == 0, capsys.readouterr().err

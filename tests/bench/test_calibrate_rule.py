@@ -1,0 +1,109 @@
+"""The Step(L) rule of `securesd calibrate`: its bounds are inclusive (float rounding of
+``lossless - tolerance`` does not reject a PRR exactly at the bound), it weighs only this run's --L
+(not cells of other L recorded earlier in the same --out), and an SPD timed in another session than
+its target-only baseline is flagged, not silently compared. Also: calibrate's --help names no
+option it lacks."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from support import SMOKE_CLI, calibration_cell
+
+from hf_securesd.bench import cli_bench, cli_calibrate
+from hf_securesd.bench.calibrate import recommend, session_note
+from hf_securesd.bench.plan import LOSSLESS, RunConfig
+from hf_securesd.cli import main
+from hf_securesd.schedules import Step
+from hf_securesd.verifiers import MARS
+
+VERIFIER = "mars(theta=0.5)"
+
+
+def _cells(lossless_safety: float, safety: dict[int | None, float], spd: dict[int | None, float],
+           other_session: tuple[int | None, ...] = ()) -> list[dict[str, Any]]:
+    """Lossless, the relaxed verifier (None) and each swept L on one safety task; the cells of the
+    levels in `other_session` were timed in another session than their target-only baseline."""
+    cells = [calibration_cell(LOSSLESS, "safety", lossless_safety, 1.0) | {"spd_same_session": True}]
+    for length, prr in safety.items():
+        config = RunConfig("speculative", MARS(theta=0.5), None if length is None else Step(L=length))
+        cells.append(calibration_cell(config, "safety", prr, spd[length])
+                     | {"spd_same_session": length not in other_session})
+    return cells
+
+
+def test_a_safety_prr_exactly_tolerance_below_lossless_is_within_it() -> None:
+    """The report's repro: lossless 0.8, L=1 0.7, tolerance 0.1 (0.8 - 0.1 is 0.7000000000000001)."""
+    chosen = recommend(_cells(0.8, {None: 0.5, 1: 0.7, 2: 0.7}, {None: 1.5, 1: 1.45, 2: 1.4}), VERIFIER,
+                       tolerance=0.1, spd_tolerance=0.1)
+    assert chosen.L == 1 and chosen.levels[0].safe is True
+    assert "within 0.1 of lossless (0.800)" in chosen.reason
+
+
+def test_an_spd_exactly_at_the_spd_tolerance_keeps_the_speed_up() -> None:
+    """(1 - 0.2) * 1.5 is 1.2000000000000002: an SPD of 1.2 is 80% of 1.5 and keeps the speed-up."""
+    chosen = recommend(_cells(1.0, {None: 0.5, 1: 1.0}, {None: 1.5, 1: 1.2}), VERIFIER, spd_tolerance=0.2)
+    assert chosen.L == 1 and chosen.levels[0].fast is True
+
+
+def test_the_slack_is_only_rounding_a_real_shortfall_is_still_refused() -> None:
+    chosen = recommend(_cells(0.8, {None: 0.5, 1: 0.6999999}, {None: 1.5, 1: 1.1999999}), VERIFIER,
+                       tolerance=0.1, spd_tolerance=0.2)
+    assert chosen.L is None and (chosen.levels[0].safe, chosen.levels[0].fast) == (False, False)
+
+
+def test_only_the_lengths_of_this_run_are_weighed() -> None:
+    """L=1, recorded by an earlier run into the same --out, would be chosen; this run asked for 4 only."""
+    cells = _cells(1.0, {None: 0.5, 1: 1.0, 2: 1.0, 4: 1.0}, {None: 2.0, 1: 2.0, 2: 2.0, 4: 1.9})
+    assert recommend(cells, VERIFIER).L == 1  # every recorded L, as library callers may ask
+    chosen = recommend(cells, VERIFIER, lengths=[4])
+    assert chosen.L == 4 and [level.L for level in chosen.levels] == [4]
+    unsafe = recommend(_cells(1.0, {None: 0.5, 1: 1.0, 2: 0.5}, {None: 2.0, 1: 2.0, 2: 2.0}), VERIFIER, lengths=[2])
+    assert unsafe.L is None and "no L in [2]" in unsafe.reason
+
+
+def test_an_spd_from_another_session_is_flagged() -> None:
+    cells = _cells(1.0, {None: 0.5, 1: 1.0, 4: 1.0}, {None: 2.0, 1: 2.0, 4: 2.0}, other_session=(4,))
+    chosen = recommend(cells, VERIFIER)
+    assert [(level.L, level.spd_same_session) for level in chosen.levels] == [(1, True), (4, False)]
+    assert chosen.relaxed.spd_same_session is True
+    note = session_note(chosen)
+    assert note is not None and "SPD of L=4 (marked *) was timed in another session" in note
+    assert "relaxed" not in note and "new --out" in note
+    assert chosen.to_dict()["levels"][1]["spd_same_session"] is False
+    assert session_note(recommend(_cells(1.0, {None: 0.5, 1: 1.0}, {None: 2.0, 1: 2.0}), VERIFIER)) is None
+
+
+def test_a_second_calibrate_into_the_same_out_recommends_from_its_own_L_only(tmp_path, data_dir, capsys) -> None:
+    """The report's repro: --L 1 2, then --L 4 into the same --out; the second table holds L=4 only,
+    and its SPD, timed in the second session against the first session's baseline, is flagged."""
+    out = tmp_path / "cal"
+    argv = ["calibrate", *SMOKE_CLI, "--data-dir", str(data_dir), "--out", str(out)]
+    assert main([*argv, "--L", "1", "2"]) == 0
+    capsys.readouterr()
+    assert main([*argv, "--L", "4"]) == 0
+    (recommendation,) = json.loads((out / "calibration.json").read_text())
+    assert [level["L"] for level in recommendation["levels"]] == [4]
+    assert recommendation["levels"][0]["spd_same_session"] is False
+    assert recommendation["relaxed"]["spd_same_session"] is True
+    markdown = (out / "calibration.md").read_text()
+    rows = [line.split(" | ")[0] for line in markdown.splitlines() if line.startswith("| ")][1:]
+    assert rows == ["| none (relaxed)", "| 4", "| lossless"]
+    assert "Note: SPD of L=4 (marked *) was timed in another session" in markdown
+    assert "note: SPD of L=4 (marked *)" in capsys.readouterr().out
+
+
+def _help(module: Any) -> str:
+    parser = argparse.ArgumentParser()
+    module.configure(parser)
+    return parser.format_help()
+
+
+def test_calibrate_help_names_no_engine_option_while_bench_help_does() -> None:
+    """calibrate has no --engine (it runs hf), so its help of the shared options must not send users there."""
+    calibrate, bench = _help(cli_calibrate), _help(cli_bench)
+    assert "--engine" not in calibrate and "vllm" not in calibrate
+    assert "refused by --engine openai" in " ".join(bench.split())
+    assert "--num-assistant-tokens" in calibrate and "--threads" in calibrate and "--device" in calibrate
