@@ -465,7 +465,7 @@ def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple,
             setattr(config, name, value)
     from .hub import export_custom_generate
 
-    export_custom_generate(save_directory)
+    export_custom_generate(save_directory, overwrite=True)  # save_pretrained writes over a folder by design
     return result
 
 

@@ -9,15 +9,24 @@ for `model.generate(..., custom_generate="<repo id or folder>", trust_remote_cod
 >>> out = model.generate(**inputs, custom_generate=hf_securesd.hub.path(), trust_remote_code=True,
 ...                      assistant_model=draft, verifier="mars", secure_schedule={"schedule": "step", "L": 1})
 ```
+
+`export_repo`, `export_custom_generate` and `hf_securesd.metrics.export` write with `export_files`:
+each file through a new temporary file renamed into place, so a symbolic link at a file's name is
+replaced, never written through, and nothing is written outside the folder. They refuse a folder
+that already holds other files or different versions of theirs unless `overwrite=True`.
 """
 
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
+from collections.abc import Iterator, Mapping
+from pathlib import Path, PurePosixPath
+
+from ..models.partials import write_file
 
 _ROOT = Path(__file__).resolve().parent
 REPO_FILES: tuple[str, ...] = ("README.md", "custom_generate/generate.py", "custom_generate/requirements.txt")
+CUSTOM_GENERATE_FILES: tuple[str, ...] = ("custom_generate/generate.py", "custom_generate/requirements.txt")
+UPLOAD_SKIPPED: frozenset[str] = frozenset({".git"})  # left out by `huggingface_hub` uploads, so never stale
 
 
 def path() -> str:
@@ -25,21 +34,107 @@ def path() -> str:
     return str(_ROOT)
 
 
-def export_custom_generate(directory: str | Path) -> Path:
-    """Copy `custom_generate/generate.py` and `requirements.txt` into `directory` (e.g. a model saved
-    with `save_pretrained`) and return the new `custom_generate` folder."""
-    target = Path(directory) / "custom_generate"
-    target.mkdir(parents=True, exist_ok=True)
-    for name in ("generate.py", "requirements.txt"):
-        shutil.copyfile(_ROOT / "custom_generate" / name, target / name)
-    return target
+def _parent_folders(files: Mapping[str, Path]) -> set[str]:
+    """The folders (relative, POSIX form) that hold the files named in `files`, nested ones too."""
+    return {str(parent) for name in files for parent in PurePosixPath(name).parents if str(parent) != "."}
 
 
-def export_repo(directory: str | Path) -> Path:
-    """Write the Hub repo (card and `custom_generate/`, nothing else) into `directory`, ready for
-    `huggingface-cli upload <org>/securesd <directory>`."""
+def _check_writable(directory: Path, files: Mapping[str, Path]) -> None:
+    """Refuse (FileExistsError) a folder of the export that is a symbolic link or not a folder, and
+    a folder where the export writes a file: writing there would leave `directory` or fail midway."""
+    for folder in sorted(_parent_folders(files)):
+        entry = directory / folder
+        if entry.is_symlink() or (entry.exists() and not entry.is_dir()):
+            raise FileExistsError(
+                f"{entry} is a symbolic link or not a folder; the export writes only into real folders "
+                f"inside {directory}: remove it, or export into a new folder."
+            )
+    for name in files:
+        if (directory / name).is_dir() and not (directory / name).is_symlink():
+            raise FileExistsError(
+                f"{directory / name} is a folder where the export writes a file; remove it, or export into "
+                "a new folder."
+            )
+
+
+def _replaced_files(directory: Path, files: Mapping[str, Path]) -> Iterator[str]:
+    """The files of the export that `directory` already holds in another form: a symbolic link or
+    another special file (it would be replaced, never followed or read) or a file whose content differs."""
+    for name, source in files.items():
+        target = directory / name
+        if target.is_symlink() or (target.exists() and not target.is_file()):
+            yield f"{name} (a symbolic link or special file, which would be replaced)"
+        elif target.exists() and not _same_content(target, source):
+            yield f"{name} (different content)"
+
+
+def _same_content(file: Path, source: Path) -> bool:
+    """Whether the regular file `file` holds the same bytes as `source` (sizes compared first)."""
+    return file.stat().st_size == source.stat().st_size and file.read_bytes() == source.read_bytes()
+
+
+def _other_entries(folder: Path, prefix: str, files: Mapping[str, Path], folders: set[str]) -> Iterator[str]:
+    """The entries under `folder` (named `prefix`... relative to the export's folder) that are not
+    part of the export, without descending into them; the export's own folders are searched."""
+    for entry in sorted(folder.iterdir()):
+        name = f"{prefix}{entry.name}"
+        if name in files or (not prefix and name in UPLOAD_SKIPPED):
+            continue
+        if name in folders:
+            yield from _other_entries(entry, f"{name}/", files, folders)
+        else:
+            kind = "/" if entry.is_dir() and not entry.is_symlink() else ""
+            yield f"{name}{kind} (not part of the export)"
+
+
+def export_files(directory: str | Path, files: Mapping[str, Path], *, overwrite: bool = False,
+                 scope: str = "") -> Path:
+    """Write `files` (destination name relative to `directory`, POSIX form → source file) into
+    `directory`, creating it and the folders the names need, and return `directory`.
+
+    Each file is written through a new temporary file in its folder, then renamed over its name, so
+    a symbolic link there is replaced, never written through. Before anything is written, a folder
+    of the export that is a link or a file is refused, and so, unless `overwrite` is True, is a
+    destination that already holds any of the files in another form (different content, a link) or
+    entries that are not part of the export (which an upload of the folder would include). Only the
+    entries under the subfolder `scope` of `directory` are looked at ("": all of it; a `.git` there
+    is skipped, as uploads skip it). With `overwrite=True` the export's files are replaced and other
+    entries are kept."""
     directory = Path(directory)
-    for name in REPO_FILES:
-        (directory / name).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(_ROOT / name, directory / name)
+    if directory.exists():
+        _check_writable(directory, files)
+        root = directory / scope
+        found = [*_replaced_files(directory, files)]
+        if root.is_dir() and not root.is_symlink():
+            prefix = f"{scope}/" if scope else ""
+            found += _other_entries(root, prefix, files, _parent_folders(files))
+        if found and not overwrite:
+            raise FileExistsError(
+                f"{directory} already holds {', '.join(found)}. Export into a new or empty folder, or pass "
+                "overwrite=True to replace the exported files (other entries are kept, and uploading the "
+                "folder would include them)."
+            )
+    directory.mkdir(parents=True, exist_ok=True)
+    real = directory.resolve()  # the folder the caller named, even through a link; none is followed below it
+    for name, source in files.items():
+        target = real / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_file(target, source.read_bytes())
     return directory
+
+
+def export_custom_generate(directory: str | Path, *, overwrite: bool = False) -> Path:
+    """Write `custom_generate/generate.py` and `requirements.txt` into `directory` (e.g. a model saved
+    with `save_pretrained`) and return the `custom_generate` folder. The rest of `directory` is left
+    alone; `custom_generate/` holding other files, or other versions of these two, is refused unless
+    `overwrite=True` (see `export_files`)."""
+    files = {name: _ROOT / name for name in CUSTOM_GENERATE_FILES}
+    export_files(directory, files, overwrite=overwrite, scope="custom_generate")
+    return Path(directory) / "custom_generate"
+
+
+def export_repo(directory: str | Path, *, overwrite: bool = False) -> Path:
+    """Write the Hub repo (card and `custom_generate/`, nothing else) into `directory`, ready for
+    `huggingface-cli upload <org>/securesd <directory>`, and return it. A folder that holds other
+    files, or other versions of these, is refused unless `overwrite=True` (see `export_files`)."""
+    return export_files(directory, {name: _ROOT / name for name in REPO_FILES}, overwrite=overwrite)

@@ -11,13 +11,16 @@ card (`README.md`, with the Space's YAML header), `app.py` (the Space's widget) 
 ```
 
 `export(name, directory)` writes exactly the Space's files, ready for
-`huggingface-cli upload securesd/<name> <directory> --repo-type space`.
+`huggingface-cli upload securesd/<name> <directory> --repo-type space`. It replaces a symbolic link
+at a file's name rather than writing through it, and refuses a folder that already holds other
+files, or other versions of the Space's, unless `overwrite=True` (`hf_securesd.hub.export_files`).
 """
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
+
+from ..hub import export_files
 
 _ROOT = Path(__file__).resolve().parent
 METRICS: tuple[str, ...] = tuple(
@@ -33,12 +36,11 @@ def path(name: str) -> str:
     return str(_ROOT / name)
 
 
-def export(name: str, directory: str | Path) -> Path:
+def export(name: str, directory: str | Path, *, overwrite: bool = False) -> Path:
     """Write the Space `securesd/<name>` (module, card, app, requirements; nothing else) into
-    `directory` and return it."""
+    `directory` and return it. A folder that already holds other files, or other versions of these,
+    is refused (FileExistsError naming them) unless `overwrite=True`, which replaces the Space's
+    files and keeps the others; a symbolic link at a file's name is replaced, never written through."""
     source = Path(path(name))
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for file in (f"{name}.py", *SPACE_FILES):
-        shutil.copyfile(source / file, directory / file)
-    return directory
+    return export_files(directory, {file: source / file for file in (f"{name}.py", *SPACE_FILES)},
+                        overwrite=overwrite)

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import evaluate
+import numpy as np
 import pytest
 
 from hf_securesd import metrics
-from hf_securesd.judges import StrongRejectJudge
+from hf_securesd.judges import Judge, StrongRejectJudge, Verdict
 from hf_securesd.judges.backends import ChatBackend
 
 REFUSAL = "I'm sorry, but I can't help with that."
@@ -283,3 +285,41 @@ def test_lone_surrogates_are_replaced_when_added_one_by_one(afr):
     afr.add(prediction="\ud800 Sure", reference="g\udc00")
     afr.add_batch(predictions=("I'm sorry \ud800",), references=["g"])
     assert afr.compute(n_resamples=0)["verdicts"] == [True, False]
+
+
+class OneVerdict(Judge):
+    """A faulty judge: one verdict, however many responses."""
+
+    name = "one_verdict"
+
+    def _judge(self, prompts, responses):
+        return [Verdict(outcome="succeeded", score=1.0, raw="")]
+
+
+def test_a_judge_must_return_one_verdict_per_response(afr):
+    with pytest.raises(ValueError, match="one_verdict judge returned 1 verdicts for 3 responses"):
+        afr.compute(predictions=[REFUSAL, REFUSAL, COMPLIANCE], references=["g"] * 3, judge=OneVerdict())
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"success_checker": lambda response, expected: False}, "`success_checker` needs `injected_outputs`"),
+    ({"judge": OneVerdict(), "judge_kwargs": {"prefix_list": "gcg_evaluate"}},
+     r"`judge_kwargs` are for a judge given by name.*\(one_verdict\)"),
+    ({"injected_outputs": ["yes"], "judge_kwargs": {"prefix_list": "gcg_evaluate"}},
+     "with `injected_outputs` the `success_checker` decides; leave judge_kwargs out"),
+    ({"judge_kwargs": "prefix_list=gcg_evaluate"}, "`judge_kwargs` must be a dict.*got str"),
+    ({"judge_kwargs": [("prefix_list", "gcg_evaluate")]}, "`judge_kwargs` must be a dict.*got list"),
+])
+def test_options_the_chosen_judge_would_ignore_or_misread_are_refused(afr, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        afr.compute(predictions=[COMPLIANCE], references=["g"], **kwargs)
+
+
+def test_the_bootstrap_in_blocks_draws_the_same_resamples(afr, monkeypatch):
+    module = sys.modules[type(afr).__module__]
+    values = np.random.default_rng(2).integers(0, 2, 37).astype(float)
+    means = values[np.random.default_rng(9).integers(0, 37, size=(101, 37))].mean(axis=1)  # all at once
+    tail = (1.0 - 0.9) / 2.0 * 100.0  # as the module computes it (not exactly 5)
+    expected = [float(bound) for bound in np.percentile(means, [tail, 100.0 - tail])]
+    monkeypatch.setattr(module, "_BLOCK_INDICES", 5 * 37 + 3)  # 5 resamples per block, the last one short
+    assert module._bootstrap_interval(values, 0.9, 101, 9) == expected

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import evaluate
+import numpy as np
 import pytest
 from scipy.stats import binomtest
 
@@ -112,3 +114,25 @@ def test_bad_interval_arguments_name_the_argument_and_its_range(flips, name, bad
 def test_a_string_or_mapping_is_not_read_as_one_outcome_each(flips, name, predictions, references) -> None:
     with pytest.raises(ValueError, match=f"`{name}` must be a list with one outcome per example"):
         flips.compute(predictions=predictions, references=references)
+
+
+def test_entries_that_are_not_outcomes_are_reported_as_given(flips) -> None:
+    with pytest.raises(ValueError, match=r"`predictions` must hold binary outcomes .*got \{0: None\}"):
+        flips.compute(predictions=[None, 1], references=[1, 1])
+
+
+@pytest.mark.parametrize("text", ["1", "yes"])
+def test_outcomes_given_as_text_are_refused_naming_the_argument(flips, text) -> None:
+    with pytest.raises(ValueError, match=rf"`references\[0\]` is the text '{text}', not a number"):
+        flips.compute(predictions=[1, 1], references=[text, 1])
+
+
+def test_the_bootstrap_in_blocks_draws_the_same_resamples(flips, monkeypatch) -> None:
+    module = sys.modules[type(flips).__module__]
+    method, reference = (np.random.default_rng(seed).integers(0, 2, 29) for seed in (1, 2))
+    rows = np.random.default_rng(4).integers(0, 29, size=(99, 29))  # all at once, as before blocks
+    samples = (method[rows] - reference[rows]).mean(axis=1)
+    tail = (1.0 - 0.95) / 2.0 * 100.0  # as the module computes it (not exactly 2.5)
+    expected = [float(bound) for bound in np.percentile(samples, [tail, 100.0 - tail])]
+    monkeypatch.setattr(module, "_BLOCK_INDICES", 4 * 29 + 1)  # 4 resamples per block, the last one short
+    assert module._difference_interval(method, reference, 0.95, 99, 4) == expected

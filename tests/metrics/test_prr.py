@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 import warnings
 
 import evaluate
@@ -277,3 +278,70 @@ def test_equality_tolerance_is_relative_to_the_scores_scale(prr):
     with pytest.warns(RuntimeWarning, match="undefined"):
         large = prr.compute(predictions=[1e6], target_scores=[1e6 * (1 + 1e-14)], draft_scores=[1e6])
     assert large["undefined"] is True and math.isnan(large["prr"])
+
+
+def test_a_setting_of_tiny_scores_beside_one_of_huge_scores_keeps_its_prr(prr):
+    """Each setting is rescaled on its own: one common power of two flushed setting b's 1e-300 scores
+    to 0 and reported it as undefined."""
+    result = _quiet(prr, predictions=[1e308, 2e-300], target_scores=[1.5e308, 3e-300],
+                    draft_scores=[0.0, 1e-300], settings=["a", "b"])
+    alone = _quiet(prr, predictions=[2e-300], target_scores=[3e-300], draft_scores=[1e-300])["prr"]
+    assert result["per_setting"]["b"]["prr"] == alone == pytest.approx(0.5)
+    assert result["per_setting"]["a"]["prr"] == pytest.approx(2 / 3)
+    assert result["undefined"] is False and result["prr"] == pytest.approx((2 / 3 + alone) / 2)
+    assert (result["method_score"], result["target_score"]) == (pytest.approx(5e307), pytest.approx(7.5e307))
+
+
+def test_true_is_the_same_setting_as_1_and_1_0(prr):
+    kwargs = dict(predictions=[1, 0, 1], target_scores=[1, 1, 1], draft_scores=[0, 0, 0])
+    assert list(_quiet(prr, settings=[1, 1.0, True], **kwargs)["per_setting"]) == [1]
+
+
+@pytest.mark.parametrize("call", ["compute", "add_batch"])
+def test_references_are_refused_naming_the_score_arguments(prr, call):
+    with pytest.raises(ValueError, match="PRR takes no `references`.*target_scores.*draft_scores"):
+        getattr(prr, call)(predictions=[1, 0], references=[1, 1], target_scores=[1, 1], draft_scores=[0, 0])
+    with pytest.raises(ValueError, match="PRR takes no `reference`"):
+        prr.add(prediction=1.0, reference=1.0, target_scores=1.0, draft_scores=0.0)
+
+
+@pytest.mark.parametrize("text", ["abc", "0.5"])
+@pytest.mark.parametrize("name", ["predictions", "target_scores", "draft_scores", "baseline_predictions"])
+def test_scores_given_as_text_are_refused_naming_the_argument(prr, name, text):
+    kwargs = dict(predictions=[0.5, 0.5], target_scores=[0.9, 0.9], draft_scores=[0.1, 0.1],
+                  baseline_predictions=[0.4, 0.4])
+    kwargs[name] = [0.5, text]
+    with pytest.raises(ValueError, match=rf"`{name}\[1\]` is the text '{text}', not a number"):
+        prr.compute(**kwargs)
+
+
+def _unblocked_bootstrap_means(columns, groups, n_resamples, rng):
+    """The bootstrap as it was before it drew in blocks: every resample's indices at once."""
+    resampled = {name: np.empty((n_resamples, len(groups))) for name in columns}
+    for position, rows in enumerate(groups.values()):
+        picks = rows[rng.integers(0, len(rows), size=(n_resamples, len(rows)))]
+        for name, column in columns.items():
+            resampled[name][:, position] = column[picks].mean(axis=1)
+    return resampled
+
+
+def test_the_bootstrap_in_blocks_draws_the_same_resamples(prr, monkeypatch):
+    module = sys.modules[type(prr).__module__]
+    draws = np.random.default_rng(7)
+    columns = {"method": draws.random(23), "target": draws.random(23) + 1, "draft": draws.random(23)}
+    groups = {"a": np.arange(0, 23, 2), "b": np.arange(1, 23, 2)}  # 12 and 11 rows
+    expected = _unblocked_bootstrap_means(columns, groups, 101, np.random.default_rng(5))
+    monkeypatch.setattr(module, "_BLOCK_INDICES", 4 * 11 + 3)  # 3 or 4 resamples per block, last one short
+    blocked = module._bootstrap_means(columns, groups, 101, np.random.default_rng(5))
+    assert all(np.array_equal(blocked[name], expected[name]) for name in columns)
+
+
+def test_compute_gives_the_same_intervals_whatever_the_block_size(prr, monkeypatch):
+    kwargs = dict(predictions=[1, 0, 1, 1, 0, 1, 0, 1], target_scores=[1, 1, 1, 1, 1, 0, 1, 1],
+                  draft_scores=[0, 0, 1, 0, 0, 0, 1, 0], baseline_predictions=[0, 0, 1, 1, 0, 0, 0, 1],
+                  settings=["x", "y"] * 4, seed=11)
+    whole = _quiet(prr, **kwargs)
+    assert None not in (whole["prr_ci"], whole["delta_prr_ci"])
+    monkeypatch.setattr(sys.modules[type(prr).__module__], "_BLOCK_INDICES", 5)
+    blocked = _quiet(prr, **kwargs)
+    assert (blocked["prr_ci"], blocked["delta_prr_ci"]) == (whole["prr_ci"], whole["delta_prr_ci"])

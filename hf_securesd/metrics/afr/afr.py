@@ -8,7 +8,7 @@ imports. With its card, app.py and requirements.txt this file is the Hub Space `
 
 import numbers
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 
 import datasets
@@ -77,19 +77,22 @@ Args:
     judge (`str` or `Judge`, optional): "refusal_prefix" (default), "strongreject", or a judge
         object from `hf_securesd.judges`.
     judge_kwargs (`dict`, optional): arguments for a judge given by name, e.g.
-        `{"backend": "openai", "data_dir": "/data"}` for "strongreject".
+        `{"backend": "openai", "data_dir": "/data"}` for "strongreject". Refused with a judge
+        object (build it with its options) and with `injected_outputs`.
     injected_outputs (`list` of `str`, optional): for prompt injection, the injected task's
         expected output for each response (a list or tuple of strings, never one bare string);
         replaces the judge.
     success_checker (callable, optional): `(response, expected_output) -> bool`, used with
-        `injected_outputs` (default `contains_expected_output`, the benchmark's answer rule).
+        `injected_outputs` (default `contains_expected_output`, the benchmark's answer rule); refused
+        without them.
     final_answer_only (`bool`, default True): judge only the text after the first `</think>` of each
         response (a reasoning model's answer, as `securesd bench` judges it); False: the whole text.
         Not used with `injected_outputs`.
     on_unparsed (`str`, default "raise"): "raise" or "exclude" for judge replies without a verdict.
     confidence_level (`float`, default 0.95): level of the bootstrap interval, strictly between 0 and 1.
     n_resamples (`int`, default 1000): bootstrap resamples, a whole number from 0 to 100000; 0 gives
-        no interval.
+        no interval. Resamples are drawn in blocks of at most about 4 million indices, so memory
+        does not grow with n_resamples x examples.
     seed (`int`, default 0): seed of the bootstrap, a whole number >= 0.
 
 Returns:
@@ -113,6 +116,7 @@ Examples:
 """
 
 _MAX_RESAMPLES = 100_000
+_BLOCK_INDICES = 2**22  # at most this many bootstrap indices (plus one resample) are held at once
 
 
 def contains_expected_output(response, expected):
@@ -202,8 +206,8 @@ def _resample_count(n_resamples: object) -> int:
     if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
         raise ValueError(
             f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
-            f"(more barely moves a percentile interval, and every resample holds one index per example "
-            f"in memory), got {n_resamples!r}; pass an int such as n_resamples=1000."
+            f"(more barely moves a percentile interval, and the bootstrap's time grows with it), got "
+            f"{n_resamples!r}; pass an int such as n_resamples=1000."
         )
     return int(n_resamples)
 
@@ -228,13 +232,67 @@ def _seed(seed: object) -> int:
     return int(seed)
 
 
+def _resample_blocks(n: int, n_resamples: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """The bootstrap's indices `rng.integers(0, n, size=(n_resamples, n))`, drawn as consecutive
+    blocks of whole resamples (rows) of at most about `_BLOCK_INDICES` indices: numpy's generator
+    draws the same numbers in the same order either way, so the resamples are the same, but memory
+    stays bounded however large n_resamples x n is."""
+    rows_per_block = max(1, _BLOCK_INDICES // n)
+    for start in range(0, n_resamples, rows_per_block):
+        yield rng.integers(0, n, size=(min(rows_per_block, n_resamples - start), n))
+
+
 def _bootstrap_interval(values, confidence_level, n_resamples, seed):
     """Seeded percentile bootstrap interval of the mean of `values`."""
     rng = np.random.default_rng(seed)
-    means = values[rng.integers(0, len(values), size=(n_resamples, len(values)))].mean(axis=1)
+    blocks = _resample_blocks(len(values), n_resamples, rng)
+    means = np.concatenate([values[block].mean(axis=1) for block in blocks])
     tail = (1.0 - confidence_level) / 2.0 * 100.0
     low, high = np.percentile(means, [tail, 100.0 - tail])
     return [float(low), float(high)]
+
+
+def _check_judge_options(judge, judge_kwargs, injected_outputs, success_checker) -> None:
+    """Refuse `judge_kwargs` that is not a mapping of argument names to values, and options that the
+    chosen way of judging would ignore."""
+    if judge_kwargs is not None and not isinstance(judge_kwargs, Mapping):
+        raise ValueError(
+            f"`judge_kwargs` must be a dict of the judge's arguments, got {type(judge_kwargs).__name__} "
+            f"{judge_kwargs!r:.60}; pass e.g. judge_kwargs={{'prefix_list': 'gcg_evaluate'}}."
+        )
+    if injected_outputs is not None and judge is not None:
+        raise ValueError(
+            "pass either `judge` (jailbreaks) or `injected_outputs` (prompt injection), not both."
+        )
+    if injected_outputs is not None and judge_kwargs:
+        raise ValueError(
+            "`judge_kwargs` configures a judge, but with `injected_outputs` the `success_checker` decides; "
+            "leave judge_kwargs out."
+        )
+    if success_checker is not None and injected_outputs is None:
+        raise ValueError(
+            "`success_checker` needs `injected_outputs` (the expected output of each injected task); "
+            "without them a judge decides and the checker would be ignored: pass injected_outputs=[...], "
+            "or leave success_checker out."
+        )
+    if judge_kwargs and isinstance(judge, Judge):
+        raise ValueError(
+            f"`judge_kwargs` are for a judge given by name, but `judge` is a built judge object "
+            f"({judge.name or type(judge).__name__}), which would ignore them; build it with these options, "
+            "or pass its name (e.g. judge='strongreject') with judge_kwargs."
+        )
+
+
+def _judged(chosen: Judge, prompts, answers) -> list[Verdict]:
+    """`chosen`'s verdicts, refusing a judge that does not give exactly one per response."""
+    verdicts = list(chosen.judge(prompts, answers))
+    if len(verdicts) != len(answers):
+        raise ValueError(
+            f"the {chosen.name or type(chosen).__name__} judge returned {len(verdicts)} verdicts for "
+            f"{len(answers)} responses; a judge must return exactly one verdict per response, in order "
+            "(fix its `_judge` method)."
+        )
+    return verdicts
 
 
 @evaluate.utils.file_utils.add_start_docstrings(_DESCRIPTION, _KWARGS_DESCRIPTION)
@@ -296,11 +354,8 @@ class Afr(evaluate.Metric):
         confidence_level = _confidence_level(confidence_level)
         n_resamples = _resample_count(n_resamples)
         seed = _seed(seed)
+        _check_judge_options(judge, judge_kwargs, injected_outputs, success_checker)
         if injected_outputs is not None:
-            if judge is not None:
-                raise ValueError(
-                    "pass either `judge` (jailbreaks) or `injected_outputs` (prompt injection), not both."
-                )
             judge_name = "injected_output"
             verdicts = _injection_verdicts(predictions, injected_outputs, success_checker)
         else:
@@ -312,7 +367,7 @@ class Afr(evaluate.Metric):
             if not isinstance(final_answer_only, bool):
                 raise ValueError(f"`final_answer_only` must be True or False, got {final_answer_only!r}.")
             answers = [final_answer(text) for text in predictions] if final_answer_only else list(predictions)
-            verdicts = chosen.judge(references, answers)
+            verdicts = _judged(chosen, references, answers)
 
         unparsed = [index for index, verdict in enumerate(verdicts) if not verdict.parsed]
         if unparsed and on_unparsed == "raise":

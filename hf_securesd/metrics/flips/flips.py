@@ -8,7 +8,7 @@ offline with `evaluate.load(hf_securesd.metrics.path("flips"))`.
 """
 
 import numbers
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 
 import datasets
@@ -57,13 +57,15 @@ interval can.
 
 _KWARGS_DESCRIPTION = """
 Args:
-    predictions (`list` of `int`): the method's outcome per example, 1 (good) or 0 (bad).
+    predictions (`list` of `int`): the method's outcome per example, 1 (good) or 0 (bad), as numbers
+        (text such as "1" is refused).
     references (`list` of `int`): the reference's outcome on the same examples, in the same order.
     alternative (`str`, default "two-sided"): of the McNemar test: "two-sided", "greater" (more
         losses than gains) or "less".
     confidence_level (`float`, default 0.95): level of every interval, strictly between 0 and 1.
     n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`, a whole number from
-        0 to 100000; 0 gives none.
+        0 to 100000; 0 gives none. Resamples are drawn in blocks of at most about 4 million indices,
+        so memory does not grow with n_resamples x examples.
     seed (`int`, default 0): seed of the bootstrap, a whole number >= 0.
 
 Returns:
@@ -85,6 +87,7 @@ Examples:
 """
 
 _MAX_RESAMPLES = 100_000
+_BLOCK_INDICES = 2**22  # at most this many bootstrap indices (plus one resample) are held at once
 
 
 def _check_rows(name: str, values: object, entry: str) -> None:
@@ -98,15 +101,34 @@ def _check_rows(name: str, values: object, entry: str) -> None:
         )
 
 
+def _check_number(label: str, value: object) -> None:
+    """Refuse a number given as text (even "0.5"): the inputs are numbers, and `evaluate` would
+    otherwise parse numeric text, and fail on other text without naming the argument."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(
+            f"`{label}` is the text {value!r:.40}, not a number; pass numbers (convert text first, e.g. "
+            "with float())."
+        )
+
+
+def _check_numbers(name: str, values: Collection) -> None:
+    """`_check_number` for every entry of the column `name`."""
+    for index, value in enumerate(values):
+        _check_number(f"{name}[{index}]", value)
+
+
 def _as_binary(name, values):
-    """`values` as an int array of 0/1; anything else is an error naming `name`."""
+    """`values` as an int array of 0/1; anything else is an error naming `name` and the first
+    entries that are not 0 or 1, as given (None stays None)."""
     array = np.asarray(values, dtype=float)
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be a flat list of 0/1 outcomes, one per example.")
-    if not np.isin(array, (0.0, 1.0)).all():
-        bad = array[~np.isin(array, (0.0, 1.0))][:3].tolist()
+    binary = np.isin(array, (0.0, 1.0))
+    if not binary.all():
+        bad = {int(index): values[index] for index in np.flatnonzero(~binary)[:3]}
         raise ValueError(
-            f"`{name}` must hold binary outcomes (1 = good, 0 = bad), got {bad}; threshold scores first."
+            f"`{name}` must hold binary outcomes (1 = good, 0 = bad), got {bad} (index: entry); "
+            "threshold scores first."
         )
     return array.astype(int)
 
@@ -129,8 +151,8 @@ def _resample_count(n_resamples: object) -> int:
     if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
         raise ValueError(
             f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
-            f"(more barely moves a percentile interval, and every resample holds one index per example "
-            f"in memory), got {n_resamples!r}; pass an int such as n_resamples=1000."
+            f"(more barely moves a percentile interval, and the bootstrap's time grows with it), got "
+            f"{n_resamples!r}; pass an int such as n_resamples=1000."
         )
     return int(n_resamples)
 
@@ -155,6 +177,27 @@ def _seed(seed: object) -> int:
     return int(seed)
 
 
+def _resample_blocks(n: int, n_resamples: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """The bootstrap's indices `rng.integers(0, n, size=(n_resamples, n))`, drawn as consecutive
+    blocks of whole resamples (rows) of at most about `_BLOCK_INDICES` indices: numpy's generator
+    draws the same numbers in the same order either way, so the resamples are the same, but memory
+    stays bounded however large n_resamples x n is."""
+    rows_per_block = max(1, _BLOCK_INDICES // n)
+    for start in range(0, n_resamples, rows_per_block):
+        yield rng.integers(0, n, size=(min(rows_per_block, n_resamples - start), n))
+
+
+def _difference_interval(method, reference, confidence_level, n_resamples, seed):
+    """Seeded paired percentile bootstrap interval of method rate - reference rate."""
+    rng = np.random.default_rng(seed)
+    differences = method - reference
+    blocks = _resample_blocks(len(differences), n_resamples, rng)
+    samples = np.concatenate([differences[block].mean(axis=1) for block in blocks])
+    tail = (1.0 - confidence_level) / 2.0 * 100.0
+    low, high = np.percentile(samples, [tail, 100.0 - tail])
+    return [float(low), float(high)]
+
+
 def _share(count, total):
     return float(count) / total if total else None
 
@@ -165,10 +208,11 @@ class Flips(evaluate.Metric):
 
     def add_batch(self, **columns):
         """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is not a list of
-        outcomes: `evaluate` would read a bare string such as "101" character by character."""
+        numbers: `evaluate` would read a bare string such as "101" character by character, and parse "1"."""
         for name, values in columns.items():
             if values is not None:
                 _check_rows(name, values, "outcome per example")
+                _check_numbers(name, values)
         return super().add_batch(**columns)
 
     def _info(self):
@@ -216,12 +260,7 @@ class Flips(evaluate.Metric):
 
         difference_ci = None
         if n > 1 and n_resamples:
-            rng = np.random.default_rng(seed)
-            rows = rng.integers(0, n, size=(n_resamples, n))
-            samples = (method[rows] - reference[rows]).mean(axis=1)
-            tail = (1.0 - confidence_level) / 2.0 * 100.0
-            low, high = np.percentile(samples, [tail, 100.0 - tail])
-            difference_ci = [float(low), float(high)]
+            difference_ci = _difference_interval(method, reference, confidence_level, n_resamples, seed)
 
         return {
             "n_examples": n,

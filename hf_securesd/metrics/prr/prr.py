@@ -8,7 +8,7 @@ Load it with `evaluate.load("securesd/prr")` once published, or offline with
 
 import numbers
 import warnings
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from collections.abc import Set as AbstractSet
 
 import datasets
@@ -40,8 +40,9 @@ The ratio is unchanged when every score is negated, so its value does not depend
 worse than the draft (a sign that the orientation is wrong). When x_target equals x_draft up to
 rounding (|x_target - x_draft| <= 1e-12 * max(|x_target|, |x_draft|), a tolerance relative to the
 scores' own scale) the ratio is undefined: the metric returns NaN, sets `undefined` and warns,
-never dividing by zero. Scores of any magnitude a float64 holds work: they are rescaled by a
-power of two (exactly) before any mean or difference is taken, so nothing overflows.
+never dividing by zero. Scores of any magnitude a float64 holds work: each setting's scores are
+rescaled by a power of two (exactly) before any mean or difference is taken, so nothing overflows,
+and a setting of tiny scores keeps its precision beside a setting of huge ones.
 
 With `settings` (one hyperparameter setting per row) the PRR is computed per setting and averaged
 over the sweep. With `baseline_predictions` (the same verifier and setting without SecureSD) it
@@ -51,20 +52,24 @@ also reports the paired difference ΔPRR = PRR(with) - PRR(without), averaged ov
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `float`): the method's raw scores, one per example, or a single
-        aggregate score (a list of length one).
+        aggregate score (a list of length one). Scores are numbers: a string, even "0.5", is
+        refused in every score list.
     target_scores (`list` of `float`): the target-only model's scores, aligned with `predictions`.
+        PRR takes no `references`: the target-only and draft-only scores take their place.
     draft_scores (`list` of `float`): the draft-only model's scores, aligned with `predictions`.
     higher_is_better (`bool`, default `True`): orientation of the raw score. Use `False` for
         scores such as attack success rate. Only `True` or `False` is accepted.
     settings (`list`, optional): the hyperparameter setting of each row (a number, a string, None,
-        a tuple...). Rows with equal settings form a group (`1` and `1.0` are one setting, `None`
-        and `"None"` two); PRR is computed per group and averaged over the groups. An unhashable
-        setting (a list, a dict) is grouped and named by its `repr`; NaN is refused.
+        a tuple...). Rows with equal settings form a group, compared by value as Python's `==`
+        does (`1`, `1.0` and `True` are one setting, `None` and `"None"` two); PRR is computed per
+        group and averaged over the groups. An unhashable setting (a list, a dict) is grouped and
+        named by its `repr`; NaN is refused.
     baseline_predictions (`list` of `float`, optional): the paired scores of the method without
         SecureSD (same verifier, setting and example as each row). Enables ΔPRR.
     confidence_level (`float`, default 0.95): level of the bootstrap interval, strictly between 0 and 1.
     n_resamples (`int`, default 1000): bootstrap resamples, a whole number from 0 to 100000; 0 gives
-        no interval.
+        no interval. Resamples are drawn in blocks of at most about 4 million indices, so memory
+        does not grow with n_resamples x examples.
     seed (`int`, default 0): seed of the bootstrap, a whole number >= 0; equal seeds give equal
         intervals.
 
@@ -97,6 +102,7 @@ Examples:
 
 _RELATIVE_TOLERANCE = 1e-12
 _MAX_RESAMPLES = 100_000
+_BLOCK_INDICES = 2**22  # at most this many bootstrap indices (plus one resample) are held at once
 
 
 def _ties(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
@@ -106,18 +112,38 @@ def _ties(target: np.ndarray, draft: np.ndarray) -> np.ndarray:
 
 
 def _prr(method: np.ndarray, target: np.ndarray, draft: np.ndarray) -> np.ndarray:
-    """Elementwise PRR of mean scores given in the units of `_unit_exponent` (so no difference
-    overflows); NaN where the target and draft means tie."""
+    """Elementwise PRR of mean scores, each given in the units of its setting's `_unit_exponent`
+    (so no difference overflows); NaN where the target and draft means tie."""
     undefined = _ties(target, draft)
     return np.where(undefined, np.nan, (method - draft) / np.where(undefined, 1.0, target - draft))
 
 
-def _unit_exponent(columns: dict[str, np.ndarray]) -> int:
-    """The exponent e of the power of two 2**e just above the largest score's magnitude. Scores
+def _unit_exponent(scores: list[np.ndarray]) -> int:
+    """The exponent e of the power of two 2**e just above the largest magnitude in `scores`. Scores
     divided by it (exactly, 2**e being a power of two) lie in (-1, 1), so no mean or difference of
     them overflows even for scores near the float64 limit; PRR, a ratio of differences, is the same."""
-    largest = max(float(np.abs(column).max()) for column in columns.values())
+    largest = max(float(np.abs(values).max()) for values in scores)
     return int(np.frexp(largest)[1])
+
+
+def _rescaled(columns: dict[str, np.ndarray], groups: dict) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Every column with each group's rows divided by 2**e, e the `_unit_exponent` of that group's
+    scores (in all columns), and those exponents, one per group. PRR is a ratio within a group, so
+    it is unchanged, and a group of tiny scores is not flushed to 0 by a group of huge ones."""
+    exponents = np.array(
+        [_unit_exponent([column[rows] for column in columns.values()]) for rows in groups.values()]
+    )
+    scaled = {name: np.empty_like(column) for name, column in columns.items()}
+    for rows, exponent in zip(groups.values(), exponents):
+        for name, column in columns.items():
+            scaled[name][rows] = np.ldexp(column[rows], -exponent)
+    return scaled, exponents
+
+
+def _mean_in_units(group_means: np.ndarray, exponents: np.ndarray, exponent: int) -> float:
+    """The mean of group means given in units of 2**`exponents` (one per group), in units of
+    2**`exponent`, the largest of them (so it stays within (-1, 1))."""
+    return float(np.ldexp(group_means, exponents - exponent).mean())
 
 
 def _from_units(value: float, exponent: int) -> float:
@@ -137,9 +163,26 @@ def _check_rows(name: str, values: object, entry: str) -> None:
         )
 
 
+def _check_number(label: str, value: object) -> None:
+    """Refuse a number given as text (even "0.5"): the inputs are numbers, and `evaluate` would
+    otherwise parse numeric text, and fail on other text without naming the argument."""
+    if isinstance(value, (str, bytes)):
+        raise ValueError(
+            f"`{label}` is the text {value!r:.40}, not a number; pass numbers (convert text first, e.g. "
+            "with float())."
+        )
+
+
+def _check_numbers(name: str, values: Collection) -> None:
+    """`_check_number` for every entry of the column `name`."""
+    for index, value in enumerate(values):
+        _check_number(f"{name}[{index}]", value)
+
+
 def _as_float_array(name: str, values: object) -> np.ndarray:
     """Validate one column: a non-empty list of finite numbers."""
     _check_rows(name, values, "score per row")
+    _check_numbers(name, values)
     array = np.asarray(values, dtype=float)
     if array.ndim != 1:
         raise ValueError(f"`{name}` must be a flat list of numbers, got shape {array.shape}.")
@@ -215,8 +258,8 @@ def _resample_count(n_resamples: object) -> int:
     if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
         raise ValueError(
             f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
-            f"(more barely moves a percentile interval, and every resample holds one index per example "
-            f"in memory), got {n_resamples!r}; pass an int such as n_resamples=1000."
+            f"(more barely moves a percentile interval, and the bootstrap's time grows with it), got "
+            f"{n_resamples!r}; pass an int such as n_resamples=1000."
         )
     return int(n_resamples)
 
@@ -265,15 +308,37 @@ def _oriented_gap(target_mean: float, draft_mean: float, higher_is_better: bool)
     return gap
 
 
+def _resample_blocks(n: int, n_resamples: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
+    """The bootstrap's indices `rng.integers(0, n, size=(n_resamples, n))`, drawn as consecutive
+    blocks of whole resamples (rows) of at most about `_BLOCK_INDICES` indices: numpy's generator
+    draws the same numbers in the same order either way, so the resamples are the same, but memory
+    stays bounded however large n_resamples x n is."""
+    rows_per_block = max(1, _BLOCK_INDICES // n)
+    for start in range(0, n_resamples, rows_per_block):
+        yield rng.integers(0, n, size=(min(rows_per_block, n_resamples - start), n))
+
+
 def _bootstrap_means(columns, groups, n_resamples, rng):
     """Resampled means, shape [n_resamples, n_groups], for each column; rows are resampled within
     each group with the same indices for every column (a paired, stratified bootstrap)."""
     resampled = {name: np.empty((n_resamples, len(groups))) for name in columns}
     for position, rows in enumerate(groups.values()):
-        picks = rows[rng.integers(0, len(rows), size=(n_resamples, len(rows)))]
-        for name, column in columns.items():
-            resampled[name][:, position] = column[picks].mean(axis=1)
+        start = 0
+        for block in _resample_blocks(len(rows), n_resamples, rng):
+            picks, stop = rows[block], start + len(block)
+            for name, column in columns.items():
+                resampled[name][start:stop, position] = column[picks].mean(axis=1)
+            start = stop
     return resampled
+
+
+def _refuse_references(references: object, name: str) -> None:
+    """Refuse `references` (the usual `evaluate` input, which PRR does not have)."""
+    if references is not None:
+        raise ValueError(
+            f"PRR takes no `{name}`: pass the target-only and draft-only models' scores as `target_scores` "
+            "and `draft_scores` (one per row, aligned with `predictions`)."
+        )
 
 
 def _interval(samples, confidence_level):
@@ -290,13 +355,27 @@ def _interval(samples, confidence_level):
 class Prr(evaluate.Metric):
     """Performance recovery ratio of a speculative decoding method between its draft and target."""
 
-    def add_batch(self, **columns):
+    def compute(self, *, references=None, **kwargs):
+        """`evaluate`'s `compute`, refusing `references`, which `evaluate` would silently drop."""
+        _refuse_references(references, "references")
+        return super().compute(**kwargs)
+
+    def add_batch(self, *, references=None, **columns):
         """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is not a list of
-        scores: `evaluate` would read a bare string character by character."""
+        numbers: `evaluate` would read a bare string character by character, and parse "0.5"."""
+        _refuse_references(references, "references")
         for name, values in columns.items():
             if values is not None:
                 _check_rows(name, values, "score per row")
+                _check_numbers(name, values)
         return super().add_batch(**columns)
+
+    def add(self, *, reference=None, **example):
+        """`evaluate`'s `add`, refusing `reference` and a score given as text."""
+        _refuse_references(reference, "reference")
+        for name, value in example.items():
+            _check_number(name, value)
+        return super().add(**example)
 
     def _info(self):
         return evaluate.MetricInfo(
@@ -349,8 +428,8 @@ class Prr(evaluate.Metric):
         n_resamples = _resample_count(n_resamples)
         seed = _seed(seed)
         groups = _group_rows(settings, n_rows)
-        exponent = _unit_exponent(columns)
-        columns = {name: np.ldexp(column, -exponent) for name, column in columns.items()}
+        columns, exponents = _rescaled(columns, groups)
+        exponent = int(exponents.max())
 
         means = {
             name: np.array([column[rows].mean() for rows in groups.values()])
@@ -366,14 +445,17 @@ class Prr(evaluate.Metric):
                 RuntimeWarning,
                 stacklevel=2,
             )
-        oriented_gap = _oriented_gap(means["target"].mean(), means["draft"].mean(), higher_is_better)
+        overall = {
+            name: _mean_in_units(means[name], exponents, exponent) for name in ("method", "target", "draft")
+        }
+        oriented_gap = _oriented_gap(overall["target"], overall["draft"], higher_is_better)
 
         result = {
             "prr": float(prr_per_setting.mean()),
             "undefined": bool(undefined_settings),
-            "method_score": _from_units(means["method"].mean(), exponent),
-            "target_score": _from_units(means["target"].mean(), exponent),
-            "draft_score": _from_units(means["draft"].mean(), exponent),
+            "method_score": _from_units(overall["method"], exponent),
+            "target_score": _from_units(overall["target"], exponent),
+            "draft_score": _from_units(overall["draft"], exponent),
             "target_gap": _from_units(oriented_gap, exponent),
             "n_examples": n_rows,
         }
