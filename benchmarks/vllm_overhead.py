@@ -27,8 +27,8 @@ The plugin changes only the model runner's sampling stage: every patch it applie
 runs inside `GPUModelRunner._sample` (rejection and bonus sampling) or `propose_draft_token_ids`
 (drafting; the same n-gram, EAGLE or draft-model work with and without the plugin). The engine's
 forwards, scheduler and everything else run vLLM's own code in every configuration, and on a shared
-machine they carry most of the whole-engine figure's noise. So the script also clocks this thread's
-CPU time inside those two methods (whatever is installed there in the run) and reports, per
+machine they carry most of the whole-engine figure's noise. So the script also clocks the process's
+CPU time (all its threads, as the whole-engine figure) inside those two methods (whatever is installed there in the run) and reports, per
 configuration, the stage's CPU microseconds per generated token and the plugin's added share:
 (the configuration's stage CPU per token - vLLM's) / vLLM's whole-engine CPU per token, pooled over the
 passes with the same paired bootstrap interval. A share at most 0.03 means the plugin's code costs at
@@ -37,7 +37,8 @@ the stage clock counts the host's CPU time in those calls; kernels they launch r
 
 The JSON output (`--json`) has, per proposer and configuration, the per-pass lists
 `tokens_per_cpu_s`, `tokens_per_s`, `cpu_ratio_to_vllm`, `generated_tokens` and `cpu_seconds`, the
-`acceptance_rate`, and `pooled_cpu_ratio_to_vllm` ({"ratio", "low", "high", "level", "resamples"}).
+`acceptance_rate`, `pooled_cpu_ratio_to_vllm` ({"ratio", "low", "high", "level", "resamples"}), the per-pass
+`stage_cpu_seconds` and `added_stage_share` ({"value", "low", "high", "level", "resamples"}).
 
     python benchmarks/vllm_overhead.py                                   # tiny random Qwen2 pair
     python benchmarks/vllm_overhead.py --proposers draft_model,ngram --repeats 15
@@ -61,7 +62,7 @@ import tempfile
 import time
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Callable, Iterator
 
 PROMPTS = (
     "Write a Python function that checks whether a string is a palindrome.",
@@ -166,8 +167,8 @@ def added_stage_share(row: dict, baseline: dict, passes: list[int]) -> float:
 
 
 def paired_interval(
-    figure, row: dict, baseline: dict, resamples: int, seed: int = 0
-) -> dict[str, float]:
+    figure: Callable[[dict, dict, list[int]], float], row: dict, baseline: dict, resamples: int, seed: int = 0
+) -> dict[str, float | int]:
     """figure(row, baseline, passes) over every pass with its percentile bootstrap interval: `resamples`
     sets of pass indices drawn with replacement (as many as there are passes; the same set for `row` and
     `baseline`, whose passes are paired), the figure recomputed on each."""
@@ -179,7 +180,7 @@ def paired_interval(
             "level": INTERVAL_LEVEL, "resamples": resamples}
 
 
-def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int = 0) -> dict[str, float]:
+def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int = 0) -> dict[str, float | int]:
     """`pooled_ratio` over every pass with its paired percentile bootstrap interval (`paired_interval`),
     the figure under "ratio"."""
     figure = paired_interval(pooled_ratio, row, baseline, resamples, seed)
@@ -188,22 +189,22 @@ def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int =
 
 @contextmanager
 def stage_clock(runner_class: type) -> Iterator[list[float]]:
-    """Clocks this thread's CPU seconds inside runner_class's STAGE_METHODS, as installed on entry (vLLM's
+    """Clocks this process's CPU seconds inside runner_class's STAGE_METHODS, as installed on entry (vLLM's
     own or the plugin's), into the yielded one-element list; puts those methods back on exit. A call made
     inside another clocked call is not counted twice."""
     spent, depth = [0.0], [0]
     installed = {name: getattr(runner_class, name) for name in STAGE_METHODS}
 
-    def clocked(method):
-        def call(self, *args, **kwargs):
+    def clocked(method: Callable) -> Callable:
+        def call(self: Any, *args: Any, **kwargs: Any) -> Any:
             if depth[0]:
                 return method(self, *args, **kwargs)
             depth[0] += 1
-            start = time.thread_time()
+            start = time.process_time()
             try:
                 return method(self, *args, **kwargs)
             finally:
-                spent[0] += time.thread_time() - start
+                spent[0] += time.process_time() - start
                 depth[0] -= 1
 
         return call
