@@ -405,7 +405,7 @@ def text_to_ids(tokenizer: Any, text: str) -> tuple[int, ...]:
             f"tokenizer= ({type(tokenizer).__name__}) could not tokenize the Segments boundary {text!r}: "
             f"{type(error).__name__}: {short_repr(str(error), 200)}; pass the target's own tokenizer (a transformers "
             "tokenizer), or give the boundary as token ids"
-        ) from None
+        ) from error
     if single is not None:
         return single
     if not ids:

@@ -38,6 +38,7 @@ from .stats import speculative_stats
 logger = logging.getLogger(__name__)
 _undo: list[Callable[[], None]] = []
 _uninstalled_refusal: list[Callable[[], None]] = []  # what `uninstall()` left in place of the patches
+_patched: list[bool] = []  # [True] while the patches of an enabled plugin are installed
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 UNINSTALLED_MESSAGE = (
     "hf-securesd's vLLM plugin was uninstalled in this process (hf_securesd.vllm.uninstall()), so this request, "
@@ -76,6 +77,7 @@ def register() -> None:
     else:
         try:
             changes = _install()
+            _patched.append(True)
             logger.warning("hf-securesd vLLM plugin enabled: %s", changes)
             _check_server_default()
             return
@@ -133,7 +135,8 @@ def _check_server_default() -> None:
         default = server_default()
     except TextBoundaryNeedsTokenizer:
         logger.info("hf-securesd: the server-wide default's segments boundary is text, resolved with the "
-                    "model's tokenizer as each request is admitted")
+                    "model's tokenizer as each request is admitted (an engine without a tokenizer refuses "
+                    "such requests)")
         return
     except ValueError as error:
         logger.error("hf-securesd: %s", error)
@@ -145,13 +148,16 @@ def _check_server_default() -> None:
 def uninstall(refuse: bool = True) -> None:
     """Undo every patch `register` installed (for embedding processes and tests).
 
-    refuse: afterwards a request that asks for SecureSD (itself, or through the server-wide default) is
-    refused, offline and over HTTP, saying the plugin was uninstalled, instead of running as plain vLLM
-    (`register()` lifts the refusal). False leaves vLLM exactly as without this package, which ignores
-    the "securesd" key and serves such requests as plain ones: for measuring vLLM's own code."""
+    refuse: when the plugin was enabled (its patches installed), a request that then carries the
+    "securesd" key is refused, offline and over HTTP, saying the plugin was uninstalled, instead of
+    running as plain vLLM (`register()` lifts the refusal); requests without the key, including those
+    that would inherit the server-wide default, run as plain vLLM. False, or a plugin that was never
+    enabled, leaves vLLM exactly as without this package, which ignores the "securesd" key and serves
+    such requests as plain ones: for measuring vLLM's own code."""
+    was_patched = bool(_patched)
     _undo_patches()
     _lift_uninstalled_refusal()
-    if not refuse:
+    if not (refuse and was_patched):
         return
     try:
         from vllm.sampling_params import SamplingParams
@@ -159,13 +165,14 @@ def uninstall(refuse: bool = True) -> None:
         return
     from .compat import patch_http_refusal, patch_refusal
 
-    _uninstalled_refusal.append(patch_refusal(SamplingParams, UNINSTALLED_MESSAGE))
-    _uninstalled_refusal.append(patch_http_refusal(UNINSTALLED_MESSAGE))
+    _uninstalled_refusal.append(patch_refusal(SamplingParams, UNINSTALLED_MESSAGE, include_default=False))
+    _uninstalled_refusal.append(patch_http_refusal(UNINSTALLED_MESSAGE, include_default=False))
 
 
 def _undo_patches() -> None:
     while _undo:
         _undo.pop()()
+    _patched.clear()
 
 
 def _lift_uninstalled_refusal() -> None:

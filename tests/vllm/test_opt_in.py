@@ -171,6 +171,8 @@ def test_after_uninstall_securesd_requests_are_refused_until_registered_again():
 
     with plugin_environment(**{OPT_IN_ENV: "1"}):
         original = patched_symbols()
+        uninstall()  # never enabled in this process: vLLM as it is, nothing to refuse
+        assert patched_symbols() == original
         register()
         SamplingParams(max_tokens=4, extra_args=ASKS)
         uninstall()
@@ -190,6 +192,21 @@ def test_after_uninstall_securesd_requests_are_refused_until_registered_again():
         uninstall(refuse=False)
         assert patched_symbols() == original
         SamplingParams(max_tokens=4, extra_args=ASKS)  # vLLM's own: the key is not read
+
+
+def test_after_uninstall_requests_that_only_inherit_the_default_run_plain():
+    """The refusal after uninstall() is for requests that carry the key: with a server-wide default set,
+    plain requests are not all refused."""
+    from vllm.sampling_params import SamplingParams
+
+    from hf_securesd.vllm import register, uninstall
+
+    with plugin_environment(**{DEFAULT_ENV: '{"verifier": "mars"}'}):
+        register()
+        uninstall()
+        assert SamplingParams(max_tokens=4).max_tokens == 4
+        with pytest.raises(ValueError, match="was uninstalled in this process"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
 
 
 def test_opt_in_keeps_an_operators_runner_choice(caplog):
