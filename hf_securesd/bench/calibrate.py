@@ -172,7 +172,10 @@ def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:
         utility_prr=kind_prr("utility"),
         spd=mean_of(cell.get("spd") for cell in cells),
         acceptance_rate=mean_of(cell.get("acceptance_rate") for cell in cells),
-        spd_same_session=all(cell.get("spd_same_session") is not False for cell in cells),
+        # a cell without a target-only baseline has no SPD (spd_same_session False there): nothing to flag
+        spd_same_session=all(
+            cell.get("spd_same_session") is not False for cell in cells if cell.get("spd") is not None
+        ),
     )
 
 

@@ -26,7 +26,10 @@ from ..models.partials import write_file
 _ROOT = Path(__file__).resolve().parent
 REPO_FILES: tuple[str, ...] = ("README.md", "custom_generate/generate.py", "custom_generate/requirements.txt")
 CUSTOM_GENERATE_FILES: tuple[str, ...] = ("custom_generate/generate.py", "custom_generate/requirements.txt")
-UPLOAD_SKIPPED: frozenset[str] = frozenset({".git"})  # left out by `huggingface_hub` uploads, so never stale
+# Entries a Hub folder holds that the export may leave beside its files: `.git` and `.cache` (a clone's
+# history, `hf download --local-dir`'s metadata in .cache/huggingface: uploads leave both out) and
+# `.gitattributes` (every Hub repo and Space has one).
+UPLOAD_SKIPPED: frozenset[str] = frozenset({".git", ".cache", ".gitattributes"})
 
 
 def path() -> str:
@@ -97,11 +100,16 @@ def export_files(directory: str | Path, files: Mapping[str, Path], *, overwrite:
     of the export that is a link or a file is refused, and so, unless `overwrite` is True, is a
     destination that already holds any of the files in another form (different content, a link) or
     entries that are not part of the export (which an upload of the folder would include). Only the
-    entries under the subfolder `scope` of `directory` are looked at ("": all of it; a `.git` there
-    is skipped, as uploads skip it). With `overwrite=True` the export's files are replaced and other
+    entries under the subfolder `scope` of `directory` are looked at ("": all of it, but for
+    `UPLOAD_SKIPPED`). A `directory` given as a link is checked and written as the folder it names. With `overwrite=True` the export's files are replaced and other
     entries are kept."""
-    directory = Path(directory)
+    directory = given = Path(directory)
+    if directory.is_symlink() and not directory.exists():
+        raise FileExistsError(f"{directory} is a symbolic link to nothing; export into a folder (a new one is made)")
+    if directory.exists() and not directory.is_dir():
+        raise FileExistsError(f"{directory} is a file, not a folder; export into a folder (a new one is made)")
     if directory.exists():
+        directory = directory.resolve()  # the folder the caller named, even through a link: checked as written
         _check_writable(directory, files)
         root = directory / scope
         found = [*_replaced_files(directory, files)]
@@ -115,12 +123,12 @@ def export_files(directory: str | Path, files: Mapping[str, Path], *, overwrite:
                 "folder would include them)."
             )
     directory.mkdir(parents=True, exist_ok=True)
-    real = directory.resolve()  # the folder the caller named, even through a link; none is followed below it
+    real = directory.resolve()  # no link below the folder is followed (`_check_writable`, `write_file`)
     for name, source in files.items():
         target = real / name
         target.parent.mkdir(parents=True, exist_ok=True)
         write_file(target, source.read_bytes())
-    return directory
+    return given
 
 
 def export_custom_generate(directory: str | Path, *, overwrite: bool = False) -> Path:

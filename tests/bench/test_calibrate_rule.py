@@ -74,6 +74,9 @@ def test_an_spd_from_another_session_is_flagged() -> None:
     assert "relaxed" not in note and "new --out" in note
     assert chosen.to_dict()["levels"][1]["spd_same_session"] is False
     assert session_note(recommend(_cells(1.0, {None: 0.5, 1: 1.0}, {None: 2.0, 1: 2.0}), VERIFIER)) is None
+    # a cell without a target-only baseline has no SPD, so no timing of another session to flag
+    untimed = _cells(1.0, {None: 0.5, 1: 1.0}, {None: 2.0, 1: None}, other_session=(1,))
+    assert session_note(recommend(untimed, VERIFIER)) is None
 
 
 def test_a_second_calibrate_into_the_same_out_recommends_from_its_own_L_only(tmp_path, data_dir, capsys) -> None:

@@ -130,3 +130,39 @@ def test_a_wrapped_models_save_writes_over_an_older_custom_generate(tmp_path):
     model.save_pretrained(tmp_path)
     assert (stale / "generate.py").read_text() == (Path(hf_securesd.hub.path()) / "custom_generate" / "generate.py").read_text()
     assert (stale / "notes.txt").read_text() == "kept\n"
+
+
+def test_a_folder_named_through_a_link_is_checked_as_the_folder_it_names(tmp_path):
+    """The link is the caller's own name for the folder: its other files are refused as they are by the
+    folder's real path, not skipped."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "secrets.env").write_text("TOKEN=x\n")
+    (tmp_path / "link").symlink_to(real, target_is_directory=True)
+    for folder in (tmp_path / "link", real):
+        with pytest.raises(FileExistsError, match=r"secrets.env \(not part of the export\)"):
+            hf_securesd.metrics.export("prr", folder)
+    assert sorted(entry.name for entry in real.iterdir()) == ["secrets.env"]
+
+
+def test_a_hub_clone_or_download_is_exported_into_again(tmp_path):
+    """A Space clone has `.gitattributes` and `.git`; `hf download --local-dir` leaves `.cache/huggingface`:
+    uploads leave `.git` and `.cache` out, and every Hub repo has a `.gitattributes`."""
+    clone = tmp_path / "clone"
+    hf_securesd.metrics.export("prr", clone)
+    (clone / ".gitattributes").write_text("*.bin filter=lfs\n")
+    (clone / ".cache" / "huggingface").mkdir(parents=True)
+    (clone / ".git").mkdir()
+    hf_securesd.metrics.export("prr", clone)
+    assert (clone / ".gitattributes").read_text() == "*.bin filter=lfs\n"
+
+
+@pytest.mark.parametrize("kind", ["file", "dangling link"])
+def test_a_file_or_a_link_to_nothing_as_the_folder_is_named(kind, tmp_path):
+    target = tmp_path / "out"
+    if kind == "file":
+        target.write_text("x")
+    else:
+        target.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(FileExistsError, match="is a file, not a folder" if kind == "file" else "symbolic link to nothing"):
+        hf_securesd.metrics.export("prr", target)
