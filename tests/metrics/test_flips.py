@@ -136,3 +136,11 @@ def test_the_bootstrap_in_blocks_draws_the_same_resamples(flips, monkeypatch) ->
     expected = [float(bound) for bound in np.percentile(samples, [tail, 100.0 - tail])]
     monkeypatch.setattr(module, "_BLOCK_INDICES", 4 * 29 + 1)  # 4 resamples per block, the last one short
     assert module._difference_interval(method, reference, 0.95, 99, 4) == expected
+
+
+def test_one_outcome_given_as_text_to_add_is_refused_as_in_add_batch():
+    metric = evaluate.load(metrics.path("flips"))
+    with pytest.raises(ValueError, match=r"`prediction` is the text '1', not a number"):
+        metric.add(prediction="1", reference=1)
+    metric.add(prediction=1, reference=0)
+    assert metric.compute()["n_examples"] == 1

@@ -215,6 +215,12 @@ class Flips(evaluate.Metric):
                 _check_numbers(name, values)
         return super().add_batch(**columns)
 
+    def add(self, **example):
+        """`evaluate`'s `add`, refusing an outcome given as text (as `add_batch` does)."""
+        for name, value in example.items():
+            _check_number(name, value)
+        return super().add(**example)
+
     def _info(self):
         return evaluate.MetricInfo(
             module_type="metric",
