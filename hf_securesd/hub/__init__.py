@@ -26,10 +26,19 @@ from ..models.partials import write_file
 _ROOT = Path(__file__).resolve().parent
 REPO_FILES: tuple[str, ...] = ("README.md", "custom_generate/generate.py", "custom_generate/requirements.txt")
 CUSTOM_GENERATE_FILES: tuple[str, ...] = ("custom_generate/generate.py", "custom_generate/requirements.txt")
-# Entries a Hub folder holds that the export may leave beside its files: `.git` and `.cache` (a clone's
-# history, `hf download --local-dir`'s metadata in .cache/huggingface: uploads leave both out) and
-# `.gitattributes` (every Hub repo and Space has one).
-UPLOAD_SKIPPED: frozenset[str] = frozenset({".git", ".cache", ".gitattributes"})
+# What a Hub upload leaves out of a folder: `.git` (a clone's history) and `.cache/huggingface`
+# (`hf download --local-dir`'s metadata); and what every Hub repo holds: a `.gitattributes` file.
+UPLOAD_SKIPPED: frozenset[str] = frozenset({".git", ".cache/huggingface"})
+HUB_FILES: frozenset[str] = frozenset({".gitattributes"})
+_SEARCHED = ".cache"  # searched for what else it holds (its `huggingface` entry is skipped)
+
+
+def _allowed_beside(name: str, entry: Path) -> bool:
+    """Whether the entry `name` (relative to the export's folder) may stay beside the export: skipped by
+    uploads, or a Hub repo's own regular file (a link or folder there would be uploaded as something else)."""
+    if name in UPLOAD_SKIPPED:
+        return True
+    return name in HUB_FILES and entry.is_file() and not entry.is_symlink()
 
 
 def path() -> str:
@@ -81,9 +90,9 @@ def _other_entries(folder: Path, prefix: str, files: Mapping[str, Path], folders
     part of the export, without descending into them; the export's own folders are searched."""
     for entry in sorted(folder.iterdir()):
         name = f"{prefix}{entry.name}"
-        if name in files or (not prefix and name in UPLOAD_SKIPPED):
+        if name in files or _allowed_beside(name, entry):
             continue
-        if name in folders:
+        if name in folders or (name == _SEARCHED and entry.is_dir() and not entry.is_symlink()):
             yield from _other_entries(entry, f"{name}/", files, folders)
         else:
             kind = "/" if entry.is_dir() and not entry.is_symlink() else ""
@@ -101,8 +110,8 @@ def export_files(directory: str | Path, files: Mapping[str, Path], *, overwrite:
     destination that already holds any of the files in another form (different content, a link) or
     entries that are not part of the export (which an upload of the folder would include). Only the
     entries under the subfolder `scope` of `directory` are looked at ("": all of it, but for
-    `UPLOAD_SKIPPED`). A `directory` given as a link is checked and written as the folder it names. With `overwrite=True` the export's files are replaced and other
-    entries are kept."""
+    what `_allowed_beside` allows). A `directory` given as a link is checked and written as the folder
+    it names. With `overwrite=True` the export's files are replaced and other entries are kept."""
     directory = given = Path(directory)
     if directory.is_symlink() and not directory.exists():
         raise FileExistsError(f"{directory} is a symbolic link to nothing; export into a folder (a new one is made)")

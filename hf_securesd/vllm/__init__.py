@@ -38,7 +38,7 @@ from .stats import speculative_stats
 logger = logging.getLogger(__name__)
 _undo: list[Callable[[], None]] = []
 _uninstalled_refusal: list[Callable[[], None]] = []  # what `uninstall()` left in place of the patches
-_patched: list[bool] = []  # [True] while the patches of an enabled plugin are installed
+_enabled: list[bool] = []  # [True] once the operator's opt-in reached `register()` in this process
 RUNNER_ENV = "VLLM_USE_V2_MODEL_RUNNER"
 UNINSTALLED_MESSAGE = (
     "hf-securesd's vLLM plugin was uninstalled in this process (hf_securesd.vllm.uninstall()), so this request, "
@@ -71,13 +71,13 @@ def register() -> None:
         _undo.append(patch_refusal(SamplingParams, message, include_default=False))
         _undo.append(patch_http_refusal(message, include_default=False))
         return
+    _enabled[:] = [True]
     mismatches = check_installed()
     if mismatches:
         message = mismatch_message(vllm.__version__, mismatches)
     else:
         try:
             changes = _install()
-            _patched.append(True)
             logger.warning("hf-securesd vLLM plugin enabled: %s", changes)
             _check_server_default()
             return
@@ -148,16 +148,18 @@ def _check_server_default() -> None:
 def uninstall(refuse: bool = True) -> None:
     """Undo every patch `register` installed (for embedding processes and tests).
 
-    refuse: when the plugin was enabled (its patches installed), a request that then carries the
-    "securesd" key is refused, offline and over HTTP, saying the plugin was uninstalled, instead of
-    running as plain vLLM (`register()` lifts the refusal); requests without the key, including those
-    that would inherit the server-wide default, run as plain vLLM. False, or a plugin that was never
-    enabled, leaves vLLM exactly as without this package, which ignores the "securesd" key and serves
-    such requests as plain ones: for measuring vLLM's own code."""
-    was_patched = bool(_patched)
+    refuse: when the operator enabled the plugin in this process (its patches installed, or SecureSD
+    requests refused for a vLLM it cannot patch), a request that then carries the "securesd" key is
+    refused, offline and over HTTP, saying the plugin was uninstalled, instead of running as plain
+    vLLM; a second `uninstall()` keeps that, and `register()` lifts it. Requests without the key,
+    including those that would inherit the server-wide default, run as plain vLLM. False, or a plugin
+    never enabled here, leaves vLLM exactly as without this package, which ignores the "securesd" key
+    and serves such requests as plain ones: for measuring vLLM's own code."""
+    was_enabled = bool(_enabled) or bool(_uninstalled_refusal)
     _undo_patches()
     _lift_uninstalled_refusal()
-    if not (refuse and was_patched):
+    _enabled.clear()
+    if not (refuse and was_enabled):
         return
     try:
         from vllm.sampling_params import SamplingParams
@@ -172,7 +174,6 @@ def uninstall(refuse: bool = True) -> None:
 def _undo_patches() -> None:
     while _undo:
         _undo.pop()()
-    _patched.clear()
 
 
 def _lift_uninstalled_refusal() -> None:

@@ -166,3 +166,20 @@ def test_a_file_or_a_link_to_nothing_as_the_folder_is_named(kind, tmp_path):
         target.symlink_to(tmp_path / "nowhere")
     with pytest.raises(FileExistsError, match="is a file, not a folder" if kind == "file" else "symbolic link to nothing"):
         hf_securesd.metrics.export("prr", target)
+
+
+@pytest.mark.parametrize("entry", [".gitattributes/secrets.env", ".gitattributes -> link", ".cache/secrets.env", ".cache file"])
+def test_only_what_uploads_skip_or_a_repos_own_gitattributes_file_is_allowed_beside(entry, tmp_path):
+    """A `.gitattributes` folder or link, or a `.cache` holding more than `huggingface/`, would be uploaded."""
+    folder = tmp_path / "out"
+    folder.mkdir()
+    if entry == ".gitattributes -> link":
+        (tmp_path / "outside.txt").write_text("secret\n")
+        (folder / ".gitattributes").symlink_to(tmp_path / "outside.txt")
+    elif entry == ".cache file":
+        (folder / ".cache").write_text("x")
+    else:
+        (folder / entry).parent.mkdir()
+        (folder / entry).write_text("TOKEN=x\n")
+    with pytest.raises(FileExistsError, match="not part of the export"):
+        hf_securesd.metrics.export("prr", folder)

@@ -185,7 +185,9 @@ def test_after_uninstall_securesd_requests_are_refused_until_registered_again():
         assert SamplingParams(max_tokens=4).max_tokens == 4  # plain requests run as in vLLM
         with pytest.raises(VLLMValidationError, match="was uninstalled in this process"):
             CompletionRequest(model="m", prompt="hi", max_tokens=4, securesd="lossless").to_sampling_params(4, {})
-        uninstall()  # twice: still one refusal, lifted at once by register()
+        uninstall()  # twice: the refusal stays, and register() lifts it at once
+        with pytest.raises(ValueError, match="was uninstalled in this process"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
         register()
         assert SamplingParams(max_tokens=4, extra_args=ASKS).extra_args == ASKS
         assert patched_symbols()["_sample"] is not original["_sample"]
@@ -237,3 +239,20 @@ def test_engine_without_opt_in_is_vllm_without_the_plugin(pair_dir, probe_withou
     assert "start vLLM with SECURESD_VLLM=1" in (installed["refusal"] or "")
     assert probe_without_plugin["refusal"] is None
     assert "hf-securesd vLLM plugin enabled" not in installed["stderr"]
+
+
+def test_after_a_failed_install_uninstall_keeps_securesd_requests_refused(monkeypatch):
+    """The operator opted in, but the plugin could not patch this vLLM (a mismatch): SecureSD requests are
+    refused, and uninstall() must not turn that into plain serving."""
+    from vllm.sampling_params import SamplingParams
+
+    from hf_securesd.vllm import features, register, uninstall
+
+    with plugin_environment(**{OPT_IN_ENV: "1"}):
+        monkeypatch.setattr(features, "check_installed", lambda: ["GPUModelRunner._sample: a faked mismatch"])
+        register()
+        with pytest.raises(ValueError, match="cannot run SecureSD"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
+        uninstall()
+        with pytest.raises(ValueError, match="was uninstalled in this process"):
+            SamplingParams(max_tokens=4, extra_args=ASKS)
