@@ -249,10 +249,11 @@ def test_after_a_failed_install_uninstall_keeps_securesd_requests_refused(monkey
     from hf_securesd.vllm import features, register, uninstall
 
     with plugin_environment(**{OPT_IN_ENV: "1"}):
-        monkeypatch.setattr(features, "check_installed", lambda: ["GPUModelRunner._sample: a faked mismatch"])
-        register()
-        with pytest.raises(ValueError, match="cannot run SecureSD"):
-            SamplingParams(max_tokens=4, extra_args=ASKS)
-        uninstall()
-        with pytest.raises(ValueError, match="was uninstalled in this process"):
-            SamplingParams(max_tokens=4, extra_args=ASKS)
+        with monkeypatch.context() as patch:  # undone before the plugin's state is restored on exit
+            patch.setattr(features, "check_installed", lambda: ["GPUModelRunner._sample: a faked mismatch"])
+            register()
+            with pytest.raises(ValueError, match="cannot run SecureSD"):
+                SamplingParams(max_tokens=4, extra_args=ASKS)
+            uninstall()
+            with pytest.raises(ValueError, match="was uninstalled in this process"):
+                SamplingParams(max_tokens=4, extra_args=ASKS)
