@@ -25,8 +25,11 @@ def overhead():
     del sys.modules[spec.name]
 
 
-def row(tokens: list[int], seconds: list[float]) -> dict:
-    return {"generated_tokens": tokens, "cpu_seconds": seconds}
+def row(tokens: list[int], seconds: list[float], thread: list[float] | None = None) -> dict:
+    """A configuration's per-pass figures; the engine thread's CPU defaults to half the process's (the
+    spinning OpenMP worker holds the other half)."""
+    thread = [value / 2 for value in seconds] if thread is None else thread
+    return {"generated_tokens": tokens, "cpu_seconds": seconds, "engine_thread_cpu_seconds": thread}
 
 
 def test_the_pooled_ratio_is_total_tokens_over_total_cpu_time_against_the_baseline(overhead) -> None:
@@ -76,31 +79,44 @@ def test_every_configuration_gets_its_pooled_figures_and_the_table_prints_them(o
                             "tokens_per_s": [60.0, 15.0], "cpu_ratio_to_vllm": [1.0, 0.5],
                             "stage_cpu_seconds": [0.13, 0.13], "acceptance_rate": 0.5, "engine_torch_threads": 1},
     }
+    rows["plugin_lossless"]["engine_thread_cpu_seconds"] = [0.6, 1.2]  # the process's other threads differ
     overhead.add_pooled_ratios(rows, resamples=50)
     assert rows[overhead.BASELINE]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(1.0)
     assert rows["plugin_lossless"]["pooled_cpu_ratio_to_vllm"]["ratio"] == pytest.approx(3 / 5)
+    # engine thread: (128 / 1.8) / (128 / 1.5)
+    assert rows["plugin_lossless"]["pooled_thread_ratio_to_vllm"]["ratio"] == pytest.approx(1.5 / 1.8)
     assert rows[overhead.BASELINE]["added_stage_share"]["value"] == pytest.approx(0.0)
-    # (0.26 - 0.2) / 128 tokens of stage time against vLLM's 3 CPU seconds / 128 tokens
-    assert rows["plugin_lossless"]["added_stage_share"]["value"] == pytest.approx(0.02)
+    # (0.26 - 0.2) / 128 tokens of stage time against vLLM's 1.5 engine-thread seconds / 128 tokens
+    assert rows["plugin_lossless"]["added_stage_share"]["value"] == pytest.approx(0.04)
     overhead.print_table("ngram", rows)
     printed = capsys.readouterr().out
     assert "pooled vs vLLM [95% CI]" in printed and "   0.600 [" in printed
-    assert "ngram (torch threads in the engine: 1)" in printed
-    assert "added share [95% CI]" in printed and "+0.0200 [" in printed
+    assert "engine thread [95% CI]" in printed and "  0.833 [" in printed
+    assert "ngram (torch threads in the engine: 1; vLLM's run: process CPU = 2.00 x the engine thread's)" in printed
+    assert "added share [95% CI]" in printed and "+0.0400 [" in printed
     assert "      2031.2 " in printed  # the configuration's stage: 0.26 s / 128 tokens in microseconds
 
 
-def test_the_added_stage_share_compares_stage_time_per_token_against_the_whole_engine(overhead) -> None:
-    base = {**row([100, 300], [1.0, 3.0]), "stage_cpu_seconds": [0.1, 0.3]}
-    mine = {**row([200, 200], [2.0, 2.0]), "stage_cpu_seconds": [0.4, 0.2]}
+def test_the_added_stage_share_compares_stage_time_per_token_against_the_engine_thread(overhead) -> None:
+    # the process's CPU (a spinning OpenMP worker besides the engine thread) does not enter
+    base = {**row([100, 300], [9.0, 9.0], thread=[1.0, 3.0]), "stage_cpu_seconds": [0.1, 0.3]}
+    mine = {**row([200, 200], [9.0, 9.0], thread=[2.0, 2.0]), "stage_cpu_seconds": [0.4, 0.2]}
     # passes 0 and 1: (0.6 / 400 - 0.4 / 400) / (4.0 / 400) = 0.05
     assert overhead.added_stage_share(mine, base, [0, 1]) == pytest.approx(0.05)
     # pass 0 alone: (0.4 / 200 - 0.1 / 100) / (1.0 / 100) = 0.1; pass 1 twice: (0.2 / 200 - 0.3 / 300) / 0.01 = 0
     assert overhead.added_stage_share(mine, base, [0]) == pytest.approx(0.1)
     assert overhead.added_stage_share(mine, base, [1, 1]) == pytest.approx(0.0)
-    # a cheaper stage is a negative share; the whole-engine times of the configuration do not enter
-    cheaper = {**row([100, 300], [9.0, 9.0]), "stage_cpu_seconds": [0.05, 0.15]}
+    # a cheaper stage is a negative share; the engine-thread times of the configuration do not enter
+    cheaper = {**row([100, 300], [9.0, 9.0], thread=[7.0, 7.0]), "stage_cpu_seconds": [0.05, 0.15]}
     assert overhead.added_stage_share(cheaper, base, [0, 1]) == pytest.approx(-0.2 / 4.0)
+
+
+def test_the_engine_thread_ratio_pools_the_engine_threads_cpu_time(overhead) -> None:
+    base = row([100, 300], [9.0, 9.0], thread=[1.0, 3.0])
+    mine = row([100, 300], [1.0, 1.0], thread=[2.0, 3.0])
+    # (400 / 5) / (400 / 4): the process's seconds would give 9x instead
+    assert overhead.pooled_thread_ratio(mine, base, [0, 1]) == pytest.approx(0.8)
+    assert overhead.pooled_thread_ratio(mine, base, [0]) == pytest.approx(0.5)
 
 
 def test_the_stage_clock_counts_cpu_time_inside_the_installed_methods_once_and_puts_them_back(overhead) -> None:
