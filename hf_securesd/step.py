@@ -260,6 +260,8 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
     x_star = round_.target_argmax
     if x_star is None:
         x_star = vocab_argmax(round_.target_logits)
+    if k == 0:  # no drafts: every row takes x* at its first position
+        return StepOutput(None, None, partial(_no_alpha, batch, x_star.device), eta, host=([0] * batch, x_star[:, 0].tolist()))
     if round_.draft_counts is None:
         counts = [k] * batch
     else:
@@ -280,6 +282,11 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
     return StepOutput(None, None, alpha, eta, host=(accepted, next_tokens))
 
 
+def _no_alpha(batch: int, device: torch.device) -> torch.Tensor:
+    """alpha [B, 0] of a round without drafts."""
+    return torch.zeros(batch, 0, dtype=torch.float32, device=device)
+
+
 def _round_shape(round_: VerificationRound) -> tuple[int, int, int | None]:
     """(B, k, V) of `round_` (V None when no tensor has a vocabulary), once every field agrees with them
     (Python attribute reads only); ValueError naming the field and the shape it must have otherwise."""
@@ -295,7 +302,12 @@ def _round_shape(round_: VerificationRound) -> tuple[int, int, int | None]:
             f"VerificationRound.rows holds {len(round_.rows)} RowSpecs but draft_tokens has {batch} rows; give "
             "one RowSpec per row"
         )
-    vocab = next((tensor.shape[-1] for tensor in _vocabulary_tensors(round_) if tensor is not None), None)
+    vocab = None
+    for name in _VOCABULARY_FIELDS:  # V from the first tensor that has a vocabulary (a loop: each call counts)
+        tensor = getattr(round_, name)
+        if tensor is not None:
+            vocab = tensor.shape[-1]
+            break
     for name, shape in _expected_shapes(batch, k, vocab):
         tensor = getattr(round_, name)
         if isinstance(tensor, torch.Tensor) and tensor.shape != shape:
@@ -330,11 +342,6 @@ def _at_least_float32(round_: VerificationRound) -> VerificationRound:
 
 
 _VOCABULARY_FIELDS = ("target_logits", "target_raw_logits", "draft_logits", "draft_raw_logits", "draft_probs")
-
-
-def _vocabulary_tensors(round_: VerificationRound) -> tuple[torch.Tensor | None, ...]:
-    """The round's tensors with a vocabulary dimension (last), in the order V is read from."""
-    return tuple(getattr(round_, name) for name in _VOCABULARY_FIELDS)
 
 
 def _expected_shapes(batch: int, k: int, vocab: int | None) -> tuple[tuple[str, tuple[int, ...]], ...]:
@@ -412,19 +419,31 @@ def _check_target_given(round_: VerificationRound, verifier: Verifier, greedy: b
         )
 
 
+_DEFERRABLE_SCHEDULES = (type(None), Step, Linear, Power)
+
+
 def _weights_cannot_fail(round_: VerificationRound) -> bool:
     """Every row has no schedule or one of the built-in position schedules, whose weights always lie in
     [0, 1]: deferring them cannot hide an error (another schedule is evaluated, and checked, at once)."""
-    return all(spec.schedule is None or type(spec.schedule) in (Step, Linear, Power) for spec in round_.rows)
+    rows = round_.rows
+    first = rows[0].schedule
+    if type(first) in _DEFERRABLE_SCHEDULES and all(spec.schedule is first for spec in rows):
+        return True
+    return all(type(spec.schedule) in _DEFERRABLE_SCHEDULES for spec in rows)
 
 
 def _groups(round_: VerificationRound) -> dict[tuple[Verifier, bool], list[int]]:
     """Row indices by (verifier, greedy)."""
-    greedy = round_.greedy
-    flags = [greedy] * len(round_.rows) if isinstance(greedy, bool) else [bool(flag) for flag in greedy.tolist()]
-    first = round_.rows[0].verifier
-    if all(spec.verifier is first for spec in round_.rows) and len(set(flags)) == 1:
-        return {(first, flags[0]): list(range(len(round_.rows)))}
+    greedy, rows = round_.greedy, round_.rows
+    first = rows[0].verifier
+    if isinstance(greedy, bool):
+        if all(spec.verifier is first for spec in rows):
+            return {(first, greedy): list(range(len(rows)))}
+        flags = [greedy] * len(rows)
+    else:
+        flags = [bool(flag) for flag in greedy.tolist()]
+        if all(spec.verifier is first for spec in rows) and len(set(flags)) == 1:
+            return {(first, flags[0]): list(range(len(rows)))}
     groups: dict[tuple[Verifier, bool], list[int]] = defaultdict(list)
     for index, (spec, flag) in enumerate(zip(round_.rows, flags)):
         groups[(spec.verifier, bool(flag))].append(index)

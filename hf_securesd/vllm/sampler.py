@@ -85,13 +85,38 @@ class RowPlan:
 
 
 class RowResult(NamedTuple):
-    """What verification did for one row: drafts it verified and how many it accepted (a tuple, built for
-    every row of every step)."""
+    """What verification did for one row: drafts it verified and how many it accepted."""
 
     row: int
     position: int
     verified: int
     accepted: int
+
+
+class RowResults(Sequence[RowResult]):
+    """A step's `RowResult`s, one per plan, built on first read (the engine reads none; a trace does)."""
+
+    __slots__ = ("_plans", "_counts", "_accepted", "_built")
+
+    def __init__(self, plans: Sequence[RowPlan], counts: list[int], accepted: list[int]) -> None:
+        self._plans, self._counts, self._accepted = plans, counts, accepted
+        self._built: list[RowResult] | None = None
+
+    def _results(self) -> list[RowResult]:
+        if self._built is None:
+            self._built = [
+                RowResult(plan.row, plan.position, n, a) for plan, n, a in zip(self._plans, self._counts, self._accepted)
+            ]
+        return self._built
+
+    def __getitem__(self, index):  # type: ignore[override]  (int -> RowResult, slice -> list)
+        return self._results()[index]
+
+    def __len__(self) -> int:
+        return len(self._plans)
+
+    def __repr__(self) -> str:
+        return repr(self._results())
 
 
 def verify_rows(
@@ -104,8 +129,9 @@ def verify_rows(
     bonus_logits: torch.Tensor,
     bonus_token_ids: torch.Tensor,
     greedy: Sequence[bool],
-) -> list[RowResult]:
-    """Verify the rows in `plans` and write their tokens into `output_token_ids` (in place).
+) -> Sequence[RowResult]:
+    """Verify the rows in `plans` and write their tokens into `output_token_ids` (in place); what was done
+    for each row is returned (`RowResult`s, one per plan).
 
     Args:
         output_token_ids: [B, max_spec_len + 1] int output buffer; other rows are left untouched.
@@ -352,6 +378,11 @@ def _host_argmax_round(
     size, k = len(rows), max(counts)
     if bonus_logits.dtype != target_logits.dtype:
         bonus_logits = bonus_logits.to(target_logits.dtype)
+    if not draft_token_ids.numel():
+        # A step without drafts (an n-gram step that matched nothing): each row's x* is its bonus position's.
+        at_bonus = host_argmax(bonus_logits)
+        best = at_bonus if viewed else at_bonus[list(rows)]
+        return torch.zeros(size, 0, dtype=torch.long), torch.from_numpy(best.astype(np.int64, copy=False)).view(size, 1)
     at_drafts = host_argmax(target_logits)
     at_bonus = host_argmax(bonus_logits)
     drafts = draft_token_ids.numpy()
@@ -462,25 +493,32 @@ def _write(
     round_: VerificationRound,
     output: StepOutput,
     output_token_ids: torch.Tensor,
-) -> list[RowResult]:
+) -> RowResults:
     """Each row's accepted drafts, then its next token, then placeholders, into vLLM's buffer."""
     accepted, next_tokens = output.host_lists()
+    rows = [plan.row for plan in plans]
+    every_row = rows == list(range(output_token_ids.shape[0]))
+    where = slice(None) if every_row else rows
+    if output_token_ids.is_cpu and not any(accepted):
+        # Every row ends at its first position (the common n-gram step): two NumPy writes.
+        buffer = output_token_ids.numpy()
+        buffer[where] = PLACEHOLDER
+        buffer[where, 0] = next_tokens
+        return RowResults(plans, counts, accepted)
     drafts = round_.draft_tokens.tolist() if any(accepted) else [[]] * len(accepted)  # (a read fewer)
     width = output_token_ids.shape[1]
     written = [
         (drafts[i][:a] + [next_tokens[i]] + [PLACEHOLDER] * width)[:width] for i, a in enumerate(accepted)
     ]
-    rows = [plan.row for plan in plans]
-    every_row = rows == list(range(output_token_ids.shape[0]))
     if output_token_ids.is_cpu:  # NumPy writes the lists into the buffer's own memory, converting once
-        output_token_ids.numpy()[slice(None) if every_row else rows] = written
+        output_token_ids.numpy()[where] = written
     elif every_row:
         output_token_ids.copy_(torch.from_numpy(np.array(written)))  # converts the dtype and device at once
     else:
         device = output_token_ids.device
         values = torch.from_numpy(np.array(written)).to(device, output_token_ids.dtype)
         output_token_ids[torch.tensor(rows, device=device)] = values
-    return [RowResult(plan.row, plan.position, n, a) for plan, n, a in zip(plans, counts, accepted)]
+    return RowResults(plans, counts, accepted)
 
 
 def target_only_token(

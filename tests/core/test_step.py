@@ -120,6 +120,30 @@ def test_greedy_lossless_cpu_rounds_decided_on_the_host_equal_the_torch_rule():
         assert torch.equal(host.alpha, alpha), seed
 
 
+def test_a_greedy_lossless_round_without_drafts_takes_x_star_at_each_rows_first_position():
+    """k = 0 (no row drafted): every row accepts nothing and ends with x*[:, 0], decided on the host and by
+    the torch rule alike (a round on the meta device takes the torch route); alpha is [B, 0]."""
+    from hf_securesd.mixing import verify_round
+    from hf_securesd.verifiers.base import RoundInputs
+
+    generator = torch.Generator().manual_seed(5)
+    target = torch.randn(4, 1, V, generator=generator)
+    round_ = VerificationRound(
+        rows=[RowSpec(Lossless())] * 4, draft_tokens=torch.zeros(4, 0, dtype=torch.long), draft_counts=None,
+        starts=torch.tensor([0, 3, 1, 7]), target_logits=target, target_raw_logits=target, greedy=True,
+    )
+    host = verify_step(round_)
+    assert host.host_lists() == ([0] * 4, target[:, 0].argmax(-1).tolist())
+    assert host.alpha.shape == (4, 0) and host.eta.shape == (4, 0)
+    given = verify_step(VerificationRound(**{**vars(round_), "target_logits": None, "target_raw_logits": None,
+                                             "target_argmax": target.argmax(-1)}))
+    assert given.host_lists() == host.host_lists()
+    inputs = RoundInputs(draft_tokens=round_.draft_tokens, target_logits=target, draft_logits=None,
+                         target_raw_logits=target, draft_raw_logits=None, greedy=True)
+    accepted, next_tokens, alpha = verify_round(Lossless(), inputs, None)
+    assert (accepted.tolist(), next_tokens.tolist()) == host.host_lists() and alpha.shape == (4, 0)
+
+
 def test_draft_probabilities_the_proposer_gives_are_the_ones_verified():
     """At T > 0 a round's `draft_probs` is p itself (not recomputed): the proposer's own softmax gives the
     same outcome as none given, for the same seed, and other probabilities change what is accepted."""

@@ -91,6 +91,45 @@ def test_greedy_lossless_writes_target_greedy(layout: str, seed: int) -> None:
         assert written == expected + [PLACEHOLDER] * (len(written) - len(expected)), f"row {row}"
 
 
+@pytest.mark.parametrize("rows", [[0, 1, 2], [2, 0]])
+def test_a_step_without_drafts_writes_each_rows_bonus_argmax(rows: list[int]) -> None:
+    """An n-gram step that matched nothing (num_tokens = 0): each SecureSD row gets the argmax of its bonus
+    position, then placeholders; the others keep vLLM's tokens."""
+    step = VllmStep([0, 0, 0], seed=5)
+    output = torch.full((3, 3), 77, dtype=torch.int32)  # vLLM's buffer is as wide as its longest proposal
+    verify_rows(step.plans(rows, LOSSLESS, one_hot=True), output, step.drafts, step.counts, step.raw, step.target,
+                step.bonus, step.bonus.argmax(-1).to(torch.int32)[:, None], [True] * 3)
+    for row in range(3):
+        expected = [int(step.bonus[row].argmax())] + [PLACEHOLDER] * 2 if row in rows else [77] * 3
+        assert output[row].tolist() == expected, row
+
+
+def test_a_step_where_no_row_accepts_writes_x_star_at_each_rows_first_position() -> None:
+    counts = [3, 0, 2]
+    step = VllmStep(counts, seed=6)
+    step.drafts = (step.target.argmax(-1) + 1) % VOCAB  # every draft differs from x*
+    step.drafts = step.drafts.to(torch.int32)
+    output = step.run(step.plans([0, 1, 2], LOSSLESS, one_hot=True))
+    assert output[0].tolist() == [int(step.target[0].argmax())] + [PLACEHOLDER] * 3
+    assert output[1].tolist() == [int(step.bonus[1].argmax())] + [PLACEHOLDER] * 3
+    assert output[2].tolist() == [int(step.target[3].argmax())] + [PLACEHOLDER] * 3
+
+
+def test_the_results_are_one_per_plan_built_when_read() -> None:
+    counts = [3, 0, 2]
+    step = VllmStep(counts, seed=8)
+    plans = step.plans([0, 2], LOSSLESS, one_hot=True)
+    output = torch.full((3, 4), 77, dtype=torch.int32)
+    results = verify_rows(plans, output, step.drafts, counts, step.raw, step.target, step.bonus,
+                          step.bonus.argmax(-1).to(torch.int32)[:, None], [True] * 3)
+    assert len(results) == 2 and [r.row for r in results] == [0, 2] and [r.position for r in results] == [0, 4]
+    assert results[1].verified == 2 and results[0].verified == 2  # row 0's third draft is invalid (-1)
+    for result in results:
+        written = output[result.row].tolist()
+        assert written[result.accepted + 1 :] == [PLACEHOLDER] * (3 - result.accepted)
+    assert list(results) == results[:] and results[-1] is results[1]
+
+
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_a_greedy_lossless_round_holds_the_argmax_and_no_logits(layout: str) -> None:
     """The round carries x* [G, k+1] arranged as the logits round would hold its logits, and no logits."""
