@@ -8,8 +8,10 @@ that read tokens, their committed responses) and writes the `StepOutput` into vL
 [B, max_spec_len + 1]: accepted drafts, then the token that ends the round, then -1 placeholders.
 Everything else is the core's, once for every engine: grouping rows by verifier, the eta default, the
 no-usable-draft rule, the bonus token (drawn from q at the position after the accepted drafts, with
-the row's generator; vLLM's own bonus token is used only by the fallback below, for a row that
-drafted nothing when the bonus logits are missing) and per-request generators. A row without draft
+the row's generator) and per-request generators. vLLM's own bonus tokens are read in two places only:
+a greedy round takes a greedy row's as x* at its bonus position (vLLM's sampler took the argmax of the
+same processed logits there, so the [B, V] logits are not reduced twice), and the fallback below gives
+it to a row that drafted nothing when the bonus logits are missing. A row without draft
 logits verifies no draft unless its proposer is one-hot (n-gram: `RowPlan.one_hot`).
 
 A failure while verifying (a rule raising on some logits, a schedule failing at some position) never
@@ -142,8 +144,11 @@ def verify_rows(
         target_logits: [num_tokens, V] processed target logits at the drafted positions (vLLM's
             constraints and penalties, then temperature and top-k/top-p; unscaled for greedy rows).
         bonus_logits: [B, V] processed target logits at each request's bonus position, the same way.
-        bonus_token_ids: [B] (or [B, 1]) vLLM's bonus tokens, used only by a row that falls back
-            (`target_only_token`) having drafted nothing.
+        bonus_token_ids: [B] (or [B, 1]) vLLM's bonus tokens. A greedy row's is vLLM's argmax of its bonus
+            logits (its sampler takes the argmax of the same processed logits, `Sampler.greedy_sample`), so
+            a greedy lossless round reads it as x* at the bonus positions instead of reducing the [B, V]
+            logits again; a row that falls back (`target_only_token`) having drafted nothing without
+            bonus logits takes it as its token.
         greedy: [B] whether each request decodes at temperature 0.
     """
     if not plans:
@@ -151,7 +156,8 @@ def verify_rows(
     layout = _Layout(num_draft_tokens)
     counts = _usable_counts(plans, draft_token_ids, layout)
     round_ = _round(
-        plans, counts, layout, draft_token_ids, target_raw_logits, target_logits, bonus_logits, greedy
+        plans, counts, layout, draft_token_ids, target_raw_logits, target_logits, bonus_logits, bonus_token_ids,
+        greedy,
     )
     try:
         output = core_step.verify_step(round_, check_ranges=False)  # vLLM's own ids, counts from its layout
@@ -288,6 +294,7 @@ def _round(
     target_raw_logits: torch.Tensor,
     target_logits: torch.Tensor,
     bonus_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
     greedy: Sequence[bool],
 ) -> VerificationRound:
     """The SecureSD rows as one ragged round of G rows, k = max usable drafts.
@@ -298,8 +305,9 @@ def _round(
     with the bonus position's. Otherwise each entry is gathered (`_gather_index`).
 
     A round whose rows are all greedy and lossless (the rule reads the target's argmax x* alone) gets
-    x* [G, k+1] instead of logits: the argmax of vLLM's processed logits [num_tokens, V] and of the bonus
-    logits [B, V], arranged as the logits would be, and no draft logits (the rule never reads p); on CPU
+    x* [G, k+1] instead of logits: the argmax of vLLM's processed logits [num_tokens, V] and, at the bonus
+    positions, vLLM's greedy bonus tokens (the argmax of the bonus logits [B, V], see `verify_rows`),
+    arranged as the logits would be, and no draft logits (the rule never reads p); on CPU
     tensors it is arranged through NumPy (`_host_argmax_round`)."""
     device = target_logits.device
     k = max(counts)
@@ -312,8 +320,8 @@ def _round(
     lossless = facts.lossless
     argmax_round = lossless and all(flags)  # `reads_draft_logits` false: the rule reads x* alone
     argmax = processed = raw = None
-    if argmax_round and target_logits.is_cpu and draft_token_ids.is_cpu and bonus_logits.is_cpu:
-        drafts, argmax = _host_argmax_round(rows, counts, layout, viewed, draft_token_ids, target_logits, bonus_logits)
+    if argmax_round and target_logits.is_cpu and draft_token_ids.is_cpu and bonus_token_ids.is_cpu:
+        drafts, argmax = _host_argmax_round(rows, counts, layout, viewed, draft_token_ids, target_logits, bonus_token_ids)
     else:
         index = None if viewed else _gather_index(rows, tuple(counts), tuple(layout.counts), device)
         drafts = draft_token_ids if draft_token_ids.device == device else draft_token_ids.to(device)
@@ -321,7 +329,7 @@ def _round(
             drafts = drafts.index_select(0, index[0]).clamp_min(0)
         drafts = drafts.view(size, k).long()
         if argmax_round:
-            argmax = _target_argmax(target_logits, bonus_logits, size, k, index)
+            argmax = _target_argmax(target_logits, bonus_token_ids, size, k, index)
         elif index is None:
             processed = torch.cat(
                 [target_logits.view(size, k, vocab), bonus_logits.to(target_logits.dtype).view(size, 1, vocab)],
@@ -369,47 +377,44 @@ def _host_argmax_round(
     viewed: bool,
     draft_token_ids: torch.Tensor,
     target_logits: torch.Tensor,
-    bonus_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(drafts [G, k] long, x* [G, k+1] long) of a greedy lossless round on CPU tensors, arranged through
     NumPy: the same entries as the torch route (`_gather_index`, `_target_argmax`) with a few NumPy calls
     in place of a dozen small torch operations. draft_token_ids [num_tokens] (-1 marks an invalid draft:
-    clamped to 0, past the row's usable count), target_logits [num_tokens, V], bonus_logits [B, V]."""
+    clamped to 0, past the row's usable count), target_logits [num_tokens, V], bonus_token_ids [B] or
+    [B, 1]: x* at each request's bonus position (see `verify_rows`)."""
     size, k = len(rows), max(counts)
-    if bonus_logits.dtype != target_logits.dtype:
-        bonus_logits = bonus_logits.to(target_logits.dtype)
+    at_bonus = bonus_token_ids.reshape(-1).numpy()
     if not draft_token_ids.numel():
         # A step without drafts (an n-gram step that matched nothing): each row's x* is its bonus position's.
-        at_bonus = host_argmax(bonus_logits)
         best = at_bonus if viewed else at_bonus[list(rows)]
-        return torch.zeros(size, 0, dtype=torch.long), torch.from_numpy(best.astype(np.int64, copy=False)).view(size, 1)
+        return torch.zeros(size, 0, dtype=torch.long), torch.from_numpy(best.astype(np.int64)).view(size, 1)
     at_drafts = host_argmax(target_logits)
-    at_bonus = host_argmax(bonus_logits)
     drafts = draft_token_ids.numpy()
     if viewed:
-        best = np.concatenate([at_drafts.reshape(size, k), at_bonus.reshape(size, 1)], axis=1)
+        best = np.concatenate([at_drafts.reshape(size, k), at_bonus.reshape(size, 1)], axis=1, dtype=np.int64)
         drafts = drafts.reshape(size, k)
     else:
         draft_index, processed_index = _host_gather_index(rows, tuple(counts), tuple(layout.counts))
-        best = np.concatenate([at_drafts, at_bonus])[processed_index]
+        best = np.concatenate([at_drafts, at_bonus], dtype=np.int64)[processed_index]
         drafts = np.maximum(drafts[draft_index], 0)
     return torch.from_numpy(drafts.astype(np.int64, copy=False)), torch.from_numpy(best)
 
 
 def _target_argmax(
     target_logits: torch.Tensor,
-    bonus_logits: torch.Tensor,
+    bonus_token_ids: torch.Tensor,
     size: int,
     k: int,
     index: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
 ) -> torch.Tensor:
     """x* [G, k+1] long: the argmax of the processed logits the round would hold, taken over vLLM's
-    tensors (target_logits [num_tokens, V], bonus_logits [B, V]) before arranging, so no [G, k+1, V]
-    tensor is built. index: `_gather_index`'s, or None for the viewed layout."""
+    tensors (target_logits [num_tokens, V]; at the bonus positions vLLM's greedy bonus tokens,
+    bonus_token_ids [B] or [B, 1], see `verify_rows`) before arranging, so no [G, k+1, V] tensor is built.
+    index: `_gather_index`'s, or None for the viewed layout."""
     at_drafts = vocab_argmax(target_logits)
-    if bonus_logits.dtype != target_logits.dtype:
-        bonus_logits = bonus_logits.to(target_logits.dtype)
-    at_bonus = vocab_argmax(bonus_logits)
+    at_bonus = bonus_token_ids.reshape(-1).to(at_drafts.device, torch.long)
     if index is None:
         return torch.cat([at_drafts.view(size, k), at_bonus.view(size, 1)], dim=1)
     return torch.cat([at_drafts, at_bonus]).index_select(0, index[1]).view(size, k + 1)

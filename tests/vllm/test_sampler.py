@@ -407,7 +407,8 @@ def test_viewed_and_gathered_layouts_build_the_same_round(verifier) -> None:
     request = SecureSDRequest(VERIFIERS[verifier], Step(L=2))
     plans = [RowPlan(row, request, 3 + row, draft_logits[row], draft_logits[row]) for row in range(rows)]
     layout = _Layout([K] * rows)
-    step = (drafts, target_raw, processed[:, :K].reshape(-1, vocab), processed[:, K], [True] * rows)
+    bonus_ids = processed[:, K].argmax(-1).to(torch.int32)[:, None]  # vLLM's greedy bonus tokens
+    step = (drafts, target_raw, processed[:, :K].reshape(-1, vocab), processed[:, K], bonus_ids, [True] * rows)
     viewed = _round(plans, [K] * rows, layout, *step)
     order = list(reversed(range(rows)))
     gathered = _round([plans[row] for row in order], [K] * rows, layout, *step)

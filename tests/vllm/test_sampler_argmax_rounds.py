@@ -40,6 +40,7 @@ class VllmStep:
         drafted = [start + row + j for row, start in enumerate(starts) for j in range(counts[row])]
         self.target = self.raw[drafted] * 1.5  # stands for vLLM's processing
         self.bonus = self.raw[[start + row + counts[row] for row, start in enumerate(starts)]] * 1.5
+        self.bonus_ids = self.bonus.argmax(-1).to(torch.int32)[:, None]  # vLLM's greedy bonus tokens
         argmax = self.target.argmax(-1)
         others = torch.randint(0, VOCAB, argmax.shape, generator=generator)
         self.drafts = torch.where(torch.rand(argmax.shape, generator=generator) < 0.6, argmax, others)
@@ -56,8 +57,8 @@ class VllmStep:
 
     def run(self, plans: list[RowPlan]) -> torch.Tensor:
         output = torch.full((len(self.counts), max(self.counts) + 1), 77, dtype=torch.int32)
-        verify_rows(plans, output, self.drafts, self.counts, self.raw, self.target, self.bonus,
-                    self.bonus.argmax(-1).to(torch.int32)[:, None], [True] * len(self.counts))
+        verify_rows(plans, output, self.drafts, self.counts, self.raw, self.target, self.bonus, self.bonus_ids,
+                    [True] * len(self.counts))
         return output
 
     def target_greedy(self, row: int) -> list[int]:
@@ -98,7 +99,7 @@ def test_a_step_without_drafts_writes_each_rows_bonus_argmax(rows: list[int]) ->
     step = VllmStep([0, 0, 0], seed=5)
     output = torch.full((3, 3), 77, dtype=torch.int32)  # vLLM's buffer is as wide as its longest proposal
     verify_rows(step.plans(rows, LOSSLESS, one_hot=True), output, step.drafts, step.counts, step.raw, step.target,
-                step.bonus, step.bonus.argmax(-1).to(torch.int32)[:, None], [True] * 3)
+                step.bonus, step.bonus_ids, [True] * 3)
     for row in range(3):
         expected = [int(step.bonus[row].argmax())] + [PLACEHOLDER] * 2 if row in rows else [77] * 3
         assert output[row].tolist() == expected, row
@@ -120,8 +121,8 @@ def test_the_results_are_one_per_plan_built_when_read() -> None:
     step = VllmStep(counts, seed=8)
     plans = step.plans([0, 2], LOSSLESS, one_hot=True)
     output = torch.full((3, 4), 77, dtype=torch.int32)
-    results = verify_rows(plans, output, step.drafts, counts, step.raw, step.target, step.bonus,
-                          step.bonus.argmax(-1).to(torch.int32)[:, None], [True] * 3)
+    results = verify_rows(plans, output, step.drafts, counts, step.raw, step.target, step.bonus, step.bonus_ids,
+                          [True] * 3)
     assert len(results) == 2 and [r.row for r in results] == [0, 2] and [r.position for r in results] == [0, 4]
     assert results[1].verified == 2 and results[0].verified == 2  # row 0's third draft is invalid (-1)
     for result in results:
@@ -136,7 +137,7 @@ def test_a_greedy_lossless_round_holds_the_argmax_and_no_logits(layout: str) -> 
     counts, rows, one_hot = LAYOUTS[layout]
     step = VllmStep(counts, seed=7)
     layout_ = _Layout(counts)
-    tensors = (step.drafts, step.raw, step.target, step.bonus, [True] * len(counts))
+    tensors = (step.drafts, step.raw, step.target, step.bonus, step.bonus_ids, [True] * len(counts))
 
     def build(request: SecureSDRequest):
         plans = step.plans(rows, request, one_hot)
@@ -151,23 +152,40 @@ def test_a_greedy_lossless_round_holds_the_argmax_and_no_logits(layout: str) -> 
         assert torch.equal(getattr(ours, name), getattr(with_logits, name)), name
 
 
-@pytest.mark.parametrize("layout", [*LAYOUTS, "viewed_full"])
+MORE_LAYOUTS = {"viewed_full": ([K] * 4, list(range(4)), False), "no_drafts": ([0] * 5, [0, 2, 4], True),
+                "no_drafts_viewed": ([0] * 3, [0, 1, 2], True)}
+
+
+@pytest.mark.parametrize("layout", [*LAYOUTS, *MORE_LAYOUTS])
 def test_the_host_route_arranges_what_the_torch_route_arranges(layout: str) -> None:
     """On CPU tensors a greedy lossless round's drafts and x* are arranged through NumPy
     (`_host_argmax_round`); the torch route (`_gather_index`, `_target_argmax`, for other devices) gives
-    the same tensors, dtypes included, gathered and viewed."""
-    counts, rows, one_hot = LAYOUTS.get(layout, ([K] * 4, list(range(4)), False))
+    the same tensors, dtypes included, gathered and viewed, with and without drafts in the step."""
+    counts, rows, one_hot = LAYOUTS.get(layout) or MORE_LAYOUTS[layout]
     step = VllmStep(counts, seed=11)
     layout_ = _Layout(counts)
     usable = _usable_counts(step.plans(rows, LOSSLESS, one_hot), step.drafts, layout_)
-    viewed = layout == "viewed_full"
-    drafts, best = _host_argmax_round(tuple(rows), usable, layout_, viewed, step.drafts, step.target, step.bonus)
+    viewed = layout.endswith("viewed") or layout == "viewed_full"
+    drafts, best = _host_argmax_round(tuple(rows), usable, layout_, viewed, step.drafts, step.target, step.bonus_ids)
     k = max(usable)
     index = None if viewed else _gather_index(tuple(rows), tuple(usable), tuple(counts), torch.device("cpu"))
     expected_drafts = step.drafts if index is None else step.drafts.index_select(0, index[0]).clamp_min(0)
     assert torch.equal(drafts, expected_drafts.view(len(rows), k).long())
-    assert torch.equal(best, _target_argmax(step.target, step.bonus, len(rows), k, index))
+    assert torch.equal(best, _target_argmax(step.target, step.bonus_ids, len(rows), k, index))
     assert drafts.dtype == best.dtype == torch.long
+
+
+@pytest.mark.parametrize("counts", [[0, 0, 0], [2, 0, 3]])
+def test_a_greedy_rows_x_star_at_its_bonus_position_is_vllms_greedy_bonus_token(counts: list[int]) -> None:
+    """vLLM's sampler took the argmax of the bonus logits for greedy rows; the round reads that token rather
+    than reducing the [B, V] logits again (a token given here that is not the argmax shows which is read)."""
+    step = VllmStep(counts, seed=9)
+    step.drafts = step.target.argmax(-1).to(torch.int32)  # every draft accepted: each row reaches its bonus
+    step.bonus_ids = (step.bonus_ids + 1) % VOCAB
+    output = step.run(step.plans([0, 1, 2], LOSSLESS, one_hot=True))
+    for row in range(3):
+        written = output[row].tolist()
+        assert written[counts[row]] == int(step.bonus_ids[row]), row
 
 
 def test_a_sampled_row_keeps_the_logits() -> None:
@@ -177,7 +195,7 @@ def test_a_sampled_row_keeps_the_logits() -> None:
     plans = step.plans([0, 1], LOSSLESS, one_hot=False)
     layout = _Layout(counts)
     round_ = _round(plans, _usable_counts(plans, step.drafts, layout), layout, step.drafts, step.raw,
-                    step.target, step.bonus, [True, False])
+                    step.target, step.bonus, step.bonus_ids, [True, False])
     assert round_.target_logits is not None and round_.target_argmax is None
     assert round_.draft_logits is not None
 
