@@ -260,14 +260,14 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
     x_star = round_.target_argmax
     if x_star is None:
         x_star = vocab_argmax(round_.target_logits)
-    if k == 0:  # no drafts: every row takes x* at its first position
-        return StepOutput(None, None, partial(_no_alpha, batch, x_star.device), eta, host=([0] * batch, x_star[:, 0].tolist()))
     if round_.draft_counts is None:
         counts = [k] * batch
     else:
         counts = round_.draft_counts.tolist()
         if min(counts) < 0 or max(counts) > k:
             _raise_bad_count(counts, k)
+    if k == 0:  # no drafts: every row takes x* at its first position
+        return StepOutput(None, None, partial(_no_alpha, batch, x_star.device), eta, host=([0] * batch, x_star[:, 0].tolist()))
     accepted, next_tokens = [], []
     for drafts, best, count in zip(round_.draft_tokens.tolist(), x_star.tolist(), counts):
         kept = 0

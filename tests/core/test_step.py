@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from hf_securesd import MARS, Lossless, LossySD, Step
@@ -142,6 +143,9 @@ def test_a_greedy_lossless_round_without_drafts_takes_x_star_at_each_rows_first_
                          target_raw_logits=target, draft_raw_logits=None, greedy=True)
     accepted, next_tokens, alpha = verify_round(Lossless(), inputs, None)
     assert (accepted.tolist(), next_tokens.tolist()) == host.host_lists() and alpha.shape == (4, 0)
+    # counts past k = 0 are refused there as anywhere
+    with pytest.raises(ValueError, match=r"draft_counts\[2\] = 1, outside \[0, k\] with k = 0"):
+        verify_step(VerificationRound(**{**vars(round_), "draft_counts": torch.tensor([0, 0, 1, 0])}))
 
 
 def test_draft_probabilities_the_proposer_gives_are_the_ones_verified():
