@@ -91,6 +91,20 @@ REFUSED = {
         "the reply has 2 <function-call> blocks; put every call in one list",
     ),
     "empty block": (CALL.format(""), "holds 0 statements"),
+    # values AgentDojo fails on after parsing, outside the errors it handles (the episode would end with an
+    # error and the pair leave the figures): literal_eval of a string argument, a call written back in decimal
+    "string its executor cannot read": (
+        CALL.format('[send_money(recipient="' + "-" * 3000 + '1", amount=1.0, subject="x", date="2022-01-01")]'),
+        r"send_money\(\.\.\.\) has a string argument that cannot be read back \(RecursionError\)",
+    ),
+    "string nested in a list": (
+        CALL.format('[send_money(recipient=["' + "-" * 3000 + '1"], amount=1.0)]'),
+        "has a string argument that cannot be read back",
+    ),
+    "integer too long for decimal": (
+        CALL.format('[send_money(recipient="x", amount=0x' + "f" * 3580 + ', subject="s", date="2022-01-01")]'),
+        r"send_money\(\.\.\.\) has an integer argument of 14320 bits, too long to write in decimal",
+    ),
 }
 
 
@@ -110,6 +124,9 @@ def test_well_formed_calls_still_parse(llm):
         ("send_money", {"recipient": "X", "amount": 1.0, "subject": "s", "date": "2022-01-01"}),
     ]
     assert [call.function for call in llm.parse(CALL.format("get_balance()"))["tool_calls"]] == ["get_balance"]
+    # strings that are Python literals or not, long numbers that fit in decimal: kept
+    odd = llm.parse(CALL.format('[send_money(recipient="[\'a\', \'b\']", amount=' + "9" * 4000 + ', subject="1 +", date="x")]'))
+    assert odd["tool_calls"][0].args["recipient"] == "['a', 'b']" and odd["tool_calls"][0].args["subject"] == "1 +"
 
 
 LONG = {

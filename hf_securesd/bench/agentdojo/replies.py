@@ -67,7 +67,7 @@ def _check_call_block(source: str) -> None:
 
 
 def _check_call(call: ast.Call) -> None:
-    """Arguments by keyword only, each given once."""
+    """Arguments by keyword only, each given once, with values AgentDojo can use (`_check_values`)."""
     name = call.func.id if isinstance(call.func, ast.Name) else "a call"
     if call.args:
         raise ASTParsingError(f"{name}(...) has positional arguments; pass every argument by name, e.g. f(a=1)")
@@ -75,6 +75,36 @@ def _check_call(call: ast.Call) -> None:
     repeated = sorted(argument for argument, count in counts.items() if count > 1)
     if repeated:
         raise ASTParsingError(f"{name}(...) repeats the argument(s) {', '.join(repeated)}; give each once")
+    for keyword in call.keywords:
+        _check_values(name, keyword.value)
+
+
+def _check_values(name: str, value: ast.AST) -> None:
+    """Refuse an argument value that AgentDojo would fail on after parsing, outside the errors it
+    handles, which would end the episode with an error (and take the pair out of the figures): its tool
+    executor `ast.literal_eval`s every string argument, catching only ValueError and SyntaxError (a
+    string of a few thousand "-" raises RecursionError there), and every call is written back into
+    the next prompt in decimal (an integer of more than Python's 4,300-digit limit raises ValueError)."""
+    for node in ast.walk(value):
+        constant = node.value if isinstance(node, ast.Constant) else None
+        if isinstance(constant, str):
+            try:
+                ast.literal_eval(constant)
+            except (ValueError, SyntaxError):
+                pass
+            except Exception as error:  # noqa: BLE001 - RecursionError, MemoryError: what AgentDojo does not catch
+                raise ASTParsingError(
+                    f"{name}(...) has a string argument that cannot be read back ({type(error).__name__}); "
+                    "give a shorter, plain string"
+                ) from None
+        elif isinstance(constant, int):
+            try:
+                repr(constant)
+            except ValueError:
+                raise ASTParsingError(
+                    f"{name}(...) has an integer argument of {constant.bit_length()} bits, too long to write "
+                    "in decimal; give a shorter number"
+                ) from None
 
 
 def _parse_error_text(error: Exception) -> str:
