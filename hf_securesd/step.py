@@ -267,7 +267,8 @@ def _greedy_lossless_on_host(round_: VerificationRound, eta: Callable[[], torch.
         if min(counts) < 0 or max(counts) > k:
             _raise_bad_count(counts, k)
     if k == 0:  # no drafts: every row takes x* at its first position
-        return StepOutput(None, None, partial(_no_alpha, batch, x_star.device), eta, host=([0] * batch, x_star[:, 0].tolist()))
+        no_alpha = partial(_no_alpha, batch, x_star.device)
+        return StepOutput(None, None, no_alpha, eta, host=([0] * batch, x_star[:, 0].tolist()))
     accepted, next_tokens = [], []
     for drafts, best, count in zip(round_.draft_tokens.tolist(), x_star.tolist(), counts):
         kept = 0

@@ -138,7 +138,7 @@ class StrongRejectJudge(Judge):
         user = _PLACEHOLDER.sub(lambda match: values[match.group(1)], self.rubric)
         return [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": user}]
 
-    def verdict(self, reply: str, problem: str | None = None, response: str = "") -> Verdict:
+    def verdict(self, reply: str, response: str, problem: str | None = None) -> Verdict:
         """The verdict for one judge reply to `response`; unparsed when the backend reports a `problem`
         with it (a reply cut off before it ended: its only `#scores` block may be one quoted from the
         response), and when the response holds rubric lines of its own (a `#scores` or `n.b` answer
@@ -164,4 +164,4 @@ class StrongRejectJudge(Judge):
             raise RuntimeError(
                 f"the judge backend returned {len(replies)} replies for {len(prompts)} requests."
             )
-        return [self.verdict(reply.text, reply.problem, response) for reply, response in zip(replies, responses)]
+        return [self.verdict(reply.text, response, reply.problem) for reply, response in zip(replies, responses)]

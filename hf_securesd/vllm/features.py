@@ -120,6 +120,9 @@ REQUIRED: tuple[Symbol, ...] = (
     Symbol(_REJECTION, "Sampler.forward", "callable", ("logits", "sampling_metadata", "predict_bonus_token")),
     Symbol(_REJECTION, "Sampler.apply_logits_processors", "callable",
            ("logits", "sampling_metadata", "predict_bonus_token"), "none"),
+    # sampler._round: a greedy row's bonus token is read as x*, the argmax vLLM's sampler takes of the
+    # processed bonus logits (`greedy_sample`)
+    Symbol(_REJECTION, "Sampler.sample", "callable", ("logits", "sampling_metadata"), uses=("greedy_sample",)),
     # drafting.patch_proposer, and the top-k/top-p op the plugin calls itself
     Symbol("vllm.v1.spec_decode.llm_base_proposer", "SpecDecodeBaseProposer._sample_draft_tokens", "callable",
            ("hidden_states", "sampling_metadata"), "none"),

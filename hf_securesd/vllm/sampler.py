@@ -30,7 +30,7 @@ import logging
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from typing import NamedTuple, Sequence
+from typing import NamedTuple, Sequence, overload
 
 import numpy as np
 import torch
@@ -96,7 +96,8 @@ class RowResult(NamedTuple):
 
 
 class RowResults(Sequence[RowResult]):
-    """A step's `RowResult`s, one per plan, built on first read (the engine reads none; a trace does)."""
+    """A step's `RowResult`s, one per plan, built on first read (the engine reads none; the tests trace
+    them). Equal to any sequence of the same results."""
 
     __slots__ = ("_plans", "_counts", "_accepted", "_built")
 
@@ -111,11 +112,24 @@ class RowResults(Sequence[RowResult]):
             ]
         return self._built
 
-    def __getitem__(self, index):  # type: ignore[override]  (int -> RowResult, slice -> list)
+    @overload
+    def __getitem__(self, index: int) -> RowResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RowResult]: ...
+
+    def __getitem__(self, index: int | slice) -> RowResult | list[RowResult]:
         return self._results()[index]
 
     def __len__(self) -> int:
         return len(self._plans)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Sequence) or isinstance(other, str):
+            return NotImplemented
+        return self._results() == list(other)
+
+    __hash__ = None  # type: ignore[assignment]  (mutable-looking, compared by value)
 
     def __repr__(self) -> str:
         return repr(self._results())

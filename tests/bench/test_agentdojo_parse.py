@@ -97,10 +97,6 @@ REFUSED = {
         CALL.format('[send_money(recipient="' + "-" * 3000 + '1", amount=1.0, subject="x", date="2022-01-01")]'),
         r"send_money\(\.\.\.\) has a string argument that cannot be read back \(RecursionError\)",
     ),
-    "string nested in a list": (
-        CALL.format('[send_money(recipient=["' + "-" * 3000 + '1"], amount=1.0)]'),
-        "has a string argument that cannot be read back",
-    ),
     "integer too long for decimal": (
         CALL.format('[send_money(recipient="x", amount=0x' + "f" * 3580 + ', subject="s", date="2022-01-01")]'),
         r"send_money\(\.\.\.\) has an integer argument of 14320 bits, too long to write in decimal",
@@ -127,6 +123,9 @@ def test_well_formed_calls_still_parse(llm):
     # strings that are Python literals or not, long numbers that fit in decimal: kept
     odd = llm.parse(CALL.format('[send_money(recipient="[\'a\', \'b\']", amount=' + "9" * 4000 + ', subject="1 +", date="x")]'))
     assert odd["tool_calls"][0].args["recipient"] == "['a', 'b']" and odd["tool_calls"][0].args["subject"] == "1 +"
+    # AgentDojo reads back only top-level strings: the same string inside a list is kept
+    nested = llm.parse(CALL.format('[send_money(recipient=["' + "-" * 3000 + '1"], amount=1.0)]'))
+    assert nested["tool_calls"][0].args["recipient"] == ["-" * 3000 + "1"]
 
 
 LONG = {

@@ -97,7 +97,7 @@ def test_a_step_without_drafts_writes_each_rows_bonus_argmax(rows: list[int]) ->
     """An n-gram step that matched nothing (num_tokens = 0): each SecureSD row gets the argmax of its bonus
     position, then placeholders; the others keep vLLM's tokens."""
     step = VllmStep([0, 0, 0], seed=5)
-    output = torch.full((3, 3), 77, dtype=torch.int32)  # vLLM's buffer is as wide as its longest proposal
+    output = torch.full((3, 3), 77, dtype=torch.int32)  # a buffer wider than the step needs: every column is written
     verify_rows(step.plans(rows, LOSSLESS, one_hot=True), output, step.drafts, step.counts, step.raw, step.target,
                 step.bonus, step.bonus_ids, [True] * 3)
     for row in range(3):
@@ -129,6 +129,7 @@ def test_the_results_are_one_per_plan_built_when_read() -> None:
         written = output[result.row].tolist()
         assert written[result.accepted + 1 :] == [PLACEHOLDER] * (3 - result.accepted)
     assert list(results) == results[:] and results[-1] is results[1]
+    assert results == list(results) and results == tuple(results) and results != list(results)[:1]
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))

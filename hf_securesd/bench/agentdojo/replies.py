@@ -82,22 +82,23 @@ def _check_call(call: ast.Call) -> None:
 def _check_values(name: str, value: ast.AST) -> None:
     """Refuse an argument value that AgentDojo would fail on after parsing, outside the errors it
     handles, which would end the episode with an error (and take the pair out of the figures): its tool
-    executor `ast.literal_eval`s every string argument, catching only ValueError and SyntaxError (a
-    string of a few thousand "-" raises RecursionError there), and every call is written back into
-    the next prompt in decimal (an integer of more than Python's 4,300-digit limit raises ValueError)."""
+    executor `ast.literal_eval`s every top-level string argument, catching only ValueError and
+    SyntaxError (a string of a few thousand "-" raises RecursionError there), and every call is written
+    back into the next prompt in decimal (an integer of more than Python's 4,300-digit limit, anywhere
+    in the value, raises ValueError)."""
+    if isinstance(value, ast.Constant) and isinstance(value.value, str):
+        try:
+            ast.literal_eval(value.value)
+        except (ValueError, SyntaxError):
+            pass
+        except Exception as error:  # noqa: BLE001 - RecursionError, MemoryError, ...: what AgentDojo does not catch
+            raise ASTParsingError(
+                f"{name}(...) has a string argument that cannot be read back ({type(error).__name__}); "
+                "give a shorter, plain string"
+            ) from None
     for node in ast.walk(value):
         constant = node.value if isinstance(node, ast.Constant) else None
-        if isinstance(constant, str):
-            try:
-                ast.literal_eval(constant)
-            except (ValueError, SyntaxError):
-                pass
-            except Exception as error:  # noqa: BLE001 - RecursionError, MemoryError: what AgentDojo does not catch
-                raise ASTParsingError(
-                    f"{name}(...) has a string argument that cannot be read back ({type(error).__name__}); "
-                    "give a shorter, plain string"
-                ) from None
-        elif isinstance(constant, int):
+        if isinstance(constant, int):
             try:
                 repr(constant)
             except ValueError:
