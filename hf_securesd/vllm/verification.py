@@ -128,42 +128,46 @@ def _row_plans(
     none, only how many proposals were recorded: no [k, V] logits are stacked), generator, committed
     response."""
     batch = runner.input_batch
-    req_ids = batch.req_ids
-    rows = [row for row, request in enumerate(requests) if request is not None]
+    req_ids, states, device = batch.req_ids, runner.requests, runner.device
     # Token counts of the batch's rows as lists (two conversions, cheaper than NumPy arithmetic on a few
     # rows): a row still in prefill (no drafts; its next token is response token 0) would count below 0.
     computed = batch.num_computed_tokens_cpu[: len(requests)].tolist()
     prompted = batch.num_prompt_tokens[: len(requests)].tolist()
-    positions = [max(computed[row] + 1 - prompted[row], 0) for row in rows]
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
     reads_logits = False
     if stash is not None:  # only rows with recorded drafts have draft logits to hand over
+        rows = [row for row, request in enumerate(requests) if request is not None]
         greedy = _greedy_rows(batch.sampling_metadata, len(requests))
         reads_logits = sampler.reads_draft_logits([requests[row] for row in rows], [greedy[row] for row in rows])
     one_hot = one_hot_proposer(runner.drafter)
-    row_of = stash.row_of if stash is not None else {}
+    row_of = stash.row_of if stash is not None else None  # None: nothing was recorded (one-hot proposers)
     drafted_rows = stash.drafts.batch_rows if stash is not None else 0
     proposals = stash.drafts.proposals if stash is not None else 0
     plans = []
-    for row, position in zip(rows, positions):
-        req_id, request = req_ids[row], requests[row]
+    for row, request in enumerate(requests):
+        if request is None:
+            continue
+        req_id = req_ids[row]
+        position = computed[row] + 1 - prompted[row]
+        if position < 0:
+            position = 0
         raw = processed = proposed = None
-        drafted_row = row_of.get(req_id)
+        drafted_row = row_of.get(req_id) if row_of else None
         if drafted_row is not None and reads_logits:
             raw, processed = stash.drafts.row_logits(drafted_row)
         elif drafted_row is not None:
             proposed = proposals if drafted_row < drafted_rows else 0
         response = None
-        if getattr(request.schedule, "reads_tokens", False):
-            response = list(runner.requests[req_id].output_token_ids[:position])
+        if request.schedule is not None and request.schedule.reads_tokens:
+            response = list(states[req_id].output_token_ids[:position])
             if any(token < 0 for token in response):
                 # A placeholder (vLLM's async scheduling, refused on admission): the schedule cannot be read,
                 # so the row is verified exactly this step.
                 logger.error("SecureSD: batch row %d's response holds placeholders; verified lossless this step", row)
                 request, response = LOSSLESS_REQUEST, None
-        generator = generators.get(row)
+        generator = generators.get(row) if generators else None
         if generator is None:
-            generator = seeded_generator(runner.requests[req_id], runner.device)
+            generator = seeded_generator(states[req_id], device)
         plans.append(sampler.RowPlan(row, request, position, raw, processed, generator, response, one_hot, proposed))
     return plans
 
@@ -179,7 +183,7 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
             self._securesd_drafts = None
             return original_propose(self, *args, **kwargs)
         requests = _batch_requests(self)
-        if not any(request is not None for request in requests):
+        if requests.count(None) == len(requests):  # no SecureSD row (list.count: one C-level pass)
             self._securesd_drafts = None
             return original_propose(self, *args, **kwargs)
         greedy = _greedy_rows(self.input_batch.sampling_metadata, len(requests))
@@ -203,11 +207,12 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
         if spec_decode_metadata is None or logits is None:
             return original_sample(self, logits, spec_decode_metadata)
         requests = _batch_requests(self)
-        if not any(request is not None for request in requests):
+        plain = requests.count(None)  # rows that are not SecureSD rows (list.count: one C-level pass)
+        if plain == len(requests):
             return original_sample(self, logits, spec_decode_metadata)
         plans = _row_plans(self, requests, getattr(self, "_securesd_drafts", None))
         counts = list(spec_decode_metadata.num_draft_tokens)
-        _current_step = StepPlan(plans, logits, counts, has_plain_rows=len(plans) < len(requests))
+        _current_step = StepPlan(plans, logits, counts, has_plain_rows=plain > 0)
         try:
             output = original_sample(self, logits, spec_decode_metadata)
         finally:

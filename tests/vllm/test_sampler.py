@@ -62,7 +62,9 @@ class Step_:
             self.drafts = self.draft.argmax(-1).expand(rows, K).clone()
         else:
             self.drafts = torch.multinomial(p.repeat(rows, 1), 1, generator=generator).view(rows, K)
-        self.bonus = torch.multinomial(self.target[K].softmax(-1).expand(rows, -1), 1, generator=generator)[:, 0]
+        sampled = torch.multinomial(self.target[K].softmax(-1).expand(rows, -1), 1, generator=generator)[:, 0]
+        # vLLM's bonus tokens: for greedy requests its sampler's argmax of the bonus logits (`greedy_sample`)
+        self.bonus = self.target[K].argmax().expand(rows).clone() if greedy else sampled
         self.greedy = greedy
 
     def run(self, request: SecureSDRequest, position: int = POSITION) -> torch.Tensor:
