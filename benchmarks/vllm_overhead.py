@@ -205,10 +205,13 @@ def paired_interval(
             "level": INTERVAL_LEVEL, "resamples": resamples}
 
 
-def pooled_ratio_interval(row: dict, baseline: dict, resamples: int, seed: int = 0) -> dict[str, float | int]:
-    """`pooled_ratio` over every pass with its paired percentile bootstrap interval (`paired_interval`),
-    the figure under "ratio"."""
-    figure = paired_interval(pooled_ratio, row, baseline, resamples, seed)
+def pooled_ratio_interval(
+    row: dict, baseline: dict, resamples: int, seed: int = 0,
+    ratio: Callable[[dict, dict, list[int]], float] = pooled_ratio,
+) -> dict[str, float | int]:
+    """`ratio` (`pooled_ratio` or `pooled_thread_ratio`) over every pass with its paired percentile
+    bootstrap interval (`paired_interval`), the figure under "ratio"."""
+    figure = paired_interval(ratio, row, baseline, resamples, seed)
     return {"ratio": figure.pop("value"), **figure}
 
 
@@ -337,8 +340,9 @@ def add_pooled_ratios(rows: dict, resamples: int) -> None:
     `pooled_thread_ratio_to_vllm` and `added_stage_share` (in place)."""
     for row in rows.values():
         row["pooled_cpu_ratio_to_vllm"] = pooled_ratio_interval(row, rows[BASELINE], resamples)
-        thread = paired_interval(pooled_thread_ratio, row, rows[BASELINE], resamples)
-        row["pooled_thread_ratio_to_vllm"] = {"ratio": thread.pop("value"), **thread}
+        row["pooled_thread_ratio_to_vllm"] = pooled_ratio_interval(
+            row, rows[BASELINE], resamples, ratio=pooled_thread_ratio
+        )
         row["added_stage_share"] = paired_interval(added_stage_share, row, rows[BASELINE], resamples)
 
 
