@@ -99,6 +99,13 @@ def check_cache_support(
     admitted at batch 1, or for a larger batch when that many slots fit in its smallest window."""
     layers = cache_layers(model, cache)
     _refuse_uncroppable(role, model, layers)
+    held = _cached_rows(layers) if cache is not None else None
+    if held is not None and held != batch:
+        raise SecureSDConfigError(
+            f"the {role} cache passed to generate holds {held} row{'s' * (held != 1)} but input_ids has {batch}: a "
+            "cache holds one row per prompt of the call that filled it; pass the cache returned for these same "
+            "rows (in the same order), or no cache"
+        )
     reach = prompt_length + batch * max(max_new_tokens - 1, 0)
     bound = "prompt length + rows x (max_new_tokens - 1)"
     here = f"{prompt_length} + {batch} x ({max_new_tokens} - 1)"
@@ -126,6 +133,16 @@ def check_cache_support(
         "leave masked slots, and a window that counts them would show a row fewer of its own tokens than plain "
         f"decoding. Pass one row per generate call, or keep {bound} <= {window} (here {here})"
     )
+
+
+def _cached_rows(layers: list) -> int | None:
+    """The batch rows a passed cache's layers hold keys for ([rows, heads, slots, dim] keys), from the first
+    layer that holds any; None when none does yet (an empty cache fits any batch)."""
+    for layer in layers:
+        keys = getattr(layer, "keys", None)
+        if isinstance(keys, torch.Tensor) and keys.dim() == 4 and keys.numel():
+            return int(keys.shape[0])
+    return None
 
 
 def records_past(cache: DynamicCache) -> bool:

@@ -58,10 +58,7 @@ class DraftLength:
     confidence_threshold: float = 0.0
 
     def __post_init__(self) -> None:
-        k = self.num_tokens
-        if not is_integer(k) or int(k) < 1:
-            raise DraftLengthError(f"num_assistant_tokens (the draft length k) must be an integer >= 1, got {k!r}")
-        object.__setattr__(self, "num_tokens", int(k))
+        object.__setattr__(self, "num_tokens", _checked_k(self.num_tokens))
         if self.schedule not in SCHEDULES:
             raise DraftLengthError(
                 f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {', '.join(map(repr, SCHEDULES))}"
@@ -120,13 +117,21 @@ def resolve_draft_length(
     defaults = DraftLength()
     k, where = pick("num_assistant_tokens")
     if k is not None:
-        k = _whole_number(k, where)
+        k = _checked_k(_whole_number(k, where), where)
     values = {
         "num_tokens": k,
         "schedule": pick("num_assistant_tokens_schedule")[0],
         "confidence_threshold": pick("assistant_confidence_threshold")[0],
     }
     return DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+
+
+def _checked_k(k: Any, where: str = "") -> int:
+    """The draft length k as an int; DraftLengthError naming where it was set (`where`) unless it is an
+    integer >= 1."""
+    if not is_integer(k) or int(k) < 1:
+        raise DraftLengthError(f"num_assistant_tokens{where} (the draft length k) must be an integer >= 1, got {k!r}")
+    return int(k)
 
 
 def _whole_number(k: Any, where: str) -> Any:

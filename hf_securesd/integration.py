@@ -37,7 +37,9 @@ from .validation import (
     check_model_inputs,
     check_models,
     check_options,
+    check_input_ids_form,
     check_inputs,
+    check_processors,
     check_padding,
     check_prompt_ids,
     check_lengths,
@@ -241,9 +243,11 @@ def _check_call(
     (draft model or prompt lookup), both models' caches and the schedule's boundary ids."""
     check_lengths(arguments.get("max_new_tokens"), arguments.get("max_length"))
     inputs = arguments.get("inputs", arguments.get("input_ids"))
-    if isinstance(inputs, torch.Tensor) and isinstance(arguments.get("attention_mask"), torch.Tensor):
-        check_inputs(inputs if inputs.ndim == 2 else inputs[None], arguments["attention_mask"])
-    check_options(options, inputs if isinstance(inputs, torch.Tensor) else None)
+    if inputs is not None:
+        check_input_ids_form(inputs)
+        if isinstance(arguments.get("attention_mask"), torch.Tensor):
+            check_inputs(inputs, arguments["attention_mask"])
+    check_options(options, inputs)
     if options["prompt_lookup_num_tokens"] is not None:
         check_proposer(verifier, PROMPT_LOOKUP)
     else:
@@ -306,6 +310,7 @@ def _run_speculative(
     check_prompt_ids(input_ids, {"target": model, "draft": draft})
     pad_token_id = _as_int(getattr(generation_config, "_pad_token_tensor", None))
     check_padding(input_ids.shape[0], pad_token_id, stopping_criteria)
+    check_processors(logits_processor)
     input_ids = input_ids.long()  # both models embed the same int64 ids (int32/int16/uint8 ids are honoured)
     return_dict = generation_config.return_dict_in_generate
     target_cache = model_kwargs.get("cache", model_kwargs.get("past_key_values"))

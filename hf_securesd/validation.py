@@ -6,6 +6,7 @@ from typing import Any, Iterable, Mapping
 
 import torch
 from transformers import MaxLengthCriteria, MaxTimeCriteria, PreTrainedModel
+from transformers.generation import logits_process
 
 from .schedules import Schedule, is_integer, python_scalar, resolve_schedule, short_repr
 from .verifiers import Verifier, resolve_verifier
@@ -110,7 +111,8 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
         if not callable(getattr(model, "can_generate", None)) or not callable(getattr(model, "get_output_embeddings", None)):
             raise SecureSDConfigError(
                 f"the {role} model must be a transformers causal language model (a PreTrainedModel loaded with "
-                f"AutoModelForCausalLM), got {type(model).__name__}; pass the draft model object as assistant_model="
+                f"AutoModelForCausalLM), got {type(model).__name__}; pass the draft model object as assistant_model= "
+                "(draft= through custom_generate=securesd_generate)"
             )
         if not model.can_generate():
             raise SecureSDConfigError(
@@ -150,6 +152,20 @@ def checked_flag(name: str, value: Any) -> bool | None:
     raise SecureSDConfigError(f"{name} must be True or False, got {short_repr(value)}")
 
 
+def check_input_ids_form(input_ids: Any) -> None:
+    """The prompt must be a [B, P] tensor of token ids, as a tokenizer returns it with return_tensors='pt'."""
+    if not isinstance(input_ids, torch.Tensor):
+        raise SecureSDConfigError(
+            f"input_ids must be a torch.Tensor of token ids [batch, length], got {type(input_ids).__name__}; pass "
+            "the tokenizer's output made with return_tensors='pt' (e.g. tokenizer(text, return_tensors='pt').input_ids)"
+        )
+    if input_ids.ndim != 2:
+        raise SecureSDConfigError(
+            f"input_ids must be 2-D [batch, length], got shape {tuple(input_ids.shape)}; a single prompt's ids "
+            "[length] go in as ids[None] (one row), as tokenizer(text, return_tensors='pt') gives them"
+        )
+
+
 def check_inputs(
     input_ids: torch.Tensor, attention_mask: torch.Tensor | None, pad_token_id: Any = None
 ) -> None:
@@ -162,7 +178,8 @@ def check_inputs(
             f"input_ids must hold integer token ids, got dtype {input_ids.dtype}; pass the tokenizer's input_ids "
             "(torch.long)"
         )
-    if input_ids.ndim != 2 or input_ids.shape[1] == 0:
+    check_input_ids_form(input_ids)
+    if input_ids.shape[1] == 0:
         raise SecureSDConfigError(
             f"the prompt is empty (input_ids of shape {tuple(input_ids.shape)}); speculative decoding needs at least "
             "one prompt token per row (e.g. the tokenizer's BOS token)"
@@ -268,6 +285,28 @@ def check_padding(batch: int, pad_token_id: int | None, stopping_criteria: Itera
             f"rows of this batch can stop at different lengths ({', '.join(per_row)}) but there is no pad_token_id "
             "to fill the rows that stopped first (and no eos_token_id to take it from); pass pad_token_id= to "
             "generate (e.g. tokenizer.pad_token_id)"
+        )
+
+
+# Processors whose output depends on how often they were called before, not only on (input_ids, scores).
+_CALL_COUNTING_PROCESSORS = tuple(
+    getattr(logits_process, name) for name in ("SynthIDTextWatermarkLogitsProcessor",) if hasattr(logits_process, name)
+)
+
+
+def check_processors(processors: Iterable[object]) -> None:
+    """Refuse transformers' processors that keep a state advanced at every call. A speculative round calls
+    each processor at draft positions it may then reject, and at the target's positions in other numbers
+    and orders than plain decoding, so such a state would not follow the committed tokens (processors
+    that read only their inputs, every other one transformers builds, give plain decoding's scores)."""
+    stateful = [processor for processor in processors if isinstance(processor, _CALL_COUNTING_PROCESSORS)]
+    if stateful:
+        raise SecureSDConfigError(
+            f"{type(stateful[0]).__name__} (watermarking_config=SynthIDTextWatermarkingConfig(...)) is not supported "
+            "with verifier=: it keeps a state that advances at every call (the context it hashes), and speculative "
+            "rounds call processors at drafted positions that may be rejected, so the watermark, and the tokens, "
+            "would differ from plain generate's; use WatermarkingConfig (its watermark reads only the token ids), "
+            "or generate without verifier="
         )
 
 

@@ -43,15 +43,17 @@ def resolve_verifier(verifier: str | Verifier | dict[str, Any]) -> Verifier:
 
 
 def _lookup(name: Any) -> type[Verifier]:
-    """The class of the verifier `name` (case-insensitive); ValueError naming the valid names otherwise."""
+    """The class of the verifier `name` (any case, surrounding whitespace ignored); ValueError naming the
+    valid names otherwise."""
     if not isinstance(name, str):
         raise ValueError(
             f"a verifier's name must be a string, one of {', '.join(VERIFIERS)}; got {type(name).__name__} "
             f"{short_repr(name)}"
         )
-    if name.lower() not in VERIFIERS:
+    key = name.strip().lower()
+    if key not in VERIFIERS:
         raise ValueError(f"unknown verifier {short_repr(name)}; valid names: {', '.join(VERIFIERS)}")
-    return VERIFIERS[name.lower()]
+    return VERIFIERS[key]
 
 
 __all__ = [

@@ -226,3 +226,21 @@ def test_a_draft_with_a_window_bounds_the_batch_too(llama_pair):
     expected = target.generate(prompts[:1], max_new_tokens=20, do_sample=False)
     ours = target.generate(prompts[:1], assistant_model=draft, verifier="lossless", max_new_tokens=20, do_sample=False)
     assert torch.equal(ours, expected)
+
+
+def test_a_cache_filled_for_another_number_of_rows_is_refused_before_any_forward(llama_pair):
+    """A batch-1 cache with a batch-2 prompt: a clear error, not transformers' size mismatch mid-round."""
+    draft, target = llama_pair
+    out = target.generate(torch.tensor([[1, 2]]), max_new_tokens=1, return_dict_in_generate=True)
+    cache = out.past_key_values if hasattr(out, "past_key_values") else out.cache
+    calls = {"n": 0}
+    handles = [model.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1)) for model in (draft, target)]
+    try:
+        with pytest.raises(SecureSDConfigError, match="the target cache passed to generate holds 1 row but input_ids "
+                           "has 2: .* pass the cache returned for these same rows"):
+            target.generate(torch.tensor([[1, 2, 3, 4], [1, 2, 3, 4]]), past_key_values=cache, max_new_tokens=3,
+                            assistant_model=draft, verifier="lossless")
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls["n"] == 0

@@ -313,3 +313,68 @@ def test_inputs_the_loop_would_drop_are_refused(llama_pair, forward_calls, propo
 def test_bad_verifiers_and_schedules_raise_the_one_error_type_of_generate(llama_pair, forward_calls, arguments):
     draft, target = llama_pair
     expect_error(target, forward_calls, ".", assistant_model=draft, **arguments)
+
+
+@pytest.mark.parametrize(
+    "input_ids, message",
+    [
+        ([[3, 1, 4]], "input_ids must be a torch.Tensor of token ids \\[batch, length\\], got list"),
+        (torch.tensor([3, 1, 4]).numpy(), "input_ids must be a torch.Tensor of token ids \\[batch, length\\], got ndarray"),
+        (torch.tensor([3, 1, 4]), "input_ids must be 2-D \\[batch, length\\], got shape \\(3,\\); .* ids\\[None\\]"),
+        (torch.tensor([[[3, 1, 4]]]), "input_ids must be 2-D \\[batch, length\\], got shape \\(1, 1, 3\\)"),
+    ],
+)
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_input_ids_that_are_not_a_2d_tensor_are_named_as_such(llama_pair, forward_calls, input_ids, message, with_mask):
+    """Not "the prompt is empty", not a mask blamed for matching the ids, not transformers' IndexError."""
+    draft, target = llama_pair
+    mask = {"attention_mask": torch.ones(torch.as_tensor(input_ids).shape, dtype=torch.long)} if with_mask else {}
+    with pytest.raises(SecureSDConfigError, match=message):
+        target.generate(input_ids=input_ids, max_new_tokens=4, assistant_model=draft, verifier="lossless", **mask)
+    assert forward_calls["n"] == 0
+
+
+@pytest.mark.parametrize("proposer", ["draft_model", "prompt_lookup"])
+def test_synthid_watermarking_is_refused_before_decoding(llama_pair, forward_calls, proposer):
+    """Its processor's state advances at every call, so drafted positions would move the watermark: with a
+    verifier the output would be neither plain generate's tokens nor its watermark."""
+    from transformers import SynthIDTextWatermarkingConfig
+
+    draft, target = llama_pair
+    watermark = SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340], ngram_len=3)
+    drafting = {"assistant_model": draft} if proposer == "draft_model" else {"prompt_lookup_num_tokens": 3}
+    expect_error(target, forward_calls, "SynthIDTextWatermarkLogitsProcessor .* is not supported with verifier=: it keeps "
+                 "a state that advances at every call .* use WatermarkingConfig", verifier="lossless",
+                 watermarking_config=watermark, **drafting)
+
+
+def test_the_hash_watermark_stays_exact(llama_pair):
+    """WatermarkingConfig's processor reads only the ids: greedy lossless equals plain generate with it."""
+    from transformers import WatermarkingConfig
+
+    draft, target = llama_pair
+    watermark = WatermarkingConfig(bias=4.0, seeding_scheme="selfhash")
+    plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False, watermarking_config=watermark)
+    ours = target.generate(PROMPT, max_new_tokens=16, do_sample=False, watermarking_config=watermark,
+                           assistant_model=draft, verifier="lossless")
+    assert torch.equal(ours, plain)
+
+
+def test_verifier_names_ignore_case_and_surrounding_spaces(llama_pair):
+    draft, target = llama_pair
+    plain = target.generate(PROMPT, max_new_tokens=6, do_sample=False)
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=6, assistant_model=draft, verifier=" Lossless\n"), plain)
+
+
+def test_a_bad_draft_length_in_a_generation_config_names_where_it_was_set(llama_pair, forward_calls):
+    draft, target = llama_pair
+    config = GenerationConfig(num_assistant_tokens=float("nan"), max_new_tokens=4)
+    expect_error(target, forward_calls, re.escape("num_assistant_tokens (in the GenerationConfig passed to generate) "
+                 "(the draft length k) must be an integer >= 1, got nan"), assistant_model=draft, verifier="lossless",
+                 generation_config=config)
+
+
+def test_a_draft_that_is_not_a_model_names_both_routes_arguments(llama_pair, forward_calls):
+    _, target = llama_pair
+    expect_error(target, forward_calls, re.escape("pass the draft model object as assistant_model= (draft= through "
+                 "custom_generate=securesd_generate)"), assistant_model="Qwen/Qwen2.5-0.5B", verifier="lossless")
