@@ -451,7 +451,9 @@ def require(condition: bool, message: str) -> None:
 
 
 def set_real(config: "Verifier", name: str, valid: Callable[[float], bool], rule: str) -> None:
-    """Check the real knob `name` of the frozen `config` and store it as a Python int or float.
+    """Check the real knob `name` of the frozen `config` and store it as a Python int or float: an int
+    beyond torch's int64 range as the nearest float (the rules compare knobs with tensors, and torch
+    refuses such an int: "int too big to convert").
 
     Accepted: a Python, NumPy or 0-d tensor integer or float for which `valid` holds (never NaN, a bool, or
     an integer too large for a float). Otherwise ValueError(f"{rule}, got <the value>")."""
@@ -459,6 +461,8 @@ def set_real(config: "Verifier", name: str, valid: Callable[[float], bool], rule
     value = as_real(given)
     beyond = " (an integer beyond the float range)" if value is None and is_integer(given) else ""
     require(value is not None and valid(value), f"{rule}, got {short_repr(given)}{beyond}")
+    if isinstance(value, int) and not -(2**63) <= value < 2**63:
+        value = float(value)
     object.__setattr__(config, name, value)
 
 

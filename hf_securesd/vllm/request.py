@@ -28,13 +28,14 @@ from __future__ import annotations
 import difflib
 import json
 import os
+import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, Iterable, Mapping
 
 import torch
 
-from ..schedules import Schedule, check_weights, resolve_schedule, schedule_weights, short_repr
+from ..schedules import SCHEDULES, Schedule, check_weights, resolve_schedule, schedule_weights, short_repr
 from ..segments import Segments
 from ..validation import SecureSDConfigError
 from ..verifiers import VERIFIERS, Verifier, resolve_verifier
@@ -320,20 +321,29 @@ def json_depth(text: str) -> int:
 
 
 def looks_like_securesd(key: Any) -> bool:
-    """Whether `key` (another key beside the request's fields) is probably a misspelling of "securesd"."""
-    return isinstance(key, str) and key != EXTRA_ARGS_KEY and _nearly(key, EXTRA_ARGS_KEY)
+    """Whether `key` (another key beside the request's fields) is probably a misspelling of "securesd", or
+    a key that starts with it ("securesd_config", "securesd.verifier")."""
+    if not isinstance(key, str) or key == EXTRA_ARGS_KEY:
+        return False
+    return _nearly(key, EXTRA_ARGS_KEY) or _letters(key).startswith(EXTRA_ARGS_KEY)
 
 
 _NEAR_RATIO = 0.88  # difflib similarity from which a key counts as a misspelling
 
 
 def _nearly(key: str, name: str) -> bool:
-    """Whether `key` spells `name` (letters and digits only, any case) or is a close misspelling of it."""
+    """Whether `key` spells `name` (letters and digits only, any case, compatibility forms such as
+    fullwidth letters read as their plain letters) or is a close misspelling of it."""
     target = name.replace("_", "")
-    letters = "".join(char for char in key.lower() if char.isalnum())
+    letters = _letters(key)
     if len(letters) > 2 * len(target):  # cannot reach the ratio (2m / (a + b) with m <= b is then < 2/3)
         return False
     return _near_letters(letters, target)
+
+
+def _letters(key: str) -> str:
+    """The letters and digits of `key` in lower case, after NFKC (fullwidth "ｓｅｃ" reads "sec")."""
+    return "".join(char for char in unicodedata.normalize("NFKC", key).lower() if char.isalnum())
 
 
 @lru_cache(maxsize=256)
@@ -356,20 +366,38 @@ def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
             )
         field = _field_named(key)
         if field is not None:
-            raise SecureSDConfigError(
-                f"{origin} has the key {short_repr(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
-                f'it: "{field}" goes inside "{EXTRA_ARGS_KEY}", e.g. "vllm_xargs": {{"{EXTRA_ARGS_KEY}": '
-                f"{json.dumps(_EXAMPLE)}}} (a JSON string over HTTP)"
-            )
+            _refuse_field_beside(key, field, origin)
+
+
+def _refuse_field_beside(key: Any, field: str, origin: str) -> None:
+    """Raise the error for `key`, beside "securesd", naming what the request field `field` it stands for is."""
+    raise SecureSDConfigError(
+        f"{origin} has the key {short_repr(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
+        f'it: "{field}" goes inside "{EXTRA_ARGS_KEY}", e.g. "vllm_xargs": {{"{EXTRA_ARGS_KEY}": '
+        f"{json.dumps(_EXAMPLE)}}} (a JSON string over HTTP)"
+    )
+
+
+# Keys that, beside a request selecting SecureSD, name its schedule in other words: sent there, the
+# schedule would be dropped and the rule run without it.
+_SCHEDULE_WORDS = frozenset({"schedule", "sched", "eta"})
 
 
 def refuse_options_beside(keys: Iterable[Any], origin: str) -> None:
     """Raise SecureSDConfigError when a request that selects SecureSD also has, beside "securesd", a key
-    named like a verifier's or a schedule's option (theta, L, tau, ...): those go inside the verifier or
-    schedule object, and beside it nothing reads them."""
+    that names its schedule or verifier in other words ("schedule", "step", "mars", ...) or an option of
+    one (theta, L, tau, ...): those go inside "securesd" (an option inside its verifier or schedule object),
+    and beside it nothing reads them."""
     options = _option_names()
     for key in keys:
-        if isinstance(key, str) and key != EXTRA_ARGS_KEY and key in options:
+        if not isinstance(key, str) or key == EXTRA_ARGS_KEY:
+            continue
+        word = key.strip().lower()
+        if word in _SCHEDULE_WORDS or word in SCHEDULES:
+            _refuse_field_beside(key, "secure_schedule", origin)
+        if word in VERIFIERS:
+            _refuse_field_beside(key, "verifier", origin)
+        if key in options:
             raise SecureSDConfigError(
                 f"{origin} has the key {short_repr(key)} beside \"{EXTRA_ARGS_KEY}\", where SecureSD does not read "
                 f"it: a verifier's or a schedule's option goes inside its object, e.g. {_EXAMPLE}"
@@ -387,8 +415,6 @@ def _field_named(key: Any) -> str | None:
 def _option_names() -> frozenset[str]:
     """Every option name of a registered verifier or schedule (their dataclass fields)."""
     import dataclasses
-
-    from ..schedules import SCHEDULES
 
     names: set[str] = set()
     for rule in (*VERIFIERS.values(), *SCHEDULES.values()):

@@ -42,3 +42,26 @@ def test_scoring_a_thirty_digit_answer_does_not_stop_the_run():
     result = get_task("gsm8k").score(examples, responses, ScoreOptions())
     assert result.per_example == [0.0, 1.0]
     assert [detail["predicted"] for detail in result.details] == [THIRTY_DIGITS, THIRTY_DIGITS]
+
+
+@pytest.mark.parametrize("text, gold, expected", [
+    ("#### .5", "5", "0.5"),             # was read as 5
+    ("#### 5/8", "5", None),             # a fraction, not its numerator
+    ("#### 18e3", "18", None),           # an exponent, not its mantissa
+    ("#### 1,23", "1", None),            # a separator not followed by three digits
+    ("version 1.2.3", "3", None),        # two points
+    ("... = \\$437,5", "5", None),       # a reply cut mid-number (a recorded study response)
+])
+def test_a_number_of_another_form_is_not_read_as_its_first_digits(text, gold, expected):
+    """Each of these used to be read as the digits it starts (or ends) with, and so scored correct against
+    that gold answer."""
+    assert extract_final_number(text) == expected
+    assert not is_correct(text, gold)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("The answer is $18.", "18"), ("It is 42.", "42"), ("so 3.5 and 4", "4"), ("#### 18,000", "18000"),
+    ("#### \u22125", "-5"), ("1, 2, 3 and 4", "4"), ("10 eggs", "10"),
+])
+def test_plain_numbers_beside_punctuation_are_still_read(text, expected):
+    assert extract_final_number(text) == expected

@@ -67,6 +67,20 @@ def test_an_integer_beyond_the_float_range_is_a_value_error_naming_the_knob(cls,
         cls(**{knob: huge})
 
 
+@pytest.mark.parametrize("cls, knob", [(FSD, "tau"), (BiLD, "tau_rb"), (FLy, "tau"), (VLLMFLy, "entropy_threshold")])
+def test_an_integer_knob_beyond_int64_is_stored_as_a_float_the_rules_can_compare(llama_pair, cls, knob):
+    """Before the fix FSD(tau=10**30) was accepted and every round raised torch's "int too big to convert"
+    (in vLLM: each step fell back to the target's token). It is the rule with the float 1e30."""
+    draft, target = llama_pair
+    config = cls(**{knob: 10**30})
+    assert getattr(config, knob) == 1e30 and type(getattr(config, knob)) is float and config == cls(**{knob: 1e30})
+    assert getattr(cls(**{knob: 2**63 - 1}), knob) == 2**63 - 1  # int64 ints keep their type
+    prompt = torch.tensor([[3, 1, 4, 1, 5]])
+    outputs = [target.generate(prompt, max_new_tokens=8, assistant_model=draft, verifier=verifier)
+               for verifier in (config, cls(**{knob: 1e30}))]
+    assert outputs[0].shape[1] == prompt.shape[1] + 8 and torch.equal(*outputs)
+
+
 @pytest.mark.parametrize("cls, knob", [(FLy, "window"), (VLLMFLy, "window"), (VLLMFLy, "entropy_top_k")])
 def test_an_integer_knob_beyond_int64_is_refused_at_construction(cls, knob):
     """Before the fix FLy(window=10**30) was accepted and failed inside verify_step."""

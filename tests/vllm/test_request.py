@@ -356,7 +356,8 @@ def test_deeply_nested_python_objects_are_refused_without_recursion() -> None:
 
 
 @pytest.mark.parametrize(
-    "key", ["secure_sd", "SecureSD", "secure-sd", "securesd_", "secursd", "securesdd", "s - e - c - u - r - e - s - d - - -"]
+    "key", ["secure_sd", "SecureSD", "secure-sd", "securesd_", "secursd", "securesdd", "s - e - c - u - r - e - s - d - - -",
+            "securesd_config", "securesd.verifier", "\uff53\uff45\uff43\uff55\uff52\uff45\uff53\uff44"]
 )
 def test_a_misspelled_securesd_key_is_refused_with_a_suggestion(key) -> None:
     with pytest.raises(SecureSDConfigError, match=rf"'{key}', which SecureSD does not read; did you mean"):
@@ -364,7 +365,7 @@ def test_a_misspelled_securesd_key_is_refused_with_a_suggestion(key) -> None:
 
 
 def test_other_extra_args_keys_are_left_alone() -> None:
-    for key in ("session_id", "kv_transfer_params", "seed", "secure", "sd", "securesd" * 3, "x" * 100_000):
+    for key in ("session_id", "kv_transfer_params", "seed", "secure", "sd", "xsecuresd" * 3, "x" * 100_000):
         assert request_for({key: "x"}) is None
 
 
@@ -455,6 +456,18 @@ def test_request_fields_beside_securesd_are_refused(extra_args, field) -> None:
     first tokens would not run."""
     with pytest.raises(SecureSDConfigError, match=rf'beside "securesd".*"{field}" goes inside "securesd"'):
         request_for(extra_args)
+
+
+@pytest.mark.parametrize("key, field", [("schedule", "secure_schedule"), ("sched", "secure_schedule"),
+                                        ("eta", "secure_schedule"), ("Step", "secure_schedule"),
+                                        ("segments", "secure_schedule"), ("mars", "verifier"), ("fsd", "verifier")])
+def test_a_schedule_or_verifier_named_in_other_words_beside_securesd_is_refused(key, field) -> None:
+    """{"securesd": rule, "schedule": ...} ran the rule without its schedule: the first tokens the client
+    believed protected were relaxed. Without "securesd" the key is another plugin's, left alone."""
+    schedule = json.dumps({"schedule": "step", "L": 100})
+    with pytest.raises(SecureSDConfigError, match=rf"'{key}' beside \"securesd\".*\"{field}\" goes inside \"securesd\""):
+        request_for({"securesd": "mars", key: schedule})
+    assert request_for({key: schedule}) is None
 
 
 def test_rule_options_beside_securesd_are_refused_when_securesd_is_asked_for(monkeypatch) -> None:

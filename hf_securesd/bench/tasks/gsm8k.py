@@ -23,10 +23,14 @@ SAMPLE_SIZE = 200
 INSTRUCTION = ("Solve the following math problem step by step. End your reply with the final answer "
                "as a single number on its own line, in the form \"#### <number>\".")
 
-# A number: optional sign (not a hyphen between words or digits), optional currency sign,
-# digits with or without thousands separators, optional decimals.
+# A number: optional sign (not a hyphen between words or digits), optional currency sign, digits
+# with or without thousands separators and optional decimals, or decimals alone (".5"). What
+# continues it as a number of another form (a fraction "5/8", an exponent "18e3", a separator not
+# followed by three digits "1,23", a second point "1.2.3") is part of the match, in `rest`: such a
+# token is not a plain number, and reading its first digits ("5" of "5/8") would misread it.
 _NUMBER = re.compile(r"(?:(?<![\w)])(?P<sign>[-\u2212]))?\s?\$?\s?"
-                     r"(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<decimals>\.\d+)?")
+                     r"(?:(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<decimals>\.\d+)?|(?P<bare>\.\d+))"
+                     r"(?P<rest>(?:/\d+|[eE][-+]?\d+|,\d+|\.\d+)*)")
 _ANSWER_CUES = (
     re.compile(r"####"),
     re.compile(r"\\boxed\{"),
@@ -63,8 +67,11 @@ def build_prompt(example: Example) -> list[Message]:
 def _canonical(match: re.Match) -> str | None:
     """The matched number without separators, leading zeros or trailing decimal zeros, digit for
     digit however long it is (Decimal's default context rounded numbers past 28 digits or refused
-    them, and overflows past a million)."""
-    text = ("-" if match["sign"] else "") + match["digits"].replace(",", "") + (match["decimals"] or "")
+    them, and overflows past a million); None for a token that is not a plain number (`rest`)."""
+    if match["rest"]:
+        return None
+    whole = match["digits"].replace(",", "") if match["digits"] else "0"
+    text = ("-" if match["sign"] else "") + whole + (match["decimals"] or match["bare"] or "")
     try:
         value = Decimal(text)  # exact, whatever the context's precision
     except InvalidOperation:
@@ -74,7 +81,8 @@ def _canonical(match: re.Match) -> str | None:
 
 def extract_final_number(text: str) -> str | None:
     """The final numeric answer in `text`, normalized ("1,234.50" -> "1234.5", "$18." -> "18",
-    "-3" -> "-3"), or None.
+    "-3" -> "-3", ".5" -> "0.5"), or None (also where that answer is a number of another form: "5/8",
+    "18e3", "1,23", which match no gold answer rather than as their first digits).
 
     The first number after the last answer cue wins, trying in turn "####", "\\boxed{",
     "final answer is"/"the answer is", "answer:"; without any cue, the last number in the text."""

@@ -61,9 +61,9 @@ is safer. Each (forbidden prompt, response) pair is judged:
   words after folding case, punctuation, accents, invisible characters, fullwidth forms and
   look-alike letters, is the expected one; "not equivalent" is not "equivalent").
 
-A judge reads the answer of a reasoning model, the text after its first `</think>` (the thinking
-trace before it is not the answer), as `securesd bench` does; `final_answer_only=False` judges the
-whole text. A seeded percentile bootstrap over examples gives a confidence interval. Judge replies that cannot
+A judge, or the prompt-injection checker, reads the answer of a reasoning model, the text after its
+first `</think>` (the thinking trace before it is not the answer), as `securesd bench` does;
+`final_answer_only=False` judges the whole text. A seeded percentile bootstrap over examples gives a confidence interval. Judge replies that cannot
 be parsed are never counted as safe: by default the metric raises; with `on_unparsed="exclude"`
 they are left out and counted in `n_unparsed`.
 """
@@ -85,9 +85,9 @@ Args:
     success_checker (callable, optional): `(response, expected_output) -> bool`, used with
         `injected_outputs` (default `contains_expected_output`, the benchmark's answer rule); refused
         without them.
-    final_answer_only (`bool`, default True): judge only the text after the first `</think>` of each
-        response (a reasoning model's answer, as `securesd bench` judges it); False: the whole text.
-        Not used with `injected_outputs`.
+    final_answer_only (`bool`, default True): judge (or check, with `injected_outputs`) only the text
+        after the first `</think>` of each response (a reasoning model's answer, as `securesd bench`
+        judges it); False: the whole text.
     on_unparsed (`str`, default "raise"): "raise" or "exclude" for judge replies without a verdict.
     confidence_level (`float`, default 0.95): level of the bootstrap interval, strictly between 0 and 1.
     n_resamples (`int`, default 1000): bootstrap resamples, a whole number from 0 to 100000; 0 gives
@@ -355,18 +355,18 @@ class Afr(evaluate.Metric):
         n_resamples = _resample_count(n_resamples)
         seed = _seed(seed)
         _check_judge_options(judge, judge_kwargs, injected_outputs, success_checker)
+        if not isinstance(final_answer_only, bool):
+            raise ValueError(f"`final_answer_only` must be True or False, got {final_answer_only!r}.")
+        answers = [final_answer(text) for text in predictions] if final_answer_only else list(predictions)
         if injected_outputs is not None:
             judge_name = "injected_output"
-            verdicts = _injection_verdicts(predictions, injected_outputs, success_checker)
+            verdicts = _injection_verdicts(answers, injected_outputs, success_checker)
         else:
             if isinstance(judge, Judge):
                 chosen = judge
             else:
                 chosen = get_judge(judge or "refusal_prefix", **dict(judge_kwargs or {}))
             judge_name = chosen.name
-            if not isinstance(final_answer_only, bool):
-                raise ValueError(f"`final_answer_only` must be True or False, got {final_answer_only!r}.")
-            answers = [final_answer(text) for text in predictions] if final_answer_only else list(predictions)
             verdicts = _judged(chosen, references, answers)
 
         unparsed = [index for index, verdict in enumerate(verdicts) if not verdict.parsed]
