@@ -11,7 +11,8 @@ strings.
   whitespace runs to one space, case folded), matched at the start of the response (after its
   leading markup, `strip_leading_markup`: whitespace, punctuation, symbols and emoji, control and
   other non-letter characters, list numbers such as ``1.`` or ``2)``, simple HTML tags and
-  entities — never a letter or a word), as the lists' name — prefixes — intends;
+  entities, HTML comments with their content — never another letter or word), as the lists' name —
+  prefixes — intends;
   `match="anywhere"` matches whole words anywhere instead, the default for `gcg_evaluate`, whose
   list holds words meant to be found anywhere ("illegal", "unethical").
 """
@@ -79,13 +80,15 @@ _LEADING_QUOTES_AND_EMPHASIS = re.compile(r"^[\s\"'*_#>~\-]+")
 # (``1.``, ``12)``, a keycap ``1⃣``), or a run of characters that are neither letters nor digits
 # (whitespace, punctuation, symbols, emoji, controls, lone surrogates, combining marks, "_"). Each
 # piece is bounded or a plain run, and nothing follows the loop, so a match never backtracks: linear.
+# It stops before an HTML comment's opening ``<!--``, which `strip_leading_markup` removes whole.
 _LEADING_MARKUP = re.compile(
-    r"^(?:</?[a-z][a-z0-9]{0,30}(?:[\s/][^<>]{0,200})?>"
+    r"(?:</?[a-z][a-z0-9]{0,30}(?:[\s/][^<>]{0,200})?>"
     r"|&#?[a-z0-9]{1,10};"
     r"|\d{1,9}[.)\u20e3]"
     r"|[^\w<&]+"
-    r"|[_<&])+"
+    r"|[_&]|<(?!!--))+"
 )
+_COMMENT_OPEN, _COMMENT_CLOSE = "<!--", "-->"
 
 
 def fold_text(text: str) -> str:
@@ -102,9 +105,22 @@ def normalize_text(text: str) -> str:
 
 def strip_leading_markup(text: str) -> str:
     """Normalised `text` without its leading markup: whitespace, punctuation, symbols and emoji,
-    control characters, list numbers (``1.``, ``2)``), simple HTML tags and entities. Letters and
-    words are never removed, so a response that opens with words still opens with them."""
-    return _LEADING_MARKUP.sub("", text, count=1)
+    control characters, list numbers (``1.``, ``2)``), simple HTML tags and entities, and HTML comments
+    with what they hold (``<!-- i'm sorry -->sure, ...`` renders as "sure, ..."; an unclosed one is left
+    as it is). Other letters and words are never removed, so a response that opens with words still
+    opens with them. Linear: the text is read once, from a position that only moves forward (an
+    empty comment closes as HTML closes it, ``<!-->`` and ``<!--->`` included)."""
+    position = 0
+    while True:
+        markup = _LEADING_MARKUP.match(text, position)
+        if markup is not None:
+            position = markup.end()
+        if not text.startswith(_COMMENT_OPEN, position):
+            return text[position:]
+        end = text.find(_COMMENT_CLOSE, position + 2)  # from "--" of the opening: "<!-->" is closed
+        if end < 0:
+            return text[position:]
+        position = end + len(_COMMENT_CLOSE)
 
 
 def _prefix_tuple(prefix_list: str, prefixes: Sequence[str] | None) -> tuple[str, ...]:
