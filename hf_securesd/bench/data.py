@@ -15,7 +15,7 @@ import os
 import random
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, Sequence, TypeVar
+from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 ENV_VAR = "SECURESD_DATA_DIR"
 
@@ -72,33 +72,160 @@ def load_hub(dataset_id: str, config: str | None = None, split: str = "test",
     return [dict(row) for row in dataset]
 
 
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """Rows of a JSON-lines file, gzip-compressed when the name ends in `.gz`."""
+DATA_FIX = (f"point --data-dir (or ${ENV_VAR}) at an intact copy of the benchmark data, laid out as in "
+            f"docs/benchmarks.md")
+_JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
+               type(None): "null"}
+
+Row = TypeVar("Row")
+
+
+class BenchmarkDataError(ValueError):
+    """A local benchmark file that cannot be used; the message names the file, where in it, the problem
+    and the fix. A ValueError, so the commands report it as one line with exit code 2."""
+
+
+def data_error(path: Path, where: str, problem: str, fix: str = DATA_FIX) -> BenchmarkDataError:
+    """The error for `problem` found at `where` (a line or row) of the local file `path`."""
+    return BenchmarkDataError(f"benchmark file {path} could not be read: {where}: {problem}; {fix}")
+
+
+def json_type(value: Any) -> str:
+    """The JSON name of `value`'s type ("object", "array", "string", ...)."""
+    return _JSON_TYPES.get(type(value), type(value).__name__)
+
+
+def row_problem(row: Any, fields: Sequence[str]) -> str | None:
+    """What keeps `row` from being a record (an object) holding each of `fields` as a string, or None."""
+    if not isinstance(row, dict):
+        return f"a JSON {json_type(row)}, not an object"
+    for name in fields:
+        if row.get(name) is None:
+            return f"missing field {name!r}"
+        if not isinstance(row[name], str):
+            return f"field {name!r} is a JSON {json_type(row[name])}, not a string"
+    return None
+
+
+def integer_field(row: dict[str, Any], name: str) -> int:
+    """`row[name]` as an integer (a number, or its text); a ValueError naming the field otherwise."""
+    try:
+        return int(row[name])
+    except (TypeError, ValueError):
+        raise ValueError(f"field {name!r} is {row[name]!r}, not an integer") from None
+
+
+def parse_rows(path: Path, located: Iterable[tuple[str, Row]], parse: Callable[[Row], T],
+               fix: str = DATA_FIX) -> list[T]:
+    """`parse` applied to each row of `located` ((where, row) pairs read from `path`). A row that
+    `parse` refuses (ValueError, or KeyError for a field it lacks) raises `BenchmarkDataError` naming
+    the file, the row's place, the problem and `fix`."""
+    parsed = []
+    for where, row in located:
+        try:
+            parsed.append(parse(row))
+        except KeyError as error:
+            raise data_error(path, where, f"missing field {error.args[0]!r}", fix) from None
+        except ValueError as error:
+            raise data_error(path, where, str(error), fix) from None
+    return parsed
+
+
+def with_fields(fields: Sequence[str], parse: Callable[[dict[str, Any]], T]) -> Callable[[Any], T]:
+    """`parse`, run after checking that the row is an object holding `fields` as strings (`row_problem`;
+    a ValueError naming the problem otherwise)."""
+    def checked(row: Any) -> T:
+        problem = row_problem(row, fields)
+        if problem is not None:
+            raise ValueError(problem)
+        return parse(row)
+    return checked
+
+
+def read_jsonl(path: Path, fields: Sequence[str] = (),
+               parse: Callable[[dict[str, Any]], T] = dict) -> list[T]:
+    """Rows of a JSON-lines file (gzip-compressed when the name ends in `.gz`; blank lines skipped),
+    each an object holding `fields` as strings, passed through `parse`. Any other line, or one that
+    `parse` refuses, raises `BenchmarkDataError` naming the file, the line and the problem."""
     opener = gzip.open if path.suffix == ".gz" else open
     with _named_errors(path), opener(path, "rt", encoding="utf-8") as handle:
-        return [json.loads(line) for line in handle if line.strip()]
+        return parse_rows(path, _json_lines(path, handle), with_fields(fields, parse))
 
 
-def read_csv(path: Path, delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL) -> list[dict[str, str]]:
-    """Rows of a CSV/TSV file with a header line (a UTF-8 byte-order mark is tolerated)."""
+def _json_lines(path: Path, handle: Iterable[str]) -> Iterator[tuple[str, Any]]:
+    """("line N", value) for each non-blank line of `handle`; invalid JSON raises `BenchmarkDataError`
+    with the line of the file and the column in it."""
+    for number, line in enumerate(handle, start=1):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {number}", json.loads(line.rstrip("\r\n"))
+        except json.JSONDecodeError as error:
+            raise data_error(path, f"line {number} column {error.colno}",
+                             f"not valid JSON ({error.msg})") from None
+
+
+def read_csv(path: Path, fields: Sequence[str] = (), parse: Callable[[dict[str, Any]], T] = dict, *,
+             delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL) -> list[T]:
+    """Rows of a CSV/TSV file with a header line (a UTF-8 byte-order mark is tolerated), as dicts
+    holding `fields`, passed through `parse` (see `parse_csv`)."""
     with _named_errors(path), open(path, encoding="utf-8-sig", newline="") as handle:
-        return list(csv.DictReader(handle, delimiter=delimiter, quoting=quoting))
+        return parse_csv(path, handle, fields, parse, delimiter=delimiter, quoting=quoting)
 
 
-def read_lines(path: Path) -> list[str]:
-    """Lines of a text file without their line endings (CRLF tolerated)."""
+def parse_csv(path: Path, handle: Iterable[str], fields: Sequence[str] = (),
+              parse: Callable[[dict[str, Any]], T] = dict, *, delimiter: str = ",",
+              quoting: int = csv.QUOTE_MINIMAL, fix: str = DATA_FIX) -> list[T]:
+    """The rows of the CSV text `handle` (read from `path`), as {column: value} dicts passed through
+    `parse` (empty rows skipped). A header without one of `fields`, a row cut short (fewer values than
+    the header has columns) or a row `parse` refuses raises `BenchmarkDataError` naming the file, the
+    row and its line, the problem and `fix`."""
+    reader = csv.reader(handle, delimiter=delimiter, quoting=quoting)
+    header = next(reader, None) or []
+    absent = [name for name in fields if name not in header]
+    if absent:
+        columns = ", ".join(map(repr, header)) if header else "none: the file is empty"
+        raise data_error(path, "line 1 (header)", f"no column {absent[0]!r} (its columns: {columns})", fix)
+    checked = with_fields(fields, parse)
+    return parse_rows(path, _csv_rows(reader), lambda values: checked(_csv_row(header, values)), fix)
+
+
+def _csv_rows(reader: Any) -> Iterator[tuple[str, list[str]]]:
+    """("row N (line L)", values) for each non-empty row of `reader` after the header, L being the
+    file line the row starts on."""
+    number = 0
+    start = reader.line_num + 1
+    for values in reader:
+        if values:
+            number += 1
+            yield f"row {number} (line {start})", values
+        start = reader.line_num + 1
+
+
+def _csv_row(header: list[str], values: list[str]) -> dict[str, str]:
+    """{column: value} of a CSV row; a ValueError for a row with fewer values than `header` has columns."""
+    if len(values) < len(header):
+        raise ValueError(f"the row is cut short: {len(values)} of the header's {len(header)} columns, no value "
+                         f"for column {header[len(values)]!r}")
+    return dict(zip(header, values))
+
+
+def read_lines(path: Path, parse: Callable[[str], T] = str) -> list[T]:
+    """The non-blank lines of a text file without their line endings (CRLF tolerated), passed through
+    `parse`; a line it refuses raises `BenchmarkDataError` naming the file and the line."""
     with _named_errors(path), open(path, encoding="utf-8") as handle:
-        return [line.rstrip("\r\n") for line in handle]
+        lines = [(f"line {number}", line.rstrip("\r\n")) for number, line in enumerate(handle, start=1)]
+    return parse_rows(path, [(where, line) for where, line in lines if line.strip()], parse)
 
 
 @contextmanager
 def _named_errors(path: Path) -> Iterator[None]:
-    """A local benchmark file that is not UTF-8, not valid JSON lines or not valid CSV raises a ValueError
-    naming the file (the parsers' own messages say only where in it)."""
+    """A local benchmark file that is not UTF-8, not valid CSV or not gzip raises a ValueError naming
+    the file (the parsers' own messages say only where in it) and the fix."""
     try:
         yield
-    except (UnicodeDecodeError, json.JSONDecodeError, csv.Error, EOFError, gzip.BadGzipFile) as error:
-        raise ValueError(f"benchmark file {path} could not be read: {error}") from None
+    except (UnicodeDecodeError, csv.Error, EOFError, gzip.BadGzipFile) as error:
+        raise ValueError(f"benchmark file {path} could not be read: {error}; {DATA_FIX}") from None
 
 
 def seeded_sample(items: Sequence[T], n: int, seed: int) -> list[T]:

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from hf_securesd.bench.data import parse_csv
 from hf_securesd.judges import get_judge
 from hf_securesd.judges.backends import JudgeBackendError
 from hf_securesd.cli import positive_int
@@ -23,6 +24,9 @@ from hf_securesd.judges.refusal_prefix import PREFIX_LISTS
 from hf_securesd.judges.strongreject import DEFAULT_THRESHOLD
 
 COMPARISON_FILE = "jailbreakbench/classifier_comparison.csv"
+COMPARISON_FIELDS = ("goal", "target_response", "human_majority")  # the columns every row needs
+COMPARISON_FIX = (f"point --data-dir (or ${DATA_DIR_ENV}) at a folder holding an intact copy of JailbreakBench's "
+                  f"{COMPARISON_FILE} (see docs/metrics.md)")
 REFERENCE_JUDGES = ("GCG", "TDC", "BERT", "llama_guard", "gpt_4_turbo", "gpt_4")
 
 
@@ -51,11 +55,13 @@ def agreement_stats(predicted: Sequence[bool], human: Sequence[bool]) -> dict[st
 
 
 def load_comparison(data_dir: str | None) -> list[dict[str, str]]:
-    """The rows of `classifier_comparison.csv`; a file that is not UTF-8 CSV raises a ValueError naming it."""
+    """The rows of `classifier_comparison.csv`. A file that is not UTF-8 CSV, or a row without a value for
+    one of `COMPARISON_FIELDS` (a wrong file, or one cut short), raises a ValueError naming the file, the
+    row and the fix."""
     path = data_file(COMPARISON_FILE, data_dir)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            return list(csv.DictReader(handle))
+            return parse_csv(path, handle, COMPARISON_FIELDS, fix=COMPARISON_FIX)
     except (UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"{path} could not be read as UTF-8 CSV: {error}") from None
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 from hf_securesd.bench.data import load_hub, local_file, read_jsonl, seeded_sample
 from hf_securesd.bench.scoring import mean
@@ -19,6 +19,7 @@ from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskSc
 HUB_ID = "openai/gsm8k"
 HUB_CONFIG = "main"
 LOCAL_PATH = "gsm8k/test.jsonl"
+FIELDS = ("question", "answer")
 SAMPLE_SIZE = 200
 INSTRUCTION = ("Solve the following math problem step by step. End your reply with the final answer "
                "as a single number on its own line, in the form \"#### <number>\".")
@@ -42,13 +43,17 @@ _ANSWER_CUES = (
 def load(data_dir: Path | None, seed: int) -> list[Example]:
     """200 test problems in a random order fixed by `seed`."""
     if data_dir:
-        rows = read_jsonl(local_file(data_dir, LOCAL_PATH))
+        problems = read_jsonl(local_file(data_dir, LOCAL_PATH), FIELDS, problem_fields)
     else:
-        rows = load_hub(HUB_ID, HUB_CONFIG, split="test")
-    indexed = [(index, row) for index, row in enumerate(rows)]
-    return [Example(id=f"gsm8k/test/{index}",
-                    fields={"question": row["question"], "answer": gold_answer(row["answer"])})
-            for index, row in seeded_sample(indexed, SAMPLE_SIZE, seed)]
+        problems = [problem_fields(row) for row in load_hub(HUB_ID, HUB_CONFIG, split="test")]
+    indexed = list(enumerate(problems))
+    return [Example(id=f"gsm8k/test/{index}", fields=fields)
+            for index, fields in seeded_sample(indexed, SAMPLE_SIZE, seed)]
+
+
+def problem_fields(row: dict[str, Any]) -> dict[str, str]:
+    """An example's fields from a dataset row: the question and the gold answer (`gold_answer`)."""
+    return {"question": row["question"], "answer": gold_answer(row["answer"])}
 
 
 def gold_answer(reference: str) -> str:

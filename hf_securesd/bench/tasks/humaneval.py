@@ -30,7 +30,7 @@ _LANGUAGE = re.compile(r"[ \t]*([\w+-]*)")  # the language label that opens a fe
 
 def load(data_dir: Path | None, seed: int) -> list[Example]:
     """All 164 problems in their original order (`seed` is unused: nothing is sampled)."""
-    rows = read_jsonl(local_file(data_dir, LOCAL_PATH)) if data_dir else load_hub(HUB_ID, split="test")
+    rows = read_jsonl(local_file(data_dir, LOCAL_PATH), FIELDS) if data_dir else load_hub(HUB_ID, split="test")
     return [Example(id=row["task_id"], fields={key: row[key] for key in FIELDS}) for row in rows]
 
 

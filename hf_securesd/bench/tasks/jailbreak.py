@@ -54,7 +54,7 @@ Request = dict[str, str]  # keys: prompt, source_id, category
 def _advbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
         path = local_file(data_dir, "advbench/harmful_behaviors.csv")
-        rows = [{"prompt": row["goal"]} for row in read_csv(path)]
+        rows = [{"prompt": row["goal"]} for row in read_csv(path, ("goal",))]
     else:
         rows = [{"prompt": row["prompt"]} for row in load_hub("walledai/AdvBench", split="train")]
     return [{"prompt": row["prompt"], "source_id": str(index), "category": ""}
@@ -63,7 +63,7 @@ def _advbench(data_dir: Path | None) -> list[Request]:
 
 def _jailbreakbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "jailbreakbench/behaviors.csv"))
+        rows = read_csv(local_file(data_dir, "jailbreakbench/behaviors.csv"), ("Goal", "Behavior", "Category"))
     else:
         rows = load_hub("JailbreakBench/JBB-Behaviors", "behaviors", split="harmful")
     return [{"prompt": row["Goal"], "source_id": row["Behavior"], "category": row["Category"]}
@@ -72,7 +72,8 @@ def _jailbreakbench(data_dir: Path | None) -> list[Request]:
 
 def _harmbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "harmbench/harmbench_behaviors_text_all.csv"))
+        rows = read_csv(local_file(data_dir, "harmbench/harmbench_behaviors_text_all.csv"),
+                        ("Behavior", "BehaviorID", "SemanticCategory", "FunctionalCategory"))
         return [{"prompt": row["Behavior"], "source_id": row["BehaviorID"],
                  "category": row["SemanticCategory"]}
                 for row in rows if row["FunctionalCategory"] == "standard"]
@@ -82,9 +83,10 @@ def _harmbench(data_dir: Path | None) -> list[Request]:
 
 
 def _wildjailbreak(data_dir: Path) -> list[Request]:
-    rows = read_csv(local_file(data_dir, *WILDJAILBREAK_PATHS), delimiter="\t", quoting=csv.QUOTE_MINIMAL)
+    rows = read_csv(local_file(data_dir, *WILDJAILBREAK_PATHS), ("adversarial", "data_type"),
+                    delimiter="\t", quoting=csv.QUOTE_MINIMAL)
     return [{"prompt": row["adversarial"], "source_id": str(index), "category": row["data_type"]}
-            for index, row in enumerate(rows) if row.get("data_type") == "adversarial_harmful"]
+            for index, row in enumerate(rows) if row["data_type"] == "adversarial_harmful"]
 
 
 SOURCES: dict[str, Callable[[Path | None], list[Request]]] = {

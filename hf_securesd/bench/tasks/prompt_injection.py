@@ -33,9 +33,9 @@ import csv
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
-from hf_securesd.bench.data import load_hub, local_file, read_csv, read_lines
+from hf_securesd.bench.data import integer_field, load_hub, local_file, read_csv, read_lines
 from hf_securesd.bench.scoring import mean, normalize_answer_text
 from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
 from hf_securesd.judges.reasoning import final_answer
@@ -55,9 +55,10 @@ def _sentence_pair(first: str, second: str) -> str:
 
 def _mrpc(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "open_prompt_injection/raw/mrpc/msr_paraphrase_test.txt"),
-                        delimiter="\t", quoting=csv.QUOTE_NONE)
-        pairs = [(row["#1 String"], row["#2 String"], int(row["Quality"])) for row in rows]
+        pairs = read_csv(local_file(data_dir, "open_prompt_injection/raw/mrpc/msr_paraphrase_test.txt"),
+                         ("#1 String", "#2 String", "Quality"),
+                         lambda row: (row["#1 String"], row["#2 String"], integer_field(row, "Quality")),
+                         delimiter="\t", quoting=csv.QUOTE_NONE)
     else:
         rows = load_hub("nyu-mll/glue", "mrpc", split="test")
         pairs = [(row["sentence1"], row["sentence2"], int(row["label"])) for row in rows]
@@ -66,29 +67,44 @@ def _mrpc(data_dir: Path | None) -> list[Row]:
 
 def _rte(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "open_prompt_injection/raw/rte/train.tsv"),
-                        delimiter="\t", quoting=csv.QUOTE_NONE)
-    else:
-        rows = load_hub("nyu-mll/glue", "rte", split="train")
-    return [(_sentence_pair(row["sentence1"], row["sentence2"]),
-             "entailment" if int(row["label"]) == 0 else "not entailment") for row in rows]
+        return read_csv(local_file(data_dir, "open_prompt_injection/raw/rte/train.tsv"),
+                        ("sentence1", "sentence2", "label"), _rte_row, delimiter="\t", quoting=csv.QUOTE_NONE)
+    return [_rte_row(row) for row in load_hub("nyu-mll/glue", "rte", split="train")]
+
+
+def _rte_row(row: dict[str, Any]) -> Row:
+    """(sentence pair, answer) of an RTE row (label 0: entailment)."""
+    return (_sentence_pair(row["sentence1"], row["sentence2"]),
+            "entailment" if integer_field(row, "label") == 0 else "not entailment")
 
 
 def _sms_spam(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        lines = read_lines(local_file(data_dir, "open_prompt_injection/raw/sms_spam/SMSSpamCollection"))
-        pairs = [(text, label == "spam") for label, text in (line.split("\t", 1) for line in lines if line)]
+        pairs = read_lines(local_file(data_dir, "open_prompt_injection/raw/sms_spam/SMSSpamCollection"),
+                           _sms_line)
     else:
         pairs = [(row["sms"], int(row["label"]) == 1) for row in load_hub("ucirvine/sms_spam", split="train")]
     return [(text.strip(), "yes" if spam else "no") for text, spam in pairs]
 
 
+def _sms_line(line: str) -> tuple[str, bool]:
+    """(message, whether it is spam) of a SMSSpamCollection line: "ham" or "spam", a tab, the message."""
+    label, tab, text = line.partition("\t")
+    if not tab or label not in ("ham", "spam"):
+        raise ValueError(f"expected \"ham\" or \"spam\", a tab and the message, not {line[:60]!r}")
+    return text, label == "spam"
+
+
 def _hsol(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "open_prompt_injection/raw/hsol/labeled_data.csv"))
-    else:
-        rows = load_hub("tdavidson/hate_speech_offensive", split="train")
-    return [(str(row["tweet"]).strip(), "yes" if int(row["class"]) in (0, 1) else "no") for row in rows]
+        return read_csv(local_file(data_dir, "open_prompt_injection/raw/hsol/labeled_data.csv"),
+                        ("tweet", "class"), _hsol_row)
+    return [_hsol_row(row) for row in load_hub("tdavidson/hate_speech_offensive", split="train")]
+
+
+def _hsol_row(row: dict[str, Any]) -> Row:
+    """(tweet, answer) of a hate-speech row (class 0 hate speech, 1 offensive: "yes")."""
+    return str(row["tweet"]).strip(), "yes" if integer_field(row, "class") in (0, 1) else "no"
 
 
 def _jfleg(data_dir: Path | None) -> list[Row]:
