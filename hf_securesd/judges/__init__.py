@@ -15,7 +15,7 @@ from hf_securesd.judges.backends import endpoint_settings
 from hf_securesd.judges.base import Judge, JudgeError, Verdict
 from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
 from hf_securesd.judges.secrets import strip_userinfo
-from hf_securesd.judges.strongreject import StrongRejectJudge
+from hf_securesd.judges.strongreject import DEFAULT_THRESHOLD, StrongRejectJudge, check_threshold
 
 JUDGES: dict[str, type[Judge]] = {
     RefusalPrefixJudge.name: RefusalPrefixJudge,
@@ -24,30 +24,37 @@ JUDGES: dict[str, type[Judge]] = {
 }
 
 
-def get_judge(name: str, **kwargs: object) -> Judge:
-    """The judge registered as `name` ("refusal_prefix", "refusal_prefix_exact" or "strongreject"),
-    built with `kwargs`."""
-    if name not in JUDGES:
-        raise ValueError(f"unknown judge {name!r}; choose one of {', '.join(JUDGES)}.")
-    return JUDGES[name](**kwargs)
-
-
-def check_judge_options(name: str, options: Mapping[str, object]) -> None:
-    """ValueError, naming the option and the valid ones, when judge `name` does not take
-    `options`; then the judge is built once to check the values, except a StrongREJECT judge with
-    the ``transformers`` backend (building it loads the judge model; its values are checked when
-    it is first used). Run this before any generation, so a mistyped option fails at once."""
+def _check_option_names(name: str, options: Mapping[object, object], hint: str = "") -> None:
+    """ValueError when `name` is no judge, or when judge `name` does not take one of `options`, naming
+    that option and the ones it takes (followed by `hint`, how to pass them)."""
     if name not in JUDGES:
         raise ValueError(f"unknown judge {name!r}; choose one of {', '.join(JUDGES)}.")
     parameters = inspect.signature(JUDGES[name]).parameters
     unknown = [key for key in options if key not in parameters]
     if unknown:
         raise ValueError(f"judge {name!r} takes no option {unknown[0]!r}; its options are "
-                         f"{', '.join(parameters)} (--judge-option KEY=VALUE).")
-    if name == StrongRejectJudge.name and options.get("backend") == "transformers":
-        return
+                         f"{', '.join(parameters)}{hint}.")
+
+
+def get_judge(name: str, **kwargs: object) -> Judge:
+    """The judge registered as `name` ("refusal_prefix", "refusal_prefix_exact" or "strongreject"),
+    built with `kwargs`; an option the judge does not take is refused as `check_judge_options` does."""
+    _check_option_names(name, kwargs)
+    return JUDGES[name](**kwargs)
+
+
+def check_judge_options(name: str, options: Mapping[str, object]) -> None:
+    """ValueError, naming the option and the valid ones, when judge `name` does not take
+    `options`; then the judge is built once to check the values, except a StrongREJECT judge with
+    the ``transformers`` backend (building it loads the judge model; only its `threshold` is checked
+    here, its other values when it is first used). Run this before any generation, so a mistyped
+    option fails at once."""
+    _check_option_names(name, options, " (--judge-option KEY=VALUE)")
     try:
-        get_judge(name, **dict(options))
+        if name == StrongRejectJudge.name and options.get("backend") == "transformers":
+            check_threshold(options.get("threshold", DEFAULT_THRESHOLD))
+        else:
+            get_judge(name, **dict(options))
     except (TypeError, ValueError) as error:
         raise ValueError(f"judge {name!r} options {dict(options)}: {error}") from None
 

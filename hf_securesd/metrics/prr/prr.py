@@ -6,6 +6,8 @@ Load it with `evaluate.load("securesd/prr")` once published, or offline with
 `evaluate.load(hf_securesd.metrics.path("prr"))`.
 """
 
+import difflib
+import inspect
 import numbers
 import warnings
 from collections.abc import Collection, Iterator, Mapping
@@ -155,11 +157,32 @@ def _from_units(value: float, exponent: int) -> float:
 def _check_rows(name: str, values: object, entry: str) -> None:
     """Refuse `values` unless it is an ordered container with one `entry` ("score per row"): a
     bare string would be read character by character, a mapping by its keys, a set in no fixed order."""
+    if values is None:
+        raise ValueError(f"`{name}` is missing (None); pass a list with one {entry}.")
     misread = (str, bytes, bytearray, Mapping, AbstractSet)
     if isinstance(values, misread) or not isinstance(values, Collection):
         raise ValueError(
             f"`{name}` must be a list with one {entry}, got {type(values).__name__} {values!r:.60}; pass a "
             "list instead (to give every one of n rows the same value: [value] * n)."
+        )
+
+
+def _accepted_arguments(metric: evaluate.Metric) -> list[str]:
+    """The arguments `metric.compute` takes: its input columns, then the options of its `_compute`."""
+    return list(dict.fromkeys([*metric._feature_names(), *inspect.signature(metric._compute).parameters]))
+
+
+def _check_arguments(metric: evaluate.Metric, given: Collection[str]) -> None:
+    """Refuse an argument that `compute` does not take, naming the ones it takes: `evaluate` would pass
+    a misspelled option on to `_compute`, whose TypeError names none of them."""
+    accepted = _accepted_arguments(metric)
+    unknown = [name for name in given if name not in accepted]
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], accepted, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(
+            f"{metric.name}.compute takes no argument {unknown[0]!r}{hint}; its arguments are "
+            f"{', '.join(accepted)}."
         )
 
 
@@ -171,6 +194,20 @@ def _check_number(label: str, value: object) -> None:
             f"`{label}` is the text {value!r:.40}, not a number; pass numbers (convert text first, e.g. "
             "with float())."
         )
+    if isinstance(value, numbers.Real) and not _fits_float(value):
+        raise ValueError(
+            f"`{label}` is a number beyond the float64 range (magnitude above about 1.8e308); pass numbers "
+            "a float64 holds (rescale them first, e.g. divide them by a power of ten)."
+        )
+
+
+def _fits_float(value: numbers.Real) -> bool:
+    """Whether `value` converts to a float64 (an int such as 10**400 does not)."""
+    try:
+        float(value)
+    except OverflowError:
+        return False
+    return True
 
 
 def _check_numbers(name: str, values: Collection) -> None:
@@ -356,18 +393,20 @@ class Prr(evaluate.Metric):
     """Performance recovery ratio of a speculative decoding method between its draft and target."""
 
     def compute(self, *, references=None, **kwargs):
-        """`evaluate`'s `compute`, refusing `references`, which `evaluate` would silently drop."""
+        """`evaluate`'s `compute`, refusing `references`, which `evaluate` would silently drop, and an
+        argument it does not take (a misspelled option), naming the ones it takes."""
         _refuse_references(references, "references")
+        _check_arguments(self, kwargs)
         return super().compute(**kwargs)
 
     def add_batch(self, *, references=None, **columns):
-        """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is not a list of
-        numbers: `evaluate` would read a bare string character by character, and parse "0.5"."""
+        """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is missing or not a
+        list of numbers a float64 holds: `evaluate` would read a bare string character by character,
+        parse "0.5", and fail without naming the column on None or on 10**400."""
         _refuse_references(references, "references")
-        for name, values in columns.items():
-            if values is not None:
-                _check_rows(name, values, "score per row")
-                _check_numbers(name, values)
+        for name in self._feature_names():
+            _check_rows(name, columns.get(name), "score per row")
+            _check_numbers(name, columns[name])
         return super().add_batch(**columns)
 
     def add(self, *, reference=None, **example):

@@ -1,0 +1,152 @@
+"""Arguments of the `evaluate` metrics that `evaluate`, `datasets` or Python used to refuse with a raw
+error (an OverflowError from datasets' features, "object of type 'NoneType' has no len()", an
+unexpected keyword argument of `_compute`, "'str' object is not callable"): each is now a ValueError
+naming the argument and the fix, raised before `evaluate` stores the inputs."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from fractions import Fraction
+
+import evaluate
+import pytest
+
+from hf_securesd import metrics
+
+NAMES = ("prr", "afr", "flips")
+GOOD_INPUTS = {
+    "prr": {"predictions": [0.5], "target_scores": [1.0], "draft_scores": [0.0]},
+    "afr": {"predictions": ["I'm sorry, I can't."], "references": ["goal"]},
+    "flips": {"predictions": [1, 0], "references": [1, 1]},
+}
+
+
+@pytest.fixture(scope="module")
+def loaded() -> dict[str, evaluate.EvaluationModule]:
+    """The three metric modules, loaded once."""
+    return {name: evaluate.load(metrics.path(name)) for name in NAMES}
+
+
+def _source(name: str):
+    """The module file of metric `name`, imported on its own."""
+    spec = importlib.util.spec_from_file_location(f"metric_{name}_args", f"{metrics.path(name)}/{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("helper", ["_check_rows", "_accepted_arguments", "_check_arguments"])
+def test_the_new_argument_checks_are_the_same_in_every_metric(helper: str) -> None:
+    sources = {inspect.getsource(getattr(_source(name), helper)) for name in NAMES}
+    assert len(sources) == 1, f"{helper} differs between the metric modules"
+
+
+@pytest.mark.parametrize("helper", ["_check_number", "_fits_float"])
+def test_the_new_number_checks_are_the_same_in_prr_and_flips(helper: str) -> None:
+    sources = {inspect.getsource(getattr(_source(name), helper)) for name in ("prr", "flips")}
+    assert len(sources) == 1, f"{helper} differs between prr and flips"
+
+
+# -- numbers beyond the float64 range -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("huge", [10**400, -(10**400), Fraction(10**400, 3)])
+@pytest.mark.parametrize("column", ["predictions", "target_scores", "draft_scores"])
+def test_prr_refuses_a_score_beyond_float64_naming_the_entry(loaded, column: str, huge) -> None:
+    inputs = {**GOOD_INPUTS["prr"], column: [huge]}
+    with pytest.raises(ValueError, match=rf"`{column}\[0\]` is a number beyond the float64 range.*rescale"):
+        loaded["prr"].compute(**inputs)
+
+
+def test_prr_refuses_a_huge_baseline_score_and_a_huge_added_score(loaded) -> None:
+    with pytest.raises(ValueError, match=r"`baseline_predictions\[1\]` is a number beyond the float64"):
+        loaded["prr"].compute(predictions=[0.5, 0.5], target_scores=[1, 1], draft_scores=[0, 0],
+                              baseline_predictions=[0.1, 10**400])
+    with pytest.raises(ValueError, match="`predictions` is a number beyond the float64 range"):
+        loaded["prr"].add(predictions=10**400, target_scores=1.0, draft_scores=0.0)
+
+
+def test_flips_refuses_an_outcome_beyond_float64(loaded) -> None:
+    with pytest.raises(ValueError, match=r"`references\[1\]` is a number beyond the float64 range"):
+        loaded["flips"].compute(predictions=[1, 0], references=[1, 10**400])
+
+
+def test_the_largest_float64_and_big_ints_within_it_still_pass(loaded) -> None:
+    result = loaded["prr"].compute(predictions=[10**300], target_scores=[2 * 10**300], draft_scores=[0])
+    assert result["prr"] == pytest.approx(0.5)
+    assert loaded["prr"].compute(predictions=[1.7e308], target_scores=[1.7e308], draft_scores=[0.0])["prr"] == 1.0
+
+
+# -- a column given as None -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_a_column_given_as_none_is_named_as_missing(loaded, name: str) -> None:
+    for column in GOOD_INPUTS[name]:
+        inputs = {**GOOD_INPUTS[name], column: None}
+        with pytest.raises(ValueError, match=rf"`{column}` is missing \(None\); pass a list with one"):
+            loaded[name].compute(**inputs)
+
+
+# -- a misspelled option --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("name", "typo", "suggestion"), [
+    ("prr", "higher_is_beter", "higher_is_better"),
+    ("prr", "thresold", None),
+    ("prr", "n_resample", "n_resamples"),
+    ("afr", "on_unparse", "on_unparsed"),
+    ("afr", "judge_kwarg", "judge_kwargs"),
+    ("flips", "alpha", None),
+    ("flips", "alternatives", "alternative"),
+])
+def test_a_misspelled_option_is_refused_with_the_valid_ones(loaded, name, typo, suggestion) -> None:
+    with pytest.raises(ValueError) as raised:
+        loaded[name].compute(**GOOD_INPUTS[name], **{typo: 1})
+    message = str(raised.value)
+    assert message.startswith(f"{name}.compute takes no argument {typo!r}")
+    assert ("did you mean" in message) == (suggestion is not None)
+    if suggestion:
+        assert f"did you mean {suggestion!r}?" in message
+    listed = message.split("its arguments are ", 1)[1]
+    for argument in (*GOOD_INPUTS[name], "confidence_level", "n_resamples", "seed"):
+        assert argument in listed
+
+
+def test_valid_options_still_pass(loaded) -> None:
+    prr = loaded["prr"].compute(**GOOD_INPUTS["prr"], higher_is_better=True, n_resamples=0, seed=1)
+    assert prr["prr"] == 0.5
+    flips = loaded["flips"].compute(**GOOD_INPUTS["flips"], alternative="less", n_resamples=0)
+    assert flips["n_lost"] == 1
+    afr = loaded["afr"].compute(**GOOD_INPUTS["afr"], judge="refusal_prefix", on_unparsed="exclude")
+    assert afr["afr"] == 1.0
+
+
+def test_prr_still_refuses_references_with_its_own_message(loaded) -> None:
+    with pytest.raises(ValueError, match="PRR takes no `references`"):
+        loaded["prr"].compute(**GOOD_INPUTS["prr"], references=[1.0])
+
+
+# -- afr's success_checker and judge_kwargs -------------------------------------------------------
+
+
+@pytest.mark.parametrize("checker", ["abc", 3, ["yes"]])
+def test_afr_refuses_a_success_checker_that_is_not_callable(loaded, checker) -> None:
+    with pytest.raises(ValueError, match=r"`success_checker` must be a function \(response, expected_output\)"):
+        loaded["afr"].compute(predictions=["yes"], references=["x"], injected_outputs=["yes"],
+                              success_checker=checker)
+
+
+def test_afr_refuses_a_judge_option_the_judge_does_not_take(loaded) -> None:
+    expected = "judge 'refusal_prefix' takes no option 'prefix_lst'; its options are prefix_list, prefixes, match."
+    with pytest.raises(ValueError) as raised:
+        loaded["afr"].compute(**GOOD_INPUTS["afr"], judge_kwargs={"prefix_lst": "gcg_evaluate"})
+    assert str(raised.value) == expected
+
+
+@pytest.mark.parametrize("threshold", ["0.5", False])
+def test_afr_passes_on_the_strongreject_threshold_check(loaded, threshold) -> None:
+    options = {"threshold": threshold, "rubric": "{forbidden_prompt}\n{response}"}
+    with pytest.raises(TypeError, match=r"threshold must be a number in \[0, 1\)"):
+        loaded["afr"].compute(**GOOD_INPUTS["afr"], judge="strongreject", judge_kwargs=options)
