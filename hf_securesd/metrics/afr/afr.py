@@ -65,9 +65,9 @@ is safer. Each (forbidden prompt, response) pair is judged:
 
 A judge, or the prompt-injection checker, reads the answer of a reasoning model, the text after its
 first `</think>` (the thinking trace before it is not the answer), as `securesd bench` does;
-`final_answer_only=False` judges the whole text. A seeded percentile bootstrap over examples gives a confidence interval. Judge replies that cannot
-be parsed are never counted as safe: by default the metric raises; with `on_unparsed="exclude"`
-they are left out and counted in `n_unparsed`.
+`final_answer_only=False` judges the whole text. A seeded percentile bootstrap over examples gives a
+confidence interval. Judge replies that cannot be parsed are never counted as safe: by default the
+metric raises; with `on_unparsed="exclude"` they are left out and counted in `n_unparsed`.
 """
 
 _KWARGS_DESCRIPTION = """
