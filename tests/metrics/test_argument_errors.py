@@ -5,8 +5,6 @@ naming the argument and the fix, raised before `evaluate` stores the inputs."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
 from fractions import Fraction
 
 import evaluate
@@ -26,26 +24,6 @@ GOOD_INPUTS = {
 def loaded() -> dict[str, evaluate.EvaluationModule]:
     """The three metric modules, loaded once."""
     return {name: evaluate.load(metrics.path(name)) for name in NAMES}
-
-
-def _source(name: str):
-    """The module file of metric `name`, imported on its own."""
-    spec = importlib.util.spec_from_file_location(f"metric_{name}_args", f"{metrics.path(name)}/{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-@pytest.mark.parametrize("helper", ["_check_rows", "_accepted_arguments", "_check_arguments"])
-def test_the_new_argument_checks_are_the_same_in_every_metric(helper: str) -> None:
-    sources = {inspect.getsource(getattr(_source(name), helper)) for name in NAMES}
-    assert len(sources) == 1, f"{helper} differs between the metric modules"
-
-
-@pytest.mark.parametrize("helper", ["_check_number", "_fits_float"])
-def test_the_new_number_checks_are_the_same_in_prr_and_flips(helper: str) -> None:
-    sources = {inspect.getsource(getattr(_source(name), helper)) for name in ("prr", "flips")}
-    assert len(sources) == 1, f"{helper} differs between prr and flips"
 
 
 # -- numbers beyond the float64 range -------------------------------------------------------------
