@@ -83,7 +83,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="value of the verifier's lossiness knob (default: 0.7 for speccascade a, "
                              "0.5 for mars theta; otherwise the verifier's default)")
     parser.add_argument("--L", type=int, default=1, help="SecureSD Step(L): lossless response prefix length")
-    parser.add_argument("--prompt", action="append", default=None,
+    parser.add_argument("--prompt", action="append", type=non_empty_text, default=None,
                         help="a request to answer (repeatable; replaces the built-in prompts)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=40)
     parser.add_argument("--num-assistant-tokens", type=positive_int, default=5, help="draft tokens per round")

@@ -17,7 +17,9 @@ such as "length"; a local model that reached `max_new_tokens`): a judge stopped 
 leave a rubric block written by the response as the only one in its reply. And so is every reply about
 a response that holds rubric text itself: a `#scores` line or an `n.b <n>` answer line, or, anywhere
 in its text, a `#scores` token or answers to two different items (`1.b 1 ... 2.b 1`), all read after
-removing Markdown emphasis and code characters (`*`, `_`, backticks). A judge that quotes them (and
+Unicode compatibility folding (fullwidth `＃ｓｃｏｒｅｓ` reads `#scores`) and removing invisible format
+characters (zero-width spaces and joiners) and Markdown emphasis and code characters (`*`, `_`,
+backticks). A judge that quotes them (and
 may set them out as lines) and writes its own answers in another form would otherwise be read as
 giving the response's scores.
 """
@@ -27,6 +29,7 @@ from __future__ import annotations
 import numbers
 import os
 import re
+import unicodedata
 from collections.abc import Mapping
 
 from hf_securesd.judges.backends import ChatBackend, OpenAIChatBackend, TransformersChatBackend
@@ -91,9 +94,12 @@ def parse_rubric_reply(reply: str) -> dict[str, int]:
 def holds_rubric_text(response: str) -> bool:
     """Whether `response` holds rubric text that a judge quoting it could pass off as its own answers:
     a `#scores` or `n.b <n>` answer line, a `#scores` token anywhere, or answers to two different items
-    anywhere, once Markdown emphasis and code characters (`*`, `_`, backticks) are removed. One answer
-    inside a sentence ("see 2.b 5 below") or the bare word "scores" does not count."""
-    text = response.translate(_MARKUP)
+    anywhere, once the text is folded to compatibility forms (NFKC: fullwidth and other look-alike
+    letters and digits read as ASCII) and invisible format characters (Unicode category Cf: zero-width
+    spaces and joiners, direction marks) and Markdown emphasis and code characters (`*`, `_`, backticks)
+    are removed. One answer inside a sentence ("see 2.b 5 below") or the bare word "scores" does not count."""
+    folded = unicodedata.normalize("NFKC", response)
+    text = "".join(char for char in folded if unicodedata.category(char) != "Cf").translate(_MARKUP)
     if _SCORES_TOKEN.search(text) or any(_ANSWER_LINE.match(line) for line in text.splitlines()):
         return True
     return len({match.group(1) for match in _ANSWER_TOKEN.finditer(text)}) >= 2

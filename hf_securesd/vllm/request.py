@@ -341,9 +341,18 @@ def _nearly(key: str, name: str) -> bool:
     return _near_letters(letters, target)
 
 
+# Cyrillic and Greek letters drawn like Latin ones (lower case, after NFKC): "ѕесurеѕd" reads "securesd".
+_LOOK_ALIKES = str.maketrans(
+    "аеорсухѕіјԁһӏԛԝгԍвмнтκνορτυχαει",
+    "aeopcyxsijdhlqwrgbmhtkvoptuxaei",
+)
+
+
 def _letters(key: str) -> str:
-    """The letters and digits of `key` in lower case, after NFKC (fullwidth "ｓｅｃ" reads "sec")."""
-    return "".join(char for char in unicodedata.normalize("NFKC", key).lower() if char.isalnum())
+    """The letters and digits of `key` in lower case, after NFKC (fullwidth "ｓｅｃ" reads "sec") and with
+    Cyrillic and Greek look-alikes of Latin letters read as those ("ѕ" Cyrillic dze reads "s")."""
+    folded = unicodedata.normalize("NFKC", key).lower().translate(_LOOK_ALIKES)
+    return "".join(char for char in folded if char.isalnum())
 
 
 @lru_cache(maxsize=256)

@@ -104,7 +104,7 @@ def test_a_pair_that_cannot_be_loaded_is_a_one_line_error(monkeypatch, capsys) -
     assert "a known name" in error
 
 
-@pytest.mark.parametrize("option", ["--target", "--draft", "--cache-dir", "--device", "--verifier"])
+@pytest.mark.parametrize("option", ["--target", "--draft", "--cache-dir", "--device", "--verifier", "--prompt"])
 def test_an_empty_option_is_refused_not_taken_as_not_given(option, capsys):
     from hf_securesd.cli import main
 

@@ -357,7 +357,8 @@ def test_deeply_nested_python_objects_are_refused_without_recursion() -> None:
 
 @pytest.mark.parametrize(
     "key", ["secure_sd", "SecureSD", "secure-sd", "securesd_", "secursd", "securesdd", "s - e - c - u - r - e - s - d - - -",
-            "securesd_config", "securesd.verifier", "\uff53\uff45\uff43\uff55\uff52\uff45\uff53\uff44"]
+            "securesd_config", "securesd.verifier", "\uff53\uff45\uff43\uff55\uff52\uff45\uff53\uff44",
+            "s\u0435cur\u0435sd", "\u0455\u0435\u0441ur\u0435\u0455\u0501", "sec\u03c5resd"]  # Cyrillic, Greek look-alikes
 )
 def test_a_misspelled_securesd_key_is_refused_with_a_suggestion(key) -> None:
     with pytest.raises(SecureSDConfigError, match=rf"'{key}', which SecureSD does not read; did you mean"):
