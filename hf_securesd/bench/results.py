@@ -19,11 +19,17 @@ RESULTS/
   runs.jsonl          one line per finished cell (configuration x task): scores, AR, SPD, PRR
   report/             written by `securesd report`
 ```
+
+The lock and the journals are written in place, never through a symbolic link at their names (a link
+in a results directory received from someone else could point at any file of the user's): such a link
+is refused (`UnsafeResultsFileError`), as is a name that is not a regular file. Whole files are written
+through a temporary file renamed into place (`write_text_atomic`), which replaces a link.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import fcntl
 import inspect
 import json
@@ -31,6 +37,7 @@ import math
 import numbers
 import os
 import shlex
+import stat
 import tempfile
 from dataclasses import fields
 from functools import partial
@@ -143,11 +150,35 @@ def json_text(value: Any, indent: int | None = None, default: Callable[[Any], An
     return json.dumps(json_ready(value), indent=indent, allow_nan=False, default=default)
 
 
+class UnsafeResultsFileError(ValueError):
+    """A file securesd writes in place (the lock, a journal) is a symbolic link or not a regular file."""
+
+
+def open_in_place(path: Path, flags: int) -> int:
+    """A descriptor for the regular file `path` itself, opened with `flags` (`os.O_CREAT` creates it):
+    never through a symbolic link at `path`, never a FIFO, device or folder there. A results directory
+    received from someone else may hold a link at a file's name pointing at any file of the user's, which
+    appending, truncating a torn line or writing a pid would change: `UnsafeResultsFileError` instead."""
+    fix = (f"securesd writes {path.name} in place and never through a link; remove it (securesd recreates "
+           f"it) or start a new --out directory")
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafeResultsFileError(f"{path} is a symbolic link: {fix}") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UnsafeResultsFileError(f"{path} is not a regular file: {fix}")
+    return fd
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record (standard JSON, `json_text`) and flush it to disk (a kill right after
     loses nothing). A line torn by an earlier kill is cut off first (a whole record that lacks only
-    its newline gets it), so the file never holds a broken line that is not its last."""
-    with open(path, "a+b") as handle:
+    its newline gets it), so the file never holds a broken line that is not its last. The file is
+    written in place only (`open_in_place`: never through a link)."""
+    with os.fdopen(open_in_place(path, os.O_RDWR | os.O_CREAT | os.O_APPEND), "a+b") as handle:
         _mend_tail(handle)
         handle.write((json_text(record) + "\n").encode("utf-8"))
         handle.flush()
@@ -366,7 +397,7 @@ class ResultsDir:
         if self._lock_fd is not None:
             return
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = open_in_place(self.path / LOCK, os.O_RDWR | os.O_CREAT)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

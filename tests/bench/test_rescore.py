@@ -90,3 +90,17 @@ def test_rescore_drops_a_torn_last_line(results, data_dir):
         handle.write('{"cell": "mars')  # a write torn by a killed run
     rescore(path, ["prompt_injection"], data_dir)
     assert (path / RUNS).read_text(encoding="utf-8").endswith("}\n") and len(read_jsonl(path / RUNS)) == 3
+
+
+def test_a_link_planted_at_the_lock_is_a_one_line_error_and_its_target_kept(results, data_dir, tmp_path, capsys):
+    """A results directory received from someone else with `.lock` linked to a file of the user's: taking
+    the lock would truncate it and write a pid there."""
+    path, _ = results
+    kept = tmp_path / "token"
+    kept.write_text("hf_secret")
+    (path / ".lock").unlink(missing_ok=True)
+    (path / ".lock").symlink_to(kept)
+    code = main(["rescore", str(path), "--tasks", "prompt_injection", "--data-dir", str(data_dir)])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(error) == 1 and error[0].endswith("remove it (securesd recreates it) or start a new --out directory")
+    assert kept.read_text() == "hf_secret"

@@ -1,0 +1,78 @@
+"""Files a results directory is written through in place (the lock, the journals) are never opened
+through a symbolic link: a directory received from someone else may hold a link at such a name pointing
+at any file of the user's, which taking the lock (truncate, write the pid) or appending a record (after
+cutting a torn last line) would overwrite. A FIFO or a folder at such a name is refused too."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from hf_securesd.bench.results import FAILURES, GENERATIONS, LOCK, RUNS, ResultsDir, UnsafeResultsFileError, append_jsonl
+
+SECRET = "hf_SECRETTOKEN-must-survive"  # a one-line file without a newline: what a torn record looks like
+
+
+def victim(tmp_path: Path) -> Path:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    path = outside / "token"
+    path.write_text(SECRET)
+    return path
+
+
+def test_a_link_at_the_lock_is_refused_and_its_target_kept(tmp_path: Path) -> None:
+    results_path, target = tmp_path / "results", victim(tmp_path)
+    results_path.mkdir()
+    (results_path / LOCK).symlink_to(target)
+    with pytest.raises(UnsafeResultsFileError, match=r"\.lock is a symbolic link: .*never through a link; remove it"):
+        ResultsDir(results_path).lock()
+    assert target.read_text() == SECRET
+
+
+@pytest.mark.parametrize("name", [GENERATIONS, FAILURES, RUNS])
+def test_a_link_at_a_journal_is_refused_and_its_target_kept(tmp_path: Path, name: str) -> None:
+    results_path, target = tmp_path / "results", victim(tmp_path)
+    results_path.mkdir()
+    (results_path / name).symlink_to(target)
+    with pytest.raises(UnsafeResultsFileError, match=rf"{name} is a symbolic link"):
+        append_jsonl(results_path / name, {"cell": "c", "id": 1})
+    assert target.read_text() == SECRET
+
+
+def test_a_dangling_link_is_refused_without_creating_its_target(tmp_path: Path) -> None:
+    results_path = tmp_path / "results"
+    results_path.mkdir()
+    (results_path / GENERATIONS).symlink_to(tmp_path / "created-elsewhere")
+    with pytest.raises(UnsafeResultsFileError, match="symbolic link"):
+        append_jsonl(results_path / GENERATIONS, {"id": 1})
+    assert not (tmp_path / "created-elsewhere").exists()
+
+
+def test_a_fifo_or_a_folder_at_the_name_is_refused_without_blocking(tmp_path: Path) -> None:
+    results_path = tmp_path / "results"
+    results_path.mkdir()
+    os.mkfifo(results_path / LOCK)
+    with pytest.raises(UnsafeResultsFileError, match=r"\.lock is not a regular file"):
+        ResultsDir(results_path).lock()
+    os.mkfifo(results_path / FAILURES)
+    with pytest.raises(UnsafeResultsFileError, match="failures.jsonl is not a regular file"):
+        append_jsonl(results_path / FAILURES, {"id": 1})
+    (results_path / GENERATIONS).mkdir()
+    with pytest.raises(OSError):
+        append_jsonl(results_path / GENERATIONS, {"id": 1})
+
+
+def test_plain_files_are_still_appended_and_locked(tmp_path: Path) -> None:
+    results = ResultsDir(tmp_path)
+    results.lock()
+    try:
+        assert (tmp_path / LOCK).read_text() == f"{os.getpid()}\n"
+        append_jsonl(tmp_path / GENERATIONS, {"id": 1})
+        (tmp_path / GENERATIONS).write_bytes((tmp_path / GENERATIONS).read_bytes() + b'{"id": 2')  # torn
+        append_jsonl(tmp_path / GENERATIONS, {"id": 3})
+        assert (tmp_path / GENERATIONS).read_text() == '{"id": 1}\n{"id": 3}\n'
+    finally:
+        results.close()
