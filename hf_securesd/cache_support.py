@@ -11,7 +11,9 @@ Each round appends drafts to both models' caches and crops the rejected ones awa
   caller leaves that mode (`stop_recording`), as plain `generate` leaves it.
 * Static layers (`cache_implementation="static"`) crop by rewinding their length where transformers gives
   them a `crop`. They hold a fixed number of slots (a static sliding-window layer: at most its window, and
-  it cannot bring back what it evicted), so a call that could fill more is refused.
+  it cannot bring back what it evicted), so a call that could fill more is refused. Rows of a batch that
+  finish early are dropped from them as from dynamic layers; a batch is refused where some layer can drop
+  no rows (`selects_rows`).
 * Other layers are refused: linear attention and state-space layers (Mamba-style, RecurrentGemma, hybrid
   models) hold a running state that cannot be cropped slot by slot, and quantized layers crop only their
   unquantized residual.
@@ -44,6 +46,19 @@ from .validation import SecureSDConfigError
 _QUANTIZED = tuple(
     getattr(cache_utils, name) for name in ("BaseQuantizedLayer", "QuantizedLayer") if hasattr(cache_utils, name)
 )
+
+
+# Static layers whose whole per-row state is `keys` and `values` [B, heads, max_cache_len, head_dim] (their
+# filled length is shared by every row): `model_runner.select_cache_rows` drops finished rows from them.
+STATIC_KEY_VALUE_LAYERS = tuple(
+    getattr(cache_utils, name) for name in ("StaticLayer", "StaticSlidingWindowLayer") if hasattr(cache_utils, name)
+)
+
+
+def selects_rows(layer: object) -> bool:
+    """Whether finished rows can be dropped from `layer`: a dynamic or static key/value layer, or one that
+    transformers gives a `batch_select_indices`."""
+    return type(layer) in STATIC_KEY_VALUE_LAYERS or callable(getattr(layer, "batch_select_indices", None))
 
 
 def cache_layers(model: PreTrainedModel, cache: object | None) -> list:
@@ -105,6 +120,13 @@ def check_cache_support(
             f"the {role} cache passed to generate holds {held} row{'s' * (held != 1)} but input_ids has {batch}: a "
             "cache holds one row per prompt of the call that filled it; pass the cache returned for these same "
             "rows (in the same order), or no cache"
+        )
+    fixed = sorted({type(layer).__name__ for layer in layers if not selects_rows(layer)})
+    if batch > 1 and fixed:
+        raise SecureSDConfigError(
+            f"the {role} cache keeps {', '.join(fixed)} layers, which cannot drop the rows of a batch that finish "
+            "before the others (transformers gives them no row selection). Pass one row per generate call, or "
+            "leave cache_implementation unset and pass no such cache (a DynamicCache)"
         )
     reach = prompt_length + batch * max(max_new_tokens - 1, 0)
     bound = "prompt length + rows x (max_new_tokens - 1)"

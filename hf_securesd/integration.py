@@ -27,6 +27,7 @@ from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 from .cache_support import check_cache_layers, check_cache_support
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
+from .positions import check_positions
 from .segments import BoundaryResolutionError, Segments, check_boundary_ids, resolve_boundaries
 from . import stopping
 from .stats import SegmentStats, SpeculativeStats, segment_statistics
@@ -270,6 +271,19 @@ def _check_caches(
         check_cache_support("draft", draft, None, batch, prompt_length, max_new_tokens)
 
 
+def _check_positions(
+    model: PreTrainedModel, draft: PreTrainedModel | None, input_ids: torch.Tensor, attention_mask: object,
+    max_length: int,
+) -> None:
+    """Neither model is fed a position beyond its learned position table (`positions`); input_ids [B, P],
+    attention_mask [B, P] or None (positions count a row's unmasked tokens)."""
+    longest = int(attention_mask.sum(-1).max()) if isinstance(attention_mask, torch.Tensor) else input_ids.shape[1]
+    max_new_tokens = max(int(max_length) - input_ids.shape[1], 0)
+    for role, checked in (("target", model), ("draft", draft)):
+        if checked is not None:
+            check_positions(role, checked, longest, max_new_tokens)
+
+
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The call without our fields, for plain transformers decoding."""
     return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
@@ -322,6 +336,7 @@ def _run_speculative(
     )
     max_length = max(max_length, input_ids.shape[1] + 1)
     _check_caches(model, draft, target_cache, input_ids, max_length)
+    _check_positions(model, draft, input_ids, model_kwargs.get("attention_mask"), max_length)
     settings = DecodeSettings(
         verifier=generation_config.verifier,
         schedule=generation_config.secure_schedule,

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
-from .cache_support import records_past, stop_recording
+from .cache_support import STATIC_KEY_VALUE_LAYERS, records_past, stop_recording
 from .host_values import long_tensor
 
 # Layers whose whole per-row state is `keys` and `values` [B, heads, slots, head_dim].
@@ -158,11 +158,18 @@ class ModelRunner:
 def select_cache_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
     """Keep only batch rows `rows` [B'] of every layer of `cache`. Plain key/value layers are gathered
     with `index_select` (what `DynamicLayer.batch_select_indices` does with advanced indexing, which
-    costs ~8x more on a CPU); any other layer type selects its own rows."""
+    costs ~8x more on a CPU); static ones too (transformers gives them no row selection; their other
+    state, the filled length, is the same for every row); any other layer type selects its own rows
+    (`cache_support.check_cache_support` admits a batch only where every layer can)."""
     for layer in cache.layers:
         if type(layer) in _KEY_VALUE_LAYERS:
             if layer.get_seq_length() > 0:
                 layer.keys = layer.keys.index_select(0, rows)
                 layer.values = layer.values.index_select(0, rows)
+        elif type(layer) in STATIC_KEY_VALUE_LAYERS:
+            if layer.is_initialized:
+                layer.keys = layer.keys.index_select(0, rows)
+                layer.values = layer.values.index_select(0, rows)
+                layer.batch_size = rows.shape[0]
         else:
             layer.batch_select_indices(rows)

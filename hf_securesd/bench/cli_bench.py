@@ -448,6 +448,18 @@ def check_schedules_have_verifiers(args: argparse.Namespace) -> None:
                          "without it no schedule is run")
 
 
+FIRST_ERROR_CHARS = 300  # of a failed prompt's error shown on the console
+
+
+def first_error_line(error: str | None) -> str:
+    """A failed prompt's error on one printable line (whitespace runs to one space; cut after
+    FIRST_ERROR_CHARS characters, the whole error stays in failures.jsonl)."""
+    text = " ".join(str(error).split())
+    if len(text) > FIRST_ERROR_CHARS:
+        text = text[:FIRST_ERROR_CHARS] + " ..."
+    return printable(text)
+
+
 def run(args: argparse.Namespace) -> int:
     from hf_securesd.bench.analysis import judge_agreement
     from hf_securesd.bench.plan import (
@@ -500,7 +512,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"error: {printable(str(error))}", file=sys.stderr)
             return 2
     if outcome.failed:
-        print(f"{outcome.failed} prompts got no answer (see failures.jsonl); rerun the same command to retry "
-              "them", file=sys.stderr)
+        print(f"{outcome.failed} prompts got no answer (each with its error in failures.jsonl); the first: "
+              f"{first_error_line(outcome.first_error)}. Once its cause is fixed (or "
+              "for a passing fault such as a timeout), rerun the same command to retry them", file=sys.stderr)
         return 1
     return 0

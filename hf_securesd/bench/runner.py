@@ -174,6 +174,7 @@ class StudyOutcome:
     cells_finished: int = 0
     cells_already_done: int = 0
     failed: int = 0
+    first_error: str | None = None  # the first failed prompt's error (secrets redacted), for the console
 
 
 def chat_prompt(tokenizer, messages: list[dict[str, str]]) -> str:
@@ -498,6 +499,8 @@ def run_study(
                     if isinstance(answer, GenerationFailure):
                         results.add_failure({"cell": key, "example_id": example.id, "error": answer.error,
                                              "attempts": answer.attempts, "session": session["id"]})
+                        if outcome.first_error is None:
+                            outcome.first_error = results.redacted(answer.error)
                         failed_here += 1
                         continue
                     record = {

@@ -183,6 +183,12 @@ def test_faults_are_retried_recorded_and_completed_by_a_rerun(
     started = time.monotonic()
     assert main(argv) == 1  # some prompts got no answer
     first_run_s = time.monotonic() - started
+    # the console names the first failure's cause on one line (it was only in failures.jsonl)
+    first_run = capfd.readouterr()
+    (summary,) = [line for line in first_run.err.splitlines() if "prompts got no answer (each" in line]
+    assert summary.startswith("3 prompts got no answer (each with its error in failures.jsonl); the first: ")
+    assert any(cause in summary for cause in ("HTTP 302", "no complete reply", "not complete JSON"))
+    assert FAKE_KEY not in first_run.out and FAKE_KEY not in first_run.err
     assert first_run_s < 60
     cells = {"target", "endpoint:audited", "lossless", "mars(theta=0.5)+step(L=1)"}
     failures = read_jsonl(out / FAILURES)

@@ -1,0 +1,40 @@
+"""Models with a learned table of absolute positions (GPT-2's `wpe`, OPT's and BioGPT's `embed_positions`)
+embed only as many positions as the table holds: a longer call fails inside torch's embedding lookup
+(IndexError). A draft's table is often shorter than its target's, so a call the target decodes alone can
+exceed the draft's; both are checked before decoding and the limit is named instead."""
+
+from __future__ import annotations
+
+from torch import nn
+from transformers import PreTrainedModel
+
+from .validation import SecureSDConfigError
+
+# The last part of a module's qualified name that transformers gives a learned absolute-position table.
+_TABLE_NAMES = ("wpe", "embed_positions", "position_embeddings")
+
+
+def position_limit(model: PreTrainedModel) -> int | None:
+    """How many positions `model`'s learned absolute-position table embeds (its rows less the offset OPT-style
+    tables skip), or None when it has no such table (rotary, ALiBi, sinusoidal positions: no fixed limit)."""
+    limits = [
+        module.num_embeddings - int(getattr(module, "offset", 0))
+        for name, module in model.named_modules()
+        if isinstance(module, nn.Embedding) and name.rsplit(".", 1)[-1] in _TABLE_NAMES
+    ]
+    return min(limits) if limits else None
+
+
+def check_positions(role: str, model: PreTrainedModel, prompt_length: int, max_new_tokens: int) -> None:
+    """Raise SecureSDConfigError when this call would feed `model` a position beyond its table: the longest
+    row's prompt_length tokens plus max_new_tokens - 1 generated ones (the last token is never fed)."""
+    limit = position_limit(model)
+    needed = prompt_length + max(max_new_tokens - 1, 0)
+    if limit is None or needed <= limit:
+        return
+    raise SecureSDConfigError(
+        f"the {role} model ({type(model).__name__}) embeds at most {limit} positions (its learned position table), "
+        f"but this call can feed it up to {needed} (the longest prompt, {prompt_length} tokens, plus max_new_tokens - 1 = "
+        f"{max(max_new_tokens - 1, 0)}); lower max_new_tokens to {max(limit - prompt_length + 1, 0)} or less, shorten "
+        f"the prompt, or use a {role} model with a longer context"
+    )

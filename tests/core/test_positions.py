@@ -1,0 +1,64 @@
+"""A model with a learned absolute-position table (GPT-2, OPT) embeds only that many positions: a call
+that could feed either model more is refused before decoding, naming the model and the limit (it was an
+IndexError from inside torch's embedding lookup, for a draft shorter than its target mid-decoding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+import hf_securesd
+from hf_securesd import SecureSDConfigError
+from hf_securesd.positions import position_limit
+
+PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
+
+
+def _gpt2(positions: int) -> transformers.PreTrainedModel:
+    torch.manual_seed(3)
+    config = transformers.GPT2Config(vocab_size=259, n_embd=64, n_layer=2, n_head=4, n_positions=positions,
+                                     bos_token_id=256, eos_token_id=258)
+    return transformers.GPT2LMHeadModel(config).eval()
+
+
+def _opt(positions: int) -> transformers.PreTrainedModel:
+    torch.manual_seed(4)
+    config = transformers.OPTConfig(vocab_size=259, hidden_size=64, num_hidden_layers=2, ffn_dim=128,
+                                    num_attention_heads=4, word_embed_proj_dim=64, max_position_embeddings=positions,
+                                    bos_token_id=256, eos_token_id=258, pad_token_id=1)
+    return transformers.OPTForCausalLM(config).eval()
+
+
+def test_the_limit_is_read_from_the_learned_table_only(llama_pair) -> None:
+    _, target = llama_pair
+    assert position_limit(_gpt2(16)) == 16
+    assert position_limit(_opt(16)) == 16  # 18 rows, the first 2 skipped (OPT's offset)
+    assert position_limit(target) is None  # rotary positions: no table
+
+
+@pytest.mark.parametrize("build", [_gpt2, _opt])
+def test_a_draft_with_a_short_table_runs_up_to_it_and_is_refused_beyond(llama_pair, build) -> None:
+    _, target = llama_pair
+    draft = build(16)
+    expected = target.generate(PROMPT, max_new_tokens=10, do_sample=False)
+    ours = target.generate(PROMPT, max_new_tokens=10, do_sample=False, assistant_model=draft, verifier="lossless")
+    assert torch.equal(ours, expected)  # 7 + 10 - 1 = 16 positions: the whole table
+    for verifier in ("lossless", "mars"):
+        with pytest.raises(SecureSDConfigError, match=rf"the draft model \({type(draft).__name__}\) embeds at most 16 "
+                           r"positions .* can feed it up to 17 .*lower max_new_tokens to 10 or less"):
+            target.generate(PROMPT, max_new_tokens=11, do_sample=False, assistant_model=draft, verifier=verifier)
+
+
+def test_left_padding_does_not_count_and_the_target_is_checked_too(llama_pair) -> None:
+    draft, _ = llama_pair
+    target = hf_securesd.wrap(_gpt2(16))
+    padded = torch.cat([torch.full((1, 2), 256), PROMPT], dim=1)  # 9 ids, 7 of them unmasked
+    mask = torch.cat([torch.zeros(1, 2, dtype=torch.long), torch.ones(1, 7, dtype=torch.long)], dim=1)
+    expected = target.generate(padded, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=256)
+    ours = target.generate(padded, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=256,
+                           assistant_model=draft, verifier="lossless")
+    assert torch.equal(ours, expected)
+    with pytest.raises(SecureSDConfigError, match=r"the target model \(GPT2LMHeadModel\) embeds at most 16 positions"):
+        target.generate(padded, attention_mask=mask, max_new_tokens=11, pad_token_id=256, assistant_model=draft,
+                        verifier="lossless")
