@@ -84,6 +84,7 @@ def one_step_output(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Te
     eta: [B, k] -> [B, k, V]. A verifier's own random draws (FLy's samples of q at T > 0) are averaged
     out (`Verifier.expected_acceptance`), so this is the output distribution given the drafted block.
     """
+    _bound_lookahead(verifier, round_inputs, eta)
     p = round_inputs.draft_probs
     batch, k, vocab = p.shape
     everything = torch.arange(vocab, device=p.device).expand(batch, k, vocab)
@@ -128,6 +129,7 @@ def verify_round(
             f"verify_round: eta is None, but {verifier.to_dict()} (greedy={round_inputs.greedy}) mixes by "
             "the schedule weights; give eta [B, k] (only greedy lossless rounds may omit it)"
         )
+    _bound_lookahead(verifier, round_inputs, eta)
     alpha = mixed_acceptance(verifier, round_inputs, eta, round_inputs.draft_tokens[..., None])[..., 0]
     passed = round_inputs.uniforms() < alpha
     accepted = _within_lengths(round_inputs, passed.long().cumprod(dim=-1).sum(dim=-1))
@@ -141,6 +143,26 @@ def verify_round(
         at_rejection = recovery_at(verifier, round_inputs, eta, accepted.clamp(max=k - 1))
         distribution = torch.where((accepted < lengths)[:, None], at_rejection, bonus)
     return accepted, round_inputs.sample_rows(distribution), alpha
+
+
+def _bound_lookahead(verifier: Verifier, round_inputs: RoundInputs, eta: torch.Tensor) -> None:
+    """Give a lookahead rule (FLy) the end of what it may read at each position (`lookahead_ends`)."""
+    if verifier.needs().lookahead and not verifier.is_lossless:
+        round_inputs.lookahead_ends = lookahead_ends(eta, round_inputs.row_draft_lengths())
+
+
+def lookahead_ends(eta: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """eta [B, k], lengths [B] -> [B, k] long: for each drafted position i, the first later position whose
+    weight is 0 (verified losslessly: exact), capped by the row's draft length. A lookahead rule deciding
+    x_i reads only the drafts before it: had it read the exact position's draft (or a later one, which
+    depends on it), accepting x_i would condition that draft, and its lossless test would no longer
+    give the target's distribution (SPEC.md §2: exact where eta = 0)."""
+    batch, k = eta.shape
+    positions = torch.arange(k, device=eta.device)
+    exact_at = torch.where(eta == 0, positions, k)  # [B, k]: the position where exact, else k
+    later = torch.cat([exact_at[:, 1:], exact_at.new_full((batch, 1), k)], dim=1)  # position i reads i + 1 on
+    first_later = later.flip(1).cummin(dim=1).values.flip(1)
+    return torch.minimum(first_later, lengths[:, None])
 
 
 def _within_lengths(round_inputs: RoundInputs, accepted: torch.Tensor) -> torch.Tensor:

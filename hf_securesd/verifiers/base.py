@@ -58,6 +58,12 @@ class RoundInputs:
             lossless round, whose rule reads x* alone (`step.verify_step` checks that).
         given_draft_probs: [B, k, V] softmax(draft_logits) as the proposer computed it to draw the drafts
             (not recomputed), or None (computed here). Not read at T = 0, where p is one-hot.
+        lookahead_ends: [B, k] long, for each drafted position i the end (exclusive) of the drafts a rule
+            may read to decide it, or None: each row's draft length. `mixing.verify_round` sets it for a
+            lookahead rule (FLy) where a schedule makes a later position exact (eta = 0 after eta > 0, as
+            `Segments` does after its boundary): a rule that read those drafts to accept x_i would make
+            them, given that x_i was accepted, no longer drawn from p, and their lossless verification
+            inexact. Positions from the end on count as the end of the block.
 
     Constraints: a token whose processed target logit is -inf (masked by a processor or an engine's
     constraint: allowed ids, bad words, min-tokens EOS suppression, top-k/top-p) can never be emitted
@@ -76,6 +82,7 @@ class RoundInputs:
     generators: Sequence[torch.Generator | None] | None = None
     given_target_argmax: torch.Tensor | None = None
     given_draft_probs: torch.Tensor | None = None
+    lookahead_ends: torch.Tensor | None = None
     _memo: dict[str, torch.Tensor] = field(default_factory=dict, repr=False)
 
     @property
@@ -160,6 +167,13 @@ class RoundInputs:
         if self.draft_lengths is None:
             return torch.full(self.draft_tokens.shape[:1], self.num_draft_tokens, device=self.draft_tokens.device)
         return self.draft_lengths
+
+    def row_lookahead_ends(self) -> torch.Tensor:
+        """[B, k] long: for each drafted position, the end (exclusive) of the drafts a lookahead rule may read
+        to decide it (`lookahead_ends`, else the row's draft length at every position)."""
+        if self.lookahead_ends is not None:
+            return self.lookahead_ends
+        return self.row_draft_lengths()[:, None].expand(-1, self.num_draft_tokens)
 
     def verified_target_probs(self) -> torch.Tensor:
         """q at the k drafted positions: [B, k, V]."""

@@ -21,7 +21,9 @@ class FLy(Verifier):
     """Entropy threshold `tau` (inf = lossless) and lookahead window `window` (W, 1 <= W <= k-1).
 
     A mismatch at 1-based position i is forgiven (accepted) iff H_3(q~_i) >= tau, the next W-1
-    drafted tokens all "match" the target, and i <= k - W. A drafted token matches when it equals
+    drafted tokens all "match" the target, and i <= k - W. Under a schedule that makes a later position
+    exact again (`Segments` after its boundary), the block ends for i at the first such position after it
+    (`RoundInputs.lookahead_ends`): the rule never reads the drafts that position verifies losslessly. A drafted token matches when it equals
     either of two independent samples from q (at T = 0: x*). Where nothing is forgiven the lossless
     rule decides (T = 0: accept iff x = x*, recover x*; T > 0: alpha = min(1, q/p), residual recovery).
 
@@ -87,11 +89,13 @@ class FLy(Verifier):
         matches: [B, k] float in [0, 1] (0/1 for this round's own draws) -> [B, k] float."""
         k = round_inputs.num_draft_tokens
         uncertain = (top3_entropy(round_inputs.target_raw_probs[:, :k]) >= self.tau).to(matches.dtype)
-        limit = round_inputs.row_draft_lengths() - self.window  # 1-based i <= k - W, per row
+        # 1-based i <= n - W, with n the end of the drafts the rule may read for i (the row's draft length,
+        # or where a schedule makes a later position exact: `RoundInputs.lookahead_ends`)
+        limit = round_inputs.row_lookahead_ends() - self.window  # [B, k]
         forgiven = torch.zeros_like(matches)
         for i in range(k - self.window):  # 0-based i
             lookahead = matches[:, i + 1 : i + self.window].prod(dim=-1)
-            forgiven[:, i] = uncertain[:, i] * lookahead * (i + 1 <= limit).to(matches.dtype)
+            forgiven[:, i] = uncertain[:, i] * lookahead * (i + 1 <= limit[:, i]).to(matches.dtype)
         return forgiven
 
     def _with_forgiveness(self, round_inputs: RoundInputs, candidates: torch.Tensor, forgiven: torch.Tensor) -> torch.Tensor:

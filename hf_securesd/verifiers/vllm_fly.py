@@ -133,20 +133,23 @@ class VLLMFLy(Verifier):
 
         native_drafts: [B, k] float, the probability (0/1 for this round's own draws) that each drafted
         token is accepted natively. Positions past a row's n drafts count as not accepted, so a window
-        holds only where i + W < n. W is per row (`window_for(n)`)."""
+        holds only where i + W < n; so do positions from the first one after i that a schedule makes exact
+        again (`RoundInputs.lookahead_ends`: the rule never reads the drafts verified losslessly there).
+        W is per row (`window_for(n)`)."""
         k = round_inputs.num_draft_tokens
         lengths = round_inputs.row_draft_lengths()
+        ends = round_inputs.row_lookahead_ends()  # [B, k]
         windows = [self.window_for(n) for n in lengths.tolist()]
         widest = max(windows, default=0)
         positions = torch.arange(k + widest, device=native_drafts.device)[None]
-        inside = (positions < lengths[:, None]).to(native_drafts.dtype)
-        native = torch.nn.functional.pad(native_drafts, (0, widest)) * inside  # [B, k + widest]
+        native = torch.nn.functional.pad(native_drafts, (0, widest))  # [B, k + widest]
         row_windows = torch.tensor(windows, device=native.device)
         in_window = positions[:, :widest] < row_windows[:, None]  # [B, widest]
         has_window = (row_windows >= 1).to(native.dtype)
         window_holds = torch.zeros_like(native_drafts)
         for i in range(k):
-            following = native[:, i + 1 : i + 1 + widest]
+            inside = (positions[:, i + 1 : i + 1 + widest] < ends[:, i, None]).to(native.dtype)
+            following = native[:, i + 1 : i + 1 + widest] * inside
             held = torch.where(in_window, following, torch.ones_like(following)).prod(dim=-1)
             window_holds[:, i] = held * has_window
         return window_holds * self._entropy_gate(round_inputs).to(native.dtype)
