@@ -32,9 +32,10 @@ def check_positions(role: str, model: PreTrainedModel, prompt_length: int, max_n
     needed = prompt_length + max(max_new_tokens - 1, 0)
     if limit is None or needed <= limit:
         return
+    generated = max(max_new_tokens - 1, 0)
     raise SecureSDConfigError(
-        f"the {role} model ({type(model).__name__}) embeds at most {limit} positions (its learned position table), "
-        f"but this call can feed it up to {needed} (the longest prompt, {prompt_length} tokens, plus max_new_tokens - 1 = "
-        f"{max(max_new_tokens - 1, 0)}); lower max_new_tokens to {max(limit - prompt_length + 1, 0)} or less, shorten "
-        f"the prompt, or use a {role} model with a longer context"
+        f"the {role} model ({type(model).__name__}) embeds at most {limit} positions (its learned position "
+        f"table), but this call can feed it up to {needed} (the longest prompt, {prompt_length} tokens, plus "
+        f"max_new_tokens - 1 = {generated}); lower max_new_tokens to {max(limit - prompt_length + 1, 0)} or "
+        f"less, shorten the prompt, or use a {role} model with a longer context"
     )

@@ -97,7 +97,7 @@ _COMMENT_OPEN, _COMMENT_CLOSE = "<!--", "-->"
 # usual Markdown comment. Every part is delimited by characters the previous part cannot hold: linear.
 _DEFINITION_LINE = re.compile(
     r"[ ]{0,3}\[[^\[\]\n]{1,999}\]:[ \t]*(?:<[^<>\n]*>|[^\s<]\S*)"
-    r"(?:[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|\([^()\n]*\)))?[ \t]*"
+    r"(?:[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|\([^()\n]*\)))?[ \t\r]*"
 )
 
 
@@ -127,7 +127,8 @@ def strip_leading_markup(text: str) -> str:
     """Normalised `text` without its leading markup: whitespace, punctuation, symbols and emoji,
     control characters, list numbers (``1.``, ``2)``), simple HTML tags and entities, Markdown images and
     links without text (``![i'm sorry](x.png)``, ``[](i'm sorry)``), and HTML comments with what they
-    hold (``<!-- i'm sorry -->sure, ...`` renders as "sure, ..."; an unclosed one is left as it is). Other letters and words are never removed, so a response that opens with words still
+    hold (``<!-- i'm sorry -->sure, ...`` renders as "sure, ..."; an unclosed one is left as it is).
+    Other letters and words are never removed, so a response that opens with words still
     opens with them. Linear: the text is read once, from a position that only moves forward (an
     empty comment closes as HTML closes it, ``<!-->`` and ``<!--->`` included)."""
     position = 0
