@@ -25,7 +25,8 @@ class FLy(Verifier):
     exact again (`Segments` after its boundary), the block ends for i at the first such position after it
     (`RoundInputs.lookahead_ends`): the rule never reads the drafts that position verifies losslessly.
     A drafted token matches when it equals either of two independent samples from q (at T = 0: x*).
-    Where nothing is forgiven the lossless rule decides (T = 0: accept iff x = x*, recover x*; T > 0: alpha = min(1, q/p), residual recovery).
+    Where nothing is forgiven the lossless rule decides (T = 0: accept iff x = x*, recover x*; T > 0:
+    alpha = min(1, q/p), residual recovery).
 
     The lossless end is the limit of the knob: as tau grows the gate fires less often, and once it
     never fires FLy is exactly lossless, at T = 0 and T > 0 alike. (Judging a position that is not
