@@ -23,6 +23,7 @@ MANIFEST_FIELDS: Mapping[str, TypeSpec] = {
     "engine": _TEXT_OR_NULL, "models": dict, "sessions": list, "endpoints": (dict, _NULL),
     "judge_agreement": (dict, _NULL), "api": _TEXT_OR_NULL, "baseline_endpoint": _TEXT_OR_NULL,
     "draft_baseline_endpoint": _TEXT_OR_NULL, "tokenizer": _TEXT_OR_NULL, "token_ids": (bool, _NULL),
+    "target_plain_requests": (bool, _NULL),
 }
 # the text fields of each session, of each model's entry, and of judge_backend
 SESSION_TEXT = ("id", "host", "started")

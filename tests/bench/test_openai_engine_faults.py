@@ -77,7 +77,7 @@ class FaultServer:
             "audited"
             if handler.path.startswith("/audited")
             else "xargs"
-            if "vllm_xargs" in payload
+            if (payload.get("vllm_xargs") or {}).get("securesd", "null") != "null"  # the target's own: "null"
             else "target"
         )
         position = self.index[payload["prompt"]]

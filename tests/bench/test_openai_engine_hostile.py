@@ -336,3 +336,22 @@ def test_a_server_that_refuses_the_check_runs_the_verifiers(serve, tmp_path, dat
     out = tmp_path / "out"
     assert main(bench_argv(url, out, data_dir, "--verifiers", "mars:0.5", "--no-report")) == 0
     assert any("vllm_xargs" in json.loads(body) for body in state["bodies"][1:])
+
+
+def test_target_requests_switch_off_a_server_wide_securesd_default(serve, tmp_path, data_dir):
+    """A plugin server started with SECURESD_VLLM_DEFAULT applies its rule to every request that names
+    none: the target cells recorded that rule's answers as the target's (a lossless cell then matched
+    the "target" on 0 of 4 prompts). Once --base-url is known to run the plugin, the target's requests
+    say `"securesd": "null"`; without --verifiers nothing is known of the server and nothing is added."""
+    url, state = serve(_plugin_like)
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--verifiers", "mars:0.5", "--no-report")) == 0
+    sent = [json.loads(body).get("vllm_xargs") for body in state["bodies"][1:]]
+    assert {"securesd": "null"} in sent and all(xargs is not None for xargs in sent)
+    assert json.loads((out / "study.json").read_text())["target_plain_requests"] is True
+
+    url, state = serve(_plugin_like)
+    plain = tmp_path / "plain"
+    assert main(bench_argv(url, plain, data_dir, "--no-report")) == 0
+    assert all("vllm_xargs" not in json.loads(body) for body in state["bodies"])
+    assert json.loads((plain / "study.json").read_text())["target_plain_requests"] is False

@@ -338,6 +338,7 @@ class OpenAIEngine(Engine):
         except ValueError as error:
             raise EngineError(str(error)) from None
         self._models = {route: self._served_model(route) for route in self._clients}
+        self._plugin_routes: set[str] = set()  # routes that answered the plugin check (`check_configs`)
 
     @property
     def tokenizer(self) -> Any | None:
@@ -393,6 +394,7 @@ class OpenAIEngine(Engine):
         except RequestFailed as error:
             text = str(error)  # the plugin's refusal: 'unknown verifier <name>' (not an echo of the request)
             if "HTTP 400" in text and "unknown verifier" in text and PLUGIN_CHECK_VERIFIER in text:
+                self._plugin_routes.add(BASE_ROUTE)
                 return
             problem = redact(str(error), self._secrets)
             raise EngineError(
@@ -420,6 +422,8 @@ class OpenAIEngine(Engine):
             "endpoints": endpoints,
             "baseline_endpoint": self.settings.baseline,
             "draft_baseline_endpoint": self.settings.draft_baseline,
+            # the target's requests to the plugin's server switch SecureSD off (`_payload`)
+            "target_plain_requests": self._route_for(TARGET) in self._plugin_routes,
             "server_models": {self._routes[route]: models for route, models in self._models.items()},
             "models": {
                 config.kind: self._model_entry(self._route_for(config)) for config in self.baseline_configs()
@@ -457,6 +461,10 @@ class OpenAIEngine(Engine):
             payload["prompt"] = prompt.text
         if config.kind == "speculative":
             payload["vllm_xargs"] = {"securesd": json.dumps(securesd_fields(config))}
+        elif config.kind == "target" and route in self._plugin_routes:
+            # the target alone, even where the server applies a SecureSD rule to requests that name none
+            # (SECURESD_VLLM_DEFAULT): its answers are the baseline every configuration is compared with
+            payload["vllm_xargs"] = {"securesd": "null"}
         return payload
 
     def _answer(self, reply: dict[str, Any], seconds: float, max_new_tokens: int) -> Answer:
