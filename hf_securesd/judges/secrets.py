@@ -37,10 +37,13 @@ def names_a_secret(name: str) -> bool:
     """Whether an option or key `name` names a secret: it holds an API key (``api_key``, ``--api-key``,
     ``apiKey``) or one of its words (split at non-alphanumerics and camelCase humps) is a secret's
     (``--token``, ``hf_token``, ``accessToken``, ``client_secret``, ``password``). Counts of tokens
-    (``--max-new-tokens``, ``max_tokens``) and tokenizers are not secrets."""
+    (``--max-new-tokens``, ``max_tokens``), tokenizers and token ids (``--token-ids``, ``pad_token_id``)
+    are not secrets."""
     spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1 \2", name)
+    words = re.split(r"[^a-z0-9]+", spaced.lower())
     return bool(_API_KEY.search(name)) or any(
-        word in _SECRET_WORDS for word in re.split(r"[^a-z0-9]+", spaced.lower())
+        word in _SECRET_WORDS and not (word == "token" and words[index + 1 : index + 2] in (["id"], ["ids"]))
+        for index, word in enumerate(words)
     )
 
 

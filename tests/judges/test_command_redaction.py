@@ -58,6 +58,13 @@ def test_secret_names(name):
 
 
 @pytest.mark.parametrize("name", ["max_tokens", "maxTokens", "--max-new-tokens", "num_tokens", "tokenizer",
-                                  "threshold", "base_url"])
+                                  "threshold", "base_url", "--token-ids", "pad_token_id", "tokenId"])
 def test_names_that_are_not_secrets(name):
     assert not names_a_secret(name)
+
+
+def test_a_switch_named_for_token_ids_does_not_hide_the_next_option():
+    """`--token-ids` takes no value: the word after it (here `--tasks`) was recorded as [redacted], so the
+    recorded command could not be run again."""
+    argv = ["securesd", "bench", "--token-ids", "--tasks", "jailbreak", "--hf-token", "hf_x"]
+    assert redact_command(argv) == f"securesd bench --token-ids --tasks jailbreak --hf-token '{REDACTED}'"
