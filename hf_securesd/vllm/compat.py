@@ -49,12 +49,17 @@ def opt_in(environ: Mapping[str, str]) -> tuple[bool, str | None]:
 
 
 def asks_for_securesd(extra_args: Mapping[str, Any] | None, include_default: bool) -> bool:
-    """Whether a request's `extra_args` select SecureSD (a malformed selection counts as asking);
-    with `include_default`, a request without the key inherits the server-wide default."""
+    """Whether a request's `extra_args` select SecureSD (a malformed selection counts as asking, and so
+    does a key that looks like a misspelling of "securesd": `looks_like_securesd`); with
+    `include_default`, a request without the key inherits the server-wide default."""
     try:
         if include_default:
             return request_for(extra_args) is not None
-        if not extra_args or EXTRA_ARGS_KEY not in extra_args:
+        if not extra_args:
+            return False
+        if any(looks_like_securesd(key) for key in extra_args):
+            return True
+        if EXTRA_ARGS_KEY not in extra_args:
             return False
         return parse_request(extra_args[EXTRA_ARGS_KEY]) is not None
     except SecureSDConfigError:

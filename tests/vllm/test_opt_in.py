@@ -67,6 +67,9 @@ def test_without_opt_in_only_securesd_requests_are_refused(caplog):
             SamplingParams(max_tokens=4, extra_args=ASKS)
         with pytest.raises(ValueError, match="SECURESD_VLLM=1"):
             SamplingParams(max_tokens=4, extra_args={"securesd": "{not json"})
+        for key in ("secure_sd", "SecureSD", "securesd_config"):  # a misspelled key asks too (it was served plain)
+            with pytest.raises(ValueError, match="SECURESD_VLLM=1"):
+                SamplingParams(max_tokens=4, extra_args={key: "lossless"})
 
 
 @pytest.mark.parametrize("variables", [{}, {OPT_IN_ENV: "0", DEFAULT_ENV: '{"verifier": "mars"}'}],
