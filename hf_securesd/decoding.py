@@ -1,7 +1,7 @@
 """The speculative decoding loop of `generate`: a proposer's drafts (`proposers.py`), one target
 forward per round, the shared verification step (`step.py`), all rows of a batch handled together.
 
-One round (SPEC.md §2), for a row whose response has t tokens so far:
+One round (README, *SecureSD schedules*), for a row whose response has t tokens so far:
 
 1. the draft proposes x_1..x_d autoregressively, keeping its logits (d <= k draft forwards; k and the
    early stop on low draft confidence follow HF's draft-length controls, see `draft_length.py`);

@@ -1,4 +1,4 @@
-"""SecureSD mixing (SPEC.md §2): blend lossless and relaxed verification by response position.
+"""SecureSD mixing (README, *SecureSD schedules*): blend lossless and relaxed verification by response position.
 
     alpha_mix(j) = (1 - eta_j) alpha_lossless + eta_j alpha_relaxed
     R_mix(j)     = (1 - eta_j) R_lossless     + eta_j R_relaxed
@@ -156,7 +156,7 @@ def lookahead_ends(eta: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     weight is 0 (verified losslessly: exact), capped by the row's draft length. A lookahead rule deciding
     x_i reads only the drafts before it: had it read the exact position's draft (or a later one, which
     depends on it), accepting x_i would condition that draft, and its lossless test would no longer
-    give the target's distribution (SPEC.md §2: exact where eta = 0)."""
+    give the target's distribution (exact where eta = 0)."""
     batch, k = eta.shape
     positions = torch.arange(k, device=eta.device)
     exact_at = torch.where(eta == 0, positions, k)  # [B, k]: the position where exact, else k

@@ -1,7 +1,7 @@
 """SecureSD position schedules: how much of the relaxed verifier to use at each response position.
 
 A schedule maps the 0-based position `j` of a token in the response to a weight `eta_j` in [0, 1];
-`eta = 0` is lossless verification and `eta = 1` is the unchanged relaxed verifier (SPEC.md §2).
+`eta = 0` is lossless verification and `eta = 1` is the unchanged relaxed verifier (README, *SecureSD schedules*).
 
 Example:
 

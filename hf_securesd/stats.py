@@ -1,4 +1,4 @@
-"""Speculative decoding statistics (SPEC.md §5): acceptance per round and per response position,
+"""Speculative decoding statistics (README, *Statistics*): acceptance per round and per response position,
 and the exact per-position deviation TV(out_j, q_j) of the verifier's one-step output from the target;
 for a segment schedule (`segments.Segments`) also both by position within each segment (`SegmentStats`)."""
 

@@ -227,7 +227,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--verifiers",
         nargs="+",
         default=None,
-        help="verifier specs: NAME (its SPEC sweep) or NAME:V1,V2 (those knob values)",
+        help="verifier specs: NAME (its sweep, Verifier.sweep()) or NAME:V1,V2 (those knob values)",
     )
     parser.add_argument(
         "--schedules",

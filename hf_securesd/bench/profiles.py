@@ -16,7 +16,7 @@ paper). On a 2-core CPU batch 8 decodes speculatively 3.5x faster than one promp
   most; at the 3-4 tokens/s the pair decodes on two cores that is under 2 hours, and replies that
   stop early (refusals, one-word injection answers) make it shorter. The progress bar shows the ETA.
 - `paper`: the full study for a GPU: every task at full size, the six relaxed verifiers over their
-  SPEC.md §4 sweeps, without a schedule and with Step(1), the tasks' own generation lengths.
+  verifiers' sweeps (`Verifier.sweep()`), without a schedule and with Step(1), the tasks' own generation lengths.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-# The six relaxed verifiers of the paper (SPEC.md §4); the registry also holds vLLM 0.33's FLy rule.
+# The six relaxed verifiers of the paper (README, *Verifiers*); the registry also holds vLLM 0.33's FLy rule.
 PAPER_VERIFIERS = ("lossysd", "bild", "speccascade", "fsd", "fly", "mars")
 
 TINY = "tiny"  # model name of the tiny random pair

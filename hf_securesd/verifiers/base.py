@@ -373,7 +373,7 @@ class Verifier(ABC):
     """A verification rule with one knob (`knob`) that moves it from lossless to lossy.
 
     Subclasses define `name`, `knob`, `lossless_value`, `sweep_values` and the two rules.
-    At temperature 0 every verifier recovers the target's argmax x* (SPEC.md §4), so only
+    At temperature 0 every verifier recovers the target's argmax x* (README, *Verifiers*), so only
     `sampled_recovery` is verifier specific.
     """
 
@@ -436,7 +436,7 @@ class Verifier(ABC):
 
     @classmethod
     def sweep(cls, **fixed: Any) -> list["Verifier"]:
-        """One configured verifier per value of the knob's sweep (SPEC.md §4), lossless end first."""
+        """One configured verifier per value of the knob's sweep (`sweep_values`), lossless end first."""
         return [cls(**{**fixed, cls.knob: value}) for value in cls.sweep_values]
 
     @classmethod

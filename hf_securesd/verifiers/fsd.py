@@ -52,7 +52,7 @@ class FSD(Verifier):
     would emit) and keeps tau = 0 exactly lossless with the lossless acceptance rate. At T > 0,
     tau = 0 is the lossless rule itself (`is_lossless`), while any tau > 0 that no position meets
     rejects every draft and draws from q: the same output, acceptance 0 (and, mixed with the
-    lossless rule by a schedule, a lossy mixture: SPEC's mixed rule of two q-preserving rules).
+    lossless rule by a schedule, a lossy mixture: the mixed rule of two q-preserving rules).
 
     FSD compares the two distributions, so it needs the draft model's raw logits: a deterministic
     proposer (prompt lookup, n-gram, greedy EAGLE without logits) cannot feed it.

@@ -53,7 +53,7 @@ class VLLMFLy(Verifier):
     so without a schedule (eta = 1) the block is accepted with exactly vLLM's joint law: a deferral
     implies that the W drafts after it are accepted too.
 
-    How it differs from `fly` (the rule of the FLy paper, SPEC.md §4): `fly` checks the next W - 1
+    How it differs from `fly` (the rule of the FLy paper, README *Verifiers*): `fly` checks the next W - 1
     drafts where this one checks W; `fly` needs i <= k - W (1-based), this one i + W < n (0-based),
     one position less; `fly` reads the raw target softmax q~ and a top-3 entropy, this one the processed
     distribution and a configurable top-k; at T > 0 `fly` judges a future draft by whether it equals

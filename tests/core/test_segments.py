@@ -22,7 +22,7 @@ from hf_securesd.validation import SecureSDConfigError
 
 
 def closed_form(schedule, position: int) -> float:
-    """eta of a segment schedule at a segment position, from SPEC.md §2's table."""
+    """eta of a segment schedule at a segment position, from the segment rules (docs/segments.md)."""
     if schedule is None:
         return 1.0
     if schedule == "lossless":

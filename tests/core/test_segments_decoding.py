@@ -93,7 +93,7 @@ def target_choices(target, prompt: list[int], response: list[int]) -> list[int]:
 
 @torch.no_grad()
 def reference_generate(pair, prompt: list[int], boundaries, before, after):
-    """The greedy loop from SPEC.md §2 for LossySD(epsilon=1) under a segment schedule whose eta is 0
+    """The greedy loop (README, *SecureSD schedules*) for LossySD(epsilon=1) under a segment schedule whose eta is 0
     or 1 everywhere (Step, None, 'lossless'): a draft is accepted where eta = 1 or where it is the
     target's choice. Returns the response and the verified drafts as (position, accepted)."""
     draft, target = pair

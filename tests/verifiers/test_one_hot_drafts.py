@@ -2,7 +2,7 @@
 
 Theorem 1 with a one-hot draft, out(y) = alpha(x) 1[y = x] + (1 - alpha(x)) R(y), for every verifier
 that can run without the draft's logits x every schedule x T in {0, 1}, against a reference written
-here from SPEC.md §4 with p = 1_x (numpy, token by token), and the library's accept/recover code
+here from the rules (README, *Verifiers*) with p = 1_x (numpy, token by token), and the library's accept/recover code
 sampled N times. The rules that read the draft's raw logits refuse a one-hot proposer by declaration.
 """
 

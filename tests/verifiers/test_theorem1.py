@@ -3,7 +3,7 @@
     out(y) = alpha_mix(y) p(y) + (1 - sum_v alpha_mix(v) p(v)) R_mix(y),
 
 where alpha and R are recomputed here, independently of the library, straight from the rules in
-SPEC.md §4 (numpy, one token at a time), then mixed with eta as in SPEC.md §2. The empirical
+the rules (README, *Verifiers*; numpy, one token at a time), then mixed with eta as in README, *SecureSD schedules*. The empirical
 distribution comes from the library's own accept/recover code (`verify_round`) on N drafted tokens
 x ~ p. Tolerance: every cell within 5 standard errors of a multinomial proportion,
 5 * sqrt(out(y) (1 - out(y)) / N), plus 1e-9; with N = 20,000 that is <= 0.018 per cell.
@@ -65,7 +65,7 @@ def js(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def reference_rule(name: str, verifier, zt: np.ndarray, zd: np.ndarray, greedy: bool):
-    """(alpha [V], R [V]) of the relaxed rule, token by token from SPEC.md §4."""
+    """(alpha [V], R [V]) of the relaxed rule, token by token from the rules (README, *Verifiers*)."""
     V = len(zt)
     qt, pt = softmax(zt), softmax(zd)  # q~, p~: raw softmax
     q = one_hot(int(zt.argmax()), V) if greedy else qt
