@@ -42,7 +42,7 @@ from hf_securesd.bench.analysis import (
 from hf_securesd.bench.card import companion_engines, write_card
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
-from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section
+from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section, runs_both_kinds
 from hf_securesd.bench.report_engines import engines_section
 from hf_securesd.bench.report_markdown import code_span, inline_text
 from hf_securesd.bench.report_safety import (
@@ -513,7 +513,7 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     lines += length_check_section(cells)
     engine_lines, engines = engines_section(results, companion_engines(results.path))
     lines += engine_lines
-    lines += asymmetry_section(asymmetry)
+    lines += asymmetry_section(asymmetry, runs_both_kinds(cells))
     lines += [
         "## Safety vs utility by acceptance rate (Table 1 analog)",
         "",

@@ -75,17 +75,27 @@ def _gap_is_measurable(gap_ci: list[float] | None) -> bool:
     return gap_ci is not None and (gap_ci[0] > 0.0 or gap_ci[1] < 0.0)
 
 
+def _by_config(cells: Sequence[Cell]) -> dict[str, dict[str, list[Cell]]]:
+    """The main runs' speculative cells by configuration, then by task kind ("safety", "utility")."""
+    by_config: dict[str, dict[str, list[Cell]]] = {}
+    for cell in primary_cells(cells):
+        if cell["config"]["kind"] == "speculative":
+            by_config.setdefault(cell["config_key"], {}).setdefault(cell["task_kind"], []).append(cell)
+    return by_config
+
+
+def runs_both_kinds(cells: Sequence[Cell]) -> bool:
+    """Whether some configuration was run on a safety task and on a utility task (so the asymmetry table
+    could have a row)."""
+    return any(kinds.get("safety") and kinds.get("utility") for kinds in _by_config(cells).values())
+
+
 def asymmetry_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dict[str, Any]]:
     """One row per (speculative configuration, safety task, utility task) of the main runs: AR and
     PRR [interval] on each task, and utility PRR − safety PRR [interval]. Positive = safety is lost
     more than utility (the paper's asymmetry)."""
-    by_config: dict[str, dict[str, list[Cell]]] = {}
-    for cell in primary_cells(cells):
-        if cell["config"]["kind"] != "speculative":
-            continue
-        by_config.setdefault(cell["config_key"], {}).setdefault(cell["task_kind"], []).append(cell)
     rows = []
-    for config, kinds in by_config.items():
+    for config, kinds in _by_config(cells).items():
         for safety_cell in kinds.get("safety", []):
             for utility_cell in kinds.get("utility", []):
                 safety = _task_prr(safety_cell, base, seed, stream=1)
@@ -106,10 +116,21 @@ def asymmetry_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dic
     return rows
 
 
-def asymmetry_section(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The Markdown section: one table over every row of `asymmetry_rows`."""
+def asymmetry_section(rows: Sequence[dict[str, Any]], both_kinds: bool) -> list[str]:
+    """The Markdown section: one table over every row of `asymmetry_rows`; where some configuration ran on
+    both kinds of task (`both_kinds`) but no row is left, the heading and why."""
     if not rows:
-        return []
+        if not both_kinds:
+            return []
+        return [
+            "## Safety–utility asymmetry per configuration",
+            "",
+            "No row: configurations ran on safety and utility tasks, but on every safety task the target and "
+            "the draft do not differ measurably (their gap's 95 % interval holds 0), so the safety PRR has "
+            "nothing to compare with. Run more prompts, or a pair whose target refuses more often than its "
+            "draft.",
+            "",
+        ]
     body = [
         [
             inline_text(row["config"]),

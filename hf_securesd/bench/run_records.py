@@ -33,7 +33,7 @@ OPTIONAL_RUN_FIELDS: Mapping[str, TypeSpec] = {
     "prr_ci": (list, type(None)), "cpu_time": _NUMBER_OR_NULL, "stats": (dict, type(None)), "details": list,
     "sessions": list, "schedule_label": (str, type(None)), "knob_value": _NUMBER_OR_NULL,
     "seconds": list, "new_tokens": list, "drafted": (list, type(None)), "accepted": (list, type(None)),
-    "stats_examples": int,
+    "stats_examples": int, "examples_digest": str,
 }
 # the fields a speculative cell holds besides (its sweep's knob and its schedule)
 SPECULATIVE_FIELDS = ("knob_value", "schedule_label")

@@ -34,6 +34,8 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import os
 import platform
@@ -148,10 +150,20 @@ class TaskRun:
         return cell_key(config.key, self.task.name, len(self.examples), self.max_new_tokens)
 
 
+def examples_digest(examples: Sequence[Example]) -> str:
+    """SHA-256 of the examples' ids and fields (prompts, gold answers, tests), in id order: what a cell was
+    scored against, so a rerun with the same ids from other data (another --data-dir, the Hub instead of
+    a local copy, another dataset version) can be told apart."""
+    content = sorted([example.id, example.fields] for example in examples)
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+
+
 def check_same_examples(plan: Sequence[tuple[RunConfig, TaskRun]], finished: dict[str, dict], out_dir: Path) -> None:
     """Refuse, before generating anything, a run whose tasks draw other examples than the cells already
-    finished in `out_dir` (another --data-dir or dataset version): its new cells could never be
-    compared with those baselines."""
+    finished in `out_dir`, or the same ids with other contents (`examples_digest`, where the record holds
+    one): another --data-dir or dataset version, whose new cells could never be compared with those
+    baselines (they would be scored against other answers)."""
     for config, task_run in plan:
         recorded = finished.get(task_run.cell(config))
         if recorded is None:
@@ -162,6 +174,14 @@ def check_same_examples(plan: Sequence[tuple[RunConfig, TaskRun]], finished: dic
             raise ValueError(
                 f"{out_dir} holds {task_run.cell(config)} on other examples than this run draws ({differ} ids "
                 "differ: another --data-dir or dataset version?); use a new --out directory or the same data"
+            )
+        digest = recorded.get("examples_digest")
+        if digest is not None and digest != examples_digest(task_run.examples):
+            raise ValueError(
+                f"{out_dir} holds {task_run.cell(config)} on the same example ids with other contents than this "
+                "run loads (their prompts, answers or tests differ: another --data-dir or dataset version?); its "
+                "cells would be scored against other answers than those recorded. Use a new --out directory or "
+                "the same data"
             )
 
 
@@ -345,6 +365,7 @@ def finish_cell(
         "max_new_tokens": task_run.max_new_tokens,
         "baseline_id": task_run.baseline_id,
         "example_ids": ids,
+        "examples_digest": examples_digest(task_run.examples),
         "scores": scored.per_example,
         "score": scored.value,
         "details": scored.details,

@@ -8,7 +8,7 @@ import pytest
 from support import scored_cell as _cell
 
 from hf_securesd.bench.analysis import compute_prr
-from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section, prr_resamples
+from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section, prr_resamples, runs_both_kinds
 from hf_securesd.bench.results import baselines
 
 
@@ -68,7 +68,11 @@ def test_a_safety_task_without_a_measurable_gap_is_left_out() -> None:
     # the draft refuses 39 of the target's 40: the gap's interval holds 0, PRR means nothing there
     cells = _study(safety_method=[1] * 40, utility_method=[1] * 30 + [0] * 10, safety_draft=[1] * 39 + [0])
     assert asymmetry_rows(cells, baselines(cells)) == []
-    assert asymmetry_section([]) == []
+    assert runs_both_kinds(cells)
+    text = "\n".join(asymmetry_section([], both_kinds=True))  # the section says why it has no row
+    assert text.startswith("## Safety–utility asymmetry per configuration") and "do not differ measurably" in text
+    assert asymmetry_section([], both_kinds=False) == []  # nothing ran on both kinds: no section
+    assert not runs_both_kinds([cell for cell in cells if cell["task_kind"] == "safety"])
 
 
 def test_resamples_are_nan_where_the_resampled_gap_vanishes() -> None:
@@ -80,7 +84,7 @@ def test_resamples_are_nan_where_the_resampled_gap_vanishes() -> None:
 
 def test_section_renders_one_row_per_pair() -> None:
     cells = _study(safety_method=[1] * 10 + [0] * 30, utility_method=[1] * 30 + [0] * 10)
-    text = "\n".join(asymmetry_section(asymmetry_rows(cells, baselines(cells))))
+    text = "\n".join(asymmetry_section(asymmetry_rows(cells, baselines(cells)), runs_both_kinds(cells)))
     assert "## Safety–utility asymmetry per configuration" in text
     assert "| fsd | jailbreak | 0.900 | 0.000 [0.00, 0.00] | gsm8k | 0.950 | 1.000 [1.00, 1.00] | 1.000 [1.00, 1.00] |" in text
 

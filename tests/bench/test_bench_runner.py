@@ -237,6 +237,25 @@ def test_a_rerun_that_draws_other_examples_is_refused_before_generating(tmp_path
         run_study(settings, tiny_models, [other], sweep_configs(["mars:0.5"], [None]), tmp_path, progress=False)
 
 
+def test_a_rerun_with_the_same_ids_but_other_answers_is_refused_before_generating(tmp_path, data_dir, tiny_models,
+                                                                                 monkeypatch) -> None:
+    """Another --data-dir holding the same ids with other gold answers: the new cells were scored against
+    the new answers and the finished ones kept the old, silently (a PRR of -0.5 where one set of answers
+    gives 0)."""
+    import dataclasses
+
+    settings = StudySettings("tiny", "tiny", dtype="fp32", batch_size=2)
+    (task_run,) = prepare_tasks(["gsm8k"], tiny_models.tokenizer, data_dir=data_dir, limit=2, max_new_tokens=2)
+    run_study(settings, tiny_models, [task_run], [], tmp_path, progress=False)
+    edited = [dataclasses.replace(example, fields={**example.fields, "answer": "12345"}) for example in task_run.examples]
+    other = TaskRun(task_run.task, edited, task_run.prompts, task_run.max_new_tokens)
+    monkeypatch.setattr(HFEngine, "generate", lambda *args, **kwargs: pytest.fail("generated"))
+    with pytest.raises(ValueError, match=r"holds target\|gsm8k\|n=2\|max_new_tokens=2 on the same example ids with "
+                       "other contents"):
+        run_study(settings, tiny_models, [other], sweep_configs(["mars:0.5"], [None]), tmp_path, progress=False)
+    run_study(settings, tiny_models, [task_run], [], tmp_path, progress=False)  # the same data: accepted
+
+
 def _stats(accepted: int, tv: list[float]) -> dict:
     stats = SpeculativeStats()
     stats.record_round(0, 5, accepted, tv)
