@@ -247,7 +247,7 @@ def _not_none(schedule: Schedule, spec: str) -> Schedule:
 
 
 def parse_verifier(spec: str) -> list[Verifier]:
-    """``mars`` -> the relaxed points of its sweep (`Verifier.sweep()`) (the lossless end is run once, as the
+    """``mars`` -> the relaxed points of its sweep, `Verifier.sweep()` (the lossless end is run once, as the
     ``lossless`` verifier); ``mars:0.9,0.5`` -> those knob values; ``lossless`` -> [Lossless()]."""
     name, colon, values = spec.strip().lower().partition(":")
     if name not in VERIFIERS:
