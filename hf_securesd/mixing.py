@@ -158,6 +158,8 @@ def lookahead_ends(eta: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
     depends on it), accepting x_i would condition that draft, and its lossless test would no longer
     give the target's distribution (exact where eta = 0)."""
     batch, k = eta.shape
+    if k == 0:
+        return torch.zeros(batch, 0, dtype=torch.long, device=eta.device)
     positions = torch.arange(k, device=eta.device)
     exact_at = torch.where(eta == 0, positions, k)  # [B, k]: the position where exact, else k
     later = torch.cat([exact_at[:, 1:], exact_at.new_full((batch, 1), k)], dim=1)  # position i reads i + 1 on

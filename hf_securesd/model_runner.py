@@ -15,6 +15,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from .cache_support import STATIC_KEY_VALUE_LAYERS, records_past, stop_recording
 from .host_values import long_tensor
+from .positions import position_limit
 
 # Layers whose whole per-row state is `keys` and `values` [B, heads, slots, head_dim].
 _KEY_VALUE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
@@ -46,6 +47,8 @@ class ModelRunner:
             self._begin_mask(cached_mask.to(self.device).long())
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
+        limit = position_limit(model)
+        self._last_position = None if limit is None else limit - 1  # of a learned position table
         self._keeps_logits = "logits_to_keep" in parameters
 
     def _begin_mask(self, slots: torch.Tensor) -> None:
@@ -87,6 +90,11 @@ class ModelRunner:
                 positions = (self._valid + new.cumsum(-1) - 1).clamp_min(0)
                 self._valid = self._valid + new.sum(dim=-1, keepdim=True)
             attention_mask = self._mask[:, :end]
+        if self._last_position is not None:
+            # A row near its budget is fed the batch's k drafts, past the positions it keeps (`positions.
+            # check_positions` bounds those): such slots are never kept, so a learned position table is
+            # read at its last row there instead of past its end.
+            positions = positions.clamp_max(self._last_position)
         kwargs = {self._cache_argument: self.cache, "use_cache": True, "position_ids": positions, "attention_mask": attention_mask}
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep

@@ -33,6 +33,12 @@ def check_positions(role: str, model: PreTrainedModel, prompt_length: int, max_n
     if limit is None or needed <= limit:
         return
     generated = max(max_new_tokens - 1, 0)
+    if prompt_length > limit:
+        raise SecureSDConfigError(
+            f"the {role} model ({type(model).__name__}) embeds at most {limit} positions (its learned position "
+            f"table), but the longest prompt alone has {prompt_length} tokens; shorten the prompt to {limit} "
+            f"tokens or less, or use a {role} model with a longer context"
+        )
     raise SecureSDConfigError(
         f"the {role} model ({type(model).__name__}) embeds at most {limit} positions (its learned position "
         f"table), but this call can feed it up to {needed} (the longest prompt, {prompt_length} tokens, plus "

@@ -39,7 +39,7 @@ from hf_securesd.bench.cli_bench import accept_underscores, add_isolation_option
 from hf_securesd.bench.rescore_judge import trusted_judge_options
 from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines, results_path
 from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
-from hf_securesd.bench.tasks import ScoreOptions, check_isolation, get_task, task_names
+from hf_securesd.bench.tasks import ScoreOptions, check_isolation, examples_digest, get_task, task_names
 from hf_securesd.bench.terminal import printable
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text
 from hf_securesd.judges import JudgeError, describe_judge
@@ -115,8 +115,15 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str 
                 if missing:
                     raise ValueError(f"{run['cell']}: example {missing[0]!r} is not in task {name} "
                                      f"(another data version?); nothing was rewritten")
-                scored = task.score([examples[example_id] for example_id in run["example_ids"]],
-                                    run["responses"], options)
+                cell_examples = [examples[example_id] for example_id in run["example_ids"]]
+                digest = run.get("examples_digest")
+                if digest is not None and digest != examples_digest(cell_examples):
+                    raise ValueError(
+                        f"{run['cell']}: the examples this --data-dir loads have other contents than those the cell's "
+                        "answers were generated and scored for (prompts, answers or tests differ: another data "
+                        "version?); rescore with the data the study ran on; nothing was rewritten"
+                    )
+                scored = task.score(cell_examples, run["responses"], options)
                 changed = [example_id for example_id, old, new in
                            zip(run["example_ids"], run["scores"], scored.per_example)
                            if not same_score(old, new)]

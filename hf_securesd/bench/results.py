@@ -87,10 +87,9 @@ SWITCH_VALUES = {"api": "chat/completions", "token_ids": True}
 REMOTE_MODEL_FLAGS = {"target": "set by --model, else --baseline NAME as endpoint:NAME, else --base-url",
                       "draft": "set by --draft-baseline NAME as endpoint:NAME, else none"}
 # bound only where both manifests record them (a manifest written before they were is not checked):
-# the judge's model, how the openai engine sends prompts (the tokenizer whose chat template builds
-# them, null with --chat; whether they go as token ids), and whether its target requests switched off
-# the plugin's server-wide SecureSD default
-RECORDED_BINDING_KEYS = ("judge_backend", "tokenizer", "token_ids", "target_plain_requests")
+# the judge's model, and how the openai engine sends prompts (the tokenizer whose chat template builds
+# them, null with --chat; whether they go as token ids)
+RECORDED_BINDING_KEYS = ("judge_backend", "tokenizer", "token_ids")
 # settings of this process's models (k: their draft tokens per round): not bound for an engine that
 # generates on servers (which choose them; recorded as null)
 LOCAL_KEYS = ("device", "dtype", "num_assistant_tokens")
@@ -104,9 +103,6 @@ CLASH_FIXES = {
                      "URL --judge-model MODEL, naming every task the judge scored)",
     "endpoints": "an endpoint's cells hold one deployment's answers: give it its recorded URL, or give the "
                  "new deployment another --endpoint name",
-    "target_plain_requests": "the target cells hold answers to requests that did (true) or did not (false) "
-                             "switch off the server's own SecureSD default: --verifiers sent to the plugin's "
-                             "server switch it off; run as recorded or use a new --out directory",
 }
 # the fields every record of a journal holds, with their JSON types (what the readers rely on)
 GENERATION_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str, "response": str,
@@ -170,6 +166,8 @@ def open_in_place(path: Path, flags: int) -> int:
     except OSError as error:
         if error.errno == errno.ELOOP:
             raise UnsafeResultsFileError(f"{path} is a symbolic link: {fix}") from None
+        if error.errno == errno.EISDIR:
+            raise UnsafeResultsFileError(f"{path} is not a regular file: {fix}") from None
         raise
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)

@@ -34,8 +34,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 import platform
@@ -57,7 +55,7 @@ from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.bench.engines.base import Answer, Engine, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
 from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, cell_key, stats_from_dict
-from hf_securesd.bench.tasks import Example, ScoreOptions, Task, check_isolation, get_task
+from hf_securesd.bench.tasks import Example, ScoreOptions, Task, check_isolation, examples_digest, get_task
 from hf_securesd.judges import JudgeError, check_judge_options, describe_judge
 from hf_securesd.judges.backends import judge_deadline
 from hf_securesd.judges.secrets import redact_command, reject_secret_options
@@ -150,15 +148,6 @@ class TaskRun:
         return cell_key(config.key, self.task.name, len(self.examples), self.max_new_tokens)
 
 
-def examples_digest(examples: Sequence[Example]) -> str:
-    """SHA-256 of the examples' ids and fields (prompts, gold answers, tests), in id order: what a cell was
-    scored against, so a rerun with the same ids from other data (another --data-dir, the Hub instead of
-    a local copy, another dataset version) can be told apart."""
-    content = sorted(([example.id, example.fields] for example in examples), key=lambda pair: pair[0])
-    text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=repr)
-    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
-
-
 def check_same_examples(plan: Sequence[tuple[RunConfig, TaskRun]], finished: dict[str, dict], out_dir: Path) -> None:
     """Refuse, before generating anything, a run whose tasks draw other examples than the cells already
     finished in `out_dir`, or the same ids with other contents (`examples_digest`, where the record holds
@@ -179,9 +168,9 @@ def check_same_examples(plan: Sequence[tuple[RunConfig, TaskRun]], finished: dic
         if digest is not None and digest != examples_digest(task_run.examples):
             raise ValueError(
                 f"{out_dir} holds {task_run.cell(config)} on the same example ids with other contents than this "
-                "run loads (their prompts, answers or tests differ: another --data-dir or dataset version?); its "
-                "cells would be scored against other answers than those recorded. Use a new --out directory or "
-                "the same data"
+                "run loads (their prompts, answers or tests differ: another --data-dir or dataset version, or a "
+                "securesd release that loads them otherwise?); its cells would be scored against other answers "
+                "than those recorded. Use a new --out directory or the same data (and release)"
             )
 
 
@@ -463,7 +452,10 @@ def run_study(
         **provenance(command),
     }
     engine.check_configs(configs)
-    results.open({**settings.manifest(engine), **dict(notes or {})}, session)
+    manifest = settings.manifest(engine)
+    if "target_plain_requests" in manifest:  # what this session's target requests did (`engines.openai`)
+        session["target_plain_requests"] = manifest["target_plain_requests"]
+    results.open({**manifest, **dict(notes or {})}, session)
     finished = {run["cell"]: run for run in results.runs()}
     journal = results.generations()
     baselines = engine.baseline_configs()

@@ -88,15 +88,15 @@ _LEADING_MARKUP = re.compile(
     r"|</?[a-z][a-z0-9]{0,30}(?:[\s/][^<>]{0,200})?>"
     r"|&#?[a-z0-9]{1,10};"
     r"|\d{1,9}[.)\u20e3]"
-    r"|[^\w<&]+"
-    r"|[_&]|<(?!!--))+"
+    r"|[^\w<&!\[]+"
+    r"|[_&!\[]|<(?!!--))+"
 )
 _COMMENT_OPEN, _COMMENT_CLOSE = "<!--", "-->"
 # A line that is a whole Markdown link reference definition (`[label]: destination "title"`, the title
 # in double or single quotes or parentheses): it renders as nothing, which makes `[//]: # (text)` the
 # usual Markdown comment. Every part is delimited by characters the previous part cannot hold: linear.
 _DEFINITION_LINE = re.compile(
-    r"[ ]{0,3}\[[^\[\]\n]{1,999}\]:[ \t]*(?:<[^<>\n]*>|[^\s<]\S*)"
+    r"[ ]{0,3}\[([^\[\]\n]{1,999})\]:[ \t]*(?:<[^<>\n]*>|[^\s<]\S*)"
     r"(?:[ \t]+(?:\"[^\"\n]*\"|'[^'\n]*'|\([^()\n]*\)))?[ \t\r]*"
 )
 
@@ -118,9 +118,16 @@ def drop_leading_definitions(text: str) -> str:
     (`[//]: # (I'm sorry)` renders as nothing); the lines from the first other one on, unchanged."""
     lines = text.split("\n")
     first = 0
-    while first < len(lines) and (not lines[first].strip() or _DEFINITION_LINE.fullmatch(lines[first])):
+    while first < len(lines) and (not lines[first].strip() or _is_definition(lines[first])):
         first += 1
     return "\n".join(lines[first:])
+
+
+def _is_definition(line: str) -> bool:
+    """Whether `line` is a whole link reference definition (its label holds more than whitespace, as
+    Markdown requires: `[ ]: Sorry` shows as text)."""
+    match = _DEFINITION_LINE.fullmatch(line)
+    return match is not None and bool(match.group(1).strip())
 
 
 def strip_leading_markup(text: str) -> str:

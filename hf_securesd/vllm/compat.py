@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 
 from ..validation import SecureSDConfigError
 from .admission import HTTP_REQUEST_CLASSES, patch_http_requests
-from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, looks_like_securesd, parse_request, request_for
+from .request import DEFAULT_ENV, EXTRA_ARGS_KEY, looks_like_securesd, parse_request, request_for, spells_securesd
 
 OPT_IN_ENV = "SECURESD_VLLM"
 
@@ -50,14 +50,14 @@ def opt_in(environ: Mapping[str, str]) -> tuple[bool, str | None]:
 
 def asks_for_securesd(extra_args: Mapping[str, Any] | None, include_default: bool) -> bool:
     """Whether a request's `extra_args` select SecureSD (a malformed selection counts as asking, and so
-    does a key that looks like a misspelling of "securesd": `looks_like_securesd`); with
-    `include_default`, a request without the key inherits the server-wide default."""
+    does "securesd" written otherwise, `spells_securesd`); with `include_default`, a request without the
+    key inherits the server-wide default."""
     try:
         if include_default:
             return request_for(extra_args) is not None
         if not extra_args:
             return False
-        if any(looks_like_securesd(key) for key in extra_args):
+        if any(spells_securesd(key) for key in extra_args):
             return True
         if EXTRA_ARGS_KEY not in extra_args:
             return False

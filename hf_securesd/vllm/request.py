@@ -328,6 +328,13 @@ def looks_like_securesd(key: Any) -> bool:
     return _nearly(key, EXTRA_ARGS_KEY) or _letters(key).startswith(EXTRA_ARGS_KEY)
 
 
+def spells_securesd(key: Any) -> bool:
+    """Whether `key` (another key beside the request's fields) is "securesd" written otherwise (any case,
+    separators, fullwidth or look-alike letters: "secure_sd", "SecureSD") or a key that starts with it
+    ("securesd_config"): unlike `looks_like_securesd`, no close misspelling ("secured")."""
+    return isinstance(key, str) and key != EXTRA_ARGS_KEY and _letters(key).startswith(EXTRA_ARGS_KEY)
+
+
 _NEAR_RATIO = 0.88  # difflib similarity from which a key counts as a misspelling
 
 

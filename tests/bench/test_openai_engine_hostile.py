@@ -348,10 +348,16 @@ def test_target_requests_switch_off_a_server_wide_securesd_default(serve, tmp_pa
     assert main(bench_argv(url, out, data_dir, "--verifiers", "mars:0.5", "--no-report")) == 0
     sent = [json.loads(body).get("vllm_xargs") for body in state["bodies"][1:]]
     assert {"securesd": "null"} in sent and all(xargs is not None for xargs in sent)
-    assert json.loads((out / "study.json").read_text())["target_plain_requests"] is True
+    study = json.loads((out / "study.json").read_text())
+    assert study["target_plain_requests"] is True and study["sessions"][-1]["target_plain_requests"] is True
 
     url, state = serve(_plugin_like)
     plain = tmp_path / "plain"
     assert main(bench_argv(url, plain, data_dir, "--no-report")) == 0
     assert all("vllm_xargs" not in json.loads(body) for body in state["bodies"])
     assert json.loads((plain / "study.json").read_text())["target_plain_requests"] is False
+    # baselines first, the sweep later into the same folder: a resume, not a clash (each session records
+    # what its target requests did)
+    assert main(bench_argv(url, plain, data_dir, "--verifiers", "mars:0.5", "--no-report")) == 0
+    sessions = json.loads((plain / "study.json").read_text())["sessions"]
+    assert [session["target_plain_requests"] for session in sessions] == [False, True]

@@ -104,3 +104,18 @@ def test_a_link_planted_at_the_lock_is_a_one_line_error_and_its_target_kept(resu
     error = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(error) == 1 and error[0].endswith("remove it (securesd recreates it) or start a new --out directory")
     assert kept.read_text() == "hf_secret"
+
+
+def test_rescore_against_other_contents_of_the_same_examples_is_refused(results, data_dir):
+    """A --data-dir whose examples have the recorded ids but other contents would re-score the recorded
+    answers against other gold answers than they were generated for."""
+    path, _ = results
+    runs = read_jsonl(path / RUNS)
+    for run in runs:
+        run["examples_digest"] = "0" * 64  # what another data version's contents give
+    (path / RUNS).write_text("".join(json.dumps(run) + "\n" for run in runs), encoding="utf-8")
+    before = (path / RUNS).read_bytes()
+    with pytest.raises(ValueError, match="other contents than those the cell's answers were generated and scored "
+                       "for .* nothing was rewritten"):
+        rescore(path, ["prompt_injection"], data_dir)
+    assert (path / RUNS).read_bytes() == before

@@ -61,7 +61,7 @@ def test_a_fifo_or_a_folder_at_the_name_is_refused_without_blocking(tmp_path: Pa
     with pytest.raises(UnsafeResultsFileError, match="failures.jsonl is not a regular file"):
         append_jsonl(results_path / FAILURES, {"id": 1})
     (results_path / GENERATIONS).mkdir()
-    with pytest.raises(OSError):
+    with pytest.raises(UnsafeResultsFileError, match="generations.jsonl is not a regular file"):
         append_jsonl(results_path / GENERATIONS, {"id": 1})
 
 

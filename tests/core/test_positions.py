@@ -15,8 +15,8 @@ from hf_securesd.positions import position_limit
 PROMPT = torch.tensor([[5, 6, 7, 8, 9, 10, 11]])
 
 
-def _gpt2(positions: int) -> transformers.PreTrainedModel:
-    torch.manual_seed(3)
+def _gpt2(positions: int, seed: int = 3) -> transformers.PreTrainedModel:
+    torch.manual_seed(seed)
     config = transformers.GPT2Config(vocab_size=259, n_embd=64, n_layer=2, n_head=4, n_positions=positions,
                                      bos_token_id=256, eos_token_id=258)
     return transformers.GPT2LMHeadModel(config).eval()
@@ -48,6 +48,8 @@ def test_a_draft_with_a_short_table_runs_up_to_it_and_is_refused_beyond(llama_pa
         with pytest.raises(SecureSDConfigError, match=rf"the draft model \({type(draft).__name__}\) embeds at most 16 "
                            r"positions .* can feed it up to 17 .*lower max_new_tokens to 10 or less"):
             target.generate(PROMPT, max_new_tokens=11, do_sample=False, assistant_model=draft, verifier=verifier)
+    with pytest.raises(SecureSDConfigError, match="the longest prompt alone has 17 tokens; shorten the prompt to 16"):
+        target.generate(torch.arange(17)[None], max_new_tokens=2, assistant_model=draft, verifier="lossless")
 
 
 def test_left_padding_does_not_count_and_the_target_is_checked_too(llama_pair) -> None:
@@ -62,3 +64,15 @@ def test_left_padding_does_not_count_and_the_target_is_checked_too(llama_pair) -
     with pytest.raises(SecureSDConfigError, match=r"the target model \(GPT2LMHeadModel\) embeds at most 16 positions"):
         target.generate(padded, attention_mask=mask, max_new_tokens=11, pad_token_id=256, assistant_model=draft,
                         verifier="lossless")
+
+
+def test_a_batch_feeds_rows_near_their_budget_past_the_table_without_failing(llama_pair) -> None:
+    """Every row of a batch is fed the batch's k drafts, so a row near its budget reaches positions past
+    what it keeps (and past a table that holds exactly prompt + max_new_tokens - 1): those slots are
+    never kept, so the table is read at its last row there (it was torch's IndexError)."""
+    draft = _gpt2(16, seed=2)
+    target = hf_securesd.wrap(_gpt2(64, seed=1))
+    prompts = torch.randint(0, 250, (4, 7), generator=torch.Generator().manual_seed(0))
+    expected = torch.cat([target.generate(row[None], max_new_tokens=10, do_sample=False) for row in prompts])
+    ours = target.generate(prompts, max_new_tokens=10, do_sample=False, assistant_model=draft, verifier="lossless")
+    assert torch.equal(ours, expected)

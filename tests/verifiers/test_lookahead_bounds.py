@@ -44,6 +44,7 @@ def test_lookahead_ends_stop_at_the_next_exact_position() -> None:
     # relaxed positions read up to the next exact one (or the row's end); exact ones' values are unread
     assert ends.tolist() == [[3, 3, 3, 4, 5, 6], [2, 2, 3, 6, 6, 6], [2, 2, 4, 4, 4, 4]]
     assert lookahead_ends(torch.tensor([[0.0, 0.0, 1.0, 1.0]]), torch.tensor([4])).tolist() == [[1, 4, 4, 4]]  # Step(2)
+    assert lookahead_ends(torch.zeros(2, 0), torch.tensor([0, 0])).shape == (2, 0)  # a round without drafts
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["T0", "T1"])

@@ -67,9 +67,11 @@ def test_without_opt_in_only_securesd_requests_are_refused(caplog):
             SamplingParams(max_tokens=4, extra_args=ASKS)
         with pytest.raises(ValueError, match="SECURESD_VLLM=1"):
             SamplingParams(max_tokens=4, extra_args={"securesd": "{not json"})
-        for key in ("secure_sd", "SecureSD", "securesd_config"):  # a misspelled key asks too (it was served plain)
-            with pytest.raises(ValueError, match="SECURESD_VLLM=1"):
+        for key in ("secure_sd", "SecureSD", "securesd_config"):  # securesd written otherwise asks too (it was
+            with pytest.raises(ValueError, match="SECURESD_VLLM=1"):  # served plain)
                 SamplingParams(max_tokens=4, extra_args={key: "lossless"})
+        for key in ("secured", "secures", "secure_s"):  # other keys, however close, stay vLLM's own business
+            SamplingParams(max_tokens=4, extra_args={key: "x"})
 
 
 @pytest.mark.parametrize("variables", [{}, {OPT_IN_ENV: "0", DEFAULT_ENV: '{"verifier": "mars"}'}],

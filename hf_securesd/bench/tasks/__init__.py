@@ -14,7 +14,9 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import importlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,6 +49,15 @@ class Example:
 
     id: str
     fields: Mapping[str, Any]
+
+
+def examples_digest(examples: Sequence[Example]) -> str:
+    """SHA-256 of the examples' ids and fields (prompts, gold answers, tests), in id order: what a cell was
+    scored against, so a rerun with the same ids from other data (another --data-dir, the Hub instead of
+    a local copy, another dataset version) can be told apart."""
+    content = sorted(([example.id, example.fields] for example in examples), key=lambda pair: pair[0])
+    text = json.dumps(content, sort_keys=True, ensure_ascii=False, default=repr)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 @dataclass(frozen=True)
