@@ -156,9 +156,10 @@ class UnsafeResultsFileError(ValueError):
 
 def open_in_place(path: Path, flags: int) -> int:
     """A descriptor for the regular file `path` itself, opened with `flags` (`os.O_CREAT` creates it):
-    never through a symbolic link at `path`, never a FIFO, device or folder there. A results directory
-    received from someone else may hold a link at a file's name pointing at any file of the user's, which
-    appending, truncating a torn line or writing a pid would change: `UnsafeResultsFileError` instead."""
+    never through a symbolic link at `path`, never a FIFO, device or folder there, never a file with other
+    names (a hard link). A results directory received from someone else (or unpacked from an archive) may
+    hold a link at a file's name pointing at any file of the user's, which appending, truncating a torn
+    line or writing a pid would change: `UnsafeResultsFileError` instead."""
     fix = (f"securesd writes {path.name} in place and never through a link; remove it (securesd recreates "
            f"it) or start a new --out directory")
     try:
@@ -169,9 +170,13 @@ def open_in_place(path: Path, flags: int) -> int:
         if error.errno == errno.EISDIR:
             raise UnsafeResultsFileError(f"{path} is not a regular file: {fix}") from None
         raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    status = os.fstat(fd)
+    if not stat.S_ISREG(status.st_mode):
         os.close(fd)
         raise UnsafeResultsFileError(f"{path} is not a regular file: {fix}")
+    if status.st_nlink > 1:  # a hard link shares its contents with a file elsewhere
+        os.close(fd)
+        raise UnsafeResultsFileError(f"{path} is a hard link to another file ({status.st_nlink} names): {fix}")
     return fd
 
 

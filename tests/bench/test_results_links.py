@@ -51,6 +51,19 @@ def test_a_dangling_link_is_refused_without_creating_its_target(tmp_path: Path) 
     assert not (tmp_path / "created-elsewhere").exists()
 
 
+@pytest.mark.parametrize("name", [LOCK, GENERATIONS])
+def test_a_hard_link_at_the_name_is_refused_and_its_target_kept(tmp_path: Path, name: str) -> None:
+    results_path, target = tmp_path / "results", victim(tmp_path)
+    results_path.mkdir()
+    os.link(target, results_path / name)
+    with pytest.raises(UnsafeResultsFileError, match=rf"{name} is a hard link to another file \(2 names\)"):
+        if name == LOCK:
+            ResultsDir(results_path).lock()
+        else:
+            append_jsonl(results_path / name, {"id": 1})
+    assert target.read_text() == SECRET
+
+
 def test_a_fifo_or_a_folder_at_the_name_is_refused_without_blocking(tmp_path: Path) -> None:
     results_path = tmp_path / "results"
     results_path.mkdir()
