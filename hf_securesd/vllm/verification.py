@@ -10,9 +10,10 @@ Hooks (all in vLLM's own process that runs the model):
 * `_sample`: around each verification step, build one `RowPlan` per SecureSD row: its response
   position, its generator (vLLM's, from the request's `seed`) and, for a schedule that reads tokens,
   its committed response. The response position of a row's first drafted token is derived from token
-  counts: the step feeds the row's last committed token at sequence index `num_computed_tokens`, so
-  its first draft sits at `num_computed_tokens + 1`, response position
-  `num_computed_tokens + 1 - num_prompt_tokens`.
+  counts: the row holds `num_tokens_no_spec` tokens before the step (prompt and committed response), so
+  its first draft, or the token a row without drafts emits, is response token
+  `num_tokens_no_spec - num_prompt_tokens`. (`num_computed_tokens + 1` gives the same index for a decoding
+  row, but not for a prefill chunk or a preempted request's recomputation, which feed several tokens.)
 * `apply_sampling_constraints` (temperature, top-k, top-p on the target logits at the drafted
   positions): SecureSD rows get their own copy, scaled with each request's parameters repeated over
   its drafted positions. vLLM 0.32's CPU build cannot be used here: its replacement for the Triton
@@ -130,8 +131,9 @@ def _row_plans(
     batch = runner.input_batch
     req_ids, states, device = batch.req_ids, runner.requests, runner.device
     # Token counts of the batch's rows as lists (two conversions, cheaper than NumPy arithmetic on a few
-    # rows): a row still in prefill (no drafts; its next token is response token 0) would count below 0.
-    computed = batch.num_computed_tokens_cpu[: len(requests)].tolist()
+    # rows): the tokens each row holds before this step (prompt and committed response, no drafts) and
+    # its prompt's. A row's first draft, or the token a row without drafts emits, is the next one.
+    committed = batch.num_tokens_no_spec[: len(requests)].tolist()
     prompted = batch.num_prompt_tokens[: len(requests)].tolist()
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
     reads_logits = False
@@ -148,9 +150,7 @@ def _row_plans(
         if request is None:
             continue
         req_id = req_ids[row]
-        position = computed[row] + 1 - prompted[row]
-        if position < 0:
-            position = 0
+        position = committed[row] - prompted[row]
         raw = processed = proposed = None
         drafted_row = row_of.get(req_id) if row_of else None
         if drafted_row is not None and reads_logits:

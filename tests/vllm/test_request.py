@@ -127,7 +127,7 @@ def test_a_row_whose_response_holds_placeholders_is_verified_lossless() -> None:
         "b": SimpleNamespace(output_token_ids=[1, -1, -1], _securesd_request=request),
     }
     batch = SimpleNamespace(
-        req_ids=["a", "b"], num_computed_tokens_cpu=np.array([12, 12]), num_prompt_tokens=np.array([10, 10]),
+        req_ids=["a", "b"], num_tokens_no_spec=np.array([13, 13]), num_prompt_tokens=np.array([10, 10]),
         sampling_metadata=SimpleNamespace(generators={}, all_greedy=True, all_random=False, temperature=None),
     )
     runner = SimpleNamespace(input_batch=batch, requests=states, drafter=SimpleNamespace(), device=torch.device("cpu"))

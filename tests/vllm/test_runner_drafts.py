@@ -39,7 +39,7 @@ class Runner:
         )
         self.input_batch = SimpleNamespace(
             req_ids=self.req_ids, sampling_metadata=metadata,
-            num_computed_tokens_cpu=np.full(len(configurations), PROMPT + 3),
+            num_tokens_no_spec=np.full(len(configurations), PROMPT + 4),
             num_prompt_tokens=np.full(len(configurations), PROMPT),
         )
         self.requests = {
