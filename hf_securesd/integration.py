@@ -135,7 +135,16 @@ def _custom_generate_call(kwargs: dict[str, Any]) -> dict[str, Any] | None:
         return None
     kwargs = dict(kwargs)
     del kwargs["custom_generate"]
-    draft = kwargs.pop("draft", None)
+    return _draft_as_assistant_model(kwargs)
+
+
+def _draft_as_assistant_model(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's kwargs with `draft=` (the callable's and the Hub folder's name for the draft) moved to
+    `assistant_model=`; both naming different models is refused."""
+    if "draft" not in kwargs:
+        return kwargs
+    kwargs = dict(kwargs)
+    draft = kwargs.pop("draft")
     if draft is not None:
         if kwargs.get("assistant_model") not in (None, draft):
             raise SecureSDConfigError("draft= and assistant_model= name different models; pass the draft once")
@@ -622,9 +631,9 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
     passes `custom_generate="<repo or folder>"`, or on every call of a model loaded with
     `trust_remote_code=True` from a folder that holds `custom_generate/`. It wraps the model instance
     (as `wrap()` does) and runs its generate: SecureSD with a draft and a verifier, plain
-    transformers otherwise."""
+    transformers otherwise. The draft may be passed as `draft=` too, as to `securesd_generate`."""
     wrap(model)
-    return type(model).generate(model, *args, **kwargs)
+    return type(model).generate(model, *args, **_draft_as_assistant_model(kwargs))
 
 
 def _patched_generate(self, *args, **kwargs):

@@ -105,7 +105,7 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
     if draft is None:
         raise SecureSDConfigError(
             "verifier= needs a draft model: pass assistant_model=<draft model> to generate "
-            "(or draft=<draft model> when calling through custom_generate)"
+            "(or draft=<draft model> through custom_generate)"
         )
     for role, model in (("target", target), ("draft", draft)):
         if not callable(getattr(model, "can_generate", None)) or not callable(getattr(model, "get_output_embeddings", None)):

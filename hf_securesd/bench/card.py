@@ -69,7 +69,7 @@ def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
     spec = _parse_json(spec_path.read_bytes())
     if spec is _UNREADABLE or not isinstance(spec, dict):
-        found = "not valid UTF-8 JSON" if spec is _UNREADABLE else f"{spec!r} is not a JSON object"
+        found = "not valid UTF-8 JSON (or nested too deeply to read)" if spec is _UNREADABLE else f"{spec!r} is not a JSON object"
         raise CorruptResultsError(f"{spec_path}: {found}; write it as described in hf_securesd.bench.card")
     unknown = _unknown_entry_problem(spec)
     if unknown:

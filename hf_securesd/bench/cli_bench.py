@@ -26,7 +26,6 @@ holds --out (`EXIT_IN_USE`).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import sys
@@ -34,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hf_securesd.bench import json_input
 from hf_securesd.bench.cli_engines import (
     add_engine_options,
     build_engine,
@@ -266,7 +266,7 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
 def _json_list(key: str, value: str) -> list[Any]:
     """--judge-option KEY=[...]: the JSON list, else a ValueError naming the option."""
     try:
-        parsed = json.loads(value)
+        parsed = json_input.loads(value)
     except ValueError:
         parsed = None
     if not isinstance(parsed, list):

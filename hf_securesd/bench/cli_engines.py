@@ -20,6 +20,7 @@ import json
 import os
 from typing import Any, Sequence
 
+from hf_securesd.bench import json_input
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
 from hf_securesd.bench.profiles import TINY
 from hf_securesd.bench.results import REMOTE_ENGINES
@@ -199,7 +200,7 @@ def vllm_options(pairs: Sequence[str]) -> dict[str, Any]:
                 "--num-assistant-tokens)"
             )
         try:
-            options[key] = json.loads(value)
+            options[key] = json_input.loads(value)
         except json.JSONDecodeError:
             options[key] = value
     return options

@@ -20,6 +20,7 @@ from typing import Any, Callable, Literal, Sequence
 
 import torch
 
+from hf_securesd.bench import json_input
 from hf_securesd.schedules import Linear, Power, Schedule, Step, resolve_schedule
 from hf_securesd.segments import Segments
 from hf_securesd.verifiers import VERIFIERS, Lossless, Verifier, resolve_verifier
@@ -225,7 +226,7 @@ def _short_schedule(name: str, numbers: list[str]) -> Schedule | None:
 
 def _parse_json_schedule(spec: str) -> Schedule:
     try:
-        values = json.loads(spec)
+        values = json_input.loads(spec)
     except json.JSONDecodeError as error:
         raise ValueError(f"bad schedule {spec!r}: not valid JSON ({error})") from None
     if not isinstance(values, dict) or not isinstance(values.get("schedule"), str):

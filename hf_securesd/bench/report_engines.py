@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 from typing import Any, Sequence
 
+from hf_securesd.bench import json_input
 from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
 from hf_securesd.bench.card import companion_path
 from hf_securesd.bench.formatting import fmt
@@ -132,7 +133,7 @@ def _recorded_list(path: Path, key: str) -> list[Any]:
     """The list under `key` of the JSON object a companion's benchmark script wrote in `path` (empty when
     the key is absent); CorruptResultsError naming the file otherwise."""
     try:
-        recorded = json.loads(path.read_text(encoding="utf-8"))
+        recorded = json_input.loads(path.read_text(encoding="utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
     items = recorded.get(key, []) if isinstance(recorded, dict) else None

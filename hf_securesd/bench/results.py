@@ -44,6 +44,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
+from hf_securesd.bench import json_input
 from hf_securesd.bench.manifest_checks import manifest_problem
 from hf_securesd.bench.run_records import fields_problem, run_problem, stats_problem
 from hf_securesd.bench.tasks import DEFAULT_SEED
@@ -221,9 +222,9 @@ def _last_line_start(handle: BinaryIO, size: int, block: int = 1 << 16) -> int:
 
 def _parse_json(raw: bytes) -> Any:
     """The JSON value of `raw` (a line, or a whole file), or `_UNREADABLE` when it is not valid
-    UTF-8 JSON."""
+    UTF-8 JSON (or is nested too deeply to read)."""
     try:
-        return json.loads(raw.decode("utf-8"))
+        return json_input.loads(raw.decode("utf-8"))
     except ValueError:  # JSONDecodeError, UnicodeDecodeError
         return _UNREADABLE
 
@@ -241,7 +242,7 @@ def read_jsonl(path: Path, check: Check | None = None) -> list[dict[str, Any]]:
     records = []
     for number, raw in enumerate(lines, start=1):
         value = _parse_json(raw)
-        problem = "not valid JSON" if value is _UNREADABLE else _record_problem(value, check)
+        problem = "not valid JSON (or nested too deeply to read)" if value is _UNREADABLE else _record_problem(value, check)
         if problem:
             raise CorruptResultsError(f"{path}, line {number}: {problem}; {CORRUPT_LINE_FIX}")
         records.append(value)
@@ -451,7 +452,7 @@ class ResultsDir:
             )
         manifest = _parse_json(self.manifest_path.read_bytes())
         if not isinstance(manifest, dict):
-            found = "not valid JSON" if manifest is _UNREADABLE else _record_problem(manifest, None)
+            found = "not valid JSON (or nested too deeply to read)" if manifest is _UNREADABLE else _record_problem(manifest, None)
             raise CorruptResultsError(f"{self.manifest_path}: {found}; {CORRUPT_FIX}")
         problem = manifest_problem(manifest)
         if problem:

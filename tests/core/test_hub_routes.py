@@ -21,7 +21,7 @@ from transformers.dynamic_module_utils import split_package_version
 import hf_securesd
 import hf_securesd.hub
 import hf_securesd.metrics
-from hf_securesd import MARS, Power
+from hf_securesd import MARS, Power, SecureSDConfigError
 from hf_securesd.tiny import TinyPairSpec, tiny_pair
 
 PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
@@ -64,6 +64,19 @@ def test_custom_generate_folder_relaxed_with_schedule_dict(hub_repo):
     plain = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(hub_repo),
                             trust_remote_code=True)
     assert torch.equal(plain, greedy)  # no draft, no verifier: plain transformers
+
+
+def test_custom_generate_folder_takes_the_draft_as_draft_too(hub_repo):
+    """As `custom_generate=securesd_generate` does: `draft=` is the draft (it was refused as missing)."""
+    draft, target = tiny_pair(SPEC)
+    greedy = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    out = target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(hub_repo),
+                          trust_remote_code=True, draft=draft, verifier="lossless", return_dict_in_generate=True)
+    assert torch.equal(out.sequences, greedy) and out.speculative_stats.drafted_tokens > 0
+    _, other = tiny_pair(SPEC)
+    with pytest.raises(SecureSDConfigError, match="draft= and assistant_model= name different models"):
+        target.generate(PROMPT, max_new_tokens=4, custom_generate=str(hub_repo), trust_remote_code=True,
+                        draft=draft, assistant_model=other, verifier="lossless")
 
 
 def test_custom_generate_folder_needs_trust_remote_code(hub_repo):
