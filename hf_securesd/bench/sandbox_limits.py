@@ -5,7 +5,11 @@ harness left behind.
 Control groups: cgroup v2 (``memory.max``, ``memory.swap.max``, ``pids.max``) when the unified
 hierarchy has the controllers, else cgroup v1 (``memory.limit_in_bytes``, ``pids.max``). Each run
 gets a group named ``securesd-sandbox-<harness pid>-<random>`` below the harness's own group, so a
-container limit above still applies. Creating one needs write access to the hierarchy (root, or a
+container limit above still applies. Where the CPU controller is there too (v2 ``cpu.max``, v1
+``cpu.cfs_quota_us``), the run's group is also a CPU group capped at `RUN_CPUS` CPUs: the kernel
+then shares the CPU between runs by group, not by session, so a program that spreads over many
+sessions (``setsid`` in each child) cannot starve a run scored beside it into a timeout. Without
+that controller runs are limited per process only (`rlimits`). Creating one needs write access to the hierarchy (root, or a
 delegated subtree); without it `RunCgroup.create` returns None and the caller falls back to
 per-process limits plus its watchdog.
 """
@@ -29,6 +33,8 @@ logger = logging.getLogger(__name__)
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 RUN_PREFIX = "securesd-sandbox-"
+RUN_CPUS = 1  # CPUs a run's processes may use together, where the CPU controller is available
+CPU_PERIOD_US = 100_000
 _RUN_NAME = re.compile(rf"^{RUN_PREFIX}(\d+)-\w+$")
 
 
@@ -118,6 +124,8 @@ class RunCgroup:
                 if (path / "memory.swap.max").exists():
                     (path / "memory.swap.max").write_text("0")
                 (path / "pids.max").write_text(tasks)
+                if "cpu" in (parent / "cgroup.subtree_control").read_text().split():
+                    _write_quietly(path / "cpu.max", f"{RUN_CPUS * CPU_PERIOD_US} {CPU_PERIOD_US}")
                 return group
             for controller, settings in (("memory", {"memory.limit_in_bytes": memory}),
                                          ("pids", {"pids.max": tasks})):
@@ -126,11 +134,25 @@ class RunCgroup:
                 group.paths.append(path)
                 for key, value in settings.items():
                     (path / key).write_text(value)
-            return group
         except (OSError, LookupError) as error:
             logger.debug("no control group for the sandbox run: %s", error)
             group.destroy()
             return None
+        group._add_v1_cpu_group(name)
+        return group
+
+    def _add_v1_cpu_group(self, name: str) -> None:
+        """Join a v1 CPU group capped at `RUN_CPUS` CPUs to the run's groups, where that hierarchy is
+        mounted and writable (else the run has no CPU group: see the module docstring)."""
+        try:
+            path = CGROUP_ROOT / "cpu" / _own_cgroup("cpu") / name
+            path.mkdir()
+        except (OSError, LookupError) as error:
+            logger.debug("no CPU control group for the sandbox run: %s", error)
+            return
+        self.paths.append(path)  # without its quota, the group still gives the run its own share of the CPU
+        if _write_quietly(path / "cpu.cfs_period_us", str(CPU_PERIOD_US)):
+            _write_quietly(path / "cpu.cfs_quota_us", str(RUN_CPUS * CPU_PERIOD_US))
 
     def pids(self) -> set[int]:
         found: set[int] = set()
@@ -189,6 +211,16 @@ class RunCgroup:
                     time.sleep(0.01)
 
 
+def _write_quietly(path: Path, value: str) -> bool:
+    """Write a control group setting that the run can do without; False (logged) when it cannot."""
+    try:
+        path.write_text(value)
+    except OSError as error:
+        logger.debug("sandbox run: %s not set: %s", path.name, error)
+        return False
+    return True
+
+
 def _stale(name: str) -> bool:
     match = _RUN_NAME.match(name)
     return bool(match) and int(match.group(1)) != os.getpid() and not pid_alive(int(match.group(1)))
@@ -207,6 +239,8 @@ def sweep_stale(temp_dir: str | os.PathLike | None = None) -> list[Path]:
     try:
         v2 = _v2_parent()
         parents = [v2] if v2 is not None else [CGROUP_ROOT / c / _own_cgroup(c) for c in ("memory", "pids")]
+        if v2 is None:
+            parents.append(CGROUP_ROOT / "cpu" / _own_cgroup("cpu"))
     except (OSError, LookupError):
         pass
     for parent in parents:

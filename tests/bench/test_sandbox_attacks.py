@@ -18,7 +18,7 @@ import pytest
 from support import needs_bwrap
 
 from hf_securesd.bench.sandbox import Sandbox, SandboxLimits
-from hf_securesd.bench.sandbox_limits import RUN_PREFIX, RunCgroup, sweep_stale
+from hf_securesd.bench.sandbox_limits import RUN_CPUS, RUN_PREFIX, RunCgroup, sweep_stale
 
 pytestmark = needs_bwrap
 LIMITS = SandboxLimits(timeout_s=20, cpu_s=8, memory_bytes=512 * 1024**2, run_memory_bytes=768 * 1024**2,
@@ -530,6 +530,52 @@ def test_memory_is_bounded_over_all_processes_of_a_run() -> None:
     """))
     exits = result.output.split("exits")[1]
     assert "-9" in exits, result.output  # the kernel killed some: the four never held 1.2 GiB together
+
+
+def _cpu_quota() -> float | None:
+    """The CPUs a run's group may use (v2 cpu.max or v1 cfs quota), None without a CPU group."""
+    group = RunCgroup.create(LIMITS, 0)
+    if group is None:
+        return None
+    try:
+        for path in group.paths:
+            if (path / "cpu.max").is_file():
+                quota, period = (path / "cpu.max").read_text().split()
+                return None if quota == "max" else int(quota) / int(period)
+            if (path / "cpu.cfs_quota_us").is_file():
+                quota = int((path / "cpu.cfs_quota_us").read_text())
+                return None if quota < 0 else quota / int((path / "cpu.cfs_period_us").read_text())
+        return None
+    finally:
+        group.destroy()
+
+
+@pytest.mark.skipif(_cpu_quota() is None, reason="no writable CPU controller: a run's CPU is bounded per process only")
+def test_a_run_in_many_sessions_gets_at_most_its_cpus() -> None:
+    """A program that spreads spinning children over sessions of their own (setsid: the kernel's
+    autogroups shared the CPU by session, so it starved a run scored beside it into a timeout) uses
+    at most the run's RUN_CPUS together."""
+    assert _cpu_quota() == RUN_CPUS
+    patient = Sandbox(replace(LIMITS, timeout_s=60, cpu_s=60))
+    result = patient.run(_program("""
+        import os, resource, time
+        start, children = time.monotonic(), []
+        for _ in range(4):
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()
+                end = time.monotonic() + 2.0
+                while time.monotonic() < end:
+                    pass
+                os._exit(0)
+            children.append(pid)
+        for pid in children:
+            os.waitpid(pid, 0)
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
+        print('ratio', (used.ru_utime + used.ru_stime) / (time.monotonic() - start))
+    """))
+    ratio = float(result.output.split("ratio")[1].split()[0])
+    assert ratio <= RUN_CPUS + 0.25, result.output
 
 
 def test_threads_and_processes_are_capped_for_the_run(sandbox: Sandbox) -> None:
