@@ -5,9 +5,12 @@ naming the argument and the fix, raised before `evaluate` stores the inputs."""
 
 from __future__ import annotations
 
+import math
+from decimal import Decimal
 from fractions import Fraction
 
 import evaluate
+import numpy as np
 import pytest
 
 from hf_securesd import metrics
@@ -128,3 +131,109 @@ def test_afr_passes_on_the_strongreject_threshold_check(loaded, threshold) -> No
     options = {"threshold": threshold, "rubric": "{forbidden_prompt}\n{response}"}
     with pytest.raises(TypeError, match=r"threshold must be a number in \[0, 1\)"):
         loaded["afr"].compute(**GOOD_INPUTS["afr"], judge="strongreject", judge_kwargs=options)
+
+
+# -- an entry of the wrong type in a per-row list ------------------------------------------------
+# `evaluate` checked only a column's first entry against its feature (a generic multi-line message
+# without the entry's index), stored a later text entry of another type as its text (1 as "1") and a
+# None score as NaN; each entry is now checked, and a wrong one named by argument and index.
+
+TEXT_COLUMNS = {"predictions": "the model's response", "references": "the forbidden prompt"}
+NOT_TEXTS = [None, math.nan, 1, True, ["x"], b"x", {"x": 1}]
+NOT_NUMBERS = [None, [0.5], (1,), {"a": 1}, 1j, np.complex64(1), np.array([1.0]), np.array(None), object()]
+NUMERIC_COLUMNS = [
+    *(("prr", column) for column in ("predictions", "target_scores", "draft_scores", "baseline_predictions")),
+    *(("flips", column) for column in ("predictions", "references")),
+]
+NOT_A_NUMBER = r", not a number; pass one number \(an int or a float\) per row\.$"
+
+
+def _two_rows(name: str) -> dict[str, list]:
+    """Two valid rows of every per-row list of `name` ("prr" or "flips")."""
+    if name == "prr":
+        return {"predictions": [0.5, 0.5], "target_scores": [1.0, 1.0], "draft_scores": [0.0, 0.0],
+                "baseline_predictions": [0.2, 0.2]}
+    return {"predictions": [1, 0], "references": [1, 1]}
+
+
+@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("bad", NOT_TEXTS, ids=repr)
+@pytest.mark.parametrize("column", TEXT_COLUMNS)
+def test_afr_refuses_an_entry_that_is_not_a_string_naming_its_index(loaded, column, bad, index) -> None:
+    inputs = {"predictions": ["I'm sorry.", "Sure."], "references": ["goal", "goal"]}
+    inputs[column][index] = bad
+    expected = (rf"^`{column}\[{index}\]` must be a string \({TEXT_COLUMNS[column]}\), got .*; "
+                r"pass one string per response\.$")
+    with pytest.raises(ValueError, match=expected):
+        loaded["afr"].compute(**inputs)
+
+
+def test_afr_names_a_none_response_and_refuses_a_number_in_add(loaded) -> None:
+    expected = r"^`predictions\[0\]` must be a string \(the model's response\), got None \(NoneType\)"
+    with pytest.raises(ValueError, match=expected):
+        loaded["afr"].compute(predictions=[None], references=["x"])
+    metric = evaluate.load(metrics.path("afr"))
+    with pytest.raises(ValueError, match=r"^`reference` must be a string \(the forbidden prompt\), got 3 "):
+        metric.add(prediction="Sure.", reference=3)
+    metric.add(prediction="Sure.", reference="goal")
+    assert metric.compute(n_resamples=0)["verdicts"] == [True]
+
+
+def test_afr_still_takes_numpy_strings(loaded) -> None:
+    result = loaded["afr"].compute(predictions=np.array(["I'm sorry.", "Sure."]),
+                                   references=np.array(["g", "g"]), n_resamples=0)
+    assert result["verdicts"] == [False, True]
+
+
+@pytest.mark.parametrize("bad", NOT_NUMBERS, ids=repr)
+@pytest.mark.parametrize(("name", "column"), NUMERIC_COLUMNS)
+def test_a_score_or_outcome_that_is_not_a_number_is_named_with_its_index(loaded, name, column, bad) -> None:
+    inputs = _two_rows(name)
+    inputs[column] = [inputs[column][0], bad]
+    with pytest.raises(ValueError, match=rf"^`{column}\[1\]` is .*{NOT_A_NUMBER}"):
+        loaded[name].compute(**inputs)
+
+
+@pytest.mark.parametrize(("name", "others"), [("prr", {"target_scores": 1.0, "draft_scores": 0.0}),
+                                               ("flips", {"reference": 1})])
+def test_none_is_not_a_number_rather_than_nan(loaded, name, others) -> None:
+    inputs = {**GOOD_INPUTS[name], "predictions": [None] * len(GOOD_INPUTS[name]["predictions"])}
+    with pytest.raises(ValueError, match=rf"^`predictions\[0\]` is None \(NoneType\){NOT_A_NUMBER}"):
+        loaded[name].compute(**inputs)
+    with pytest.raises(ValueError, match=rf"^`prediction` is None \(NoneType\){NOT_A_NUMBER}"):
+        evaluate.load(metrics.path(name)).add(prediction=None, **others)
+
+
+def test_prr_names_the_first_nan_or_infinite_score(loaded) -> None:
+    with pytest.raises(ValueError, match=r"^`draft_scores\[2\]` is inf: NaN or infinite scores are refused"):
+        loaded["prr"].compute(predictions=[0.5] * 3, target_scores=[1.0] * 3,
+                              draft_scores=[0.0, 0.0, math.inf])
+    with pytest.raises(ValueError, match=r"^`baseline_predictions\[1\]` is nan: NaN or infinite"):
+        loaded["prr"].compute(**_two_rows("prr") | {"baseline_predictions": [0.2, math.nan]})
+
+
+NUMERIC_SCALARS = [np.float32(0.5), np.float64(0.5), np.int64(1), np.bool_(False), np.array(0.5), np.array(1),
+                   Fraction(1, 2), Decimal("0.5"), True, False, 1, 0.5]
+
+
+@pytest.mark.parametrize("value", NUMERIC_SCALARS, ids=repr)
+def test_numeric_scalars_of_any_kind_are_still_scores(loaded, value) -> None:
+    result = loaded["prr"].compute(predictions=[value, 0.5], target_scores=[1, 1], draft_scores=[0, 0],
+                                   baseline_predictions=[value, 0.0], n_resamples=0)
+    assert result["prr"] == pytest.approx((float(value) + 0.5) / 2)
+    assert result["baseline_prr"] == pytest.approx(float(value) / 2)
+
+
+def test_outcomes_may_be_numpy_scalars_bools_and_arrays(loaded) -> None:
+    outcomes = [np.int64(1), np.bool_(False), np.array(1), True, np.float64(0.0), 1.0]
+    result = loaded["flips"].compute(predictions=outcomes, references=np.array([1, 1, 0, 0, 0, 1]),
+                                     n_resamples=0)
+    assert (result["n_lost"], result["n_gained"]) == (1, 2)
+
+
+def test_tensors_are_still_scores(loaded) -> None:
+    torch = pytest.importorskip("torch")
+    result = loaded["prr"].compute(predictions=torch.tensor([0.5, 0.25]),
+                                   target_scores=[torch.tensor(1.0)] * 2,
+                                   draft_scores=[torch.tensor(0), torch.tensor(False)], n_resamples=0)
+    assert result["prr"] == pytest.approx(0.375)

@@ -117,8 +117,8 @@ def test_a_string_or_mapping_is_not_read_as_one_outcome_each(flips, name, predic
 
 
 def test_entries_that_are_not_outcomes_are_reported_as_given(flips) -> None:
-    with pytest.raises(ValueError, match=r"`predictions` must hold binary outcomes .*got \{0: None\}"):
-        flips.compute(predictions=[None, 1], references=[1, 1])
+    with pytest.raises(ValueError, match=r"`predictions` must hold binary outcomes .*got \{0: 0.5, 2: -1.0\}"):
+        flips.compute(predictions=[0.5, 1, -1], references=[1, 1, 1])
 
 
 @pytest.mark.parametrize("text", ["1", "yes"])

@@ -16,7 +16,7 @@ import hf_securesd.metrics
 SHARED = ("_is_whole", "_check_rows", "_resample_count", "_confidence_level", "_seed", "_resample_blocks",
           "_accepted_arguments", "_check_arguments")
 NUMERIC = ("prr", "flips")  # the modules whose inputs are numbers
-NUMERIC_SHARED = ("_check_number", "_check_numbers", "_fits_float")
+NUMERIC_SHARED = ("_check_number", "_check_numbers", "_is_number", "_fits_float")
 
 
 def _module(name: str):

@@ -73,8 +73,9 @@ metric raises; with `on_unparsed="exclude"` they are left out and counted in `n_
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `str`): the model's responses.
-    references (`list` of `str`): the forbidden prompts (goals) that produced them. In both, a lone
-        surrogate (what an endpoint's JSON "\\ud800" parses to) is replaced by U+FFFD, as
+    references (`list` of `str`): the forbidden prompts (goals) that produced them. In both, an
+        entry that is not a string (None, a number, a list) is refused, naming it (`predictions[3]`);
+        a lone surrogate (what an endpoint's JSON "\\ud800" parses to) is replaced by U+FFFD, as
         `securesd bench` does, before `evaluate` stores the inputs.
     judge (`str` or `Judge`, optional): "refusal_prefix" (default), "strongreject", or a judge
         object from `hf_securesd.judges`.
@@ -119,6 +120,7 @@ Examples:
 
 _MAX_RESAMPLES = 100_000
 _BLOCK_INDICES = 2**22  # at most this many bootstrap indices (plus one resample) are held at once
+_TEXT_COLUMNS = {"predictions": "the model's response", "references": "the forbidden prompt"}
 
 
 def contains_expected_output(response, expected):
@@ -144,6 +146,22 @@ def _check_rows(name: str, values: object, entry: str) -> None:
             f"`{name}` must be a list with one {entry}, got {type(values).__name__} {values!r:.60}; pass a "
             "list instead (to give every one of n rows the same value: [value] * n)."
         )
+
+
+def _check_text(label: str, value: object, what: str) -> None:
+    """Refuse `value` unless it is a string (`what`, e.g. "the model's response")."""
+    if not isinstance(value, str):
+        raise ValueError(
+            f"`{label}` must be a string ({what}), got {value!r:.40} ({type(value).__name__}); pass one "
+            "string per response."
+        )
+
+
+def _check_texts(name: str, values: Collection, what: str) -> None:
+    """`_check_text` for every entry of `values`, naming its index: `evaluate` checks only the first
+    entry, and would store a later one as its text (1 as "1", ["x"] as "['x']") or None as null."""
+    for index, value in enumerate(values):
+        _check_text(f"{name}[{index}]", value, what)
 
 
 def _accepted_arguments(metric: evaluate.Metric) -> list[str]:
@@ -173,12 +191,7 @@ def _check_injected_outputs(expected_outputs: object, n_responses: int) -> None:
             f"`injected_outputs` has {len(expected_outputs)} entries but there are {n_responses} "
             "responses; give one expected output per response."
         )
-    for index, expected in enumerate(expected_outputs):
-        if not isinstance(expected, str):
-            raise ValueError(
-                f"`injected_outputs[{index}]` must be a string (the expected output of the injected task), "
-                f"got {expected!r} ({type(expected).__name__})."
-            )
+    _check_texts("injected_outputs", expected_outputs, "the expected output of the injected task")
 
 
 def _injection_verdicts(responses, expected_outputs, success_checker):
@@ -205,18 +218,10 @@ def _as_verdict(value, index: int) -> bool:
     )
 
 
-def _storable_text(value):
-    """`value` with every lone surrogate replaced by U+FFFD if it is a string (as `securesd bench`
-    does with endpoint replies: JSON's ``"\\ud800"`` parses to one, and Arrow, which stores the
-    inputs, cannot encode it); anything else unchanged, for `evaluate` to check."""
-    return valid_unicode(value) if isinstance(value, str) else value
-
-
-def _storable(values):
-    """`values` with `_storable_text` applied to each, when it is a list or tuple."""
-    if isinstance(values, (list, tuple)):
-        return [_storable_text(value) for value in values]
-    return values
+def _storable(texts: Collection[str]) -> list[str]:
+    """`texts` with every lone surrogate replaced by U+FFFD (as `securesd bench` does with endpoint
+    replies: JSON's ``"\\ud800"`` parses to one, and Arrow, which stores the inputs, cannot encode it)."""
+    return [valid_unicode(text) for text in texts]
 
 
 def _is_whole(value: object) -> bool:
@@ -344,19 +349,22 @@ class Afr(evaluate.Metric):
 
     def add_batch(self, *, predictions=None, references=None, **kwargs):
         """`evaluate`'s `add_batch` (which `compute` calls) on texts whose lone surrogates are
-        replaced by U+FFFD, since they cannot be stored; a missing column, or a bare string instead of a
-        list of texts, is refused (`evaluate` would fail on None, and read a string character by character)."""
+        replaced by U+FFFD, since they cannot be stored; a missing column, a bare string instead of a
+        list of texts, or an entry that is not a string is refused (`evaluate` would fail on None, read a
+        string character by character, and store an entry after the first as its text)."""
         for name, values in (("predictions", predictions), ("references", references)):
             _check_rows(name, values, "text per example")
+            _check_texts(name, values, _TEXT_COLUMNS[name])
         return super().add_batch(
             predictions=_storable(predictions), references=_storable(references), **kwargs
         )
 
     def add(self, *, prediction=None, reference=None, **kwargs):
-        """`evaluate`'s `add` on texts whose lone surrogates are replaced by U+FFFD."""
-        return super().add(
-            prediction=_storable_text(prediction), reference=_storable_text(reference), **kwargs
-        )
+        """`evaluate`'s `add` on texts whose lone surrogates are replaced by U+FFFD, refusing an entry
+        that is not a string (as `add_batch` does)."""
+        _check_text("prediction", prediction, _TEXT_COLUMNS["predictions"])
+        _check_text("reference", reference, _TEXT_COLUMNS["references"])
+        return super().add(prediction=valid_unicode(prediction), reference=valid_unicode(reference), **kwargs)
 
     def _info(self):
         return evaluate.MetricInfo(

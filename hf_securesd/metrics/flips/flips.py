@@ -12,6 +12,7 @@ import inspect
 import numbers
 from collections.abc import Collection, Iterator, Mapping
 from collections.abc import Set as AbstractSet
+from decimal import Decimal
 
 import datasets
 import evaluate
@@ -60,7 +61,8 @@ interval can.
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `int`): the method's outcome per example, 1 (good) or 0 (bad), as numbers
-        (text such as "1" is refused).
+        (Python or NumPy ints, floats or bools); text such as "1", None or a nested list is refused,
+        naming the entry (`predictions[3]`).
     references (`list` of `int`): the reference's outcome on the same examples, in the same order.
     alternative (`str`, default "two-sided"): of the McNemar test: "two-sided", "greater" (more
         losses than gains) or "less".
@@ -125,18 +127,34 @@ def _check_arguments(metric: evaluate.Metric, given: Collection[str]) -> None:
 
 
 def _check_number(label: str, value: object) -> None:
-    """Refuse a number given as text (even "0.5"): the inputs are numbers, and `evaluate` would
-    otherwise parse numeric text, and fail on other text without naming the argument."""
+    """Refuse an entry that is not one real number: text (even "0.5"), which `evaluate` would parse;
+    None, which it would store as a missing value (read back as NaN); a list, a complex number or any
+    other object, which it would refuse without naming the entry; and a number beyond the float64 range."""
     if isinstance(value, (str, bytes)):
         raise ValueError(
             f"`{label}` is the text {value!r:.40}, not a number; pass numbers (convert text first, e.g. "
             "with float())."
+        )
+    if not _is_number(value):
+        raise ValueError(
+            f"`{label}` is {value!r:.40} ({type(value).__name__}), not a number; pass one number (an int or "
+            "a float) per row."
         )
     if isinstance(value, numbers.Real) and not _fits_float(value):
         raise ValueError(
             f"`{label}` is a number beyond the float64 range (magnitude above about 1.8e308); pass numbers "
             "a float64 holds (rescale them first, e.g. divide them by a power of ten)."
         )
+
+
+def _is_number(value: object) -> bool:
+    """Whether `value` is one real number: a Python or NumPy int, float or bool, a Fraction, a Decimal,
+    or a 0-d array or tensor holding one."""
+    if isinstance(value, (numbers.Real, np.bool_, Decimal)):
+        return True
+    if getattr(value, "ndim", None) != 0 or not hasattr(value, "item"):
+        return False
+    return isinstance(value.item(), (numbers.Real, Decimal))
 
 
 def _fits_float(value: numbers.Real) -> bool:
@@ -154,12 +172,10 @@ def _check_numbers(name: str, values: Collection) -> None:
         _check_number(f"{name}[{index}]", value)
 
 
-def _as_binary(name, values):
-    """`values` as an int array of 0/1; anything else is an error naming `name` and the first
-    entries that are not 0 or 1, as given (None stays None)."""
+def _as_binary(name: str, values: list[float]) -> np.ndarray:
+    """`values` (numbers, as `add_batch` checked them) as an int array of 0/1; anything else is an
+    error naming `name` and the first entries that are not 0 or 1, as given."""
     array = np.asarray(values, dtype=float)
-    if array.ndim != 1:
-        raise ValueError(f"`{name}` must be a flat list of 0/1 outcomes, one per example.")
     binary = np.isin(array, (0.0, 1.0))
     if not binary.all():
         bad = {int(index): values[index] for index in np.flatnonzero(~binary)[:3]}

@@ -12,6 +12,7 @@ import numbers
 import warnings
 from collections.abc import Collection, Iterator, Mapping
 from collections.abc import Set as AbstractSet
+from decimal import Decimal
 
 import datasets
 import evaluate
@@ -54,8 +55,9 @@ also reports the paired difference ΔPRR = PRR(with) - PRR(without), averaged ov
 _KWARGS_DESCRIPTION = """
 Args:
     predictions (`list` of `float`): the method's raw scores, one per example, or a single
-        aggregate score (a list of length one). Scores are numbers: a string, even "0.5", is
-        refused in every score list.
+        aggregate score (a list of length one). Scores are numbers (Python or NumPy ints, floats
+        or bools, 0-d arrays): a string, even "0.5", None, a nested list or any other entry is
+        refused in every score list, naming the entry (`predictions[3]`), and so is NaN or inf.
     target_scores (`list` of `float`): the target-only model's scores, aligned with `predictions`.
         PRR takes no `references`: the target-only and draft-only scores take their place.
     draft_scores (`list` of `float`): the draft-only model's scores, aligned with `predictions`.
@@ -187,18 +189,34 @@ def _check_arguments(metric: evaluate.Metric, given: Collection[str]) -> None:
 
 
 def _check_number(label: str, value: object) -> None:
-    """Refuse a number given as text (even "0.5"): the inputs are numbers, and `evaluate` would
-    otherwise parse numeric text, and fail on other text without naming the argument."""
+    """Refuse an entry that is not one real number: text (even "0.5"), which `evaluate` would parse;
+    None, which it would store as a missing value (read back as NaN); a list, a complex number or any
+    other object, which it would refuse without naming the entry; and a number beyond the float64 range."""
     if isinstance(value, (str, bytes)):
         raise ValueError(
             f"`{label}` is the text {value!r:.40}, not a number; pass numbers (convert text first, e.g. "
             "with float())."
+        )
+    if not _is_number(value):
+        raise ValueError(
+            f"`{label}` is {value!r:.40} ({type(value).__name__}), not a number; pass one number (an int or "
+            "a float) per row."
         )
     if isinstance(value, numbers.Real) and not _fits_float(value):
         raise ValueError(
             f"`{label}` is a number beyond the float64 range (magnitude above about 1.8e308); pass numbers "
             "a float64 holds (rescale them first, e.g. divide them by a power of ten)."
         )
+
+
+def _is_number(value: object) -> bool:
+    """Whether `value` is one real number: a Python or NumPy int, float or bool, a Fraction, a Decimal,
+    or a 0-d array or tensor holding one."""
+    if isinstance(value, (numbers.Real, np.bool_, Decimal)):
+        return True
+    if getattr(value, "ndim", None) != 0 or not hasattr(value, "item"):
+        return False
+    return isinstance(value.item(), (numbers.Real, Decimal))
 
 
 def _fits_float(value: numbers.Real) -> bool:
@@ -217,15 +235,22 @@ def _check_numbers(name: str, values: Collection) -> None:
 
 
 def _as_float_array(name: str, values: object) -> np.ndarray:
-    """Validate one column: a non-empty list of finite numbers."""
+    """Validate one column: a list of finite numbers, one per row."""
     _check_rows(name, values, "score per row")
     _check_numbers(name, values)
     array = np.asarray(values, dtype=float)
-    if array.ndim != 1:
-        raise ValueError(f"`{name}` must be a flat list of numbers, got shape {array.shape}.")
-    if not np.all(np.isfinite(array)):
-        raise ValueError(f"`{name}` contains NaN or infinite scores; pass finite raw scores only.")
+    _check_finite(name, array)
     return array
+
+
+def _check_finite(name: str, array: np.ndarray) -> None:
+    """Refuse a NaN or infinite score, naming the first one's index."""
+    bad = np.flatnonzero(~np.isfinite(array))
+    if bad.size:
+        raise ValueError(
+            f"`{name}[{bad[0]}]` is {array[bad[0]]}: NaN or infinite scores are refused; pass finite raw "
+            "scores only (drop the rows without one)."
+        )
 
 
 class _Unhashable:
