@@ -113,6 +113,16 @@ def test_vocabulary_mismatch(llama_pair, forward_calls):
                  assistant_model=other_draft, verifier="lossless")
 
 
+def test_a_draft_that_cannot_embed_every_scored_token_is_refused(llama_pair, forward_calls):
+    """Its output layer matches the target's (259 rows) but its embedding has 200 rows: a drafted or
+    accepted token from 200 on crashed it mid-decoding (torch's IndexError)."""
+    draft, target = llama_pair
+    short = copy.deepcopy(draft)
+    short.set_input_embeddings(torch.nn.Embedding(200, short.config.hidden_size))
+    expect_error(target, forward_calls, "the draft model embeds 200 token ids but both models score 259 tokens",
+                 assistant_model=short, verifier="lossless")
+
+
 def test_prompt_lookup_with_a_draft_model_is_rejected(llama_pair, forward_calls):
     draft, target = llama_pair
     expect_error(target, forward_calls, "was given too; transformers would silently use prompt lookup", assistant_model=draft,
@@ -160,8 +170,14 @@ def test_nan_logits_raise_at_run_time(llama_pair, who):
         broken.get_output_embeddings().weight[7, 0] = float("nan")
     models = {"assistant_model": broken, "target": target} if who == "draft" else {"assistant_model": draft, "target": broken}
     runner = models.pop("target")
-    with pytest.raises(NonFiniteLogitsError, match=f"the {who} model produced NaN or infinite logits"):
+    with pytest.raises(NonFiniteLogitsError, match=f"the {who} model produced NaN or infinite logits.*"
+                       "pass remove_invalid_values=True to generate"):
         runner.generate(PROMPT, max_new_tokens=8, verifier="lossless", do_sample=False, **models)
+    # the fix the message names: NaN scores cleaned as plain transformers decoding cleans them
+    cleaned = runner.generate(PROMPT, max_new_tokens=8, verifier="lossless", do_sample=False,
+                              remove_invalid_values=True, **models)
+    plain_target = target if who == "draft" else broken
+    assert torch.equal(cleaned, plain_target.generate(PROMPT, max_new_tokens=8, do_sample=False, remove_invalid_values=True))
 
 
 def test_zero_draft_probability_and_empty_residual_never_give_nan():
