@@ -10,9 +10,13 @@ is kept); `EXIT_IN_USE` another run holds the results directory."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import math
+import re
 import sys
+from pathlib import Path
+from typing import NoReturn
 
 DESCRIPTION = (
     "hf-securesd: safe lossy speculative decoding. Run the demo, fetch the models, and benchmark, report, "
@@ -22,6 +26,8 @@ DESCRIPTION = (
 EXIT_JUDGE_FAILED = 3
 EXIT_IN_USE = 4
 MAX_DURATION_S = 7 * 24 * 3600  # the longest timeout or deadline an option takes: 7 days
+LONG_VALUE_CHARS = 200  # an echoed value longer than this is shown as its head … its tail (`shorten_long_values`)
+_LONG_VALUE = re.compile(rf"\S{{{LONG_VALUE_CHARS + 1},}}")
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("hf_securesd.demo", "side-by-side answers: target-only, relaxed verifier, SecureSD"),
     "models": ("hf_securesd.models.cli", "resolve, fetch and cache the default draft/target pair"),
@@ -109,8 +115,56 @@ def environment_variable(text: str) -> str:
     return text
 
 
+def shorten_long_values(text: str) -> str:
+    """`text` with each run of more than `LONG_VALUE_CHARS` non-space characters (an option value, a
+    path or a list echoed back in an error) cut to its head … its tail and its length, so that an
+    error line stays one readable line whatever was typed."""
+    return _LONG_VALUE.sub(lambda match: _shortened(match.group()), text)
+
+
+def _shortened(word: str) -> str:
+    """`word` with the value in it as its first 120 and last 60 characters and its whole length between
+    them, unless the value is at most `LONG_VALUE_CHARS` long: the quotes and punctuation around the value
+    (up to 3 on each side, such as ``('`` and ``'):``) are kept as they are."""
+    start = min(len(word) - len(word.lstrip("('\"")), 3)
+    end = max(len(word.rstrip(":;,.)'\"")), len(word) - 3)
+    value = word[start:end]
+    if len(value) <= LONG_VALUE_CHARS:
+        return word
+    return f"{word[:start]}{value[:120]}…[{len(value):,} characters]…{value[-60:]}{word[end:]}"
+
+
+def path_kind(path: Path) -> str:
+    """What `path` names: ``folder``, ``file`` (anything else that exists), ``missing``, or ``too long``
+    (a name or the whole path is longer than the file system takes: ENAMETOOLONG). Other OS errors
+    (a folder on the way that cannot be searched) are raised."""
+    try:
+        if path.is_dir():
+            return "folder"
+        return "file" if path.exists() else "missing"
+    except OSError as error:
+        if error.errno != errno.ENAMETOOLONG:
+            raise
+        return "too long"
+
+
+def too_long_path(what: str, path: Path) -> str:
+    """The one-line error for `what` (an option or argument) naming `path`, which the file system refuses
+    as too long (`path_kind`)."""
+    return (f"{what} {path}: the path is too long for the file system (each name in it takes at most 255 "
+            f"bytes, the whole path 4,096); give a shorter path")
+
+
+class Parser(argparse.ArgumentParser):
+    """The `securesd` parser: its usage errors shorten the long values they echo (`shorten_long_values`);
+    its subcommands' parsers are Parsers too."""
+
+    def error(self, message: str) -> NoReturn:
+        super().error(shorten_long_values(message))
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="securesd", description=DESCRIPTION)
+    parser = Parser(prog="securesd", description=DESCRIPTION)
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in SUBCOMMANDS.items():
         sub = subparsers.add_parser(name, help=help_text, description=help_text)

@@ -47,12 +47,22 @@ from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
 from hf_securesd.bench.results import MANIFEST, REMOTE_ENGINES, ResultsDir
 from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
 from hf_securesd.bench.terminal import printable
-from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text, non_negative_int, positive_int
+from hf_securesd.cli import (
+    EXIT_IN_USE,
+    EXIT_JUDGE_FAILED,
+    non_empty_text,
+    non_negative_int,
+    path_kind,
+    positive_int,
+    shorten_long_values,
+    too_long_path,
+)
 
 # what refuses options or a setup before anything is generated (exit 2): DeviceError and EngineError
 # are ValueErrors; KeyError: an unknown task or profile; SandboxUnavailableError: HumanEval without
 # bubblewrap or --unsafe-no-isolation
 SETUP_ERRORS = (KeyError, ValueError, FileNotFoundError, SandboxUnavailableError)
+MODEL_FOLDER_ENGINES = ("hf", "vllm")  # the engines that load --target/--draft in this process
 
 
 def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *, engines: bool) -> None:
@@ -188,9 +198,12 @@ def check_out_dir(out: Path) -> None:
     """Refuse, before any model is loaded, an --out that is a file or cannot be created. Nothing is
     created or removed here: a missing --out needs its nearest existing folder to be a writable
     directory, and no ``..`` below it (it would step out of a folder the run would have to create)."""
-    if out.exists():
-        if not out.is_dir():
-            raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
+    kind = path_kind(out)
+    if kind == "too long":
+        raise ValueError(too_long_path("--out", out))
+    if kind == "file":
+        raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
+    if kind == "folder":
         return
     absolute = out.absolute()
     existing = next(parent for parent in absolute.parents if parent.exists())
@@ -356,14 +369,18 @@ def prepare(args: argparse.Namespace):
     `calibrate`, which has no --engine and runs `hf`)."""
     from hf_securesd.bench.runner import StudySettings, prepare_tasks
 
+    from hf_securesd.bench.loading import check_model_folders
     from hf_securesd.bench.plan import check_no_repeats
     from hf_securesd.bench.tasks import check_isolation
 
     profile = chosen_profile(args)
     check_no_repeats("--tasks", args.tasks or [], lambda task: (task,))
     check_isolation(args.tasks or profile.tasks, requested_isolation(args))
+    models = {"--target": args.target or profile.target, "--draft": args.draft or profile.draft}
+    if getattr(args, "engine", "hf") in MODEL_FOLDER_ENGINES:
+        check_model_folders(models)
     machine = machine_settings(args, profile)
-    target, draft = study_models(args, args.target or profile.target, args.draft or profile.draft)
+    target, draft = study_models(args, models["--target"], models["--draft"])
     settings = StudySettings(
         target=target,
         draft=draft,
@@ -409,9 +426,14 @@ def write_report_if_any(out: Path) -> None:
 def setup_error(error: Exception) -> int:
     """Print an error of the options or the setup (one of `SETUP_ERRORS`) as one line and return 2
     (a KeyError's message without the quotes its str adds)."""
-    message = error.args[0] if isinstance(error, KeyError) and error.args else error
-    print(f"error: {printable(str(message))}", file=sys.stderr)  # it may quote a results file's text
+    print_error(error.args[0] if isinstance(error, KeyError) and error.args else error)
     return 2
+
+
+def print_error(message: object) -> None:
+    """Print `message` as the command's ``error:`` line on stderr: control characters escaped (it may
+    quote a results file's text) and long echoed values shortened (`shorten_long_values`)."""
+    print(f"error: {shorten_long_values(printable(str(message)))}", file=sys.stderr)
 
 
 def study_exit_code(error: Exception) -> int:
@@ -427,8 +449,7 @@ def study_exit_code(error: Exception) -> int:
     code = next((code for kind, code in codes if isinstance(error, kind)), None)
     if code is None:
         raise error
-    message = unwritable_text(error) if isinstance(error, OSError) else str(error)
-    print(f"error: {printable(message)}", file=sys.stderr)  # it may quote a results file's text
+    print_error(unwritable_text(error) if isinstance(error, OSError) else error)
     return code
 
 
@@ -509,7 +530,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             write_report_if_any(args.out)
         except ValueError as error:  # e.g. a results file damaged outside this run
-            print(f"error: {printable(str(error))}", file=sys.stderr)
+            print_error(error)
             return 2
     if outcome.failed:
         print(f"{outcome.failed} prompts got no answer (each with its error in failures.jsonl); the first: "

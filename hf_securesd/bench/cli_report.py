@@ -4,10 +4,11 @@ recorded runs of a results directory. See `bench/report.py`."""
 from __future__ import annotations
 
 import argparse
-import sys
+import errno
 
+from hf_securesd.bench.cli_bench import print_error
 from hf_securesd.bench.results import results_path
-from hf_securesd.bench.terminal import printable
+from hf_securesd.cli import too_long_path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -21,7 +22,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         path = write_report(args.results)
     except (OSError, ValueError) as error:  # CorruptResultsError is a ValueError; OSError: reading, writing
-        print(f"error: {printable(str(error))}", file=sys.stderr)
+        too_long = isinstance(error, OSError) and error.errno == errno.ENAMETOOLONG
+        print_error(too_long_path("RESULTS", args.results) if too_long else error)
         return 2
     print(path)
     return 0

@@ -17,7 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
+from hf_securesd.cli import path_kind, too_long_path
+
 ENV_VAR = "SECURESD_DATA_DIR"
+DATA_DIR_FIX = ("point it at a folder laid out as in docs/benchmarks.md, or unset it to load from the Hugging "
+                "Face Hub")
 
 T = TypeVar("T")
 
@@ -26,26 +30,35 @@ def resolve_data_dir(data_dir: str | os.PathLike | None = None) -> Path | None:
     """The local data directory to use, as an absolute path: `data_dir` if given, else
     `$SECURESD_DATA_DIR`, else None (load from the Hub). A relative path is taken from the current
     directory now, so it stays valid when it is passed on (symlinks, subprocesses, other working
-    directories). Raises if the chosen directory does not exist."""
+    directories). A FileNotFoundError, naming the option or variable it came from, if the chosen path
+    is not a folder: it does not exist, is a file, or is too long for the file system."""
     chosen = data_dir if data_dir not in (None, "") else os.environ.get(ENV_VAR) or None
     if chosen is None:
         return None
     path = Path(chosen).expanduser()
-    if not path.is_dir():
-        origin = "--data-dir" if data_dir not in (None, "") else f"${ENV_VAR}"
-        raise FileNotFoundError(f"benchmark data directory {path} (from {origin}) does not exist; "
-                                f"point it at a folder laid out as in docs/benchmarks.md, or unset it "
-                                f"to load from the Hugging Face Hub")
+    origin = "--data-dir" if data_dir not in (None, "") else f"${ENV_VAR}"
+    kind = path_kind(path)
+    if kind == "too long":
+        raise FileNotFoundError(f"{too_long_path(origin, path)}, or unset it to load from the Hugging Face Hub")
+    if kind != "folder":
+        problem = "is a file, not a folder" if kind == "file" else "does not exist"
+        raise FileNotFoundError(f"benchmark data directory {path} (from {origin}) {problem}; {DATA_DIR_FIX}")
     return path.resolve()
 
 
 def local_file(data_dir: Path, *candidates: str) -> Path:
-    """The first of `candidates` (paths relative to `data_dir`) that exists."""
-    for relative in candidates:
-        path = data_dir / relative
+    """The first of `candidates` (paths relative to `data_dir`) that is a file; a FileNotFoundError
+    naming the first that is a folder, else every candidate, when none is."""
+    paths = [data_dir / relative for relative in candidates]
+    for path in paths:
         if path.is_file():
             return path
-    expected = " or ".join(str(data_dir / relative) for relative in candidates)
+    folder = next((path for path in paths if path.is_dir()), None)
+    if folder is not None:
+        raise FileNotFoundError(f"benchmark file {folder} is a folder, where a file belongs; put the file "
+                                f"there (see docs/benchmarks.md for the local data layout), or unset "
+                                f"--data-dir/${ENV_VAR} to load from the Hugging Face Hub")
+    expected = " or ".join(map(str, paths))
     raise FileNotFoundError(f"missing benchmark file: expected {expected}. See docs/benchmarks.md "
                             f"for the local data layout, or unset --data-dir/${ENV_VAR} to load "
                             f"from the Hugging Face Hub")

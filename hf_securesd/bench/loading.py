@@ -5,6 +5,7 @@ local folders)."""
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import hf_securesd
 from hf_securesd.bench.profiles import TINY
+from hf_securesd.cli import path_kind, too_long_path
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
@@ -27,6 +29,45 @@ class StudyModels:
     draft: PreTrainedModel
     target: PreTrainedModel
     ids: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def looks_like_path(value: str) -> bool:
+    """Whether a --target/--draft value names a local path rather than a registry name or Hub id: absolute,
+    starting with ``./``, ``../`` or ``~``, or below a folder that exists here (``models/qwen`` with a
+    ``models`` folder)."""
+    if os.path.isabs(value) or value in (os.curdir, os.pardir):
+        return True
+    if value.startswith(("~", f"{os.curdir}{os.sep}", f"{os.pardir}{os.sep}")):
+        return True
+    return os.sep in value and os.path.lexists(value.split(os.sep)[0])
+
+
+def model_folder_problem(flag: str, value: str) -> str | None:
+    """Why `value` (of option `flag`) cannot be the model it names, or None: a path that does not exist
+    (`looks_like_path`), is too long, is a file, or is a folder without a config.json (what is found
+    here is loaded before any registry name or Hub id, see `hf_securesd.models.resolve_model`)."""
+    if value == TINY:
+        return None
+    fix = "give the folder save_pretrained wrote (holding config.json), a registry name or a Hub id"
+    kind = path_kind(Path(value).expanduser())
+    if kind == "too long":
+        return too_long_path(flag, Path(value))
+    if kind == "missing":
+        return f"{flag} {value}: no such folder; give a model folder or a Hub id" if looks_like_path(value) else None
+    if kind == "file":
+        return f"{flag} {value} is a file, not a model folder; {fix}"
+    if not (Path(value).expanduser() / "config.json").is_file():
+        return f"{flag} {value}: the folder holds no model (no config.json); {fix}"
+    return None
+
+
+def check_model_folders(models: dict[str, str]) -> None:
+    """Refuse, before anything is loaded, a model option (flag -> value) whose value cannot be the model
+    (`model_folder_problem`): one line naming the option, the problem and the fix."""
+    for flag, value in models.items():
+        problem = model_folder_problem(flag, value)
+        if problem:
+            raise ValueError(problem)
 
 
 def _describe(name: str, location: str) -> dict[str, Any]:

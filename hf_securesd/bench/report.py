@@ -54,7 +54,7 @@ from hf_securesd.bench.report_safety import (
 )
 from hf_securesd.bench.report_utility import utility_rows, utility_section
 from hf_securesd.bench.report_files import replacing, report_folder
-from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, json_text, write_text_atomic
+from hf_securesd.bench.results import FAILURES, RUNS, ResultsDir, baselines, json_text, write_text_atomic
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
 
@@ -470,15 +470,25 @@ def baselines_first(cells: Sequence[Cell]) -> list[Cell]:
     return sorted(cells, key=lambda cell: rank.get(cell["config"]["kind"], 2))
 
 
+def no_runs_error(path: Path) -> ValueError:
+    """Why the results directory `path` has no runs to report: its runs.jsonl is there but not a regular
+    file (a folder, say: nothing can be read from it, nor written to it by `securesd bench`), or no run
+    has finished yet."""
+    runs = path / RUNS
+    if os.path.lexists(runs) and not runs.is_file():
+        return ValueError(f"{runs} is not a regular file, so no run can be read from it; move it out of the "
+                          f"way and rerun `securesd bench --out {path}` with the settings that wrote it (it "
+                          f"records the runs again)")
+    return ValueError(f"{path} has no finished runs yet; run `securesd bench --out {path}`")
+
+
 def write_report(results_dir: str | os.PathLike) -> Path:
     """Write RESULTS/report/ (see the module docstring); returns the Markdown file's path."""
     results = ResultsDir(results_dir)
     manifest = results.read_manifest()
     cells = baselines_first(results.runs())
     if not cells:
-        raise ValueError(
-            f"{results.path} has no finished runs yet; run `securesd bench --out {results.path}`"
-        )
+        raise no_runs_error(results.path)
     seed = manifest.get("seed") or 0
     base = baselines(cells)
     out = report_folder(results.path)

@@ -6,9 +6,10 @@
     securesd models where --offline
     securesd models where --verify              # also re-hash every file of each cached copy
 
-Failures (a failed fetch step, an unknown name, an OS error such as a full disk, running out of
-memory, a copy that fails ``--verify``) are one line starting ``error:`` on stderr and exit status 1;
-argparse's usage errors exit with 2.
+Failures (a failed fetch step, an OS error such as a full disk, running out of memory, a copy that
+fails ``--verify``) are one line starting ``error:`` on stderr and exit status 1; a cache folder that is
+a file (or below one) or too long a path, a name ``fetch`` does not know, and argparse's usage errors
+exit with 2, before anything is read or fetched.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ import logging
 import os
 import sys
 from pathlib import Path
+
+from hf_securesd.cli import path_kind, shorten_long_values, too_long_path
 
 from . import (
     DEFAULT_PAIR,
@@ -70,10 +73,34 @@ def _names(names: list[str]) -> list[str]:
     return names or [DEFAULT_PAIR.draft, DEFAULT_PAIR.target]
 
 
+def _cache_folder(args: argparse.Namespace) -> Path:
+    """The cache folder: --cache-dir, else `default_cache_dir()`."""
+    return args.cache_dir.expanduser() if args.cache_dir else default_cache_dir()
+
+
+def cache_folder_problem(args: argparse.Namespace) -> str | None:
+    """Why the cache folder cannot hold the offline copies, or None: it is a file, it is below a file, or
+    the path is too long. Named by where it comes from (--cache-dir, $SECURESD_MODELS_DIR, the default)."""
+    cache = _cache_folder(args)
+    origin = ("--cache-dir" if args.cache_dir else "$SECURESD_MODELS_DIR" if os.environ.get("SECURESD_MODELS_DIR")
+              else "the default cache folder")
+    fix = "give --cache-dir a folder (created if missing)"
+    kind = path_kind(cache)
+    if kind == "too long":
+        return f"{too_long_path(origin, cache)}, or {fix}"
+    if kind == "file":
+        return f"{origin} {cache} is a file, not a folder; {fix}"
+    if kind == "missing":
+        existing = next(parent for parent in cache.absolute().parents if parent.exists())
+        if not existing.is_dir():
+            return f"{origin} {cache}: {existing} is a file, not a folder; {fix}"
+    return None
+
+
 def _fetch(args: argparse.Namespace) -> int:
     """Assemble and cache each requested model, printing the folder of each copy; a name the registry
     does not know is a usage error (exit 2), before anything is fetched."""
-    cache = args.cache_dir.expanduser() if args.cache_dir else default_cache_dir()
+    cache = _cache_folder(args)
     unknown = [name for name in _names(args.names) if lookup(name) is None]
     if unknown:
         print(f"error: fetch builds the registry's models only; unknown: {', '.join(map(repr, unknown))} "
@@ -107,7 +134,7 @@ def _copy_status(spec: ModelSpec, copy: Path, verify: bool, cache_dir: Path | No
 
 def _where(args: argparse.Namespace) -> int:
     """Print the cache folder, each model's cached files and the location it resolves to now."""
-    cache = args.cache_dir.expanduser() if args.cache_dir else default_cache_dir()
+    cache = _cache_folder(args)
     print(f"cache folder: {cache}")
     failed = []
     for name in _names(args.names):
@@ -139,12 +166,17 @@ def _resolution(name: str, args: argparse.Namespace, cache: Path) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Run the chosen action; report failures as one clear message and exit status 1."""
+    """Run the chosen action; report failures as one clear message and exit status 1 (2: a cache folder
+    that cannot be one, `cache_folder_problem`)."""
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     try:
+        problem = cache_folder_problem(args)
+        if problem:
+            print(f"error: {shorten_long_values(problem)}", file=sys.stderr)
+            return 2
         return {"fetch": _fetch, "where": _where}[args.action](args)
     except (AssemblyError, ModelResolutionError, OSError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {shorten_long_values(str(error))}", file=sys.stderr)
     except MemoryError:
         print("error: out of memory; close other programs or fetch one model at a time", file=sys.stderr)
     return 1

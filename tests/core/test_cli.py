@@ -15,3 +15,29 @@ def test_top_level_help_describes_the_command_in_whole_sentences(capsys) -> None
     assert cli.DESCRIPTION.split(";")[0] in text and text.count("describes each command.") == 1
     for name in cli.SUBCOMMANDS:
         assert name in text
+
+
+def test_long_values_in_an_error_are_cut_to_their_head_and_tail_with_their_length() -> None:
+    value = "mars:0.5" + ",0.5" * 20_000
+    line = cli.shorten_long_values(f"--verifiers names the same setting twice (in {value!r}); give each once")
+    assert len(line) < 300 and f"[{len(value):,} characters]" in line
+    assert line.startswith("--verifiers names the same setting twice (in 'mars:0.5,0.5")
+    assert line.endswith(",0.5'); give each once")
+    short = "a" * cli.LONG_VALUE_CHARS
+    assert cli.shorten_long_values(f"got {short!r}; fix") == f"got {short!r}; fix"
+
+
+def test_usage_errors_shorten_the_values_they_echo(capsys) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["bench", "--out", "o", "--limit", "x" * 80_000])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "[80,000 characters]" in err and len(err.splitlines()[-1]) < 400
+
+
+@pytest.mark.parametrize("name, kind", [("folder", "folder"), ("file", "file"), ("missing", "missing"),
+                                        ("a" * 5000, "too long"), ("file/below", "missing")],
+                         ids=["folder", "file", "missing", "too-long", "below-a-file"])
+def test_path_kind_names_what_a_path_is(tmp_path, name, kind) -> None:
+    (tmp_path / "folder").mkdir()
+    (tmp_path / "file").write_text("x")
+    assert cli.path_kind(tmp_path / name) == kind
