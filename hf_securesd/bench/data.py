@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
+from hf_securesd.bench import json_input
 from hf_securesd.cli import path_kind, too_long_path
 
 ENV_VAR = "SECURESD_DATA_DIR"
@@ -172,7 +173,7 @@ def _json_lines(path: Path, handle: Iterable[str]) -> Iterator[tuple[str, Any]]:
         if not line.strip():
             continue
         try:
-            yield f"line {number}", json.loads(line.rstrip("\r\n"))
+            yield f"line {number}", json_input.loads(line.rstrip("\r\n"))
         except json.JSONDecodeError as error:
             raise data_error(path, f"line {number} column {error.colno}",
                              f"not valid JSON ({error.msg})") from None

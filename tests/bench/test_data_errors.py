@@ -48,6 +48,7 @@ def _gsm8k(root: Path) -> object:
     ('{"question": "q"}', "line 2", "missing field 'answer'"),
     ('{"question": "q", "answer": 3}', "line 2", "field 'answer' is a JSON number, not a string"),
     ('{bad json', "line 2 column 2", "not valid JSON (Expecting property name enclosed in double quotes)"),
+    ("[" * 5000 + "]" * 5000, "line 2 column 1", "not valid JSON (nested too deeply to read)"),
     ('{"question": "q", "answer": "no number here"}', "line 2",
      "GSM8K reference solution without a final number: 'no number here'"),
 ])
