@@ -223,3 +223,15 @@ def calibration_cell(config, kind: str, prr: float | None, spd: float | None, ar
         "spd": spd,
         "acceptance_rate": ar,
     }
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str]:
+    """Run the `securesd` CLI in-process: (exit status, what it wrote to stderr); argparse's usage
+    errors exit through SystemExit, whose code is the status."""
+    from hf_securesd.cli import main
+
+    try:
+        code = main(list(argv))
+    except SystemExit as exit_info:
+        code = exit_info.code
+    return code, capsys.readouterr().err

@@ -8,9 +8,9 @@ import os
 from pathlib import Path
 
 import pytest
+from support import run_cli
 
 from hf_securesd.bench.plan import parse_verifier
-from hf_securesd.cli import main
 
 SMOKE = ("--profile", "smoke", "--tasks", "gsm8k", "--limit", "1", "--max-new-tokens", "2",
          "--verifiers", "mars:0.5", "--schedules", "none", "--no-progress", "--no-report")
@@ -19,11 +19,7 @@ OPENAI = ("--engine", "openai", "--base-url", "http://127.0.0.1:9/v1", "--tokeni
 
 def refused(capsys, *argv: str) -> str:
     """Run the CLI in-process; assert exit status 2 with one error line (no traceback) and return it."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_info:  # argparse
-        code = exit_info.code
-    err = capsys.readouterr().err
+    code, err = run_cli(capsys, *argv)
     lines = [line for line in err.splitlines() if line.startswith(("error:", "securesd ")) or "error:" in line]
     assert code == 2 and "Traceback" not in err and lines, err
     return lines[-1]

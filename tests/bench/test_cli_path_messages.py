@@ -10,10 +10,10 @@ import shutil
 from pathlib import Path
 
 import pytest
+from support import run_cli
 
 from hf_securesd.bench.data import ENV_VAR, local_file
 from hf_securesd.bench.results import ResultsDir
-from hf_securesd.cli import main
 
 SMOKE = ("--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--max-new-tokens", "2",
          "--verifiers", "mars:0.5", "--schedules", "none", "--no-progress", "--no-report")
@@ -22,11 +22,7 @@ LONG = "a" * 5000
 
 def refused(capsys, *argv: str) -> str:
     """Run the CLI in-process; assert exit status 2 and one error line without a traceback, and return it."""
-    try:
-        code = main(list(argv))
-    except SystemExit as exit_info:  # argparse
-        code = exit_info.code
-    err = capsys.readouterr().err
+    code, err = run_cli(capsys, *argv)
     lines = [line for line in err.splitlines() if "error:" in line]
     assert code == 2 and "Traceback" not in err and len(lines) == 1, err
     return lines[0]
