@@ -102,9 +102,10 @@ REQUIRED: tuple[Symbol, ...] = (
     # verification.patch_runner
     Symbol(_RUNNER, "GPUModelRunner._sample", "callable", ("logits", "spec_decode_metadata"), "none"),
     Symbol(_RUNNER, "GPUModelRunner.propose_draft_token_ids", "callable"),
-    Symbol(_RUNNER, "GPUModelRunner", "class", fields=("requests", "input_batch", "drafter", "device")),
+    Symbol(_RUNNER, "GPUModelRunner", "class",
+           fields=("requests", "input_batch", "drafter", "device", "query_start_loc")),
     Symbol("vllm.v1.worker.gpu_input_batch", "InputBatch", "class",
-           fields=("req_ids", "num_tokens_no_spec", "num_prompt_tokens", "sampling_metadata")),
+           fields=("req_ids", "num_computed_tokens_cpu", "num_prompt_tokens", "sampling_metadata")),
     Symbol("vllm.v1.worker.gpu_input_batch", "CachedRequestState", "class", fields=("sampling_params",)),
     Symbol("vllm.v1.spec_decode.metadata", "SpecDecodeMetadata", "class", fields=("num_draft_tokens",)),
     Symbol("vllm.v1.sample.metadata", "SamplingMetadata", "class",

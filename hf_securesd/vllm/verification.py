@@ -10,10 +10,13 @@ Hooks (all in vLLM's own process that runs the model):
 * `_sample`: around each verification step, build one `RowPlan` per SecureSD row: its response
   position, its generator (vLLM's, from the request's `seed`) and, for a schedule that reads tokens,
   its committed response. The response position of a row's first drafted token is derived from token
-  counts: the row holds `num_tokens_no_spec` tokens before the step (prompt and committed response), so
-  its first draft, or the token a row without drafts emits, is response token
-  `num_tokens_no_spec - num_prompt_tokens`. (`num_computed_tokens + 1` gives the same index for a decoding
-  row, but not for a prefill chunk or a preempted request's recomputation, which feed several tokens.)
+  counts: the row has `num_computed_tokens` tokens in the cache and the step feeds it `fed` tokens
+  (`query_start_loc`), the last `d` of them its drafts, so its first draft, or the token a row without
+  drafts emits, is sequence index `num_computed_tokens + fed - d`, response position that minus
+  `num_prompt_tokens`. A decoding row is fed its last committed token and its drafts (`fed = 1 + d`); a
+  prefill chunk or a preempted request's recomputation is fed many tokens and no drafts. Both counts are
+  the step's own, with vLLM's asynchronous scheduling too (`num_tokens_no_spec` is not: it lags by the
+  accepted drafts there).
 * `apply_sampling_constraints` (temperature, top-k, top-p on the target logits at the drafted
   positions): SecureSD rows get their own copy, scaled with each request's parameters repeated over
   its drafted positions. vLLM 0.32's CPU build cannot be used here: its replacement for the Triton
@@ -122,19 +125,31 @@ def one_hot_proposer(drafter: Any) -> bool:
     return not hasattr(drafter, "_sample_draft_tokens")
 
 
+def first_positions(runner: Any, num_draft_tokens: list[int]) -> list[int]:
+    """The response position of each batch row's first draft, or of the token a row without drafts emits
+    (num_draft_tokens: [B] the step's drafts per row): cached tokens + tokens fed this step - drafts -
+    prompt tokens (see the module docstring); 0 for a prefill chunk that emits no token yet. Token counts
+    are read as lists (cheaper than NumPy arithmetic on a few rows)."""
+    rows = len(num_draft_tokens)
+    batch = runner.input_batch
+    computed = batch.num_computed_tokens_cpu[:rows].tolist()
+    starts = runner.query_start_loc.np[: rows + 1].tolist()
+    prompted = batch.num_prompt_tokens[:rows].tolist()
+    return [
+        max(computed[row] + starts[row + 1] - starts[row] - num_draft_tokens[row] - prompted[row], 0)
+        for row in range(rows)
+    ]
+
+
 def _row_plans(
-    runner: Any, requests: list[SecureSDRequest | None], stash: DraftStash | None
+    runner: Any, requests: list[SecureSDRequest | None], stash: DraftStash | None, num_draft_tokens: list[int]
 ) -> list[sampler.RowPlan]:
     """One plan per SecureSD row of the batch: response position, draft logits (or, for a round that reads
     none, only how many proposals were recorded: no [k, V] logits are stacked), generator, committed
-    response."""
+    response. num_draft_tokens: [B] the step's drafts per row."""
     batch = runner.input_batch
     req_ids, states, device = batch.req_ids, runner.requests, runner.device
-    # Token counts of the batch's rows as lists (two conversions, cheaper than NumPy arithmetic on a few
-    # rows): the tokens each row holds before this step (prompt and committed response, no drafts) and
-    # its prompt's. A row's first draft, or the token a row without drafts emits, is the next one.
-    committed = batch.num_tokens_no_spec[: len(requests)].tolist()
-    prompted = batch.num_prompt_tokens[: len(requests)].tolist()
+    positions = first_positions(runner, num_draft_tokens)
     generators = getattr(batch.sampling_metadata, "generators", None) or {}
     reads_logits = False
     if stash is not None:  # only rows with recorded drafts have draft logits to hand over
@@ -150,7 +165,7 @@ def _row_plans(
         if request is None:
             continue
         req_id = req_ids[row]
-        position = committed[row] - prompted[row]
+        position = positions[row]
         raw = processed = proposed = None
         drafted_row = row_of.get(req_id) if row_of else None
         if drafted_row is not None and reads_logits:
@@ -210,8 +225,8 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
         plain = requests.count(None)  # rows that are not SecureSD rows (list.count: one C-level pass)
         if plain == len(requests):
             return original_sample(self, logits, spec_decode_metadata)
-        plans = _row_plans(self, requests, getattr(self, "_securesd_drafts", None))
         counts = list(spec_decode_metadata.num_draft_tokens)
+        plans = _row_plans(self, requests, getattr(self, "_securesd_drafts", None), counts)
         _current_step = StepPlan(plans, logits, counts, has_plain_rows=plain > 0)
         try:
             output = original_sample(self, logits, spec_decode_metadata)

@@ -1,6 +1,6 @@
 """Response positions survive vLLM's preemption: with a KV cache too small for the batch, vLLM preempts
-requests and later recomputes them (a prefill of prompt and committed response, in one or several
-chunks, whose last step emits a token and carries no drafts). Every row the plugin verifies, with or
+requests and later recomputes them (a prefill of prompt and committed response, in chunks of at most
+64 tokens here, whose last step emits a token and carries no drafts). Every row the plugin verifies, with or
 without drafts, must record the response position where its emitted tokens land in the final output
 (a schedule reads that position), and lossless must still equal target greedy. One engine in a fresh
 interpreter, n-gram drafting, the tiny random Qwen2 target."""
@@ -32,11 +32,19 @@ def preempt(self, request, *args, **kwargs):
     preempted[request.request_id] += 1
     return original_preempt(self, request, *args, **kwargs)
 scheduler.Scheduler._preempt_request = preempt
-batch_ids = []
+batch_ids, chunk_ends = [], []
 original_plans = verification._row_plans
-def row_plans(runner, requests, stash):
-    batch_ids[:] = list(runner.input_batch.req_ids)
-    return original_plans(runner, requests, stash)
+def row_plans(runner, requests, stash, num_draft_tokens):
+    batch = runner.input_batch
+    batch_ids[:] = list(batch.req_ids)
+    # whether the step reaches the row's last known token: else a prefill chunk, whose token vLLM drops
+    starts = runner.query_start_loc.np
+    chunk_ends[:] = [
+        bool(batch.num_computed_tokens_cpu[row] + starts[row + 1] - starts[row] - num_draft_tokens[row]
+             >= batch.num_tokens_no_spec[row])
+        for row in range(len(requests))
+    ]
+    return original_plans(runner, requests, stash, num_draft_tokens)
 verification._row_plans = row_plans
 rows = collections.defaultdict(list)
 original_verify = sampler.verify_rows
@@ -44,11 +52,12 @@ def recording(plans, output, draft_token_ids, num_draft_tokens, *args, **kwargs)
     results = original_verify(plans, output, draft_token_ids, num_draft_tokens, *args, **kwargs)
     for result in results:
         emitted = [t for t in output[result.row].tolist() if t >= 0]
-        rows[batch_ids[result.row]].append({"position": result.position, "verified": result.verified, "emitted": emitted})
+        rows[batch_ids[result.row]].append({"position": result.position, "verified": result.verified,
+                                            "emitted": emitted, "chunk_end": chunk_ends[result.row]})
     return results
 sampler.verify_rows = recording
 llm = LLM(model=target, max_model_len=256, max_num_seqs=len(prompts), enforce_eager=True, dtype="float32", seed=0,
-          block_size=32, num_gpu_blocks_override=10,
+          block_size=32, num_gpu_blocks_override=10, max_num_batched_tokens=64,
           speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
 params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True,
                         extra_args={"securesd": {"verifier": "lossless"}})
@@ -75,19 +84,24 @@ def preempted_run(pair_dir) -> list[dict]:
 
 
 def test_the_cache_is_small_enough_to_preempt_and_resume(preempted_run):
-    """Otherwise the other tests prove little: requests were preempted and resumed, and some resumed
-    request's recomputation emitted a token (a row without drafts, past response position 0)."""
+    """Otherwise the other tests prove little: requests were preempted and resumed, some resumed
+    request's recomputation emitted a token (a row without drafts, past response position 0) and some
+    recomputation ran in several chunks (a step that stops short of the row's last token)."""
     assert sum(result["preemptions"] for result in preempted_run) > 0
-    resumed = [row for result in preempted_run for row in result["rows"] if not row["verified"] and row["position"] > 0]
-    assert resumed
+    listed = [row for result in preempted_run for row in result["rows"]]
+    assert [row for row in listed if not row["verified"] and row["position"] > 0 and row["chunk_end"]]
+    assert [row for row in listed if not row["chunk_end"] and row["position"] > 0]
 
 
 def test_every_row_records_where_its_tokens_land(preempted_run):
+    """Every row whose step reaches its last known token (a prefill chunk before that emits a token
+    vLLM drops) records the position where its accepted drafts and emitted token sit in the output."""
     for result in preempted_run:
         sequence = result["tokens"]
         assert result["rows"]
-        for row in result["rows"]:
+        for row in (row for row in result["rows"] if row["chunk_end"]):
             position, emitted = row["position"], row["emitted"]
+            assert position < len(sequence) or not emitted, row
             assert sequence[position : position + len(emitted)] == emitted[: len(sequence) - position], row
 
 

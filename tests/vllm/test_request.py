@@ -127,14 +127,29 @@ def test_a_row_whose_response_holds_placeholders_is_verified_lossless() -> None:
         "b": SimpleNamespace(output_token_ids=[1, -1, -1], _securesd_request=request),
     }
     batch = SimpleNamespace(
-        req_ids=["a", "b"], num_tokens_no_spec=np.array([13, 13]), num_prompt_tokens=np.array([10, 10]),
+        req_ids=["a", "b"], num_computed_tokens_cpu=np.array([12, 12]), num_prompt_tokens=np.array([10, 10]),
         sampling_metadata=SimpleNamespace(generators={}, all_greedy=True, all_random=False, temperature=None),
     )
-    runner = SimpleNamespace(input_batch=batch, requests=states, drafter=SimpleNamespace(), device=torch.device("cpu"))
-    plans = _row_plans(runner, [request, request], None)
+    runner = SimpleNamespace(input_batch=batch, requests=states, drafter=SimpleNamespace(), device=torch.device("cpu"),
+                              query_start_loc=SimpleNamespace(np=np.array([0, 3, 6])))  # 1 + 2 drafts each
+    plans = _row_plans(runner, [request, request], None, [2, 2])
     assert [plan.position for plan in plans] == [3, 3]
     assert plans[0].request is request and plans[0].response == [1, 2, 5]
     assert plans[1].request is LOSSLESS_REQUEST and plans[1].response is None
+
+
+def test_first_positions_count_the_tokens_fed_this_step() -> None:
+    """cached + fed - drafts - prompt: a decoding row (fed its last token and its drafts), a row that
+    drafted nothing, a preempted request's recomputation (fed its uncached tokens, no drafts), and a
+    prefill chunk that emits nothing yet (0)."""
+    import numpy as np
+
+    from hf_securesd.vllm.verification import first_positions
+
+    batch = SimpleNamespace(num_computed_tokens_cpu=np.array([37, 37, 96, 0]), num_prompt_tokens=np.array([28] * 4))
+    fed = [1 + 3, 1, 123 - 96, 16]
+    runner = SimpleNamespace(input_batch=batch, query_start_loc=SimpleNamespace(np=np.cumsum([0, *fed])))
+    assert first_positions(runner, [3, 0, 0, 0]) == [10, 10, 95, 0]
 
 
 def test_segment_boundary_ids_outside_the_model_vocabulary_are_refused() -> None:

@@ -39,9 +39,11 @@ class Runner:
         )
         self.input_batch = SimpleNamespace(
             req_ids=self.req_ids, sampling_metadata=metadata,
-            num_tokens_no_spec=np.full(len(configurations), PROMPT + 4),
+            num_computed_tokens_cpu=np.full(len(configurations), PROMPT + 3),
             num_prompt_tokens=np.full(len(configurations), PROMPT),
         )
+        # each row is fed its last committed token and its K drafts
+        self.query_start_loc = SimpleNamespace(np=np.arange(len(configurations) + 1) * (1 + K))
         self.requests = {
             req_id: SimpleNamespace(
                 req_id=req_id, output_token_ids=[1, 2, 3],
