@@ -13,7 +13,9 @@ import argparse
 import errno
 import importlib
 import math
+import os
 import re
+import stat
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -135,17 +137,20 @@ def _shortened(word: str) -> str:
 
 
 def path_kind(path: Path) -> str:
-    """What `path` names: ``folder``, ``file`` (anything else that exists), ``missing``, or ``too long``
-    (a name or the whole path is longer than the file system takes: ENAMETOOLONG). Other OS errors
-    (a folder on the way that cannot be searched) are raised."""
+    """What `path` names: ``folder``, ``file`` (anything else that exists), ``missing`` (nothing there, a
+    broken link, or a file where a folder on the way belongs), or ``too long`` (a name or the whole path
+    is longer than the file system takes: ENAMETOOLONG). Other OS errors (a folder on the way that
+    cannot be searched) are raised. Read with `os.stat`, whose errors every Python release reports
+    (pathlib's `exists` and `is_dir` stopped raising ENAMETOOLONG in 3.14)."""
     try:
-        if path.is_dir():
-            return "folder"
-        return "file" if path.exists() else "missing"
+        mode = os.stat(path).st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return "missing"
     except OSError as error:
         if error.errno != errno.ENAMETOOLONG:
             raise
         return "too long"
+    return "folder" if stat.S_ISDIR(mode) else "file"
 
 
 def too_long_path(what: str, path: Path) -> str:

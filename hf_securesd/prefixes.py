@@ -190,13 +190,15 @@ class Health:
 
     MESSAGES = {
         "draft_model": "the draft model produced NaN or infinite logits; decoding stopped rather than emit a wrong "
-        "token. Check the draft's dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) and its weights, "
-        "or pass remove_invalid_values=True to generate (NaN scores become 0 and infinite ones the largest "
-        "finite value, as in plain transformers decoding).",
+        "token. Check the draft's dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) "
+        "and its weights, "
+        "or pass remove_invalid_values=True to generate (NaN scores become 0 and infinite ones the largest or "
+        "smallest finite value, as in plain transformers decoding).",
         "target_model": "the target model produced NaN or infinite logits; decoding stopped rather than emit a wrong "
-        "token. Check the target's dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) and its weights, "
-        "or pass remove_invalid_values=True to generate (NaN scores become 0 and infinite ones the largest "
-        "finite value, as in plain transformers decoding).",
+        "token. Check the target's dtype (fp16 overflow is the usual cause: load it in bfloat16 or float32) "
+        "and its weights, "
+        "or pass remove_invalid_values=True to generate (NaN scores become 0 and infinite ones the largest or "
+        "smallest finite value, as in plain transformers decoding).",
         "draft_processors": "the logits processors left the draft with NaN scores or no allowed token; check the "
         "processors passed to generate (e.g. conflicting bad_words_ids / top_k / top_p settings)",
         "target_processors": "the logits processors left the target with NaN scores or no allowed token; check the "

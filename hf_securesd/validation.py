@@ -132,7 +132,7 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
             "tokenizer and vocabulary as the target (e.g. a smaller model of the same family)"
         )
     for role, model in (("target", target), ("draft", draft)):
-        rows = embedded_ids(model)
+        rows = _embedded_ids(model)
         if rows is not None and rows < target_vocab:
             raise SecureSDConfigError(
                 f"the {role} model embeds {rows} token ids but both models score {target_vocab} tokens: a token "
@@ -140,12 +140,6 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
                 "it; use models whose input embeddings cover their output vocabulary (resize_token_embeddings)"
             )
 
-
-def embedded_ids(model: PreTrainedModel) -> int | None:
-    """The number of token ids `model`'s input embedding has rows for (None when it has no weight to read)."""
-    embeddings = model.get_input_embeddings()
-    weight = getattr(embeddings, "weight", None)
-    return int(weight.shape[0]) if isinstance(weight, torch.Tensor) and weight.dim() == 2 else None
 
 
 def check_lengths(max_new_tokens: Any, max_length: Any, where: str = "") -> None:

@@ -18,6 +18,8 @@ from hf_securesd.bench.profiles import TINY
 from hf_securesd.cli import path_kind, too_long_path
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+# A folder transformers loads as a model holds one of these: a model's config, or a PEFT adapter's
+MODEL_FOLDER_MARKERS = ("config.json", "adapter_config.json")
 
 
 @dataclass
@@ -32,14 +34,12 @@ class StudyModels:
 
 
 def looks_like_path(value: str) -> bool:
-    """Whether a --target/--draft value names a local path rather than a registry name or Hub id: absolute,
-    starting with ``./``, ``../`` or ``~``, or below a folder that exists here (``models/qwen`` with a
-    ``models`` folder)."""
+    """Whether a --target/--draft value that names nothing here can only be a local path, not a registry
+    name or Hub id: absolute, or starting with ``./``, ``../`` or ``~`` (``org/name`` is a Hub id, as
+    transformers reads it, even where an ``org`` folder exists)."""
     if os.path.isabs(value) or value in (os.curdir, os.pardir):
         return True
-    if value.startswith(("~", f"{os.curdir}{os.sep}", f"{os.pardir}{os.sep}")):
-        return True
-    return os.sep in value and os.path.lexists(value.split(os.sep)[0])
+    return value.startswith(("~", f"{os.curdir}{os.sep}", f"{os.pardir}{os.sep}"))
 
 
 def model_folder_problem(flag: str, value: str) -> str | None:
@@ -56,7 +56,8 @@ def model_folder_problem(flag: str, value: str) -> str | None:
         return f"{flag} {value}: no such folder; give a model folder or a Hub id" if looks_like_path(value) else None
     if kind == "file":
         return f"{flag} {value} is a file, not a model folder; {fix}"
-    if not (Path(value).expanduser() / "config.json").is_file():
+    folder = Path(value).expanduser()
+    if not any((folder / name).is_file() for name in MODEL_FOLDER_MARKERS):
         return f"{flag} {value}: the folder holds no model (no config.json); {fix}"
     return None
 

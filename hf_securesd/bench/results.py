@@ -115,6 +115,7 @@ CORRUPT_FIX = "securesd never writes this: restore the file from a backup, or st
 CORRUPT_LINE_FIX = ("securesd never writes such a line: restore the file from a backup (if a run was killed "
                     "while writing this line, deleting the line is enough), or start a new --out directory")
 _UNREADABLE = object()  # what `_parse_json` gives for a line that is not JSON
+UNREADABLE_JSON = "not valid JSON (or nested too deeply to read)"  # the problem named for `_UNREADABLE`
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 
 
@@ -177,7 +178,11 @@ def open_in_place(path: Path, flags: int) -> int:
         raise UnsafeResultsFileError(f"{path} is not a regular file: {fix}")
     if status.st_nlink > 1:  # a hard link shares its contents with a file elsewhere
         os.close(fd)
-        raise UnsafeResultsFileError(f"{path} is a hard link to another file ({status.st_nlink} names): {fix}")
+        raise UnsafeResultsFileError(
+            f"{path} shares its contents with {status.st_nlink - 1} other name(s) (a hard link, as `cp -al` or "
+            f"`rsync --link-dest` copies make), which writing it in place would change too; give it contents of "
+            f"its own, keeping them: cp -p {shlex.quote(str(path))} {shlex.quote(str(path))}.own && "
+            f"mv {shlex.quote(str(path))}.own {shlex.quote(str(path))}")
     return fd
 
 
@@ -242,7 +247,7 @@ def read_jsonl(path: Path, check: Check | None = None) -> list[dict[str, Any]]:
     records = []
     for number, raw in enumerate(lines, start=1):
         value = _parse_json(raw)
-        problem = "not valid JSON (or nested too deeply to read)" if value is _UNREADABLE else _record_problem(value, check)
+        problem = UNREADABLE_JSON if value is _UNREADABLE else _record_problem(value, check)
         if problem:
             raise CorruptResultsError(f"{path}, line {number}: {problem}; {CORRUPT_LINE_FIX}")
         records.append(value)
@@ -452,7 +457,7 @@ class ResultsDir:
             )
         manifest = _parse_json(self.manifest_path.read_bytes())
         if not isinstance(manifest, dict):
-            found = "not valid JSON (or nested too deeply to read)" if manifest is _UNREADABLE else _record_problem(manifest, None)
+            found = UNREADABLE_JSON if manifest is _UNREADABLE else _record_problem(manifest, None)
             raise CorruptResultsError(f"{self.manifest_path}: {found}; {CORRUPT_FIX}")
         problem = manifest_problem(manifest)
         if problem:

@@ -9,9 +9,9 @@ container limit above still applies. Where the CPU controller is there too (v2 `
 ``cpu.cfs_quota_us``), the run's group is also a CPU group capped at `RUN_CPUS` CPUs: the kernel
 then shares the CPU between runs by group, not by session, so a program that spreads over many
 sessions (``setsid`` in each child) cannot starve a run scored beside it into a timeout. Without
-that controller runs are limited per process only (`rlimits`). Creating one needs write access to the hierarchy (root, or a
-delegated subtree); without it `RunCgroup.create` returns None and the caller falls back to
-per-process limits plus its watchdog.
+that controller a run's CPU is limited per process only (`rlimits`). Creating a group needs write
+access to the hierarchy (root, or a delegated subtree); without it `RunCgroup.create` returns None and
+the caller falls back to per-process limits plus its watchdog.
 """
 
 from __future__ import annotations

@@ -111,9 +111,17 @@ def test_hub_ids_and_registry_names_do_not_look_like_paths(tmp_path, monkeypatch
     from hf_securesd.bench.loading import looks_like_path
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "models").mkdir()
+    (tmp_path / "Qwen").mkdir()  # a local folder named like the Hub organisation: the id stays a Hub id
     assert not looks_like_path("Qwen/Qwen2.5-Coder-0.5B-Instruct") and not looks_like_path("qwen-0.5b")
-    assert looks_like_path(f"models{os.sep}qwen") and looks_like_path("/abs") and looks_like_path("../up")
+    assert looks_like_path(f".{os.sep}models{os.sep}qwen") and looks_like_path("/abs") and looks_like_path("../up")
+    assert looks_like_path("~/models/qwen")
+
+
+def test_a_peft_adapter_folder_is_a_model_folder(tmp_path) -> None:
+    from hf_securesd.bench.loading import model_folder_problem
+
+    (tmp_path / "adapter_config.json").write_text("{}")
+    assert model_folder_problem("--target", str(tmp_path)) is None
 
 
 # ---- F7: long values and paths -------------------------------------------------------------------

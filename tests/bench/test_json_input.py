@@ -28,6 +28,13 @@ def test_loads_refuses_deep_nesting_as_a_json_decode_error() -> None:
     assert loads('{"a": [[1]]}') == {"a": [[1]]}
 
 
+def test_loads_refuses_what_python_cannot_convert_as_a_json_decode_error() -> None:
+    with pytest.raises(json.JSONDecodeError, match="Exceeds the limit"):
+        loads('{"n": ' + "9" * 5000 + "}")  # longer than Python's int conversion takes
+    with pytest.raises(json.JSONDecodeError, match="can't decode"):
+        loads(b'{"a": "\xff"}')
+
+
 def test_a_deep_record_in_a_journal_names_the_file_and_line(tmp_path) -> None:
     deep_record = json.dumps(RECORD).replace('"stats": null', f'"stats": {DEEP}')
     (tmp_path / GENERATIONS).write_text(f"{json.dumps(RECORD)}\n{deep_record}\n", encoding="utf-8")

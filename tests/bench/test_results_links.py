@@ -6,6 +6,7 @@ cutting a torn last line) would overwrite. A FIFO or a folder at such a name is 
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -56,12 +57,17 @@ def test_a_hard_link_at_the_name_is_refused_and_its_target_kept(tmp_path: Path, 
     results_path, target = tmp_path / "results", victim(tmp_path)
     results_path.mkdir()
     os.link(target, results_path / name)
-    with pytest.raises(UnsafeResultsFileError, match=rf"{name} is a hard link to another file \(2 names\)"):
+    with pytest.raises(UnsafeResultsFileError, match=rf"{name} shares its contents with 1 other name\(s\) \(a hard "
+                       r"link.*keeping them: cp -p .* && mv ") as caught:
         if name == LOCK:
             ResultsDir(results_path).lock()
         else:
             append_jsonl(results_path / name, {"id": 1})
     assert target.read_text() == SECRET
+    # the fix the message gives keeps the contents and breaks the link; the file is then written in place
+    fix = str(caught.value).split("keeping them: ")[1]
+    subprocess.run(fix, shell=True, check=True)
+    assert (results_path / name).read_text() == SECRET and os.stat(results_path / name).st_nlink == 1
 
 
 def test_a_fifo_or_a_folder_at_the_name_is_refused_without_blocking(tmp_path: Path) -> None:

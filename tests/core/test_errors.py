@@ -177,7 +177,8 @@ def test_nan_logits_raise_at_run_time(llama_pair, who):
     cleaned = runner.generate(PROMPT, max_new_tokens=8, verifier="lossless", do_sample=False,
                               remove_invalid_values=True, **models)
     plain_target = target if who == "draft" else broken
-    assert torch.equal(cleaned, plain_target.generate(PROMPT, max_new_tokens=8, do_sample=False, remove_invalid_values=True))
+    plain = plain_target.generate(PROMPT, max_new_tokens=8, do_sample=False, remove_invalid_values=True)
+    assert torch.equal(cleaned, plain)
 
 
 def test_zero_draft_probability_and_empty_residual_never_give_nan():

@@ -58,7 +58,8 @@ def recording(plans, output, draft_token_ids, num_draft_tokens, *args, **kwargs)
 sampler.verify_rows = recording
 llm = LLM(model=target, max_model_len=256, max_num_seqs=len(prompts), enforce_eager=True, dtype="float32", seed=0,
           block_size=32, num_gpu_blocks_override=10, max_num_batched_tokens=64,
-          speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+          speculative_config={"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3,
+                              "prompt_lookup_min": 1})
 params = SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True,
                         extra_args={"securesd": {"verifier": "lossless"}})
 done = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
