@@ -10,14 +10,10 @@ is kept); `EXIT_IN_USE` another run holds the results directory."""
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import math
-import os
 import re
-import stat
 import sys
-from pathlib import Path
 from typing import NoReturn
 
 DESCRIPTION = (
@@ -134,30 +130,6 @@ def _shortened(word: str) -> str:
     if len(value) <= LONG_VALUE_CHARS:
         return word
     return f"{word[:start]}{value[:120]}…[{len(value):,} characters]…{value[-60:]}{word[end:]}"
-
-
-def path_kind(path: Path) -> str:
-    """What `path` names: ``folder``, ``file`` (anything else that exists), ``missing`` (nothing there, a
-    broken link, or a file where a folder on the way belongs), or ``too long`` (a name or the whole path
-    is longer than the file system takes: ENAMETOOLONG). Other OS errors (a folder on the way that
-    cannot be searched) are raised. Read with `os.stat`, whose errors every Python release reports
-    (pathlib's `exists` and `is_dir` stopped raising ENAMETOOLONG in 3.14)."""
-    try:
-        mode = os.stat(path).st_mode
-    except (FileNotFoundError, NotADirectoryError):
-        return "missing"
-    except OSError as error:
-        if error.errno != errno.ENAMETOOLONG:
-            raise
-        return "too long"
-    return "folder" if stat.S_ISDIR(mode) else "file"
-
-
-def too_long_path(what: str, path: Path) -> str:
-    """The one-line error for `what` (an option or argument) naming `path`, which the file system refuses
-    as too long (`path_kind`)."""
-    return (f"{what} {path}: the path is too long for the file system (each name in it takes at most 255 "
-            f"bytes, the whole path 4,096); give a shorter path")
 
 
 class Parser(argparse.ArgumentParser):

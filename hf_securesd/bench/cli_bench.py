@@ -52,11 +52,10 @@ from hf_securesd.cli import (
     EXIT_JUDGE_FAILED,
     non_empty_text,
     non_negative_int,
-    path_kind,
     positive_int,
     shorten_long_values,
-    too_long_path,
 )
+from hf_securesd.paths import path_kind, too_long_path
 
 # what refuses options or a setup before anything is generated (exit 2): DeviceError and EngineError
 # are ValueErrors; KeyError: an unknown task or profile; SandboxUnavailableError: HumanEval without

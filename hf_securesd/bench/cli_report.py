@@ -8,7 +8,7 @@ import errno
 
 from hf_securesd.bench.cli_bench import print_error
 from hf_securesd.bench.results import results_path
-from hf_securesd.cli import too_long_path
+from hf_securesd.paths import too_long_path
 
 
 def configure(parser: argparse.ArgumentParser) -> None:

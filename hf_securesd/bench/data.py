@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence, TypeVar
 
 from hf_securesd.bench import json_input
-from hf_securesd.cli import path_kind, too_long_path
+from hf_securesd.paths import path_kind, too_long_path
 
 ENV_VAR = "SECURESD_DATA_DIR"
 DATA_DIR_FIX = ("point it at a folder laid out as in docs/benchmarks.md, or unset it to load from the Hugging "

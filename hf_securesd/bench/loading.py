@@ -15,7 +15,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import hf_securesd
 from hf_securesd.bench.profiles import TINY
-from hf_securesd.cli import path_kind, too_long_path
+from hf_securesd.paths import path_kind, too_long_path
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 # A folder transformers loads as a model holds one of these: a model's config, or a PEFT adapter's

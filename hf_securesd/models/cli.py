@@ -20,7 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from hf_securesd.cli import path_kind, shorten_long_values, too_long_path
+from hf_securesd.cli import shorten_long_values
+from hf_securesd.paths import path_kind, too_long_path
 
 from . import (
     DEFAULT_PAIR,

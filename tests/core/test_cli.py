@@ -32,12 +32,3 @@ def test_usage_errors_shorten_the_values_they_echo(capsys) -> None:
         cli.main(["bench", "--out", "o", "--limit", "x" * 80_000])
     err = capsys.readouterr().err
     assert exited.value.code == 2 and "[80,000 characters]" in err and len(err.splitlines()[-1]) < 400
-
-
-@pytest.mark.parametrize("name, kind", [("folder", "folder"), ("file", "file"), ("missing", "missing"),
-                                        ("a" * 5000, "too long"), ("file/below", "missing")],
-                         ids=["folder", "file", "missing", "too-long", "below-a-file"])
-def test_path_kind_names_what_a_path_is(tmp_path, name, kind) -> None:
-    (tmp_path / "folder").mkdir()
-    (tmp_path / "file").write_text("x")
-    assert cli.path_kind(tmp_path / name) == kind
