@@ -25,14 +25,7 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from hf_securesd.bench.results import (
-    CORRUPT_FIX,
-    UNREADABLE_JSON,
-    CorruptResultsError,
-    _parse_json,
-    _UNREADABLE,
-    write_text_atomic,
-)
+from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, _parse_json, _UNREADABLE, write_text_atomic
 from hf_securesd.bench.report_markdown import one_line
 from hf_securesd.bench.terminal import printable, readable
 
@@ -76,7 +69,8 @@ def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
         return None
     spec = _parse_json(spec_path.read_bytes())
     if spec is _UNREADABLE or not isinstance(spec, dict):
-        found = UNREADABLE_JSON if spec is _UNREADABLE else f"{spec!r} is not a JSON object"
+        unreadable = "not valid UTF-8 JSON (or nested too deeply to read)"
+        found = unreadable if spec is _UNREADABLE else f"{spec!r} is not a JSON object"
         raise CorruptResultsError(f"{spec_path}: {found}; write it as described in hf_securesd.bench.card")
     unknown = _unknown_entry_problem(spec)
     if unknown:
