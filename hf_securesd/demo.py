@@ -211,8 +211,8 @@ def run(args: argparse.Namespace) -> int:
         return 2
     prompts = [("custom", text) for text in args.prompt] if args.prompt else list(DEFAULT_PROMPTS)
     print(f"device {device}, dtype {dtype} ({reason})", file=sys.stderr)
-    print("Loading the draft/target pair (first use downloads and caches it; see docs/models.md) …",
-          file=sys.stderr, flush=True)
+    print("Loading the draft/target pair (a model not cached yet is downloaded and cached first; see "
+          "docs/models.md) …", file=sys.stderr, flush=True)
     try:
         tokenizer, draft, target = load_pair(args.draft, args.target, dtype=dtype, device=device,
                                              offline=args.offline, cache_dir=args.cache_dir)
