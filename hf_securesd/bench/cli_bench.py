@@ -46,14 +46,13 @@ from hf_securesd.bench.cli_engines import (
 from hf_securesd.bench.profiles import PROFILES, Profile, get_profile
 from hf_securesd.bench.results import MANIFEST, REMOTE_ENGINES, ResultsDir
 from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
-from hf_securesd.bench.terminal import printable
+from hf_securesd.bench.terminal import print_error, printable
 from hf_securesd.cli import (
     EXIT_IN_USE,
     EXIT_JUDGE_FAILED,
     non_empty_text,
     non_negative_int,
     positive_int,
-    shorten_long_values,
 )
 from hf_securesd.paths import path_kind, too_long_path
 
@@ -427,12 +426,6 @@ def setup_error(error: Exception) -> int:
     (a KeyError's message without the quotes its str adds)."""
     print_error(error.args[0] if isinstance(error, KeyError) and error.args else error)
     return 2
-
-
-def print_error(message: object) -> None:
-    """Print `message` as the command's ``error:`` line on stderr: control characters escaped (it may
-    quote a results file's text) and long echoed values shortened (`shorten_long_values`)."""
-    print(f"error: {shorten_long_values(printable(str(message)))}", file=sys.stderr)
 
 
 def study_exit_code(error: Exception) -> int:

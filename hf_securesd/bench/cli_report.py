@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import errno
 
-from hf_securesd.bench.cli_bench import print_error
 from hf_securesd.bench.results import results_path
+from hf_securesd.bench.terminal import print_error
 from hf_securesd.paths import too_long_path
 
 

@@ -1,10 +1,14 @@
 """Text from results files made safe to print on a terminal (`printable`) or to write into a report
 (`readable`): control characters (ESC, BEL, a carriage return, ...) could otherwise set the window
-title, clear the screen or hide the line, and bidirectional overrides reorder what a reader sees."""
+title, clear the screen or hide the line, and bidirectional overrides reorder what a reader sees; and a
+command's one-line error built from them (`print_error`)."""
 
 from __future__ import annotations
 
+import sys
 import unicodedata
+
+from hf_securesd.cli import shorten_long_values
 
 
 def printable(text: str) -> str:
@@ -31,3 +35,9 @@ def readable(text: str) -> str:
         else char
         for char in text
     )
+
+
+def print_error(message: object) -> None:
+    """Print `message` as a command's ``error:`` line on stderr: control characters escaped (it may
+    quote a results file's text) and long echoed values shortened (`shorten_long_values`)."""
+    print(f"error: {shorten_long_values(printable(str(message)))}", file=sys.stderr)
