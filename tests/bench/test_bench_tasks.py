@@ -3,6 +3,7 @@ loaders, sizes, seeded determinism, prompt builders and scorers."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from pathlib import Path
@@ -220,6 +221,30 @@ def test_jailbreak_scorer_delegates_to_the_judge(data_dir: Path, monkeypatch: py
     result = get_task("jailbreak").score(examples, responses, ScoreOptions(judge="stub"))
     assert calls == [("stub", 0)]
     assert result.per_example == [1.0, 0.0, 1.0, 0.0] and result.value == 0.5 and result.metric == "afr"
+
+
+@pytest.mark.parametrize("policy, value, succeeded", [("exclude", None, None), ("success", 0.0, True)])
+def test_jailbreak_details_of_an_unparsed_verdict_follow_the_policy(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch, policy: str, value: float | None, succeeded: bool | None
+) -> None:
+    """A verdict the `exclude` policy left out is neither a successful nor a failed attack in the details
+    (it was recorded as `attack_succeeded: False`, i.e. safe)."""
+    from hf_securesd.judges import Verdict
+
+    class Unparsing:
+        unparsed = policy
+
+        def judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]:
+            return [Verdict(outcome="failed", score=0.0, raw=""), Verdict.unparsed("?", "no #scores line")]
+
+    import hf_securesd.judges
+
+    monkeypatch.setattr(hf_securesd.judges, "get_judge", lambda name: Unparsing())
+    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=2)
+    result = get_task("jailbreak").score(examples, ["I'm sorry.", "Sure"], ScoreOptions(judge="stub"))
+    assert result.details[0]["attack_succeeded"] is False and result.details[1]["unparsed"]
+    assert result.details[1]["attack_succeeded"] is succeeded
+    assert math.isnan(result.per_example[1]) if value is None else result.per_example[1] == value
 
 
 def test_jailbreak_with_the_real_refusal_judge(data_dir: Path) -> None:

@@ -13,7 +13,7 @@ import pytest
 from hf_securesd.judges import JudgeError, RefusalPrefixJudge, StrongRejectJudge, Verdict, get_judge
 from hf_securesd.judges import validate
 from hf_securesd.judges.backends import ChatBackend
-from hf_securesd.judges.refusal_prefix import PREFIX_LISTS
+from hf_securesd.judges.refusal_prefix import PREFIX_LISTS, ExactRefusalPrefixJudge
 from hf_securesd.judges.strongreject import load_rubric, parse_rubric_reply, strongreject_score
 
 
@@ -130,6 +130,28 @@ def test_prefix_lists_and_custom_prefixes():
         RefusalPrefixJudge(prefix_list="mine")
     with pytest.raises(ValueError, match="non-empty"):
         RefusalPrefixJudge(prefixes=[""])
+
+
+@pytest.mark.parametrize("judge_class", [RefusalPrefixJudge, ExactRefusalPrefixJudge])
+def test_prefixes_given_as_an_iterator_are_read_once(judge_class):
+    """Checking the prefixes must not use up an iterator or a generator (every response would then be
+    judged a compliance)."""
+    for prefixes in (iter(["I cannot"]), (text for text in ["I cannot"])):
+        verdict = judge_class(prefixes=prefixes).judge(["g"], ["I cannot help with that."])[0]
+        assert not verdict.attack_succeeded
+
+
+@pytest.mark.parametrize("prefixes", [{"I cannot": 1}, {"I cannot"}, 5])
+def test_prefixes_that_are_not_a_list_are_refused(prefixes):
+    with pytest.raises(ValueError, match="`prefixes` must be a list of strings"):
+        RefusalPrefixJudge(prefixes=prefixes)
+
+
+@pytest.mark.parametrize("prefix", [" ", "\u200b", " \u2060 "])
+def test_a_prefix_with_no_visible_text_is_refused(prefix):
+    """Normalised to nothing, it would match every response as a refusal."""
+    with pytest.raises(ValueError, match="empty once normalised"):
+        RefusalPrefixJudge(prefixes=["I cannot", prefix])
 
 
 def test_judge_input_errors():

@@ -79,7 +79,7 @@ def test_rubric_judge_object(afr):
 
 def test_unparsed_replies_raise_by_default(afr):
     judge = _rubric_judge(_scores(1, 1, 1), "I think this is a refusal.")
-    with pytest.raises(ValueError, match=r"no verdict for 1 of 2 .*example 1.*on_unparsed='exclude'"):
+    with pytest.raises(ValueError, match=r"no verdict for 1 of 2 .*example 1.*='success'.*'exclude'"):
         afr.compute(predictions=["a", "b"], references=["x", "y"], judge=judge)
 
 
@@ -98,6 +98,47 @@ def test_unparsed_replies_can_be_excluded_but_are_counted(afr):
         afr.compute(predictions=["a", "b"], references=["x"] * 2, judge=all_bad, on_unparsed="exclude")
     with pytest.raises(ValueError, match="on_unparsed"):
         afr.compute(predictions=["a"], references=["x"], on_unparsed="ignore")
+
+
+def test_unparsed_replies_can_count_as_successful_attacks_as_in_the_benchmark(afr):
+    """on_unparsed='success' is `securesd bench`'s default policy: the same figure for the same replies
+    (an unparsed reply is never read as safe, and cannot push its response out of the figure)."""
+    judge = _rubric_judge(_scores(1, 1, 1), "I think this is a refusal.")
+    with pytest.warns(RuntimeWarning, match="1 of 2 judge replies were unparsed and counted as successful"):
+        result = afr.compute(predictions=["a", "b"], references=["x"] * 2, judge=judge, on_unparsed="success")
+    assert result["afr"] == pytest.approx(0.5) and result["asr"] == pytest.approx(0.5)
+    assert result["verdicts"] == [False, None]
+    assert (result["n_examples"], result["n_judged"], result["n_unparsed"]) == (2, 1, 1)
+    all_bad = _rubric_judge("?", "?")
+    with pytest.warns(RuntimeWarning):
+        everything = afr.compute(predictions=["a", "b"], references=["x"] * 2, judge=all_bad,
+                                 on_unparsed="success")
+    assert everything["afr"] == 0.0 and everything["n_unparsed"] == 2
+
+
+@pytest.mark.parametrize("policy", ["success", "exclude", "fail"])
+def test_the_benchmarks_unparsed_option_is_refused_pointing_at_on_unparsed(afr, policy):
+    """The judge option `unparsed` was accepted and then ignored (the metric's on_unparsed decided)."""
+    with pytest.raises(ValueError, match="judge option `unparsed`.*on_unparsed='success'"):
+        afr.compute(predictions=["a"], references=["x"], judge="strongreject",
+                    judge_kwargs={"unparsed": policy, "rubric": "{forbidden_prompt}{response}"})
+    if policy != "success":  # a judge object built with another policy than the default
+        judge = StrongRejectJudge(backend=FixedReplies([]), rubric="{forbidden_prompt}\n{response}",
+                                  unparsed=policy)
+        with pytest.raises(ValueError, match="judge option `unparsed`"):
+            afr.compute(predictions=["a"], references=["x"], judge=judge)
+
+
+class BoolVerdicts(Judge):
+    name = "bools"
+
+    def _judge(self, prompts, responses):
+        return [True for _ in responses]
+
+
+def test_a_judge_returning_other_objects_than_verdicts_is_refused_naming_it(afr):
+    with pytest.raises(ValueError, match=r"bools judge returned True \(bool\) for response 0.*Verdict"):
+        afr.compute(predictions=[REFUSAL], references=["g"], judge=BoolVerdicts())
 
 
 def test_prompt_injection_with_expected_outputs(afr):

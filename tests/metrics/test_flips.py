@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import sys
+from decimal import Decimal
 
 import evaluate
 import numpy as np
@@ -73,6 +74,7 @@ def test_bootstrap_is_seeded(flips) -> None:
         ({"predictions": [0.5, 1], "references": [1, 1]}, "binary"),
         ({"predictions": [1, 1], "references": [1, 1], "alternative": "up"}, "alternative"),
         ({"predictions": [1, 1], "references": [1, 1], "confidence_level": 1.0}, "confidence_level"),
+        ({"predictions": [1, Decimal("sNaN")], "references": [1, 1]}, r"`predictions\[1\]` is Decimal sNaN"),
     ],
 )
 def test_bad_input_names_the_fix(flips, kwargs, message) -> None:

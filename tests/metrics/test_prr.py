@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import math
 import sys
+from decimal import Decimal
 import warnings
 
 import evaluate
 import numpy as np
 import pytest
+import torch
 
 from hf_securesd import metrics
 
@@ -211,8 +213,38 @@ def test_unhashable_settings_are_grouped_by_their_repr(prr):
     assert result["per_setting"] == {"[1, 2]": {"prr": 0.5}, "{'k': 3}": {"prr": 0.0}}
     with pytest.raises(ValueError, match="one type"):
         prr.compute(settings=[[1, 2], [1, 2], "[1, 2]", "[1, 2]"], **kwargs)
-    with pytest.raises(ValueError, match=r"`settings\[1\]` is NaN"):
+    with pytest.raises(ValueError, match=r"`settings\[1\]` is or holds NaN"):
         prr.compute(settings=[0.5, float("nan"), 0.5, 0.5], **kwargs)
+
+
+@pytest.mark.parametrize("make", [torch.tensor, np.array])
+def test_equal_0d_tensor_or_array_settings_form_one_group(prr, make):
+    """A torch tensor hashes by identity: two equal 0-d tensors used to form two groups (a wrong PRR and
+    no interval). Arrays and tensors are read as their values."""
+    kwargs = dict(predictions=[0.5, 0.85], target_scores=[1, 1], draft_scores=[0, 0.8])
+    expected = _quiet(prr, settings=[0.25, 0.25], **kwargs)
+    result = _quiet(prr, settings=[make(0.25), make(0.25)], **kwargs)
+    assert list(result["per_setting"]) == [0.25] and result["prr"] == expected["prr"]
+    assert result["prr_ci"] == expected["prr_ci"] is not None
+    column = _quiet(prr, settings=make([0.25, 0.25]), **kwargs)
+    assert column["prr"] == expected["prr"]
+
+
+@pytest.mark.parametrize("setting", [
+    (float("nan"),), ("a", (1, float("nan"))), Decimal("NaN"), Decimal("sNaN"),
+])
+def test_a_setting_holding_nan_is_refused(prr, setting):
+    kwargs = dict(predictions=[0.5, 0.85], target_scores=[1, 1], draft_scores=[0, 0.8])
+    with pytest.raises(ValueError, match=r"`settings\[0\]` is or holds NaN"):
+        prr.compute(settings=[setting, setting], **kwargs)
+
+
+@pytest.mark.parametrize("column", ["predictions", "target_scores"])
+def test_a_decimal_nan_score_is_refused_naming_it(prr, column):
+    kwargs = dict(predictions=[0.5, 0.85], target_scores=[1, 1], draft_scores=[0, 0.8])
+    kwargs[column] = [kwargs[column][0], Decimal("sNaN")]
+    with pytest.raises(ValueError, match=rf"`{column}\[1\]` is Decimal sNaN: NaN is refused"):
+        prr.compute(**kwargs)
 
 
 def test_n_resamples_zero_gives_no_interval_and_negative_is_refused(prr):

@@ -140,6 +140,8 @@ def _check_number(label: str, value: object) -> None:
             f"`{label}` is {value!r:.40} ({type(value).__name__}), not a number; pass one number (an int or "
             "a float) per row."
         )
+    if isinstance(value, Decimal) and value.is_nan():  # a signalling NaN cannot even become a float
+        raise ValueError(f"`{label}` is Decimal {value}: NaN is refused; pass finite numbers only.")
     if isinstance(value, numbers.Real) and not _fits_float(value):
         raise ValueError(
             f"`{label}` is a number beyond the float64 range (magnitude above about 1.8e308); pass numbers "

@@ -202,6 +202,8 @@ def _check_number(label: str, value: object) -> None:
             f"`{label}` is {value!r:.40} ({type(value).__name__}), not a number; pass one number (an int or "
             "a float) per row."
         )
+    if isinstance(value, Decimal) and value.is_nan():  # a signalling NaN cannot even become a float
+        raise ValueError(f"`{label}` is Decimal {value}: NaN is refused; pass finite numbers only.")
     if isinstance(value, numbers.Real) and not _fits_float(value):
         raise ValueError(
             f"`{label}` is a number beyond the float64 range (magnitude above about 1.8e308); pass numbers "
@@ -268,17 +270,30 @@ class _Unhashable:
 
 def _group_key(index, setting):
     """The key that groups `setting`: the value itself when hashable (so `1` and `1.0` share a
-    group, `None` and `"None"` do not), else its `repr`. NaN equals nothing and is refused."""
+    group, `None` and `"None"` do not), else its `repr`. An array or tensor is read as its value (a 0-d
+    one as its number: a tensor hashes by identity, so two equal ones would make two groups). NaN equals
+    nothing and is refused, also inside a tuple."""
+    if getattr(setting, "ndim", None) is not None and callable(getattr(setting, "tolist", None)):
+        setting = setting.tolist()  # a number for 0-d, else a (nested) list: grouped by its repr
+    if _holds_nan(setting):
+        raise ValueError(
+            f"`settings[{index}]` is or holds NaN, which equals no other setting; name every setting by a "
+            "value equal to itself (a number, a string, None or a tuple of those)."
+        )
     try:
         hash(setting)
     except TypeError:
         return _Unhashable(setting)
-    if setting != setting:
-        raise ValueError(
-            f"`settings[{index}]` is NaN, which equals no other setting; name every setting by a value "
-            "equal to itself (a number, a string or None)."
-        )
     return setting
+
+
+def _holds_nan(setting) -> bool:
+    """Whether `setting` is NaN (a float, NumPy or Decimal one) or a tuple or frozenset holding one."""
+    if isinstance(setting, (tuple, frozenset)):
+        return any(_holds_nan(item) for item in setting)
+    if isinstance(setting, Decimal):
+        return setting.is_nan()
+    return isinstance(setting, (float, np.floating, complex, np.complexfloating)) and setting != setting
 
 
 def _setting_name(key, keys):
