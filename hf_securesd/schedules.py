@@ -100,6 +100,8 @@ class Power(Schedule):
     def __post_init__(self) -> None:
         self._check_length()
         gamma = as_real(self.gamma)
+        if gamma is None and not is_integer(self.gamma):
+            raise ValueError(f"Power schedule needs a finite gamma > 0, got {not_a_number(self.gamma)}")
         if gamma is None or not (gamma > 0 and math.isfinite(gamma)):
             raise ValueError(f"Power schedule needs a finite gamma > 0, got {short_repr(self.gamma)} (gamma=1 is Linear)")
         object.__setattr__(self, "gamma", gamma)
@@ -184,22 +186,32 @@ def schedule_weights(
         return torch.ones(drafts.shape, dtype=torch.float32, device=starts.device)
     eta = schedule.round_eta(starts, drafts, responses)
     if type(schedule) not in _BUILT_IN:
-        check_weights(schedule, eta, tuple(drafts.shape))
+        eta = check_weights(schedule, eta, tuple(drafts.shape))
     return eta
 
 
-def check_weights(schedule: Schedule, eta: Any, shape: tuple[int, ...]) -> None:
-    """Raise ValueError unless `eta` is a float tensor of `shape` with every value in [0, 1]."""
+def check_weights(schedule: Schedule, eta: Any, shape: tuple[int, ...]) -> torch.Tensor:
+    """`eta` as the weights to mix with: a real tensor of `shape` with every value in [0, 1]; a bool or
+    integer one (a comparison such as `positions >= L`) as float32. ValueError otherwise, naming the
+    schedule."""
     name = type(schedule).__name__
     if not isinstance(eta, torch.Tensor) or tuple(eta.shape) != shape:
         got = tuple(eta.shape) if isinstance(eta, torch.Tensor) else type(eta).__name__
         raise ValueError(f"schedule {name} returned eta of shape {got}; it must return a tensor of shape {shape}")
+    if eta.dtype == torch.bool or not (eta.dtype.is_floating_point or eta.dtype.is_complex):
+        eta = eta.to(torch.float32)  # bool or integer: 0 and 1 exact, others fail the range check
+    elif eta.dtype.is_complex:
+        raise ValueError(
+            f"schedule {name} returned eta of dtype {eta.dtype}; eta is a real weight in [0, 1]: return a "
+            "float tensor"
+        )
     if eta.numel() and not bool(((eta >= 0) & (eta <= 1)).all()):
         bad = eta[~((eta >= 0) & (eta <= 1))].flatten()[0].item()
         raise ValueError(
             f"schedule {name} returned eta = {bad!r}; eta is the weight of the relaxed verifier and must lie in "
             "[0, 1] (0 = lossless, 1 = relaxed): clip it in the schedule's eta()"
         )
+    return eta
 
 
 def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
@@ -236,6 +248,21 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
     if required:
         raise ValueError(f"schedule {name!r} needs the option(s) {required}; valid options: {valid}")
     return cls(**options)
+
+
+def not_a_number(given: Any) -> str:
+    """How an error names a knob value that is no real number: "'0.5', which is str, not a number: pass an
+    int or a float (the number 0.5 itself, not the text '0.5')"."""
+    kind = "a bool" if isinstance(given, bool) else type(given).__name__
+    said = f"{short_repr(given)}, which is {kind}, not a number: pass an int or a float"
+    if isinstance(given, str):
+        try:
+            number = float(given)
+        except ValueError:
+            return said
+        written = "float('inf')" if number == math.inf else repr(number)
+        said += f" (the number {written} itself, not the text {short_repr(given)})"
+    return said
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

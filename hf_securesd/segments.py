@@ -186,7 +186,7 @@ def _segment_eta(value: SegmentSchedule, positions: torch.Tensor) -> torch.Tenso
         return torch.zeros(positions.shape, dtype=torch.float32, device=positions.device)
     eta = value.eta(positions)
     if type(value) not in _POSITION_SCHEDULES:
-        check_weights(value, eta, tuple(positions.shape))
+        eta = check_weights(value, eta, tuple(positions.shape))
     return eta
 
 

@@ -61,6 +61,47 @@ def test_a_custom_schedule_inside_zero_one_runs(llama_pair):
     assert torch.equal(ours, plain)
 
 
+class ComparisonStep(Schedule):
+    """Step(L) written as a comparison: eta is a bool tensor (or an integer one with `as_long`)."""
+
+    def __init__(self, length: int, as_long: bool = False) -> None:
+        object.__setattr__(self, "length", length)
+        object.__setattr__(self, "as_long", as_long)
+
+    def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        above = positions >= self.length
+        return above.long() if self.as_long else above
+
+
+@pytest.mark.parametrize("as_long", [False, True])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_custom_schedule_of_bool_or_integer_weights_runs_as_step(llama_pair, as_long, do_sample):
+    """A bool eta used to crash inside torch ("Subtraction ... with a bool tensor is not supported"): 0/1
+    weights of any real dtype are read as float32, so the comparison schedule decodes as Step(L)."""
+    draft, target = llama_pair
+    outputs = []
+    for schedule in (ComparisonStep(3, as_long), Step(L=3)):
+        torch.manual_seed(0)
+        outputs.append(target.generate(PROMPT, max_new_tokens=10, do_sample=do_sample, assistant_model=draft,
+                                       verifier=LossySD(epsilon=1.0), secure_schedule=schedule))
+    assert torch.equal(outputs[0], outputs[1])
+
+
+class ComplexWeights(Schedule):
+    def eta(self, positions: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(positions.shape, dtype=torch.complex64)
+
+
+def test_a_custom_schedule_of_complex_weights_is_refused_naming_it(llama_pair):
+    draft, target = llama_pair
+    with pytest.raises(ValueError, match="schedule ComplexWeights returned eta of dtype torch.complex64"):
+        target.generate(PROMPT, max_new_tokens=6, assistant_model=draft, verifier="mars",
+                        secure_schedule=ComplexWeights())
+    with pytest.raises(ValueError, match="schedule ComplexWeights returned eta of dtype"):
+        target.generate(PROMPT, max_new_tokens=6, assistant_model=draft, verifier="mars",
+                        secure_schedule=hf_securesd.Segments([5], before=ComplexWeights()))
+
+
 class StopAfter(StoppingCriteria):
     def __init__(self, length: int) -> None:
         self.length = length

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -94,6 +95,20 @@ def test_an_integer_knob_beyond_int64_is_refused_at_construction(cls, knob):
 @pytest.mark.parametrize("cls, knob, value", REAL_KNOBS, ids=lambda item: getattr(item, "__name__", str(item)))
 def test_other_values_are_refused_naming_the_knob(cls, knob, value, bad):
     with pytest.raises(ValueError, match=knob):
+        cls(**{knob: bad})
+
+
+@pytest.mark.parametrize("bad, said", [
+    ("0.5", "which is str, not a number: pass an int or a float (the number 0.5 itself, not the text '0.5')"),
+    ("Infinity", "(the number float('inf') itself, not the text 'Infinity')"),
+    (True, "which is a bool, not a number"),
+    (None, "which is NoneType, not a number"),
+])
+@pytest.mark.parametrize("cls, knob, value", REAL_KNOBS,
+                         ids=lambda item: getattr(item, "__name__", str(item)))
+def test_a_value_that_is_no_number_is_refused_as_such_not_by_range(cls, knob, value, bad, said):
+    """Text such as "0.5" (from a command line or JSON) was refused as outside the knob's range."""
+    with pytest.raises(ValueError, match=rf"{knob}.*{re.escape(said)}"):
         cls(**{knob: bad})
 
 
