@@ -304,6 +304,20 @@ def _as_int(token: torch.Tensor | int | None) -> int | None:
     return int(token.reshape(-1)[0]) if isinstance(token, torch.Tensor) else int(token)
 
 
+_MODEL_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep")
+
+
+def _check_model_inputs(model_kwargs: dict[str, Any]) -> None:
+    """Refuse model inputs other than the ids, the attention mask, the positions and a cache
+    (`inputs_embeds`, `pixel_values`, ...), naming them."""
+    unsupported = {key for key, value in model_kwargs.items() if value is not None and key not in _MODEL_INPUTS}
+    if unsupported:
+        raise SecureSDConfigError(
+            f"model inputs {sorted(unsupported)} are not supported with verifier=; "
+            "speculative decoding here takes input_ids and attention_mask"
+        )
+
+
 def _run_speculative(
     model: PreTrainedModel,
     draft: PreTrainedModel,
@@ -315,16 +329,7 @@ def _run_speculative(
     model_kwargs: dict[str, Any],
 ) -> SecureSDGenerateOutput | torch.Tensor:
     """Run our loop with the prepared inputs of `generate` and shape the result like HF's."""
-    unsupported = {
-        key
-        for key, value in model_kwargs.items()
-        if value is not None and key not in ("attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep")
-    }
-    if unsupported:
-        raise SecureSDConfigError(
-            f"model inputs {sorted(unsupported)} are not supported with verifier=; "
-            "speculative decoding here takes input_ids and attention_mask"
-        )
+    _check_model_inputs(model_kwargs)
     # The call's keywords were checked before transformers merged them; a GenerationConfig's were not.
     check_lengths(
         generation_config.max_new_tokens, generation_config.max_length, where=" (in the call or its generation_config)"
@@ -719,6 +724,7 @@ def securesd_generate(
         if value is not UNSET
     }
     _check_callable_call(generation_config, draft, stop_strings)
+    _check_model_inputs(model_kwargs)  # before the positions are read (inputs_embeds leaves no ids to read them from)
     restore_saved_fields(model)
     arguments = {
         **{key: value for key, value in model_kwargs.items() if key != "position_ids"},

@@ -168,6 +168,19 @@ def test_custom_generate_callable_on_plain_model_names_draft_argument():
                         verifier="mars")
 
 
+@pytest.mark.parametrize("wrapped", [False, True])
+def test_inputs_embeds_is_refused_by_name_on_every_route(wrapped):
+    """On a model that is not wrapped the callable used to blame position_ids=, which the caller never
+    passed (transformers' own positions for the embeddings could not be matched against empty ids)."""
+    draft, target = tiny_pair(SPEC)
+    if wrapped:
+        target = hf_securesd.wrap(target)
+    embeds = target.get_input_embeddings()(PROMPT)
+    with pytest.raises(SecureSDConfigError, match=r"model inputs \['inputs_embeds'\] are not supported"):
+        target.generate(inputs_embeds=embeds, max_new_tokens=4, do_sample=False,
+                        custom_generate=securesd_generate, draft=draft)
+
+
 @pytest.mark.parametrize(
     ("option", "message"),
     [({"guidance_scale": 1.5}, "classifier-free guidance"), ({"synced_gpus": True}, "synced_gpus=True")],
