@@ -108,12 +108,35 @@ class _Watchdog:
                 self._timer.cancel()
 
 
+def url_problem(url: str) -> str | None:
+    """Why `url` is not an http(s) URL with a host that httpx can send requests to, or None. The
+    message quotes no part of the URL (it may hold credentials: in ``http://user:pa/ss@host`` httpx
+    reads ``pa`` as the port), only the kind of problem httpx found (``Invalid port``)."""
+    if not url.startswith(("http://", "https://")):
+        return "the URL does not start with http:// or https://"
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as error:
+        reason = re.split(r"[:,]", str(error), maxsplit=1)[0].strip() or "not a URL"
+        hint = "; leave out any user:password@ (refused: keys go in the environment)" if "@" in url else ""
+        return f"the URL does not parse ({reason}{hint})"
+    if not parsed.host:
+        return "the URL names no host"
+    if parsed.port is not None and not 0 < parsed.port < 65536:
+        return "the URL's port is not from 1 to 65535"
+    return None
+
+
 class DeadlineClient:
     """An httpx client for `exchange`: base URL, default headers and basic auth as httpx takes
-    them; redirects are never followed and connections are not reused."""
+    them; redirects are never followed and connections are not reused. A base URL httpx cannot
+    use (`url_problem`) is a ValueError, not httpx's InvalidURL."""
 
     def __init__(self, base_url: str, headers: dict[str, str] | None = None,
                  auth: tuple[str, str] | None = None) -> None:
+        problem = url_problem(base_url)
+        if problem is not None:
+            raise ValueError(f"{problem}; give a URL such as http://host:port/v1")
         self._client = httpx.Client(
             base_url=base_url, headers={**(headers or {}), "Accept-Encoding": "identity"}, auth=auth,
             follow_redirects=False,

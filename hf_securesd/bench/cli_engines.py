@@ -31,6 +31,8 @@ from hf_securesd.cli import (
     non_negative_int,
     positive_int,
 )
+from hf_securesd.bench.engines.client import MAX_RETRIES, MAX_WAIT_S
+from hf_securesd.http_deadline import url_problem
 from hf_securesd.judges.secrets import redact, url_before_query
 
 DEFAULT_REQUEST_TIMEOUT_S = 300.0
@@ -62,6 +64,18 @@ LOCAL_MODEL_OPTIONS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "dtype": ("--dtype", (None, "auto")),
     "num_assistant_tokens": ("--num-assistant-tokens", (None,)),
 }
+
+
+def retry_count(text: str) -> int:
+    """--max-retries (an argparse type): a whole number from 0 to `MAX_RETRIES`, the judge's bound; each
+    wait between attempts is at most `MAX_WAIT_S` (60 s), so a request waits at most 20 minutes in all."""
+    count = non_negative_int(text)
+    if count > MAX_RETRIES:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_RETRIES} retries (each wait up to {MAX_WAIT_S:g} s, as for the judge), "
+            f"got {count}; bound a whole run with --run-deadline instead"
+        )
+    return count
 
 
 def url_text(text: str) -> str:
@@ -171,9 +185,10 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
     )
     group.add_argument(
         "--max-retries",
-        type=non_negative_int,
+        type=retry_count,
         default=argparse.SUPPRESS,
-        help="openai: retries of a request after 429/5xx/connection errors/bad replies (default 4)",
+        help="openai: retries of a request after 429/5xx/connection errors/bad replies (default 4, at most "
+        "20; each wait at most 60 s)",
     )
     group.add_argument(
         "--vllm-option",
@@ -275,9 +290,14 @@ def settle_engine_options(args: argparse.Namespace) -> None:
 def check_local_model_options(args: argparse.Namespace, engine: str) -> None:
     """Refuse a `LOCAL_MODEL_OPTIONS` option given a value (other than auto) with an engine that
     generates on its servers: nothing of it would be used (the servers choose device, dtype and k, and
-    no model runs in this process)."""
+    no model runs in this process); so is ``--draft``, which no server is sent (an endpoint serves the
+    draft alone: ``--draft-baseline``)."""
     if engine not in REMOTE_ENGINES:
         return
+    if getattr(args, "draft", None) is not None:
+        raise EngineError(f"--draft is not used by --engine {engine} (its servers run the models, and no "
+                          "draft is loaded here); drop --draft, and measure the draft alone with --endpoint "
+                          "NAME=URL --draft-baseline NAME")
     for dest, (flag, unset) in LOCAL_MODEL_OPTIONS.items():
         value = getattr(args, dest, None)
         if (value.strip().lower() if isinstance(value, str) else value) not in unset:
@@ -296,6 +316,9 @@ def check_endpoint_urls(base_url: str | None, endpoints: dict[str, str]) -> None
         if not url.strip() or any(character.isspace() or not character.isprintable() for character in url):
             raise EngineError(f"{flag.strip()}: the URL is empty or has spaces or control characters; "
                               "give a URL such as http://host:port/v1")
+        problem = url_problem(url)
+        if problem is not None:  # the URL is not shown: one httpx cannot read may hold a password
+            raise EngineError(f"{flag.strip()}: {problem}; give a URL such as http://host:port/v1")
         before_query = url_before_query(url)
         if before_query is not None:
             shown = f"{redact(before_query)}{url[len(before_query)]}..."

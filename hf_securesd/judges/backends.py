@@ -35,11 +35,18 @@ from hf_securesd.http_deadline import (
     UndecodableReply,
     json_body,
     retry_after_seconds,
+    url_problem,
     valid_unicode,
 )
 from hf_securesd.judges.base import JudgeError
 from hf_securesd.schedules import as_real, is_integer
-from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo, url_before_query
+from hf_securesd.judges.secrets import (
+    api_key_problem,
+    redact,
+    redacted_excerpt,
+    strip_userinfo,
+    url_before_query,
+)
 
 Message = dict[str, str]
 
@@ -284,7 +291,10 @@ class OpenAIChatBackend(ChatBackend):
     of the SecureSD paper) and `SECURESD_JUDGE_API_KEY` (optional for local servers). Keep the key
     in the environment: it is redacted from every message this backend produces, as are
     credentials in the URL (``user:password@``, sent as HTTP basic auth). A URL with a query
-    string or fragment (``?api_key=...``) is refused: it would be recorded with the results.
+    string or fragment (``?api_key=...``) is refused: it would be recorded with the results; so is one
+    httpx cannot use (a port that is not a number, no host), and a key that cannot be sent or redacted
+    safely (`api_key_problem`: shorter than 6 characters, or holding whitespace, control or non-ASCII
+    characters, such as the carriage return of a CRLF ``.env`` file), without showing it.
 
     Each attempt has one deadline of `timeout` seconds for the whole exchange — connecting,
     sending, the status line, the headers and the body (`hf_securesd.http_deadline`) — so a server
@@ -328,8 +338,12 @@ class OpenAIChatBackend(ChatBackend):
                 f"the judge endpoint URL {shown} has a query string or fragment, which would be recorded "
                 f"with the results; give {BASE_URL_ENV} without it and the key in {API_KEY_ENV}."
             )
+        problem = url_problem(url)
+        if problem is not None:  # not shown: a URL httpx cannot read may hold a password it did not see
+            raise ValueError(f"the judge endpoint URL ({BASE_URL_ENV} or base_url) cannot be used: "
+                             f"{problem}; give a URL such as http://host:port/v1")
         self.base_url, url_secret = strip_userinfo(url)
-        api_key = api_key or os.environ.get(API_KEY_ENV)
+        api_key = _checked_key(api_key)
         parts = urlsplit(url)
         auth = (unquote(parts.username or ""), unquote(parts.password or "")) if url_secret else None
         basic = base64.b64encode(":".join(auth).encode()).decode() if auth else None
@@ -466,6 +480,17 @@ class OpenAIChatBackend(ChatBackend):
         return f"judge endpoint {self.base_url} answered HTTP {status}: {text!r}; {hint}."
 
 
+def _checked_key(api_key: str | None) -> str | None:
+    """The judge endpoint's key: `api_key`, else the one in `API_KEY_ENV` (None when neither is set);
+    ValueError, without the key, when it cannot be sent or redacted safely (`api_key_problem`)."""
+    where = "the judge backend's api_key" if api_key else API_KEY_ENV
+    key = api_key or os.environ.get(API_KEY_ENV) or None
+    problem = None if key is None else api_key_problem(key, where)
+    if problem is not None:
+        raise ValueError(problem)
+    return key
+
+
 def _pause(wait: float, deadline: float | None) -> float:
     """Seconds to sleep before the next attempt: `wait`, at most `MAX_WAIT_S` and no later than the
     run `deadline` (a `time.monotonic()` value, or None)."""
@@ -494,7 +519,10 @@ def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | No
                 "if it is 'length'")
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= max_tokens:
-        return (f"the reply has no finish_reason and used {tokens:,} completion tokens, the request's "
+        # a count of 10**4200 would take 5,600 characters (and Python prints no more than 4,300 digits)
+        digits = int(tokens.bit_length() * 0.30103) + 1
+        shown = f"{tokens:,}" if tokens < 10**15 else f"a {digits:,}-digit number of"
+        return (f"the reply has no finish_reason and used {shown} completion tokens, the request's "
                 f"max_tokens {max_tokens:,}: it may have been cut off")
     return None
 
@@ -502,8 +530,17 @@ def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | No
 def _reply_parts(body: bytes) -> tuple[str, dict[str, Any], Any]:
     """The assistant message of a chat-completions reply (lone surrogates replaced by U+FFFD), its
     choice and its usage; `ValueError` saying what is wrong when malformed (without the body: the
-    caller adds a redacted excerpt)."""
+    caller adds a redacted excerpt), or when its answer is ambiguous: more than one choice, or one
+    whose ``index`` is not 0 (the request asks for one)."""
     parsed = json_body(body)
+    choices = parsed.get("choices") if isinstance(parsed, dict) else None
+    choices = choices if isinstance(choices, list) else []
+    if len(choices) > 1:
+        raise ValueError(f"reply JSON holds {len(choices):,} choices, not the one the request asked for "
+                         "(n=1)")
+    index = choices[0].get("index") if choices and isinstance(choices[0], dict) else None
+    if index is not None and (index != 0 or isinstance(index, bool)):
+        raise ValueError("reply JSON's only choice has an index other than 0")
     try:
         choice = parsed["choices"][0]
         content = choice["message"]["content"]

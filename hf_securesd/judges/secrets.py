@@ -1,8 +1,11 @@
 """Keeping secrets (API keys, tokens) out of results files, reports, logs and exception text.
 
 Secrets live in environment variables (`SECRET_ENV_VARS`) and are read where they are used.
-`redact` replaces every known secret value in a text, `redact_value` in every string of a record
-(results files: a server may echo a key in a model name or an answer); `redacted_excerpt` redacts
+`redact` replaces every known secret value in a text, verbatim or escaped as JSON, Python's repr or
+PHP (``\\/``) write it, `redact_value` in every string of a record (results files: a server may echo a
+key in a model name or an answer); `api_key_problem` refuses, where a key is read, a key that
+could not be sent or redacted safely (too short, or holding whitespace, control or non-ASCII
+characters: h11 would quote it in its error); `redacted_excerpt` redacts
 a server's text and only then clips it for an error message; `redact_command` redacts a command
 line before it is recorded; `reject_secret_options` refuses option mappings (judge options, backend
 settings) that carry a secret, since those are written to ``study.json`` and printed in reports.
@@ -10,6 +13,7 @@ settings) that carry a secret, since those are written to ``study.json`` and pri
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -31,6 +35,8 @@ _API_KEY = re.compile(r"api[_-]?key", re.IGNORECASE)
 _SECRET_ENV_NAME = re.compile(r"(_KEY|_TOKEN)$|SECRET|PASSWORD|PASSWD", re.IGNORECASE)
 # an option naming an environment variable holds a name, not a secret (--api-key-env NAME)
 _NAMES_A_VARIABLE = re.compile(r"[-_]env$", re.IGNORECASE)
+# a URL's userinfo: after "://", up to the last "@" before the path (greedy: "user:sec@ret@host")
+_USERINFO = re.compile(r"(?<=://)[^/\s]+@")
 
 
 def names_a_secret(name: str) -> bool:
@@ -54,11 +60,42 @@ def secret_env_values() -> list[str]:
             if _SECRET_ENV_NAME.search(name) and len(value) >= MIN_SECRET_CHARS]
 
 
+def api_key_problem(key: str, where: str) -> str | None:
+    """Why the API key `key`, read from `where` (an environment variable and the option naming it),
+    cannot be used, or None; the message never shows the key. A key must be at least
+    `MIN_SECRET_CHARS` characters (a shorter one cannot be told from ordinary text, so it could not be
+    redacted from answers and results) of printable ASCII without spaces: an HTTP header carries
+    ASCII (httpx refuses other characters), and h11 refuses a header holding a carriage return or a
+    line feed with an error that quotes the header, key included."""
+    if len(key) < MIN_SECRET_CHARS:
+        return (f"{where}: the API key is shorter than {MIN_SECRET_CHARS} characters, too short to be "
+                "redacted from the results safely; use a longer key (a local server takes any key you "
+                "start it with)")
+    if not all("!" <= character <= "~" for character in key):
+        return (f"{where}: the API key holds whitespace, a control character or a character outside ASCII "
+                "(it is not shown here); remove it, e.g. the trailing carriage return of a .env file saved "
+                "with Windows line endings (CRLF)")
+    return None
+
+
+def escaped_forms(secret: str) -> list[str]:
+    """`secret` and the forms it takes once escaped where it may be echoed: in JSON (``\\uXXXX`` or
+    not, with ``/`` escaped as PHP writes it or not) and in Python's repr of it as text or as bytes
+    (how h11 and httpx quote a header); each form at most once, `secret` first."""
+    forms = [secret]
+    for escaped in (json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
+                    repr(secret)[1:-1], repr(secret.encode(errors="surrogatepass"))[2:-1]):
+        forms += [escaped, escaped.replace("/", "\\/")]
+    return list(dict.fromkeys(forms))
+
+
 def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
-    """Secret values to redact: those of `SECRET_ENV_VARS` that are set, plus `extra`; values
-    shorter than `MIN_SECRET_CHARS` are ignored (they would redact ordinary text)."""
+    """Secret values to redact, longest first: those of `SECRET_ENV_VARS` that are set, plus `extra`,
+    each with its `escaped_forms`; values shorter than `MIN_SECRET_CHARS` are ignored (they would
+    redact ordinary text; `api_key_problem` refuses such keys where they are read)."""
     values = [os.environ.get(name) for name in SECRET_ENV_VARS] + list(extra)
-    return sorted({value for value in values if value and len(value) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+    secrets = {value for value in values if value and len(value) >= MIN_SECRET_CHARS}
+    return sorted({form for secret in secrets for form in escaped_forms(secret)}, key=len, reverse=True)
 
 
 def redact(text: str, extra: Iterable[str | None] = ()) -> str:
@@ -84,10 +121,11 @@ def redact_value(value: Any, extra: Iterable[str | None] = ()) -> Any:
 
 
 def _redact_with(text: str, secrets: Sequence[str]) -> str:
-    """`text` with each of `secrets` (longest first) and URL userinfo replaced by `REDACTED`."""
+    """`text` with each of `secrets` (longest first) and URL userinfo replaced by `REDACTED`: all of
+    the authority up to its last ``@`` (a password may hold an ``@``: ``user:sec@ret@host``)."""
     for secret in secrets:
         text = text.replace(secret, REDACTED)
-    return re.sub(r"(?<=://)[^/\s@]+@", f"{REDACTED}@", text)
+    return _USERINFO.sub(f"{REDACTED}@", text)
 
 
 def redacted_excerpt(text: str | bytes, extra: Iterable[str | None] = (), limit: int = EXCERPT_CHARS) -> str:
@@ -101,14 +139,14 @@ def redacted_excerpt(text: str | bytes, extra: Iterable[str | None] = (), limit:
 
 def strip_userinfo(url: str) -> tuple[str, str | None]:
     """`url` without ``user:password@``, and the password (or the user when there is no password)
-    that was there."""
+    that was there. The authority is split at its last ``@``, as `urlsplit` splits it; its host and
+    port are kept as written (a port that is not a number is left for the URL's check to refuse)."""
     parts = urlsplit(url)
-    if parts.username is None and parts.password is None:
+    userinfo, at, host = parts.netloc.rpartition("@")
+    if not at:
         return url, None
-    host = parts.hostname or ""
-    if parts.port is not None:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=host)), parts.password or parts.username
+    user, _, password = userinfo.partition(":")
+    return urlunsplit(parts._replace(netloc=host)), password or user
 
 
 def url_before_query(url: str) -> str | None:

@@ -1,7 +1,8 @@
 """`--engine openai` generates on its servers, which choose device, dtype and k: `--device`,
 `--dtype` (other than auto) and `--num-assistant-tokens` were accepted and did nothing
 (k was even recorded as 5 and bound the directory); they are refused with one line, status 2,
-before anything is sent. The budget line of an engine that cannot be probed says "no estimate",
+before anything is sent, and so is `--draft` (no draft runs here; `--draft-baseline` names the
+endpoint serving it). The budget line of an engine that cannot be probed says "no estimate",
 not "estimate 0 s at most"."""
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from hf_securesd.cli import main
 
 
 @pytest.mark.parametrize("option", [["--dtype", "bf16"], ["--device", "cpu"],
-                                    ["--num-assistant-tokens", "3"], ["--num_assistant_tokens", "5"]])
+                                    ["--num-assistant-tokens", "3"], ["--num_assistant_tokens", "5"],
+                                    ["--draft", "/nonexistent/draft"]])
 def test_the_openai_engine_refuses_options_of_local_models(capsys, tmp_path, option):
     out = tmp_path / "out"
     assert main(["bench", "--engine", "openai", "--base-url", "http://127.0.0.1:9/v1", "--tokenizer", "tiny",
@@ -46,3 +48,11 @@ def test_a_kind_without_a_rate_gives_no_estimate():
     partial = Budget({"target": 0.5}, {"target": "journal"})
     assert partial.seconds([("target", 2, 10), ("speculative", 0, 10)]) == 10.0
     assert partial.seconds([("target", 2, 10), ("speculative", 1, 10)]) is None
+
+
+def test_draft_with_the_openai_engine_points_to_the_draft_baseline(capsys, tmp_path):
+    """--draft was silently ignored (study.json said draft "none"), while the options of local models
+    were refused."""
+    assert main(["bench", "--engine", "openai", "--chat", "--base-url", "http://127.0.0.1:9/v1", "--draft",
+                 "qwen-0.5b", "--tasks", "jailbreak", "--out", str(tmp_path / "out")]) == 2
+    assert "--draft-baseline NAME" in capsys.readouterr().err

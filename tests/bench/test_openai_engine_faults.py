@@ -258,7 +258,7 @@ def test_retry_after_is_bounded_by_its_cap_and_the_run_deadline(fault_server):
         client = OpenAIClient(
             f"http://127.0.0.1:{http.server_address[1]}/v1",
             None,
-            ClientSettings(run_deadline_s=1.5, max_retries=50, max_retry_after_s=30),
+            ClientSettings(run_deadline_s=1.5, max_retries=20, max_retry_after_s=30),
         )
         started = time.monotonic()
         with pytest.raises(RequestFailed, match="run deadline of 1.5 s passed; last problem: HTTP 429"):
@@ -273,3 +273,79 @@ def test_credentials_in_an_endpoint_url_are_refused():
     with pytest.raises(ValueError, match="carries credentials.*--api-key-env") as caught:
         OpenAIClient(f"http://user:{FAKE_KEY}@127.0.0.1:9/v1", None, ClientSettings())
     assert FAKE_KEY not in str(caught.value)
+
+
+@pytest.mark.parametrize("option", [
+    ["--base-url", "http://127.0.0.1:abc/v1"],
+    ["--base-url", "http://user:pw9Zq/ss@127.0.0.1/v1"],  # a password holding "/": "pw9Zq" reads as the port
+    ["--base-url", "http://127.0.0.1:99999/v1"],
+    ["--endpoint", "a=http://127.0.0.1:18701:5/v1", "--baseline", "a"],
+])
+def test_an_endpoint_url_httpx_cannot_read_is_refused_with_one_line(capsys, tmp_path, option):
+    """httpx.InvalidURL is not a ValueError: it ended the run with a traceback and status 1."""
+    out = tmp_path / "out"
+    code = main(["bench", "--engine", "openai", "--chat", *option, "--tasks", "jailbreak", "--out", str(out),
+                 "--max-retries", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert option[0] in err and "give a URL such as http://host:port/v1" in err
+    assert "pw9Zq" not in err and not out.exists()
+
+
+def test_a_judge_url_httpx_cannot_read_is_refused_with_one_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SECURESD_JUDGE_BASE_URL", "http://judge:pw9Zq/ss@127.0.0.1/v1")
+    code = main(["bench", "--engine", "openai", "--chat", "--base-url", "http://127.0.0.1:9/v1", "--tasks",
+                 "jailbreak", "--judge", "strongreject", "--out", str(tmp_path / "out"), "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert "SECURESD_JUDGE_BASE_URL" in err and "pw9Zq" not in err
+
+
+def test_a_bad_url_given_to_the_client_is_a_value_error():
+    with pytest.raises(ValueError, match="does not parse") as caught:
+        OpenAIClient("http://user:pw9Zq/ss@127.0.0.1/v1", None, ClientSettings())
+    assert "pw9Zq" not in str(caught.value)
+
+
+def test_retry_waits_are_capped_like_the_judges(monkeypatch):
+    """Backoff doubled without a cap: 20 retries slept 1, 2, 4 ... 524,288 s (12 days)."""
+    from hf_securesd.bench.engines.client import MAX_WAIT_S
+
+    class Busy(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802
+            self.rfile.read(int(self.headers["Content-Length"]))
+            FaultServer.reply(self, 503, b"{}")
+
+        def log_message(self, *args):
+            pass
+
+    slept: list[float] = []
+    monkeypatch.setattr("hf_securesd.bench.engines.client.time.sleep", slept.append)
+    http = ThreadingHTTPServer(("127.0.0.1", 0), Busy)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    try:
+        client = OpenAIClient(f"http://127.0.0.1:{http.server_address[1]}/v1", None,
+                              ClientSettings(max_retries=20, backoff_s=1.0))
+        with pytest.raises(RequestFailed, match="failed after 21 attempts"):
+            client.request("POST", "/completions", {"prompt": "x"})
+    finally:
+        http.shutdown()
+        http.server_close()
+    assert len(slept) == 20 and max(slept) == MAX_WAIT_S == 60.0
+    assert slept[:7] == [1, 2, 4, 8, 16, 32, 60]
+
+
+@pytest.mark.parametrize("settings", [{"max_retries": 21}, {"backoff_s": 61.0},
+                                      {"max_retry_after_s": 3600.0}])
+def test_client_settings_beyond_the_judges_bounds_are_refused(settings):
+    with pytest.raises(ValueError, match="out of range.*retries from 0 to 20"):
+        ClientSettings(**settings)
+
+
+def test_max_retries_above_the_cap_is_refused_at_parse_time(capsys, tmp_path):
+    with pytest.raises(SystemExit) as exited:
+        main(["bench", "--engine", "openai", "--chat", "--base-url", "http://127.0.0.1:9/v1", "--tasks",
+              "jailbreak", "--out", str(tmp_path / "out"), "--max-retries", "21", "--run-deadline", "2"])
+    err = capsys.readouterr().err
+    assert exited.value.code == 2 and "--max-retries" in err and "at most 20 retries" in err

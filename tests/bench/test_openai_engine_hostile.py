@@ -180,7 +180,8 @@ def test_per_step_counts_must_fit_the_answers_tokens(serve, steps, tokens, fits)
 def test_plausible_speculative_metrics_are_still_recorded(serve):
     metrics = {"per_step_drafted": [3, 3], "per_step_accepted": [2, 1]}
     body = json.dumps({"choices": [{"message": {"content": "hello"},
-                                    "metrics": {"speculative_decoding": metrics}}]}).encode()
+                                    "metrics": {"speculative_decoding": metrics}}],
+                       "usage": {"completion_tokens": 6}}).encode()
     url, _ = serve(lambda handler, state: send(handler, 200, body))
     answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
     assert isinstance(answer, Generation)
@@ -193,7 +194,7 @@ def test_running_out_of_memory_on_a_reply_is_a_failed_reply(serve, monkeypatch):
 
     monkeypatch.setattr("hf_securesd.vllm.stats.speculative_stats", exhausted)
     body = json.dumps({"choices": [{"message": {"content": "hello"}, "metrics": {"speculative_decoding": {
-        "per_step_drafted": [3], "per_step_accepted": [1]}}}]}).encode()
+        "per_step_drafted": [3], "per_step_accepted": [1]}}}], "usage": {"completion_tokens": 4}}).encode()
     url, _ = serve(lambda handler, state: send(handler, 200, body))
     answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
     assert isinstance(answer, GenerationFailure) and "ran out of memory" in answer.error
@@ -361,3 +362,119 @@ def test_target_requests_switch_off_a_server_wide_securesd_default(serve, tmp_pa
     assert main(bench_argv(url, plain, data_dir, "--verifiers", "mars:0.5", "--no-report")) == 0
     sessions = json.loads((plain / "study.json").read_text())["sessions"]
     assert [session["target_plain_requests"] for session in sessions] == [False, True]
+
+
+# Probe B: keys that h11 quotes, statistics without a token count, deep replies, huge numbers, choices
+
+
+@pytest.mark.parametrize("key, problem", [
+    (KEY + "\r", "carriage return"),  # a CRLF .env file
+    (KEY + "\n", "control character"),
+    ("sk-fake-\u00e9t\u00e9-5e1f9a3c7b20", "outside ASCII"),
+    ("sk-fake audit 5e1f9a3c7b20d486", "whitespace"),
+    ("abcde", "shorter than 6 characters"),  # too short to be redacted from answers
+])
+def test_a_key_that_cannot_be_sent_or_redacted_is_refused_without_being_shown(serve, monkeypatch, key,
+                                                                               problem):
+    """A key ending in a carriage return was sent: h11 refused the header with "Illegal header value
+    b'Bearer <key>\\r'", which no redaction matched, and the key went to failures.jsonl and stderr (and a
+    5-character key was not redacted from the results). It is refused where it is read, naming the
+    variable, never the key."""
+    url, state = serve(lambda handler, state: send(handler, 200, GOOD))
+    monkeypatch.setenv(KEY_VARIABLE, key)
+    with pytest.raises(EngineError) as caught:
+        chat_engine(url, api_key_env=KEY_VARIABLE)
+    message = str(caught.value)
+    assert f"--api-key-env {KEY_VARIABLE}" in message and problem in message
+    assert key.strip() not in message and repr(key)[1:-1] not in message
+    assert state["headers"] == []  # nothing was sent
+
+
+def test_a_key_with_a_carriage_return_stops_a_run_before_anything_is_written(serve, tmp_path, data_dir,
+                                                                             monkeypatch, capfd):
+    url, state = serve(lambda handler, state: send(handler, 200, GOOD))
+    monkeypatch.setenv(KEY_VARIABLE, KEY + "\r")
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--api-key-env", KEY_VARIABLE, "--model", "m")) == 2
+    captured = capfd.readouterr()
+    assert KEY not in captured.out + captured.err and "carriage return" in captured.err
+    assert state["headers"] == [] and not (out / FAILURES).exists()
+
+
+@pytest.mark.parametrize("usage", [None, {}, {"completion_tokens": "16"}, {"completion_tokens": 2.0}])
+def test_speculative_statistics_without_a_token_count_are_dropped(serve, usage):
+    """Without a count of the answer's tokens, 200 steps of 4 accepted drafts were recorded for a 16-token
+    request (AR 1.000): the check that every step lies inside the answer was skipped. The answer is kept,
+    its statistics are not believed (AR "–")."""
+    metrics = {"per_step_drafted": [4] * 200, "per_step_accepted": [4] * 200}
+    reply = {"choices": [{"message": {"content": "hello"}, "metrics": {"speculative_decoding": metrics}}]}
+    if usage is not None:
+        reply["usage"] = usage
+    url, _ = serve(lambda handler, state: send(handler, 200, json.dumps(reply).encode()))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, Generation) and answer.response == "hello"
+    assert answer.stats is None
+
+
+def test_a_reply_nested_too_deeply_to_show_is_one_failed_prompt(serve):
+    """A reply without choices, nested close to the recursion limit, parsed in a worker thread; encoding it
+    again for the error's excerpt raised RecursionError out of generate()."""
+    import sys
+
+    from hf_securesd.bench.engines.client import Attempts
+
+    url, _ = serve(lambda handler, state: send(handler, 200, GOOD))
+    nested: dict = {}
+    for _ in range(sys.getrecursionlimit() + 100):
+        nested = {"a": nested}
+    answer = chat_engine(url)._read({"error": nested}, Attempts(), 0.0, 16)
+    assert isinstance(answer, GenerationFailure)
+    assert "no choices[0].message.content" in answer.error and "nested too deeply" in answer.error
+    assert len(answer.error) < 300
+
+
+HUGE = "1" + "0" * 4200  # 10**4200: JSON parses it (Python writes back at most 4,300 digits)
+
+
+@pytest.mark.parametrize("body", [
+    '{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": %s}}' % HUGE,
+    '{"choices": [{"message": {"content": "hi"}, "metrics": {"speculative_decoding": {"per_step_drafted": '
+    '[%s], "per_step_accepted": [0]}}}], "usage": {"completion_tokens": 2}}' % HUGE,
+    '{"choices": [{"message": {"content": "hi"}, "metrics": {"speculative_decoding": {"per_step_drafted": '
+    '[4], "per_step_accepted": [%s]}}}], "usage": {"completion_tokens": 2}}' % HUGE,
+], ids=["completion_tokens", "per_step_drafted", "per_step_accepted"])
+def test_huge_numbers_from_a_server_are_shortened_in_the_error(serve, body):
+    """A count of 10**4200 made a 5,675-character error line (terminal and failures.jsonl)."""
+    url, _ = serve(lambda handler, state: send(handler, 200, body.encode()))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, GenerationFailure)
+    assert "4,201 digits" in answer.error and len(answer.error) < 300, answer.error
+
+
+def _choice(index, content):
+    choice = {"message": {"role": "assistant", "content": content}, "finish_reason": "stop"}
+    return choice if index == "missing" else {"index": index, **choice}
+
+
+@pytest.mark.parametrize("choices, problem", [
+    ([_choice(1, "Sure, here is how"), _choice(0, "I cannot")], "holds 2 choices"),
+    ([_choice(0, "I cannot"), _choice(0, "Sure, here is how")], "holds 2 choices"),
+    ([_choice(1, "Sure, here is how")], "index 1, not 0"),
+    ([_choice("0", "Sure, here is how")], 'index "0", not 0'),
+    ([_choice(True, "Sure, here is how")], "index true, not 0"),
+])
+def test_a_reply_whose_answer_is_ambiguous_fails_the_prompt(serve, choices, problem):
+    """With two choices the first was recorded whatever its index ('Sure, here is how', index 1, over the
+    refusal at index 0). A request asks for one answer (n=1): anything else is not scored."""
+    body = json.dumps({"choices": choices, "usage": {"completion_tokens": 4}}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, GenerationFailure) and problem in answer.error, answer
+
+
+@pytest.mark.parametrize("index", [0, None, "missing"])
+def test_one_choice_at_index_0_or_without_an_index_is_the_answer(serve, index):
+    body = json.dumps({"choices": [_choice(index, "I cannot")], "usage": {"completion_tokens": 2}}).encode()
+    url, _ = serve(lambda handler, state: send(handler, 200, body))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, Generation) and answer.response == "I cannot"

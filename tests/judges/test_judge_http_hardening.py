@@ -249,3 +249,54 @@ def test_a_lone_surrogate_in_the_judge_reply_becomes_a_replacement_character(ser
     url, _ = serve(lambda handler, state: reply(handler, 200, body))
     with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=5) as backend:
         assert backend.complete_one(CHAT) == "ok \ufffd"
+
+
+@pytest.mark.parametrize("key, problem", [
+    (SECRET + "\r", "carriage return"),  # a CRLF .env file: h11's error quoted the header, key included
+    (SECRET + "\n", "control character"),
+    ("sk-\u00e9\u00e9-0123456789", "outside ASCII"),
+    ("abcde", "shorter than 6 characters"),  # too short to be redacted from the results
+])
+def test_a_judge_key_that_cannot_be_sent_or_redacted_is_refused_without_being_shown(serve, monkeypatch, key,
+                                                                                     problem):
+    url, state = serve(lambda handler, state: reply(handler, 200, BODY))
+    monkeypatch.setenv("SECURESD_JUDGE_API_KEY", key)
+    with pytest.raises(ValueError) as caught:
+        OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=5)
+    message = str(caught.value)
+    assert message.startswith("SECURESD_JUDGE_API_KEY: ") and problem in message
+    assert key.strip() not in message and repr(key)[1:-1] not in message
+    monkeypatch.delenv("SECURESD_JUDGE_API_KEY")
+    with pytest.raises(ValueError, match=f"the judge backend's api_key: .*{problem}"):
+        OpenAIChatBackend(base_url=url, model="m", api_key=key)
+    assert state["requests"] == 0
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:abc/v1", "http://127.0.0.1:18701:5/v1",
+                                 "http://judge:pw9Zq/ss@127.0.0.1/v1", "http:///v1"])
+def test_a_judge_url_httpx_cannot_read_is_a_value_error_without_the_url(url):
+    """httpx.InvalidURL (not a ValueError) escaped; with a "/" in the password, urlsplit's error quoted
+    the password's head as the port."""
+    with pytest.raises(ValueError, match="SECURESD_JUDGE_BASE_URL or base_url.*cannot be used") as caught:
+        OpenAIChatBackend(base_url=url, model="m")
+    assert "pw9Zq" not in str(caught.value)
+
+
+@pytest.mark.parametrize("choices, problem", [
+    ([{"index": 1, "message": {"content": "1.b 0"}}, {"index": 0, "message": {"content": "ok"}}],
+     "2 choices"),
+    ([{"index": 1, "message": {"content": "ok"}}], "index other than 0"),
+])
+def test_a_judge_reply_with_an_ambiguous_answer_is_malformed(serve, choices, problem):
+    url, _ = serve(lambda handler, state: reply(handler, 200, json.dumps({"choices": choices}).encode()))
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=0, timeout=5) as backend:
+        with pytest.raises(JudgeBackendError, match=problem):
+            backend.complete_one(CHAT)
+
+
+def test_a_huge_token_count_is_shortened_in_the_judge_problem():
+    from hf_securesd.judges.backends import cut_off_problem
+
+    problem = cut_off_problem(None, {"completion_tokens": 10**4200}, 1024)
+    assert "a 4,201-digit number of completion tokens" in problem and len(problem) < 200
+    assert "1,024 completion tokens" in cut_off_problem(None, {"completion_tokens": 1024}, 1024)

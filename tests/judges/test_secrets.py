@@ -15,7 +15,7 @@ import pytest
 from support import needs_bwrap
 
 from hf_securesd.cli import main
-from hf_securesd.judges.secrets import redacted_excerpt
+from hf_securesd.judges.secrets import redact, redact_value, redacted_excerpt
 
 SECRET = "sk-planted-7f3a9c0e5b1d2468"
 MAX_REQUESTS = 400
@@ -111,3 +111,51 @@ def test_url_before_query(url, before):
     from hf_securesd.judges.secrets import url_before_query
 
     assert url_before_query(url) == before
+
+
+@pytest.mark.parametrize("key, echo", [
+    ("sk-ab/cdSECRET+xyz", '{"error": "invalid key: Bearer sk-ab\\/cdSECRET+xyz"}'),  # PHP's json_encode
+    ('sk-ab"cdSECRET+xyz', '{"error": "invalid key: Bearer sk-ab\\"cdSECRET+xyz"}'),  # JSON
+    ("sk-ab\\cdSECRET+xyz", "Illegal header value b'Bearer sk-ab\\\\cdSECRET+xyz'"),  # h11's bytes repr
+    ("sk-ab\u00e9cdSECRET+xyz", '{"error": "Bearer sk-ab\\u00e9cdSECRET+xyz"}'),  # JSON, ASCII only
+])
+def test_a_key_echoed_escaped_is_redacted(key, echo):
+    """A key echoed JSON-escaped in an error body (PHP writes "/" as "\\/") stayed in the excerpt."""
+    assert "cdSECRET" in echo and key not in echo  # the echo holds only an escaped form of the key
+    assert "cdSECRET" not in redact(echo, [key]) and "[redacted]" in redact(echo, [key])
+    assert "cdSECRET" not in str(redact_value({"error": echo}, [key]))
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("http://user:sec@ret@127.0.0.1:18701/v1 failed", "http://[redacted]@127.0.0.1:18701/v1 failed"),
+    ("see https://u:p@host/x and https://twitter.com/@me",
+     "see https://[redacted]@host/x and https://twitter.com/@me"),
+])
+def test_url_userinfo_is_redacted_up_to_its_last_at_sign(text, shown):
+    """The redaction stopped at the first "@": `http://user:sec@ret@host` showed the password's tail."""
+    assert redact(text) == shown
+
+
+def test_strip_userinfo_splits_at_the_last_at_sign_and_leaves_a_bad_port_to_the_url_check():
+    from hf_securesd.judges.secrets import strip_userinfo
+
+    assert strip_userinfo("http://user:sec@ret@host:8000/v1") == ("http://host:8000/v1", "sec@ret")
+    assert strip_userinfo("http://user:pw@host:abc/v1") == ("http://host:abc/v1", "pw")  # was a ValueError
+    assert strip_userinfo("http://host/v1") == ("http://host/v1", None)
+
+
+@pytest.mark.parametrize("key, problem", [
+    ("sk-ok-0123456789", None),
+    ("abcde", "shorter than 6 characters"),
+    ("sk-0123456789\r", "carriage return"),
+    ("sk-0123\t456789", "whitespace"),
+    ("sk-01234\u00e956789", "outside ASCII"),
+])
+def test_api_key_problem_refuses_keys_that_cannot_be_sent_or_redacted(key, problem):
+    from hf_securesd.judges.secrets import api_key_problem
+
+    message = api_key_problem(key, "MY_KEY")
+    if problem is None:
+        assert message is None
+    else:
+        assert message.startswith("MY_KEY: ") and problem in message and key.strip() not in message

@@ -3,8 +3,9 @@
 - every attempt has one deadline for the whole exchange (`hf_securesd.http_deadline`), and the run
   has a deadline of its own: past it nothing more is sent and every request still waiting fails;
 - HTTP 408/409/429/500/502/503/504, connection errors, timeouts and replies that are not complete
-  JSON objects (garbage, a body cut short) are retried with exponential backoff, waiting what the
-  server's Retry-After asks when it is a finite number of seconds, capped at `max_retry_after_s`;
+  JSON objects (garbage, a body cut short) are retried at most `MAX_RETRIES` times with exponential
+  backoff, waiting what the server's Retry-After asks when it is a finite number of seconds, capped
+  at `max_retry_after_s`; no wait is longer than `MAX_WAIT_S` (as for the LLM judge);
 - redirects are never followed (a 3xx is a failure, like any other status but 200);
 - replies are capped at `max_response_bytes` (or the lower cap a request asks for), decoded size
   included (a gzip bomb is refused); JSON nested too deeply to parse, or holding more values than
@@ -35,16 +36,22 @@ from hf_securesd.http_deadline import (
     UndecodableReply,
     json_body,
     retry_after_seconds,
+    url_problem,
 )
 from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo, url_before_query
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
+# the bounds of the LLM judge's backend (`hf_securesd.judges.backends`): with them a request waits at most
+# 20 minutes between its attempts, and backoff never grows past a float
+MAX_RETRIES = 20
+MAX_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
 class ClientSettings:
     """Limits of the client. `run_deadline_s` None: no deadline for the run. Every duration is a
-    finite number of seconds (an infinite one overflowed the deadline's timer)."""
+    finite number of seconds (an infinite one overflowed the deadline's timer); retries are at most
+    `MAX_RETRIES`, and backoff and the Retry-After cap at most `MAX_WAIT_S` seconds."""
 
     request_timeout_s: float = 300.0
     run_deadline_s: float | None = None
@@ -58,9 +65,9 @@ class ClientSettings:
         checks = {
             "request timeout": 0 < self.request_timeout_s < math.inf,
             "run deadline": self.run_deadline_s is None or 0 < self.run_deadline_s < math.inf,
-            "max retries": self.max_retries >= 0,
-            "backoff": 0 <= self.backoff_s < math.inf,
-            "max Retry-After": 0 <= self.max_retry_after_s < math.inf,
+            "max retries": 0 <= self.max_retries <= MAX_RETRIES,
+            "backoff": 0 <= self.backoff_s <= MAX_WAIT_S,
+            "max Retry-After": 0 <= self.max_retry_after_s <= MAX_WAIT_S,
             "concurrency": self.concurrency >= 1,
             "max response bytes": self.max_response_bytes > 0,
         }
@@ -68,8 +75,9 @@ class ClientSettings:
         if bad:
             raise ValueError(
                 f"client setting {bad[0]} is out of range: {self}; timeouts, deadline, "
-                "concurrency and size must be positive, retries and backoff non-negative, and "
-                "every number of seconds finite (leave --run-deadline out for no deadline)"
+                f"concurrency and size must be positive, retries from 0 to {MAX_RETRIES}, backoff and "
+                f"Retry-After cap from 0 to {MAX_WAIT_S:g} s, and every number of seconds finite (leave "
+                "--run-deadline out for no deadline)"
             )
 
 
@@ -124,8 +132,11 @@ class OpenAIClient:
                 "give the base URL alone and the key with --api-key-env NAME (--base-url) or "
                 "--endpoint-api-key-env NAME=VARIABLE (--endpoint)"
             )
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"the endpoint URL must start with http:// or https://, got {base_url!r}")
+        problem = url_problem(base_url)
+        if problem is not None:  # the URL is not shown: a bad one may hold a password httpx did not see
+            raise ValueError(
+                f"an endpoint URL cannot be used: {problem}; give a URL such as http://host:port/v1"
+            )
         self.base_url = base_url.rstrip("/")
         self.settings = settings
         self._secrets = [api_key] if api_key else []
@@ -179,6 +190,13 @@ class OpenAIClient:
         except ValueError as error:  # the excerpt only for a failure: a good reply is not scanned twice
             return None, f"{error}: {self._excerpt(reply.body)!r}", -1.0
 
+    def _pause(self, wait: float, attempt: int) -> float:
+        """Seconds to sleep after failed attempt number `attempt` (from 0): the server's `wait` (its
+        Retry-After; negative when none) or exponential backoff, at most `MAX_WAIT_S` and no later than
+        the run deadline."""
+        pause = wait if wait >= 0 else self.settings.backoff_s * 2**attempt
+        return max(0.0, min(pause, MAX_WAIT_S, self._remaining()))
+
     def request(
         self, method: str, path: str, payload: Any | None = None, max_bytes: int | None = None
     ) -> dict[str, Any]:
@@ -210,8 +228,7 @@ class OpenAIClient:
                 if reply is not None:
                     return reply, Attempts(attempt + 1, waited)
                 if attempt < self.settings.max_retries:
-                    pause = wait if wait >= 0 else self.settings.backoff_s * 2**attempt
-                    pause = max(0.0, min(pause, self._remaining()))
+                    pause = self._pause(wait, attempt)
                     time.sleep(pause)
                     waited += pause
             raise RequestFailed(

@@ -24,15 +24,21 @@ the key of endpoint NAME; an endpoint without one gets no Authorization header.
 Acceptance rates are recorded where the server returns per-request speculative metrics (vLLM with
 ``--enable-per-request-metrics --per-request-spec-decode-metrics detailed``). They come from the
 server, so they are checked before use (`speculative_metrics_problem`): a reply whose per-step
-counts are not plausible is a failed request, never an allocation sized by the server.
+counts are not plausible is a failed request, never an allocation sized by the server. They are
+believed only where the answer's number of tokens is known (``usage.completion_tokens`` or the
+returned ``token_ids``), so that every step can be checked to lie inside the answer: a reply without
+it is scored with its statistics dropped (AR "–", as for a server that sends none).
 
 The answer itself is checked the same way (`reply_problem`, `token_ids_problem`): a reply whose
 ``finish_reason`` says the server did not finish it (not one of `NORMAL_FINISH_REASONS`: a content
 filter, an abort, an error), that claims more ``usage.completion_tokens`` than the request's
 ``max_tokens``, whose text is longer than ``max_tokens`` tokens can decode to
 (`MAX_CHARACTERS_PER_TOKEN` a token + `TEXT_SLACK_CHARACTERS`), or whose ``--token-ids`` are not
-``max_tokens`` ids of the tokenizer, is a failed request: recorded, never scored. A reply to a
-generation request is capped at `reply_byte_cap` bytes before it is read.
+``max_tokens`` ids of the tokenizer, is a failed request: recorded, never scored. So is a reply
+whose answer is ambiguous (`choice_problem`): more than one choice for a request that asked for one
+(n=1), or a choice whose ``index`` is not 0. A reply to a generation request is capped at
+`reply_byte_cap` bytes before it is read. Numbers a server sends are shortened in error messages
+(`_count`), as its other values are (`_quoted`).
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generati
 from hf_securesd.bench.engines.client import Attempts, ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.http_deadline import valid_unicode
-from hf_securesd.judges.secrets import redact, redacted_excerpt
+from hf_securesd.judges.secrets import api_key_problem, redact, redacted_excerpt
 
 BASE_ROUTE = "--base-url"  # the route (client) of --base-url; the others are named by their endpoint
 MAX_DRAFTS_PER_STEP = 1024  # far above any real k; a server reporting more is not believed
@@ -156,6 +162,9 @@ class OpenAISettings:
         key = os.environ.get(variable)
         if not key:
             raise EngineError(f"{flag}: that environment variable is not set")
+        problem = api_key_problem(key, flag)
+        if problem is not None:
+            raise EngineError(problem)
         return key
 
 
@@ -227,8 +236,8 @@ def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int, new_t
     for step, (step_drafted, step_accepted) in enumerate(zip(drafted, accepted)):
         if step_drafted > MAX_DRAFTS_PER_STEP or step_accepted > step_drafted:
             return (
-                f"step {step} drafted {step_drafted} and accepted {step_accepted} tokens (at most "
-                f"{MAX_DRAFTS_PER_STEP} drafts a step, and never more accepted than drafted)"
+                f"step {step} drafted {_count(step_drafted)} and accepted {_count(step_accepted)} tokens "
+                f"(at most {MAX_DRAFTS_PER_STEP} drafts a step, and never more accepted than drafted)"
             )
         if start > last_start:
             return (
@@ -242,6 +251,15 @@ def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int, new_t
             )
         start += step_accepted + 1
     return None
+
+
+def _count(value: int, limit: int = 10**15) -> str:
+    """A non-negative integer a server sent, for an error message: with thousands separators below
+    `limit`, else its approximate number of digits (a count of 10**4200 took 5,600 characters, and
+    Python refuses to print an integer of more than 4,300 digits)."""
+    if value < limit:
+        return f"{value:,}"
+    return f"a number of about {int(value.bit_length() * 0.30103) + 1:,} digits"
 
 
 def _quoted(value: Any, limit: int = 40) -> str:
@@ -279,7 +297,7 @@ def reply_problem(finish_reason: Any, tokens: int | None, text: str, max_new_tok
         )
     if tokens is not None and tokens > max_new_tokens:
         return (
-            f"the reply claims {tokens:,} completion tokens, more than the request's max_tokens "
+            f"the reply claims {_count(tokens)} completion tokens, more than the request's max_tokens "
             f"{max_new_tokens:,}"
         )
     most = max_new_tokens * MAX_CHARACTERS_PER_TOKEN + TEXT_SLACK_CHARACTERS
@@ -474,6 +492,9 @@ class OpenAIEngine(Engine):
         surrogates replaced by U+FFFD (`valid_unicode`), so it can be written out."""
         from hf_securesd.vllm.stats import speculative_stats
 
+        problem = choice_problem(reply.get("choices"))
+        if problem is not None:
+            return GenerationFailure(redact(problem, self._secrets))
         try:
             choice = reply["choices"][0]
             text = choice["message"]["content"] if self.settings.chat else choice["text"]
@@ -481,7 +502,7 @@ class OpenAIEngine(Engine):
         except (KeyError, IndexError, TypeError):
             return GenerationFailure(
                 f"the reply has no choices[0].{'message.content' if self.settings.chat else 'text'}"
-                f": {redacted_excerpt(json.dumps(reply), self._secrets)}"
+                f": {self._reply_excerpt(reply)}"
             )
         refused = False
         if self.settings.chat and text is None:
@@ -506,7 +527,8 @@ class OpenAIEngine(Engine):
         if self.settings.token_ids:  # the ids are the answer: a count that disagrees is not believed
             if claimed is not None and claimed != len(token_ids):
                 return GenerationFailure(
-                    f"the reply claims {claimed:,} completion tokens but holds {len(token_ids):,} token ids"
+                    f"the reply claims {_count(claimed)} completion tokens but holds "
+                    f"{len(token_ids):,} token ids"
                 )
             new_tokens = len(token_ids)
         elif new_tokens is None:
@@ -519,6 +541,8 @@ class OpenAIEngine(Engine):
         problem = speculative_metrics_problem(spec, max_new_tokens, counted) if isinstance(spec, dict) else None
         if problem is not None:
             return GenerationFailure(f"the reply's metrics.speculative_decoding cannot be right: {problem}")
+        if counted is None:
+            spec = None  # the steps cannot be checked to fit the answer: not believed (AR "–")
         try:
             stats = speculative_stats(spec, new_tokens) if isinstance(spec, dict) else None
         except (ValueError, TypeError):
@@ -552,14 +576,50 @@ class OpenAIEngine(Engine):
             return GenerationFailure(
                 "reading the reply ran out of memory; the reply is not a plausible answer"
             )
+        except RecursionError:
+            return GenerationFailure(
+                "reading the reply ran out of stack (JSON nested too deeply); the reply is not a "
+                "plausible answer"
+            )
         if isinstance(answer, GenerationFailure):
             return dataclasses.replace(answer, attempts=attempts.count)
         return dataclasses.replace(answer, attempts=attempts.count, retry_wait_seconds=attempts.waited_s)
+
+    def _reply_excerpt(self, reply: dict[str, Any]) -> str:
+        """A redacted excerpt of `reply` for an error message: its JSON, or what it is when it is nested
+        too deeply to encode again from here (a reply parsed near the recursion limit in a worker
+        thread raised RecursionError in `json.dumps` from this deeper stack)."""
+        try:
+            text = json.dumps(reply)
+        except RecursionError:
+            keys = _quoted(sorted(map(str, reply))[:5], 200)
+            return redact(f"a JSON object with keys {keys}, nested too deeply to show", self._secrets)
+        return redacted_excerpt(text, self._secrets)
 
     def close(self) -> None:
         for client in self._clients.values():
             client.close()
 
+
+
+def choice_problem(choices: Any) -> str | None:
+    """Why a reply's ``choices`` do not hold one answer to a request for one (n=1), or None: more than
+    one choice (which is the answer?), or a choice whose ``index`` is given (not missing or null) and is
+    not 0. A missing or empty list is left to the caller's message, which quotes the reply."""
+    if not isinstance(choices, list) or not choices:
+        return None
+    if len(choices) > 1:
+        return (
+            f"the reply holds {len(choices):,} choices for a request that asked for one (n=1); which one is "
+            "the answer is not clear, so none is scored"
+        )
+    index = choices[0].get("index") if isinstance(choices[0], dict) else None
+    if index is not None and (index != 0 or isinstance(index, bool)):
+        return (
+            f"the reply's only choice has index {_quoted(index)}, not 0: it is not the answer to the "
+            "request's one prompt"
+        )
+    return None
 
 
 def _refusal_text(choice: dict[str, Any]) -> str | None:
