@@ -45,6 +45,10 @@ HTTP_PARAMETER = "vllm_xargs.securesd"
 # its handler. Its schema drops unknown fields, so SecureSD sent outside sampling_params.extra_args is
 # looked for in the raw body there.
 SCALE_OUT_HANDLER = ("vllm.entrypoints.scale_out.token_in_token_out.serving", "ServingTokens")
+# The Anthropic Messages route (`/v1/messages`): its request schema drops unknown fields before any of
+# the request classes above sees them (it copies known fields into a chat request), so a top-level
+# SecureSD field is looked for in the raw body of its handler.
+ANTHROPIC_HANDLER = ("vllm.entrypoints.anthropic.serving", "AnthropicServingMessages")
 
 
 # vLLM's speculative methods the plugin verifies: those whose proposer samples from a draft
@@ -177,8 +181,15 @@ def check_proposer(request: SecureSDRequest, speculative: Any) -> None:
 def check_http_body(request: Any) -> None:
     """Raise SecureSDConfigError when an OpenAI request body carries SecureSD where vLLM drops it: a
     top-level "securesd" field (or a close misspelling), which the server keeps aside and ignores."""
-    extra = getattr(request, "model_extra", None) or {}
-    for key in extra:
+    check_body_fields(getattr(request, "model_extra", None) or {})
+
+
+def check_body_fields(fields: Any) -> None:
+    """Raise SecureSDConfigError when the top-level fields of a request body (a mapping; anything else is
+    left to the route) hold "securesd" or a close misspelling, which vLLM's server ignores there."""
+    if not isinstance(fields, Mapping):
+        return
+    for key in fields:
         if key == EXTRA_ARGS_KEY or looks_like_securesd(key):
             raise SecureSDConfigError(
                 f"the request body has a top-level field {key!r}, which vLLM's server ignores; SecureSD is "
@@ -320,11 +331,15 @@ def patch_admission(
     input_processor_class._validate_params = _validate_params
     undo_http = patch_http_requests(_importable(HTTP_REQUEST_CLASSES), error_class)
     undo_generate = patch_generate_route(_importable((SCALE_OUT_HANDLER,)))
+    undo_messages = patch_body_route(
+        _importable((ANTHROPIC_HANDLER,)), "create_messages", check_body_fields, HTTP_PARAMETER
+    )
 
     def undo() -> None:
         input_processor_class._validate_params = original
         undo_http()
         undo_generate()
+        undo_messages()
 
     return undo
 
@@ -332,24 +347,35 @@ def patch_admission(
 def patch_generate_route(handler_classes: list[type]) -> Callable[[], None]:
     """Wrap `serve_tokens` of the scale-out token route's handler so a body carrying SecureSD where the
     route drops it (`check_generate_body`) gets an HTTP 400; returns a function that undoes it."""
-    originals = [(cls, cls.__dict__["serve_tokens"]) for cls in handler_classes if "serve_tokens" in cls.__dict__]
+    return patch_body_route(
+        handler_classes, "serve_tokens", check_generate_body, "sampling_params.extra_args.securesd"
+    )
+
+
+def patch_body_route(
+    handler_classes: list[type], method: str, check: Callable[[Any], None], parameter: str
+) -> Callable[[], None]:
+    """Wrap the async `method(request, raw_request, ...)` of each handler class so that a JSON body that
+    `check` refuses (SecureSDConfigError) gets the handler's own error response, HTTP 400, naming
+    `parameter`; returns a function that undoes it."""
+    originals = [(cls, cls.__dict__[method]) for cls in handler_classes if method in cls.__dict__]
 
     def wrapped(original: Callable) -> Callable:
-        async def serve_tokens(self, request: Any, raw_request: Any = None, *args: Any, **kwargs: Any):
+        async def checked(self, request: Any, raw_request: Any = None, *args: Any, **kwargs: Any):
             try:
-                check_generate_body(await _json_body(raw_request))
+                check(await _json_body(raw_request))
             except SecureSDConfigError as error:
-                return self.create_error_response(str(error), param="sampling_params.extra_args.securesd")
+                return self.create_error_response(str(error), param=parameter)
             return await original(self, request, raw_request, *args, **kwargs)
 
-        return serve_tokens
+        return checked
 
     for cls, original in originals:
-        cls.serve_tokens = wrapped(original)
+        setattr(cls, method, wrapped(original))
 
     def undo() -> None:
         for cls, original in originals:
-            cls.serve_tokens = original
+            setattr(cls, method, original)
 
     return undo
 

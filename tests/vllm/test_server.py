@@ -225,6 +225,12 @@ def test_securesd_where_vllm_would_drop_it_is_refused(server, model_name):
                  "messages": [{"role": "user", "content": "hi"}]}
     chat = server.post("/v1/chat/completions", json=chat_body)
     assert "top-level field 'securesd'" in error_message(chat)
+    # the Anthropic-style messages route drops unknown fields before any request class sees them
+    plain_messages = {key: value for key, value in chat_body.items() if key != "securesd"}
+    for key in ("securesd", "secure_sd"):
+        messages = server.post("/v1/messages", json={**plain_messages, key: "mars"})
+        assert messages.status_code == 400 and f"top-level field '{key}'" in messages.text
+    assert server.post("/v1/messages", json=plain_messages).status_code == 200
     beam = {**body, "use_beam_search": True, "n": 1, "max_tokens": 2}
     refused = server.post("/v1/completions", json={**beam, "vllm_xargs": {"securesd": "mars"}})
     assert "use_beam_search cannot run with SecureSD" in error_message(refused)
