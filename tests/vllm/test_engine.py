@@ -431,7 +431,8 @@ def test_a_securesd_rows_top_k_or_top_p_does_not_reach_vllms_filters_for_plain_r
     from vllm import SamplingParams
 
     plain = SamplingParams(max_tokens=16, temperature=1.0, seed=2)
-    ours = SamplingParams(max_tokens=16, temperature=1.0, seed=1, extra_args=securesd(MARS(theta=0.5)), **option)
+    ours = SamplingParams(max_tokens=16, temperature=1.0, seed=1, extra_args=securesd(MARS(theta=0.5)),
+                          **option)
     alone = tokens(engine.llm.generate([{"prompt_token_ids": PROMPTS[0]}], [ours], use_tqdm=False))[0]
     mixed = engine.llm.generate(
         [{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}], [ours, plain], use_tqdm=False
