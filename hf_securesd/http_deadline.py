@@ -53,6 +53,11 @@ MAX_CONTENT_CODINGS = 4
 # Parsing costs up to ~70 bytes of Python objects per JSON value (an empty dict, for "{}" of 2 bytes):
 # a reply may hold at most this many values (~17 MiB of objects), far above any real reply.
 MAX_JSON_VALUES = 250_000
+# Retries of an HTTP client (the engines' and the LLM judge's): at most MAX_RETRIES, none waiting longer
+# than MAX_WAIT_S, whatever its backoff or a Retry-After header asks for (20 minutes at most between the
+# first attempt and the last, and backoff never grows past a float)
+MAX_RETRIES = 20
+MAX_WAIT_S = 60.0
 _ZLIB_WBITS = {"gzip": zlib.MAX_WBITS | 16, "x-gzip": zlib.MAX_WBITS | 16, "deflate": zlib.MAX_WBITS}
 _RAW_DEFLATE_WBITS = -zlib.MAX_WBITS
 _LONE_SURROGATE = re.compile("[\ud800-\udfff]")
@@ -108,10 +113,21 @@ class _Watchdog:
                 self._timer.cancel()
 
 
+def server_count(value: int, limit: int = 10**15) -> str:
+    """A non-negative integer a server sent, for an error message: with thousands separators below
+    `limit`, else its approximate number of digits (a count of 10**4200 took 5,600 characters, and
+    Python refuses to print an integer of more than 4,300 digits)."""
+    if value < limit:
+        return f"{value:,}"
+    return f"a number of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+
+
 def url_problem(url: str) -> str | None:
     """Why `url` is not an http(s) URL with a host that httpx can send requests to, or None. The
     message quotes no part of the URL (it may hold credentials: in ``http://user:pa/ss@host`` httpx
-    reads ``pa`` as the port), only the kind of problem httpx found (``Invalid port``)."""
+    reads ``pa`` as the port, in ``http://user:2024/ss@host`` host ``user``, port 2024 and a path
+    holding ``@``, refused too), only the kind of problem httpx found (``Invalid port``). Callers check
+    it before anything that shows the URL."""
     if not url.startswith(("http://", "https://")):
         return "the URL does not start with http:// or https://"
     try:
@@ -122,6 +138,9 @@ def url_problem(url: str) -> str | None:
         return f"the URL does not parse ({reason}{hint})"
     if not parsed.host:
         return "the URL names no host"
+    if "@" in parsed.path:
+        return ("the URL's path holds '@' (a user:password@ whose password holds '/' reads as a host, a port "
+                "and a path; refused: keys go in the environment)")
     if parsed.port is not None and not 0 < parsed.port < 65536:
         return "the URL's port is not from 1 to 65535"
     return None

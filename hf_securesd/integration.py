@@ -310,7 +310,8 @@ _MODEL_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values", "
 def _check_model_inputs(model_kwargs: dict[str, Any]) -> None:
     """Refuse model inputs other than the ids, the attention mask, the positions and a cache
     (`inputs_embeds`, `pixel_values`, ...), naming them."""
-    unsupported = {key for key, value in model_kwargs.items() if value is not None and key not in _MODEL_INPUTS}
+    unsupported = {key for key, value in model_kwargs.items()
+                   if value is not None and key not in _MODEL_INPUTS}
     if unsupported:
         raise SecureSDConfigError(
             f"model inputs {sorted(unsupported)} are not supported with verifier=; "
@@ -724,7 +725,7 @@ def securesd_generate(
         if value is not UNSET
     }
     _check_callable_call(generation_config, draft, stop_strings)
-    _check_model_inputs(model_kwargs)  # before the positions are read (inputs_embeds leaves no ids to read them from)
+    _check_model_inputs(model_kwargs)  # before the positions are read (inputs_embeds leaves no ids for them)
     restore_saved_fields(model)
     arguments = {
         **{key: value for key, value in model_kwargs.items() if key != "position_ids"},

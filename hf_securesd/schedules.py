@@ -65,6 +65,8 @@ class Schedule(ABC):
     def _check_length(self) -> None:
         """Validate `L` and store it as a plain int (NumPy and 0-d tensor integers are accepted)."""
         L = self.L
+        if is_no_number(L):
+            raise ValueError(f"schedule length L must be an integer >= 0, got {not_a_number(L, 'an int')}")
         if not is_integer(L) or int(L) < 0:
             raise ValueError(
                 f"schedule length L must be an integer >= 0, got {short_repr(L)}; "
@@ -100,7 +102,7 @@ class Power(Schedule):
     def __post_init__(self) -> None:
         self._check_length()
         gamma = as_real(self.gamma)
-        if gamma is None and not is_integer(self.gamma):
+        if is_no_number(self.gamma):
             raise ValueError(f"Power schedule needs a finite gamma > 0, got {not_a_number(self.gamma)}")
         if gamma is None or not (gamma > 0 and math.isfinite(gamma)):
             raise ValueError(f"Power schedule needs a finite gamma > 0, got {short_repr(self.gamma)} (gamma=1 is Linear)")
@@ -250,19 +252,27 @@ def resolve_schedule(schedule: Schedule | dict | None) -> Schedule | None:
     return cls(**options)
 
 
-def not_a_number(given: Any) -> str:
+def not_a_number(given: Any, expected: str = "an int or a float") -> str:
     """How an error names a knob value that is no real number: "'0.5', which is str, not a number: pass an
-    int or a float (the number 0.5 itself, not the text '0.5')"."""
+    int or a float (the number 0.5 itself, not the text '0.5')" (the hint only for a finite number;
+    `expected`: "an int" for integer knobs, whose hint is then an int)."""
     kind = "a bool" if isinstance(given, bool) else type(given).__name__
-    said = f"{short_repr(given)}, which is {kind}, not a number: pass an int or a float"
+    said = f"{short_repr(given)}, which is {kind}, not a number: pass {expected}"
     if isinstance(given, str):
         try:
             number = float(given)
         except ValueError:
             return said
-        written = "float('inf')" if number == math.inf else repr(number)
-        said += f" (the number {written} itself, not the text {short_repr(given)})"
+        if math.isfinite(number):
+            shown = repr(int(number)) if expected == "an int" and number.is_integer() else repr(number)
+            said += f" (the number {shown} itself, not the text {short_repr(given)})"
     return said
+
+
+def is_no_number(value: Any) -> bool:
+    """Whether `value` is no real number at all (text, None, a bool, a list, ...), as opposed to a number
+    outside a knob's range or of the wrong kind (2.5 for an integer)."""
+    return as_real(value) is None and not is_integer(value)
 
 
 def short_repr(value: Any, limit: int = 80) -> str:

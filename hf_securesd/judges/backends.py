@@ -28,6 +28,8 @@ from urllib.parse import unquote, urlsplit
 import httpx
 
 from hf_securesd.http_deadline import (
+    MAX_RETRIES,
+    MAX_WAIT_S,
     DeadlineClient,
     DeadlineExceeded,
     Reply,
@@ -35,6 +37,7 @@ from hf_securesd.http_deadline import (
     UndecodableReply,
     json_body,
     retry_after_seconds,
+    server_count,
     url_problem,
     valid_unicode,
 )
@@ -57,8 +60,6 @@ DEFAULT_BASE_URL = "https://api.openai.com/v1"
 DEFAULT_MODEL = "gpt-4o-mini"
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
 MAX_RETRY_AFTER_S = 60.0
-# the longest wait between two attempts, whatever `backoff` or a Retry-After header asks for
-MAX_WAIT_S = 60.0
 DEFAULT_MAX_RESPONSE_BYTES = 8 * 1024 * 1024
 # finish_reason of a judge reply that ended on its own: OpenAI, vLLM, SGLang and llama.cpp say "stop",
 # TGI "eos_token" or "stop_sequence", some servers "eos". Any other ("length", "content_filter",
@@ -91,7 +92,7 @@ class Bounds:
 # no setting (one recorded in a results directory included) can hold a run for days
 BACKEND_SETTINGS: Mapping[str, Mapping[str, Bounds]] = {
     "openai": {
-        "timeout": Bounds(0.001, 3600), "max_retries": Bounds(0, 20, integer=True),
+        "timeout": Bounds(0.001, 3600), "max_retries": Bounds(0, MAX_RETRIES, integer=True),
         "backoff": Bounds(0, MAX_WAIT_S), "max_tokens": Bounds(1, 1_000_000, integer=True),
         "concurrency": Bounds(1, 256, integer=True), "max_response_bytes": Bounds(1, 1 << 30, integer=True),
     },
@@ -331,6 +332,10 @@ class OpenAIChatBackend(ChatBackend):
                        "concurrency": concurrency, "max_response_bytes": max_response_bytes},
         ).values()
         url, self.model = endpoint_settings(base_url, model)
+        problem = url_problem(url)
+        if problem is not None:  # not shown: a URL httpx cannot read may hold a password it did not see
+            raise ValueError(f"the judge endpoint URL ({BASE_URL_ENV} or base_url) cannot be used: "
+                             f"{problem}; give a URL such as http://host:port/v1")
         before_query = url_before_query(url)
         if before_query is not None:
             shown = f"{redact(before_query)}{url[len(before_query)]}..."
@@ -338,10 +343,6 @@ class OpenAIChatBackend(ChatBackend):
                 f"the judge endpoint URL {shown} has a query string or fragment, which would be recorded "
                 f"with the results; give {BASE_URL_ENV} without it and the key in {API_KEY_ENV}."
             )
-        problem = url_problem(url)
-        if problem is not None:  # not shown: a URL httpx cannot read may hold a password it did not see
-            raise ValueError(f"the judge endpoint URL ({BASE_URL_ENV} or base_url) cannot be used: "
-                             f"{problem}; give a URL such as http://host:port/v1")
         self.base_url, url_secret = strip_userinfo(url)
         api_key = _checked_key(api_key)
         parts = urlsplit(url)
@@ -519,11 +520,8 @@ def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | No
                 "if it is 'length'")
     tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
     if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= max_tokens:
-        # a count of 10**4200 would take 5,600 characters (and Python prints no more than 4,300 digits)
-        digits = int(tokens.bit_length() * 0.30103) + 1
-        shown = f"{tokens:,}" if tokens < 10**15 else f"a {digits:,}-digit number of"
-        return (f"the reply has no finish_reason and used {shown} completion tokens, the request's "
-                f"max_tokens {max_tokens:,}: it may have been cut off")
+        return (f"the reply has no finish_reason and used {server_count(tokens)} completion tokens, the "
+                f"request's max_tokens {max_tokens:,}: it may have been cut off")
     return None
 
 

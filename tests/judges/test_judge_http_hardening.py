@@ -273,7 +273,9 @@ def test_a_judge_key_that_cannot_be_sent_or_redacted_is_refused_without_being_sh
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:abc/v1", "http://127.0.0.1:18701:5/v1",
-                                 "http://judge:pw9Zq/ss@127.0.0.1/v1", "http:///v1"])
+                                 "http://judge:pw9Zq/ss@127.0.0.1/v1", "http:///v1",
+                                 "http://judge:pw9Zq/ss@127.0.0.1/v1?x=1",  # checked before the query
+                                 "http://judge:2024/pw9Zq@127.0.0.1/v1"])  # a valid port: '@' in the path
 def test_a_judge_url_httpx_cannot_read_is_a_value_error_without_the_url(url):
     """httpx.InvalidURL (not a ValueError) escaped; with a "/" in the password, urlsplit's error quoted
     the password's head as the port."""
@@ -298,5 +300,5 @@ def test_a_huge_token_count_is_shortened_in_the_judge_problem():
     from hf_securesd.judges.backends import cut_off_problem
 
     problem = cut_off_problem(None, {"completion_tokens": 10**4200}, 1024)
-    assert "a 4,201-digit number of completion tokens" in problem and len(problem) < 200
+    assert "used a number of about 4,201 digits completion tokens" in problem and len(problem) < 200
     assert "1,024 completion tokens" in cut_off_problem(None, {"completion_tokens": 1024}, 1024)

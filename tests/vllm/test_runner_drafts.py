@@ -40,7 +40,7 @@ class Runner:
         self.input_batch = SimpleNamespace(
             req_ids=self.req_ids, sampling_metadata=metadata,
             num_computed_tokens_cpu=np.full(len(configurations), PROMPT + 3),
-            num_prompt_tokens=np.full(len(configurations), PROMPT),
+            num_prompt_tokens=np.full(len(configurations), PROMPT), top_k_reqs=set(), top_p_reqs=set(),
         )
         # each row is fed its last committed token and its K drafts
         self.query_start_loc = SimpleNamespace(np=np.arange(len(configurations) + 1) * (1 + K))

@@ -30,6 +30,8 @@ from typing import Any, Sequence
 import httpx
 
 from hf_securesd.http_deadline import (
+    MAX_RETRIES,
+    MAX_WAIT_S,
     DeadlineClient,
     DeadlineExceeded,
     ReplyTooLarge,
@@ -41,10 +43,6 @@ from hf_securesd.http_deadline import (
 from hf_securesd.judges.secrets import redact, redacted_excerpt, strip_userinfo, url_before_query
 
 RETRYABLE_STATUS = frozenset({408, 409, 429, 500, 502, 503, 504})
-# the bounds of the LLM judge's backend (`hf_securesd.judges.backends`): with them a request waits at most
-# 20 minutes between its attempts, and backoff never grows past a float
-MAX_RETRIES = 20
-MAX_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -118,6 +116,11 @@ class OpenAIClient:
     def __init__(
         self, base_url: str, api_key: str | None, settings: ClientSettings, run_started: float | None = None
     ) -> None:
+        problem = url_problem(base_url)
+        if problem is not None:  # the URL is not shown: a bad one may hold a password httpx did not see
+            raise ValueError(
+                f"an endpoint URL cannot be used: {problem}; give a URL such as http://host:port/v1"
+            )
         stripped, userinfo = strip_userinfo(base_url)
         if userinfo is not None:
             raise ValueError(
@@ -131,11 +134,6 @@ class OpenAIClient:
                 "would be recorded with it (a key passed as ?api_key=... included) and garbles request paths; "
                 "give the base URL alone and the key with --api-key-env NAME (--base-url) or "
                 "--endpoint-api-key-env NAME=VARIABLE (--endpoint)"
-            )
-        problem = url_problem(base_url)
-        if problem is not None:  # the URL is not shown: a bad one may hold a password httpx did not see
-            raise ValueError(
-                f"an endpoint URL cannot be used: {problem}; give a URL such as http://host:port/v1"
             )
         self.base_url = base_url.rstrip("/")
         self.settings = settings

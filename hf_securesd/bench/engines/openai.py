@@ -38,7 +38,7 @@ filter, an abort, an error), that claims more ``usage.completion_tokens`` than t
 whose answer is ambiguous (`choice_problem`): more than one choice for a request that asked for one
 (n=1), or a choice whose ``index`` is not 0. A reply to a generation request is capped at
 `reply_byte_cap` bytes before it is read. Numbers a server sends are shortened in error messages
-(`_count`), as its other values are (`_quoted`).
+(`server_count`), as its other values are (`_quoted`).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ from hf_securesd.bench.engines import register_engine
 from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.engines.client import Attempts, ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
-from hf_securesd.http_deadline import valid_unicode
+from hf_securesd.http_deadline import server_count, valid_unicode
 from hf_securesd.judges.secrets import api_key_problem, redact, redacted_excerpt
 
 BASE_ROUTE = "--base-url"  # the route (client) of --base-url; the others are named by their endpoint
@@ -203,14 +203,14 @@ def parse_endpoint_key_envs(pairs: Sequence[str]) -> dict[str, str]:
     return variables
 
 
-def _is_count(value: Any) -> bool:
+def _isserver_count(value: Any) -> bool:
     """Whether `value` is a non-negative integer (booleans excluded)."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _counts(value: Any) -> bool:
     """Whether `value` is a list of non-negative integers (booleans excluded)."""
-    return isinstance(value, list) and all(_is_count(count) for count in value)
+    return isinstance(value, list) and all(_isserver_count(count) for count in value)
 
 
 def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int, new_tokens: int | None = None) -> str | None:
@@ -236,7 +236,8 @@ def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int, new_t
     for step, (step_drafted, step_accepted) in enumerate(zip(drafted, accepted)):
         if step_drafted > MAX_DRAFTS_PER_STEP or step_accepted > step_drafted:
             return (
-                f"step {step} drafted {_count(step_drafted)} and accepted {_count(step_accepted)} tokens "
+                f"step {step} drafted {server_count(step_drafted)} and accepted "
+                f"{server_count(step_accepted)} tokens "
                 f"(at most {MAX_DRAFTS_PER_STEP} drafts a step, and never more accepted than drafted)"
             )
         if start > last_start:
@@ -251,15 +252,6 @@ def speculative_metrics_problem(spec: dict[str, Any], max_new_tokens: int, new_t
             )
         start += step_accepted + 1
     return None
-
-
-def _count(value: int, limit: int = 10**15) -> str:
-    """A non-negative integer a server sent, for an error message: with thousands separators below
-    `limit`, else its approximate number of digits (a count of 10**4200 took 5,600 characters, and
-    Python refuses to print an integer of more than 4,300 digits)."""
-    if value < limit:
-        return f"{value:,}"
-    return f"a number of about {int(value.bit_length() * 0.30103) + 1:,} digits"
 
 
 def _quoted(value: Any, limit: int = 40) -> str:
@@ -279,7 +271,7 @@ def completion_tokens(usage: Any) -> int | None:
     """``usage.completion_tokens`` when it is a count (a non-negative integer, not a boolean), else
     None: missing, or not a number of tokens, and so not believed."""
     count = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    return count if _is_count(count) else None
+    return count if _isserver_count(count) else None
 
 
 def reply_problem(finish_reason: Any, tokens: int | None, text: str, max_new_tokens: int) -> str | None:
@@ -297,7 +289,7 @@ def reply_problem(finish_reason: Any, tokens: int | None, text: str, max_new_tok
         )
     if tokens is not None and tokens > max_new_tokens:
         return (
-            f"the reply claims {_count(tokens)} completion tokens, more than the request's max_tokens "
+            f"the reply claims {server_count(tokens)} completion tokens, more than the request's max_tokens "
             f"{max_new_tokens:,}"
         )
     most = max_new_tokens * MAX_CHARACTERS_PER_TOKEN + TEXT_SLACK_CHARACTERS
@@ -323,7 +315,7 @@ def token_ids_problem(token_ids: Any, max_new_tokens: int, vocabulary_size: int)
             f"max_tokens {max_new_tokens:,}"
         )
     for position, token in enumerate(token_ids):
-        if not (_is_count(token) and token < vocabulary_size):
+        if not (_isserver_count(token) and token < vocabulary_size):
             return (
                 f"--token-ids: token id {_quoted(token)} at position {position} "
                 f"is not an id of the tokenizer (an integer from 0 to {vocabulary_size - 1})"
@@ -527,7 +519,7 @@ class OpenAIEngine(Engine):
         if self.settings.token_ids:  # the ids are the answer: a count that disagrees is not believed
             if claimed is not None and claimed != len(token_ids):
                 return GenerationFailure(
-                    f"the reply claims {_count(claimed)} completion tokens but holds "
+                    f"the reply claims {server_count(claimed)} completion tokens but holds "
                     f"{len(token_ids):,} token ids"
                 )
             new_tokens = len(token_ids)
