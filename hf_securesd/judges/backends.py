@@ -49,6 +49,7 @@ from hf_securesd.judges.secrets import (
     redacted_excerpt,
     strip_userinfo,
     url_before_query,
+    warn_if_unredacted,
 )
 
 Message = dict[str, str]
@@ -294,8 +295,9 @@ class OpenAIChatBackend(ChatBackend):
     credentials in the URL (``user:password@``, sent as HTTP basic auth). A URL with a query
     string or fragment (``?api_key=...``) is refused: it would be recorded with the results; so is one
     httpx cannot use (a port that is not a number, no host), and a key that cannot be sent or redacted
-    safely (`api_key_problem`: shorter than 6 characters, or holding whitespace, control or non-ASCII
-    characters, such as the carriage return of a CRLF ``.env`` file), without showing it.
+    safely (`api_key_problem`: holding whitespace, control or non-ASCII characters, such as the carriage
+    return of a CRLF ``.env`` file), without showing it; a key shorter than 6 characters is not
+    redacted, with a warning (`warn_if_unredacted`: right for a placeholder such as "EMPTY").
 
     Each attempt has one deadline of `timeout` seconds for the whole exchange — connecting,
     sending, the status line, the headers and the body (`hf_securesd.http_deadline`) — so a server
@@ -489,6 +491,8 @@ def _checked_key(api_key: str | None) -> str | None:
     problem = None if key is None else api_key_problem(key, where)
     if problem is not None:
         raise ValueError(problem)
+    if key is not None:
+        warn_if_unredacted(key, where)
     return key
 
 

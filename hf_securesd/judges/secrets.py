@@ -4,8 +4,8 @@ Secrets live in environment variables (`SECRET_ENV_VARS`) and are read where the
 `redact` replaces every known secret value in a text, verbatim or escaped as JSON, Python's repr or
 PHP (``\\/``) write it, `redact_value` in every string of a record (results files: a server may echo a
 key in a model name or an answer); `api_key_problem` refuses, where a key is read, a key that
-could not be sent or redacted safely (too short, or holding whitespace, control or non-ASCII
-characters: h11 would quote it in its error); `redacted_excerpt` redacts
+could not be sent or redacted safely (holding whitespace, control or non-ASCII characters: h11 would
+quote it in its error), and `warn_if_unredacted` warns of one too short to redact; `redacted_excerpt` redacts
 a server's text and only then clips it for an error message; `redact_command` redacts a command
 line before it is recorded; `reject_secret_options` refuses option mappings (judge options, backend
 settings) that carry a secret, since those are written to ``study.json`` and printed in reports.
@@ -17,6 +17,7 @@ import json
 import os
 import re
 import shlex
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -62,20 +63,28 @@ def secret_env_values() -> list[str]:
 
 def api_key_problem(key: str, where: str) -> str | None:
     """Why the API key `key`, read from `where` (an environment variable and the option naming it),
-    cannot be used, or None; the message never shows the key. A key must be at least
-    `MIN_SECRET_CHARS` characters (a shorter one cannot be told from ordinary text, so it could not be
-    redacted from answers and results) of printable ASCII without spaces: an HTTP header carries
-    ASCII (httpx refuses other characters), and h11 refuses a header holding a carriage return or a
-    line feed with an error that quotes the header, key included."""
-    if len(key) < MIN_SECRET_CHARS:
-        return (f"{where}: the API key is shorter than {MIN_SECRET_CHARS} characters, too short to be "
-                "redacted from the results safely; use a longer key (a local server takes any key you "
-                "start it with)")
+    cannot be used, or None; the message never shows the key. A key must be printable ASCII without
+    spaces: an HTTP header carries ASCII (httpx refuses other characters), and h11 refuses a header
+    holding a carriage return or a line feed with an error that quotes the header, key included."""
     if not all("!" <= character <= "~" for character in key):
         return (f"{where}: the API key holds whitespace, a control character or a character outside ASCII "
                 "(it is not shown here); remove it, e.g. the trailing carriage return of a .env file saved "
                 "with Windows line endings (CRLF)")
     return None
+
+
+def warn_if_unredacted(key: str, where: str) -> None:
+    """Warn that the API key `key` (from `where`) is shorter than `MIN_SECRET_CHARS` and so is not
+    redacted from answers and results (it cannot be told from ordinary text): right for a placeholder
+    such as "EMPTY", what local OpenAI-compatible servers are conventionally given; a real secret should
+    be longer."""
+    if len(key) < MIN_SECRET_CHARS:
+        warnings.warn(
+            f"{where}: the API key is shorter than {MIN_SECRET_CHARS} characters, so it is not redacted from "
+            "the results (it cannot be told from ordinary text); fine for a placeholder such as EMPTY, use "
+            "a longer key if it is a secret",
+            stacklevel=3,
+        )
 
 
 def escaped_forms(secret: str) -> list[str]:
@@ -92,7 +101,7 @@ def escaped_forms(secret: str) -> list[str]:
 def known_secrets(extra: Iterable[str | None] = ()) -> list[str]:
     """Secret values to redact, longest first: those of `SECRET_ENV_VARS` that are set, plus `extra`,
     each with its `escaped_forms`; values shorter than `MIN_SECRET_CHARS` are ignored (they would
-    redact ordinary text; `api_key_problem` refuses such keys where they are read)."""
+    redact ordinary text; `warn_if_unredacted` says so where such a key is read)."""
     values = [os.environ.get(name) for name in SECRET_ENV_VARS] + list(extra)
     secrets = {value for value in values if value and len(value) >= MIN_SECRET_CHARS}
     return sorted({form for secret in secrets for form in escaped_forms(secret)}, key=len, reverse=True)

@@ -372,14 +372,12 @@ def test_target_requests_switch_off_a_server_wide_securesd_default(serve, tmp_pa
     (KEY + "\n", "control character"),
     ("sk-fake-\u00e9t\u00e9-5e1f9a3c7b20", "outside ASCII"),
     ("sk-fake audit 5e1f9a3c7b20d486", "whitespace"),
-    ("abcde", "shorter than 6 characters"),  # too short to be redacted from answers
 ])
 def test_a_key_that_cannot_be_sent_or_redacted_is_refused_without_being_shown(serve, monkeypatch, key,
                                                                                problem):
     """A key ending in a carriage return was sent: h11 refused the header with "Illegal header value
-    b'Bearer <key>\\r'", which no redaction matched, and the key went to failures.jsonl and stderr (and a
-    5-character key was not redacted from the results). It is refused where it is read, naming the
-    variable, never the key."""
+    b'Bearer <key>\\r'", which no redaction matched, and the key went to failures.jsonl and stderr. It is
+    refused where it is read, naming the variable, never the key."""
     url, state = serve(lambda handler, state: send(handler, 200, GOOD))
     monkeypatch.setenv(KEY_VARIABLE, key)
     with pytest.raises(EngineError) as caught:
@@ -388,6 +386,17 @@ def test_a_key_that_cannot_be_sent_or_redacted_is_refused_without_being_shown(se
     assert f"--api-key-env {KEY_VARIABLE}" in message and problem in message
     assert key.strip() not in message and repr(key)[1:-1] not in message
     assert state["headers"] == []  # nothing was sent
+
+
+def test_a_placeholder_key_too_short_to_redact_is_used_with_a_warning(serve, monkeypatch):
+    """"EMPTY" is what local OpenAI-compatible servers are conventionally given: it is sent, with a
+    warning that so short a key is not redacted from the results."""
+    url, state = serve(lambda handler, state: send(handler, 200, GOOD))
+    monkeypatch.setenv(KEY_VARIABLE, "EMPTY")
+    with pytest.warns(UserWarning, match=f"--api-key-env {KEY_VARIABLE}: the API key is shorter than 6"):
+        engine = chat_engine(url, api_key_env=KEY_VARIABLE)
+    assert not isinstance(engine.generate(TARGET, [PROMPT], 16, 0)[0], GenerationFailure)
+    assert state["headers"] and all("Bearer EMPTY" in str(headers) for headers in state["headers"])
 
 
 def test_a_key_with_a_carriage_return_stops_a_run_before_anything_is_written(serve, tmp_path, data_dir,

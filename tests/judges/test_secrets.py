@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import warnings
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -146,7 +147,7 @@ def test_strip_userinfo_splits_at_the_last_at_sign_and_leaves_a_bad_port_to_the_
 
 @pytest.mark.parametrize("key, problem", [
     ("sk-ok-0123456789", None),
-    ("abcde", "shorter than 6 characters"),
+    ("abcde", None),  # too short to redact: accepted with a warning (warn_if_unredacted)
     ("sk-0123456789\r", "carriage return"),
     ("sk-0123\t456789", "whitespace"),
     ("sk-01234\u00e956789", "outside ASCII"),
@@ -159,3 +160,15 @@ def test_api_key_problem_refuses_keys_that_cannot_be_sent_or_redacted(key, probl
         assert message is None
     else:
         assert message.startswith("MY_KEY: ") and problem in message and key.strip() not in message
+
+
+def test_a_key_too_short_to_redact_is_accepted_with_a_warning():
+    """"EMPTY" is what local OpenAI-compatible servers are conventionally given: refusing it would stop
+    every such run; it cannot be redacted (it is ordinary text), which the warning says."""
+    from hf_securesd.judges.secrets import warn_if_unredacted
+
+    with pytest.warns(UserWarning, match="MY_KEY: the API key is shorter than 6 characters, so it is not"):
+        warn_if_unredacted("EMPTY", "MY_KEY")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_if_unredacted("sk-0123456789", "MY_KEY")

@@ -55,7 +55,7 @@ from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generati
 from hf_securesd.bench.engines.client import Attempts, ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.http_deadline import server_count, valid_unicode
-from hf_securesd.judges.secrets import api_key_problem, redact, redacted_excerpt
+from hf_securesd.judges.secrets import api_key_problem, redact, redacted_excerpt, warn_if_unredacted
 
 BASE_ROUTE = "--base-url"  # the route (client) of --base-url; the others are named by their endpoint
 MAX_DRAFTS_PER_STEP = 1024  # far above any real k; a server reporting more is not believed
@@ -165,6 +165,7 @@ class OpenAISettings:
         problem = api_key_problem(key, flag)
         if problem is not None:
             raise EngineError(problem)
+        warn_if_unredacted(key, flag)
         return key
 
 
