@@ -65,7 +65,14 @@ from typing import Literal, Sequence
 from tqdm.auto import tqdm
 
 from hf_securesd.bench import sandbox_runner
-from hf_securesd.bench.sandbox_bwrap import INSIDE_INPUTS, INSTALL_HINT, bwrap_command, bwrap_problem
+from hf_securesd.bench.sandbox_bwrap import (
+    INSIDE_INPUTS,
+    INSTALL_HINT,
+    bwrap_command,
+    bwrap_problem,
+    exposure_problem,
+    resolve_interpreter,
+)
 from hf_securesd.bench.sandbox_limits import RUN_PREFIX, RunCgroup, SandboxLimits, rlimits, sweep_stale
 
 logger = logging.getLogger(__name__)
@@ -74,9 +81,10 @@ Isolation = Literal["auto", "bwrap", "unsafe-none"]
 ISOLATIONS = ("auto", "bwrap", "unsafe-none")
 OUTPUT_TAIL_CHARS = 2000
 POLL_INTERVAL_S = 0.05
-# tasks the sandbox itself adds to a run: bwrap outside the namespace (with bubblewrap), the checker (`check`)
+# tasks the sandbox itself adds to a run: bwrap outside the namespace (with bubblewrap), the checker (`check`:
+# its main thread and the thread that drains the solution's output)
 BWRAP_TASKS = 1
-CHECKER_TASKS = 1
+CHECKER_TASKS = 2
 # threads the harness starts for a run after its limits are set (standard input, output), which the
 # kernel counts against the user's RLIMIT_NPROC like the run's own tasks
 HARNESS_THREADS = 2
@@ -247,6 +255,8 @@ class _OutputTail:
     def __init__(self, pipe) -> None:
         self._fd = pipe.fileno()
         self._pipe = pipe
+        self._poller = select.poll()  # (select.select refuses descriptors from 1024 on)
+        self._poller.register(self._fd, select.POLLIN)
         self._kept = bytearray()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._drain, name="sandbox-output", daemon=True)
@@ -255,7 +265,7 @@ class _OutputTail:
     def _drain(self) -> None:
         deadline = None
         while True:
-            readable, _, _ = select.select([self._fd], [], [], POLL_INTERVAL_S)
+            readable = _readable(self._poller, POLL_INTERVAL_S)
             if self._stop.is_set():
                 # Every writer is dead by now, unless one escaped the kill (possible only without
                 # isolation): read what is left for at most one more interval, then stop waiting.
@@ -281,6 +291,12 @@ class _OutputTail:
         return self._kept.decode(errors="replace")
 
 
+def _readable(poller: select.poll, timeout_s: float) -> bool:
+    """Whether the one descriptor `poller` watches is readable (data, end of file or error) within
+    timeout_s."""
+    return bool(poller.poll(timeout_s * 1000))
+
+
 @lru_cache(maxsize=1)
 def _sweep_once() -> None:
     removed = sweep_stale()
@@ -297,7 +313,9 @@ class Sandbox:
         isolation: "auto" and "bwrap" require bubblewrap (`SandboxUnavailableError`, naming the
             cause and the fix, when it cannot start the interpreter); "unsafe-none" runs without
             isolation (resource limits, control group and watchdog only) and warns loudly.
-        python: interpreter that runs the programs (default: the current one).
+        python: interpreter that runs the programs (default: the current one); a bare name is looked up
+            on PATH, and an interpreter whose folders hold the working directory or the home folder
+            is refused (they would be mounted inside).
     """
 
     def __init__(self, limits: SandboxLimits | None = None, isolation: Isolation = "auto",
@@ -308,13 +326,13 @@ class Sandbox:
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {', '.join(map(repr, ISOLATIONS))}, not {isolation!r}")
         self.limits = limits or SandboxLimits()
-        self.python = python
+        self.python = resolve_interpreter(python)
         if isolation == "unsafe-none":
             warnings.warn(UNSAFE_WARNING, RuntimeWarning, stacklevel=2)
             logger.warning(UNSAFE_WARNING)
             self.isolation: Literal["bwrap", "unsafe-none"] = "unsafe-none"
         else:
-            problem = bwrap_problem(python)
+            problem = exposure_problem(self.python) or bwrap_problem(self.python)
             if problem is not None:
                 raise SandboxUnavailableError(
                     f"refusing to run generated code without isolation: {problem}. To accept the risk "

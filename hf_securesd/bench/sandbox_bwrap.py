@@ -22,7 +22,10 @@ runner that checks a solution is not dumpable (`sandbox_runner`), so the solutio
 and keeps no signal handler the solution could trigger (the kernel drops an init's signals without one
 when they come from inside its namespace). ``/proc/sys`` is bound read-only over the new ``/proc``:
 bubblewrap covers it only where it finds it writable, and a root harness's runs are uid 0 to the
-kernel's sysctl files.
+kernel's sysctl files; for the same reason the top-level ``/proc`` files other users may not read
+(``slabinfo``, ``kpageflags``, ``timer_list``...) are covered with ``/dev/null``. The interpreter is
+resolved to its absolute path first, and a sandbox whose interpreter mounts would hold the working
+directory or the home folder is refused (`exposure_problem`).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 from functools import lru_cache
@@ -60,11 +64,55 @@ def interpreter_paths(python: str) -> tuple[str, ...]:
                                timeout=60, check=True)
         found = json.loads(probe.stdout)
     found[-1] = os.path.dirname(found[-1])
-    found.append(os.path.dirname(os.path.abspath(python)))
+    found.append(os.path.dirname(python))  # its folder as named (absolute: `resolve_interpreter`)
     paths = sorted({os.path.realpath(path) for path in found} | {os.path.abspath(path) for path in found})
     kept = [path for path in paths if path != "/" and not (path + "/").startswith("/usr/")]
     # a folder inside another one is mounted with it
     return tuple(path for path in kept if not any(path.startswith(other + "/") for other in kept))
+
+
+def resolve_interpreter(python: str) -> str:
+    """The absolute path of interpreter `python` (a bare name is looked up on PATH, as the harness's shell
+    would find it): the sandbox runs exactly the interpreter it checked, and mounts only its own folders.
+    Raises ValueError when there is no such executable."""
+    found = shutil.which(python) if os.sep not in python else python
+    if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
+        raise ValueError(f"python={python!r}: no such executable{'' if os.sep in python else ' on PATH'}; "
+                         "give the path of the interpreter that runs the programs")
+    return os.path.abspath(found)
+
+
+def exposure_problem(python: str) -> str | None:
+    """None unless a folder mounted for `python` is or holds the working directory or the home folder
+    (an interpreter installed with the home folder as its prefix, a harness started inside the
+    interpreter's folders): mounting it would show the program the working tree or the home folder
+    (keys, expected answers), so such a sandbox is refused with the reason."""
+    private = {"the working directory": os.path.realpath(os.getcwd()),
+               "the home folder": os.path.realpath(os.path.expanduser("~"))}
+    for path in interpreter_paths(python):
+        for name, folder in private.items():
+            if folder == path or folder.startswith(path.rstrip("/") + "/"):
+                return (f"the interpreter {python} needs {path} mounted inside the sandbox, which holds "
+                        f"{name} ({folder}): the program could read it. Run the harness from another folder, "
+                        "or use an interpreter (or virtual environment) installed outside it")
+    return None
+
+
+def masked_proc_entries(proc: str = "/proc") -> list[str]:
+    """The top-level files of `proc` that other users may not read (slabinfo, kpageflags, timer_list...):
+    to the kernel, a root harness's run is uid 0 without capabilities, which the files' modes alone let
+    read them, so they are covered with /dev/null in the sandbox's /proc. Process folders are the run's
+    own (a new PID namespace)."""
+    masked = []
+    for name in sorted(os.listdir(proc)):
+        path = os.path.join(proc, name)
+        try:
+            mode = os.lstat(path).st_mode
+        except OSError:  # gone meanwhile
+            continue
+        if not name.isdigit() and stat.S_ISREG(mode) and not mode & stat.S_IROTH:
+            masked.append(path)
+    return masked
 
 
 def bwrap_binary() -> str | None:
@@ -84,7 +132,10 @@ def bwrap_command(python: str, inputs: Path, disk_bytes: int) -> list[str]:
             command += ["--ro-bind", link, link]
     # bubblewrap covers /proc/sys only where it finds it writable, and a run of a root harness is the
     # host's uid 0 to the kernel's sysctl files (0644 root): read-only, as the rest of /proc's knobs
-    command += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys", "--dev", "/dev",
+    command += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys"]
+    for path in masked_proc_entries():
+        command += ["--ro-bind", "/dev/null", path]
+    command += ["--dev", "/dev",
                 "--size", str(SHM_BYTES), "--tmpfs", "/dev/shm",
                 "--size", str(disk_bytes), "--tmpfs", "/tmp"]
     for path in interpreter_paths(python):

@@ -202,6 +202,8 @@ class _SolutionOutput:
 
     def __init__(self):
         self.read_fd, self.write_fd = os.pipe()
+        self._poller = select.poll()
+        self._poller.register(self.read_fd, select.POLLIN)
         self._kept = bytearray()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._drain, daemon=True)
@@ -210,7 +212,7 @@ class _SolutionOutput:
     def _drain(self):
         deadline = None
         while True:
-            readable, _, _ = select.select([self.read_fd], [], [], 0.05)
+            readable = bool(self._poller.poll(50))  # (select.select refuses descriptors from 1024 on)
             if self._stop.is_set():
                 # Processes the solution left behind may hold the pipe, and write to it without end:
                 # read what is there for at most one more interval, then stop.

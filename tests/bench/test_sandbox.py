@@ -241,6 +241,82 @@ def test_interpreter_in_a_virtual_environment_under_tmp_is_isolated(tmp_path: Pa
     assert executable == python and int(visible) <= 3  # its own PID namespace
 
 
+@needs_bwrap
+@needs_bwrap
+def test_a_bare_interpreter_name_runs_the_interpreter_on_path_without_mounting_the_working_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # `python="python3"` once mounted the folder "python3" would be in: the harness's working directory
+    (tmp_path / "answers.txt").write_text("expected answers")
+    monkeypatch.chdir(tmp_path)
+    bare = os.path.basename(sys.executable)
+    monkeypatch.setenv("PATH", os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", ""))
+    sandbox = Sandbox(LIMITS, isolation="bwrap", python=bare)
+    assert sandbox.python == sys.executable
+    result = sandbox.run(f"import os\nprint(os.path.exists({str(tmp_path / 'answers.txt')!r}))")
+    assert result.passed and result.output == "False", result.output
+
+
+@needs_bwrap
+def test_output_is_drained_when_the_harness_holds_over_1024_descriptors() -> None:
+    # select.select refuses descriptors from 1024 on: the output thread died, a run printing more than
+    # a pipe holds blocked until its timeout and a failure lost its output
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("the hard limit on open files is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (1200, hard))
+    held = []
+    try:
+        while not held or held[-1] < 1100:
+            held.append(os.open(os.devnull, os.O_RDONLY))
+        sandbox = Sandbox(LIMITS)
+        printed = sandbox.run("print('x' * 200_000)\nprint('end')")
+        assert printed.passed and printed.output.endswith("end"), printed.status
+        tests = "def check(f):\n    assert f(2, 3) == 5\n"
+        failed = sandbox.check("def add(a, b):\n    raise ValueError('visible')\n", tests, "add")
+        assert not failed.passed and "visible" in failed.output
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+def test_an_interpreter_that_cannot_be_found_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="no-such-python.*no such executable on PATH"):
+        Sandbox(LIMITS, python="no-such-python")
+    with pytest.raises(ValueError, match="no such executable"):
+        Sandbox(LIMITS, python="/opt/nowhere/python3")
+
+
+def test_mounts_holding_the_working_directory_or_home_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The interpreter's folders are mounted read-only inside: a harness started in one of them (or an
+    # interpreter whose prefix is the home folder) would show the program its working tree or home.
+    from hf_securesd.bench import sandbox_bwrap
+
+    prefix = sandbox_bwrap.interpreter_paths(sys.executable)[0]
+    monkeypatch.chdir(prefix)
+    with pytest.raises(SandboxUnavailableError, match="holds the working directory"):
+        Sandbox(LIMITS)
+    monkeypatch.chdir("/")
+    monkeypatch.setenv("HOME", prefix)
+    with pytest.raises(SandboxUnavailableError, match="holds the home folder"):
+        Sandbox(LIMITS)
+
+
+def test_proc_files_other_users_may_not_read_are_masked(tmp_path: Path) -> None:
+    from hf_securesd.bench.sandbox_bwrap import masked_proc_entries
+
+    for name, mode in (("slabinfo", 0o400), ("kmsg", 0o400), ("cpuinfo", 0o444), ("bset", 0o600)):
+        (tmp_path / name).write_text("x")
+        (tmp_path / name).chmod(mode)
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "environ").write_text("x")
+    expected = [str(tmp_path / name) for name in ("bset", "kmsg", "slabinfo")]
+    assert masked_proc_entries(str(tmp_path)) == expected
+
+
 def test_a_failing_sandbox_names_the_real_cause(monkeypatch: pytest.MonkeyPatch) -> None:
     from hf_securesd.bench import sandbox_bwrap
 

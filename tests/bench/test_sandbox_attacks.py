@@ -296,6 +296,47 @@ def test_kernel_settings_under_proc_sys_are_read_only(sandbox: Sandbox) -> None:
     assert result.passed and "writable" not in result.output and result.output.count("refused") == 3, result.output
 
 
+def test_proc_files_only_root_may_read_are_covered(sandbox: Sandbox) -> None:
+    # A root harness's runs are uid 0 to the kernel: files such as /proc/slabinfo or /proc/kpageflags
+    # (0400 root, kernel heap and physical page state) would be readable by their mode alone.
+    from hf_securesd.bench.sandbox_bwrap import masked_proc_entries
+
+    masked = masked_proc_entries()
+    if not masked:
+        pytest.skip("this kernel's /proc has no file only root may read")
+    result = sandbox.run(_program(f"""
+        for path in {masked!r}:
+            try:
+                with open(path, 'rb') as handle:
+                    data = handle.read(4096)
+                print('read' if data else 'empty', path)
+            except OSError as error:
+                print('refused', path, error.strerror)
+    """))
+    assert result.passed and "read /proc" not in result.output, result.output
+
+
+def test_a_task_limit_of_n_gives_the_solution_n_tasks() -> None:
+    # The checker's own threads come on top of the solution's budget: a solution that starts exactly
+    # max_processes tasks (its main thread included) runs, one more is refused.
+    limits = replace(LIMITS, max_processes=6)
+    solution = _program("""
+        import threading
+        threading.stack_size(65536)
+        WANTED = {wanted}
+        event, threads = threading.Event(), []
+        for _ in range(WANTED - 1):
+            threads.append(threading.Thread(target=event.wait, daemon=True))
+            threads[-1].start()
+        event.set()
+        def add(a, b):
+            return a + b
+    """)
+    sandbox = Sandbox(limits)
+    assert sandbox.check(solution.format(wanted=6), TESTS, "add").passed
+    assert sandbox.check(solution.format(wanted=7), TESTS, "add").status in ("process_limit", "failed")
+
+
 # Run in a process of its own (it joins a session keyring): the harness holds a secret key in its session
 # keyring; a run tries to read it and to plant a key there.
 _KEYRING_PROBE = textwrap.dedent("""
