@@ -135,7 +135,7 @@ class RunCgroup:
                 for key, value in settings.items():
                     (path / key).write_text(value)
         except (OSError, LookupError) as error:
-            logger.debug("no control group for the sandbox run: %s", error)
+            _warn_once_without_control_group(error)
             group.destroy()
             return None
         group._add_v1_cpu_group(name)
@@ -251,3 +251,20 @@ def sweep_stale(temp_dir: str | os.PathLike | None = None) -> list[Path]:
                 RunCgroup([entry]).destroy()
                 removed.append(entry)
     return removed
+
+
+_warned_without_control_group: list[bool] = []
+
+
+def _warn_once_without_control_group(error: BaseException) -> None:
+    """Say once per process that runs get no control group (memory over the whole run and the run's task
+    count unbounded, see the module docstring); later runs log it at debug level."""
+    if _warned_without_control_group:
+        logger.debug("no control group for the sandbox run: %s", error)
+        return
+    _warned_without_control_group.append(True)
+    logger.warning(
+        "sandbox runs get no control group here (%s): run_memory_bytes and the run's task count are not "
+        "enforced, only per-process limits; run the harness as root or in a delegated cgroup subtree for "
+        "a hard bound", error,
+    )

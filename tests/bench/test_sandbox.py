@@ -350,3 +350,19 @@ def test_a_study_with_humaneval_refuses_before_generating(monkeypatch: pytest.Mo
     assert not (tmp_path / "out").exists()  # nothing generated, nothing written
     unsafe = StudySettings("tiny", "tiny", isolation="unsafe-none")
     assert unsafe.score_options().isolation == "unsafe-none"
+
+
+def test_runs_without_a_control_group_are_announced_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Without control groups the run's memory and task count are not bounded as a whole: the operator
+    # is told once (it was a debug line), not at every run.
+    from hf_securesd.bench import sandbox_limits
+
+    monkeypatch.setattr(sandbox_limits, "CGROUP_ROOT", tmp_path / "no-cgroups")
+    monkeypatch.setattr(sandbox_limits, "_warned_without_control_group", [])
+    with caplog.at_level("DEBUG", logger=sandbox_limits.logger.name):
+        assert sandbox_limits.RunCgroup.create(LIMITS, 1) is None
+        assert sandbox_limits.RunCgroup.create(LIMITS, 1) is None
+    warnings = [record for record in caplog.records if record.levelname == "WARNING"]
+    assert len(warnings) == 1 and "run_memory_bytes" in warnings[0].getMessage()
