@@ -114,6 +114,14 @@ def resolve_draft_length(
         return next(((source[name], where) for source, where in places if source.get(name) is not None), (None, ""))
 
     _refuse_unsupported(sources + ([_explicit_fields(target_config)] if target_config is not None else []))
+    for source, where in places[: 1 + (passed_config is not None)]:  # the call and its GenerationConfig
+        ngram = source.get("max_matching_ngram_size")
+        if ngram is not None:
+            raise DraftLengthError(
+                f"max_matching_ngram_size={ngram!r}{where} does not apply to a draft model: it sets the n-gram "
+                "size of prompt lookup (prompt_lookup_num_tokens=N without assistant_model=). Remove it, or "
+                "draft by prompt lookup instead"
+            )
     defaults = DraftLength()
     k, where = pick("num_assistant_tokens")
     if k is not None:
@@ -163,8 +171,8 @@ def resolve_prompt_lookup(
     in the target's own generation_config configure draft-model drafting and are ignored, as in HF."""
     if draft is not None:
         raise DraftLengthError(
-            "prompt_lookup_num_tokens selects prompt lookup drafting, but a draft model (assistant_model=) was "
-            "given too; transformers would silently use prompt lookup only. Pass one of them"
+            "prompt_lookup_num_tokens selects prompt lookup drafting, but a draft model (assistant_model= or "
+            "draft=) was given too; transformers would silently use prompt lookup only. Pass one of them"
         )
     sources = [explicit] + [_explicit_fields(config) for config in (passed_config, target_config) if config is not None]
 

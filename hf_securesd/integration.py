@@ -167,9 +167,30 @@ def _prepare_call(model: PreTrainedModel, args: tuple, kwargs: dict[str, Any]) -
     fields = _securesd_fields(model, arguments, generation_config, default_verifier)
     if fields is not None:
         return _with_fields(bound, generation_config, fields)
-    if arguments.get("assistant_model") is not None:
-        return _with_fields(bound, generation_config, {"verifier": None, "secure_schedule": None})
+    if _drafts(model, arguments, generation_config):
+        return _switched_off(model, bound, generation_config)
     return _stripped(args, kwargs)
+
+
+def _switched_off(
+    model: PreTrainedModel, bound: inspect.BoundArguments, generation_config: GenerationConfig | None
+) -> tuple[tuple, dict[str, Any]]:
+    """The call of plain speculative decoding (HF's) with no verifier: a verifier in a config must not reach
+    the assisted loop. transformers fills a passed config's None fields from the model's config, so when
+    the model's config holds one, the None goes in the call's keywords too (they are applied last)."""
+    off = {"verifier": None, "secure_schedule": None}
+    args, kwargs = _with_fields(bound, generation_config, off)
+    if generation_config is not None and any(getattr(model.generation_config, name, None) is not None for name in off):
+        kwargs = {**kwargs, **off}
+    return args, kwargs
+
+
+def _drafts(model: PreTrainedModel, arguments: dict[str, Any], generation_config: GenerationConfig | None) -> bool:
+    """Whether the call decodes speculatively: a draft model, or prompt lookup (in the call or a config)."""
+    return (
+        arguments.get("assistant_model") is not None
+        or _effective("prompt_lookup_num_tokens", arguments, generation_config, model) is not None
+    )
 
 
 def _requested_verifier(

@@ -104,8 +104,9 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
     """The draft must exist, be a decoder-only causal LM and share the target's vocabulary."""
     if draft is None:
         raise SecureSDConfigError(
-            "verifier= needs a draft model: pass assistant_model=<draft model> to generate "
-            "(or draft=<draft model> through custom_generate)"
+            "verifier= needs a proposer: pass assistant_model=<draft model> to generate "
+            "(or draft=<draft model> through custom_generate), or prompt_lookup_num_tokens=N to draft from "
+            "the prompt (n-gram lookup)"
         )
     for role, model in (("target", target), ("draft", draft)):
         if not callable(getattr(model, "can_generate", None)) or not callable(getattr(model, "get_output_embeddings", None)):

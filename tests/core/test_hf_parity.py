@@ -104,7 +104,7 @@ def test_reloaded_model_runs_securesd_with_a_draft_and_plain_decoding_without(pa
                               return_dict_in_generate=True)
     assert saved.speculative_stats is not None
     assert torch.equal(saved.sequences, explicit.sequences)
-    with pytest.raises(SecureSDConfigError, match="needs a draft model"):
+    with pytest.raises(SecureSDConfigError, match="needs a proposer"):
         reloaded.generate(PROMPT, max_new_tokens=4, verifier="mars")  # an explicit request cannot be honoured
 
 

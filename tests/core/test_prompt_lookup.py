@@ -130,6 +130,17 @@ def test_options_that_do_not_apply_are_refused(llama_pair, bad, match):
         target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", **bad)
 
 
+@pytest.mark.parametrize("ngram", [2, 0, "x"])
+def test_prompt_lookups_ngram_size_with_a_draft_model_is_refused(llama_pair, ngram):
+    """HF ignores max_matching_ngram_size with a draft model; a SecureSD call names it instead of ignoring it."""
+    draft, target = llama_pair
+    for passed in ({"max_matching_ngram_size": ngram}, {"generation_config": GenerationConfig(max_new_tokens=4)}):
+        if "generation_config" in passed:
+            passed["generation_config"].max_matching_ngram_size = ngram
+        with pytest.raises(SecureSDConfigError, match="max_matching_ngram_size=.* does not apply to a draft model"):
+            target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", assistant_model=draft, **passed)
+
+
 @pytest.mark.parametrize("field, value", [("num_assistant_tokens", 10), ("assistant_confidence_threshold", 0.3)])
 def test_draft_model_settings_saved_in_the_models_config_are_ignored_by_prompt_lookup(llama_pair, field, value):
     """Saved in the target's generation_config they configure draft-model drafting; transformers ignores them
@@ -168,6 +179,38 @@ def test_prompt_lookup_from_the_models_generation_config_is_honoured(llama_pair)
     assert torch.equal(ours.sequences, expected.sequences) and torch.equal(defaults_only, expected.sequences)
     assert ours.speculative_stats.drafted_per_round == expected.speculative_stats.drafted_per_round
     assert sum(expected.speculative_stats.drafted_per_round) > 0
+
+
+@pytest.mark.parametrize("saved", ["mars", LossySD(epsilon=1.0)])
+def test_verifier_none_in_the_call_switches_securesd_off_for_prompt_lookup(llama_pair, saved):
+    """A verifier saved in a config is only a default: `verifier=None` in a prompt-lookup call runs HF's own
+    prompt lookup decoding, as it does with a draft model (the saved verifier reached the assisted loop
+    unresolved: a name failed deep inside it, an object decoded lossily). The same for a passed
+    GenerationConfig, whose None fields transformers fills from the model's config, with prompt lookup or
+    a draft model."""
+    draft, target = llama_pair
+    prompt = REPEATING[0]
+    plain = target.generate(prompt, max_new_tokens=16, do_sample=False)
+    saved_config = copy.deepcopy(target.generation_config)
+    try:
+        target.generation_config.verifier = saved
+        in_call = target.generate(prompt, max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=4,
+                                  verifier=None, return_dict_in_generate=True)
+        passed = target.generate(prompt, generation_config=GenerationConfig(
+            max_new_tokens=16, do_sample=False, prompt_lookup_num_tokens=4, verifier=saved,
+            return_dict_in_generate=True), verifier=None)
+        with_draft = target.generate(prompt, generation_config=GenerationConfig(
+            max_new_tokens=16, do_sample=False, verifier=saved, return_dict_in_generate=True),
+            verifier=None, assistant_model=draft)
+        target.generation_config.prompt_lookup_num_tokens = 4
+        in_config = target.generate(prompt, max_new_tokens=16, do_sample=False, verifier=None,
+                                    return_dict_in_generate=True)
+        relaxed = target.generate(prompt, max_new_tokens=16, do_sample=False, return_dict_in_generate=True)
+    finally:
+        target.generation_config = saved_config
+    for output in (in_call, passed, with_draft, in_config):
+        assert not hasattr(output, "speculative_stats") and torch.equal(output.sequences, plain)
+    assert hasattr(relaxed, "speculative_stats")  # without verifier=None the saved verifier runs
 
 
 def test_features_work_with_prompt_lookup(llama_pair):
