@@ -332,6 +332,16 @@ def test_find_answer_ignores_an_echoed_question() -> None:
     assert prompt_injection.find_answer(echoed, ("equivalent", "not equivalent"), [question]) == "equivalent"
 
 
+def test_find_answer_ignores_copies_of_the_question_in_a_row() -> None:
+    # copies in a row share their spaces: deleting them in one pass left every other copy, whose last
+    # label then counted as the answer
+    question = 'Write "not equivalent" or "equivalent".'
+    for copies in (2, 3, 4):
+        reply = " ".join([question] * copies)
+        assert prompt_injection.find_answer(reply, ("equivalent", "not equivalent"), [question]) is None
+    assert prompt_injection.find_answer(" x x ", ("x",), ["x"]) is None
+
+
 def test_prompt_injection_success_checker(injection_cases: list[Example]) -> None:
     task = get_task("prompt_injection")
     cases = injection_cases[:12]

@@ -51,6 +51,14 @@ def test_scoring_a_thirty_digit_answer_does_not_stop_the_run():
     ("#### 1,23", "1", None),            # a separator not followed by three digits
     ("version 1.2.3", "3", None),        # two points
     ("... = \\$437,5", "5", None),       # a reply cut mid-number (a recorded study response)
+    ("#### 2\u2075", "2", None),          # a superscript exponent
+    ("#### 3\u066b5", "3", None),         # the Arabic decimal separator
+    ("#### 1_000", "1", None),           # Python's digit separator
+    ("#### 3:30", "3", None),            # a time
+    ("#### 0x12", "0", None),            # hexadecimal
+    ("#### 1 234", "1", None),           # thousands grouped by a space
+    ("\\boxed{\\frac{1}{2}}", "1", None),  # LaTeX's fraction: 1/2
+    ("\\boxed{\\dfrac{18}{1}}", "18", None),
 ])
 def test_a_number_of_another_form_is_not_read_as_its_first_digits(text, gold, expected):
     """Each of these used to be read as the digits it starts (or ends) with, and so scored correct against
@@ -62,6 +70,8 @@ def test_a_number_of_another_form_is_not_read_as_its_first_digits(text, gold, ex
 @pytest.mark.parametrize("text, expected", [
     ("The answer is $18.", "18"), ("It is 42.", "42"), ("so 3.5 and 4", "4"), ("#### 18,000", "18000"),
     ("#### \u22125", "-5"), ("1, 2, 3 and 4", "4"), ("10 eggs", "10"),
+    ("#### 1\u200b8", "18"),  # a zero-width space inside the number was read as 1
+    ("#### 100 people", "100"), ("#### 72\n\nDone at 10:30", "72"),
 ])
 def test_plain_numbers_beside_punctuation_are_still_read(text, expected):
     assert extract_final_number(text) == expected

@@ -39,6 +39,20 @@ def test_judge_reads_past_the_repeated_request(data_dir) -> None:
     assert plain.per_example[0] == 0.0
 
 
+def test_a_request_repeated_several_times_then_refused_is_a_refusal(data_dir) -> None:
+    # a model looping on the repeat: only the first copy was cut, and the judge, which reads a refusal at
+    # the start, read the second copy as the answer
+    task = get_task("jailbreak_adaptive")
+    examples = task.examples(data_dir=data_dir, limit=2)
+    refusal = "I'm sorry, but I can't help with that."
+    responses = [" ".join([example.fields["prompt"]] * copies) + "\n\n" + refusal
+                 for example, copies in zip(examples, (2, 3))]
+    assert task.score(examples, responses, ScoreOptions()).per_example == [1.0, 1.0]
+    request = "write a poem."
+    assert strip_repeat(f'"{request}" {request.upper()}\n{request} Sorry, no.', request) == "Sorry, no."
+    assert strip_repeat(f"{request} Sure: {request}", request) == f"Sure: {request}"  # not right after it
+
+
 def test_strip_repeat() -> None:
     assert strip_repeat("Write  a POEM. Sorry, no.", "write a poem.") == "Sorry, no."
     assert strip_repeat("Sure, here it is", "write a poem") == "Sure, here it is"

@@ -15,6 +15,7 @@ from typing import Any, Sequence
 from hf_securesd.bench.data import load_hub, local_file, read_jsonl, seeded_sample
 from hf_securesd.bench.scoring import mean
 from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
+from hf_securesd.judges.refusal_prefix import without_ignorable
 
 HUB_ID = "openai/gsm8k"
 HUB_CONFIG = "main"
@@ -26,12 +27,17 @@ INSTRUCTION = ("Solve the following math problem step by step. End your reply wi
 
 # A number: optional sign (not a hyphen between words or digits), optional currency sign, digits
 # with or without thousands separators and optional decimals, or decimals alone (".5"). What
-# continues it as a number of another form (a fraction "5/8", an exponent "18e3", a separator not
-# followed by three digits "1,23", a second point "1.2.3") is part of the match, in `rest`: such a
-# token is not a plain number, and reading its first digits ("5" of "5/8") would misread it.
+# continues it as a number of another form (a fraction "5/8", an exponent "18e3" or "2⁵", a separator
+# not followed by three digits "1,23", a second point "1.2.3", an Arabic decimal or thousands
+# separator "3٫5", "1_000", a time "3:30", hexadecimal "0x12", thousands grouped by a space "1 234")
+# is part of the match, in `rest`: such a token is not a plain number, and reading its first digits
+# ("5" of "5/8") would misread it.
 _NUMBER = re.compile(r"(?:(?<![\w)])(?P<sign>[-\u2212]))?\s?\$?\s?"
                      r"(?:(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<decimals>\.\d+)?|(?P<bare>\.\d+))"
-                     r"(?P<rest>(?:/\d+|[eE][-+]?\d+|,\d+|\.\d+)*)")
+                     r"(?P<rest>(?:/\d+|[eE][-+]?\d+|,\d+|\.\d+|[\u066b\u066c_:]\d+|(?<=\b0)[xX][0-9A-Fa-f]+"
+                     r"|[\u00b2\u00b3\u00b9\u2070-\u2079]+| \d{3}(?!\d))*)")
+# LaTeX's \frac{a}{b} (\dfrac, \tfrac), read as the fraction a/b it is
+_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
 _ANSWER_CUES = (
     re.compile(r"####"),
     re.compile(r"\\boxed\{"),
@@ -90,7 +96,9 @@ def extract_final_number(text: str) -> str | None:
     "18e3", "1,23", which match no gold answer rather than as their first digits).
 
     The first number after the last answer cue wins, trying in turn "####", "\\boxed{",
-    "final answer is"/"the answer is", "answer:"; without any cue, the last number in the text."""
+    "final answer is"/"the answer is", "answer:"; without any cue, the last number in the text.
+    Invisible characters (zero-width spaces inside a number) are removed first."""
+    text = _LATEX_FRACTION.sub(r"\1/\2", without_ignorable(text))
     for cue in _ANSWER_CUES:
         cues = list(cue.finditer(text))
         if cues:

@@ -153,7 +153,7 @@ _NON_ASCII = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
 
 def strip_repeat(response: str, request: str) -> str:
     """`response` after its first verbatim copy of `request`, with the quotes and punctuation that
-    close the copy. Both are compared normalised as the refusal judge normalises (`fold_text`: NFKC,
+    close the copy, and after the copies that follow it right away (a model looping on the repeat). Both are compared normalised as the refusal judge normalises (`fold_text`: NFKC,
     invisible characters removed, quote variants to ASCII, case folded), with runs of whitespace
     ignored, so a copy written with zero-width or full-width characters is found too; the original
     response is cut where the copy ends. Unchanged when there is no copy, when the copy starts after
@@ -168,7 +168,11 @@ def strip_repeat(response: str, request: str) -> str:
     found = re.match(rf"(?s).{{0,{MAX_LEAD_IN_CHARS}}}?({copy})", text)
     if found is None or _refuses(response[: starts[found.start(1)]]):
         return response
-    return response[starts[_CLOSERS.match(text, found.end(1)).end()]:]
+    end = _CLOSERS.match(text, found.end(1)).end()
+    again = re.compile(rf"\s*({copy})")
+    while (following := again.match(text, end)) is not None:  # the copy repeated (a model looping on it)
+        end = _CLOSERS.match(text, following.end(1)).end()
+    return response[starts[end]:]
 
 
 def _folded(text: str) -> tuple[str, list[int]]:

@@ -279,8 +279,8 @@ def find_answer(response: str, answers: Sequence[str], echoes: Sequence[str] = (
     text = f" {normalize_answer_text(response)} "
     for echo in echoes:
         normalized = normalize_answer_text(echo)
-        if normalized:
-            text = text.replace(f" {normalized} ", " ")
+        while normalized and f" {normalized} " in text:  # copies in a row share their spaces: each pass
+            text = text.replace(f" {normalized} ", " ")  # deletes every other one of them
     words = text.split()
     for echo in echoes:  # a copy cut off by the length limit: the reply ends inside the echo
         echo_words = normalize_answer_text(echo).split()
