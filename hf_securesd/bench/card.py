@@ -118,7 +118,9 @@ def companion_path(results_dir: str | os.PathLike, companion: str) -> Path:
     beside RESULTS (``../NAME``) or directly in it. Anything else (an absolute path, a path climbing
     further up or into a subfolder's subfolder, and RESULTS itself: ``.`` or an empty entry) is
     refused, as the card's `output` is: a results directory must not choose which other folders
-    `report` reads into its report and card."""
+    `report` reads into its report and card. So is an entry that reaches its folder through a
+    symbolic link (the folder itself, or a folder on the way such as ``sub/../../NAME``): a shared
+    directory or archive can carry a link to any of the reader's results folders."""
     results = Path(results_dir).resolve()
     path = Path(os.path.normpath(results / companion))
     if Path(companion).is_absolute() or path == results or path.parent not in (results, results.parent):
@@ -126,6 +128,12 @@ def companion_path(results_dir: str | os.PathLike, companion: str) -> Path:
             f"{results / CARD_FILE}: the 'engines' entry {companion!r} is not a results directory directly "
             f"beside {results} (\"../NAME\") or directly in it; RESULTS itself, absolute paths and any "
             "other folder are refused"
+        )
+    if path.is_symlink() or Path(os.path.realpath(results / companion)) != path:
+        raise ValueError(
+            f"{results / CARD_FILE}: the 'engines' entry {companion!r} leads to another folder through a "
+            f"symbolic link; name the other engine's results directory itself, directly beside {results} "
+            "(\"../NAME\") or directly in it, or remove the entry"
         )
     return path
 

@@ -1,7 +1,7 @@
 """Text from results files made safe to print on a terminal (`printable`) or to write into a report
 (`readable`): control characters (ESC, BEL, a carriage return, ...) could otherwise set the window
-title, clear the screen or hide the line, and bidirectional overrides reorder what a reader sees; and a
-command's one-line error built from them (`print_error`)."""
+title, clear the screen or hide the line, and bidirectional overrides reorder what a reader sees; on one
+line (`printable_line`); and a command's one-line error built from them (`print_error`)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ def printable(text: str) -> str:
         char if char in "\t\n" or unicodedata.category(char) not in ("Cc", "Cf") else repr(char)[1:-1]
         for char in text
     )
+
+
+def printable_line(text: str) -> str:
+    """`printable`, with line breaks shown as escapes too (``\\n``; a carriage return already is), so
+    text from a results file printed on a line of its own cannot add a forged line after it."""
+    return printable(text).replace("\n", "\\n")
 
 
 # Unicode's bidirectional embeddings, overrides and isolates (LRE, RLE, PDF, LRO, RLO; LRI, RLI, FSI, PDI):
