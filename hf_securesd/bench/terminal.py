@@ -44,6 +44,7 @@ def readable(text: str) -> str:
 
 
 def print_error(message: object) -> None:
-    """Print `message` as a command's ``error:`` line on stderr: control characters escaped (it may
-    quote a results file's text) and long echoed values shortened (`shorten_long_values`)."""
-    print(f"error: {shorten_long_values(printable(str(message)))}", file=sys.stderr)
+    """Print `message` as a command's ``error:`` line on stderr: control characters escaped, line breaks
+    included, so it stays one line (it may quote a results file's text), and long echoed values shortened
+    (`shorten_long_values`)."""
+    print(f"error: {shorten_long_values(printable_line(str(message)))}", file=sys.stderr)

@@ -80,3 +80,12 @@ def test_the_pid_a_held_lock_shows_is_one_line(study, data_dir, capsys):
     err = capsys.readouterr().err
     assert err.startswith(f"error: {study} is in use by another run (pid 123\\nerror: forged line)")
     assert err.count("\n") == 1
+
+
+def test_command_errors_stay_on_one_line(capsys) -> None:
+    # `bench` and `report` print their errors through print_error: a value from a results file holding a
+    # line break printed a forged second line
+    from hf_securesd.bench.terminal import print_error
+
+    print_error("bad cell 'x\nerror: forged'")
+    assert capsys.readouterr().err == "error: bad cell 'x\\nerror: forged'\n"
