@@ -1,5 +1,5 @@
 """``securesd report``: tables and figures from a results directory, every number computed from
-the recorded cells of `runs.jsonl`.
+the recorded cells of `runs.jsonl` (each cell's SPD and PRR from its scores and seconds: `rederived`).
 
 Written to RESULTS/report/: `report.md` (the cells left unfinished by prompts without an answer, setup,
 per-configuration safety and utility with paired flips
@@ -32,6 +32,7 @@ from hf_securesd.bench.analysis import (
     bin_label,
     compute_prr,
     delta_speedup,
+    derived_fields,
     mean_ci,
     mean_of,
     merged_stats,
@@ -59,6 +60,19 @@ from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
 
 KINDS = ("safety", "utility")
+# the fields a record holds against both its baselines (`analysis.prr_fields`): none without them
+PRR_FIELDS = ("prr", "prr_ci", "prr_undefined", "target_score", "draft_score")
+
+
+def rederived(cells: Sequence[Cell], seed: int) -> list[Cell]:
+    """`cells` with what each holds against its baselines (SPD, whether it was timed in its target's
+    session and, with both baselines, PRR and its interval) computed again from the recorded scores and
+    seconds, as `bench` computes them (`derived_fields`, the study's `seed`): every table and figure
+    then shows one PRR and SPD per cell, the one its scores give (the asymmetry section draws the same),
+    never a recorded value edited by hand or left stale by a baseline recorded after it."""
+    base = baselines(cells)
+    return [{**{key: value for key, value in cell.items() if key not in PRR_FIELDS},
+             **derived_fields(cell, base, seed)} for cell in cells]
 
 
 def unparsed(cells: Iterable[Cell | None]) -> int:
@@ -486,10 +500,11 @@ def write_report(results_dir: str | os.PathLike) -> Path:
     """Write RESULTS/report/ (see the module docstring); returns the Markdown file's path."""
     results = ResultsDir(results_dir)
     manifest = results.read_manifest()
-    cells = baselines_first(results.runs())
-    if not cells:
+    runs = baselines_first(results.runs())
+    if not runs:
         raise no_runs_error(results.path)
     seed = manifest.get("seed") or 0
+    cells = rederived(runs, seed)
     base = baselines(cells)
     out = report_folder(results.path)
     main = primary_cells(cells)

@@ -36,6 +36,7 @@ import json
 import math
 import numbers
 import os
+import re
 import shlex
 import stat
 import tempfile
@@ -46,7 +47,7 @@ from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from hf_securesd.bench import json_input
 from hf_securesd.bench.manifest_checks import manifest_problem
-from hf_securesd.bench.run_records import fields_problem, run_problem, stats_problem
+from hf_securesd.bench.run_records import cell_key, fields_problem, run_problem, stats_problem  # noqa: F401
 from hf_securesd.bench.tasks import DEFAULT_SEED
 from hf_securesd.judges.secrets import redact_value
 from hf_securesd.stats import SpeculativeStats
@@ -117,6 +118,11 @@ CORRUPT_LINE_FIX = ("securesd never writes such a line: restore the file from a 
 _UNREADABLE = object()  # what `_parse_json` gives for a line that is not JSON
 UNREADABLE_JSON = "not valid JSON (or nested too deeply to read)"  # the problem named for `_UNREADABLE`
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
+# how JSON text spells half of a UTF-16 surrogate pair (a line without one holds no lone surrogate)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what such an escape without its other half parses to
+# why a lone surrogate is refused (one parses from a JSON escape without its pair's other half)
+NOT_TEXT = "(a JSON escape such as \\ud800 without its pair's other half), which is not text"
 
 
 def generation_problem(record: dict[str, Any]) -> str | None:
@@ -127,11 +133,6 @@ def generation_problem(record: dict[str, Any]) -> str | None:
 
 class CorruptResultsError(ValueError):
     """A results file holds something securesd never writes there (not a torn last line)."""
-
-
-def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -> str:
-    """Identifier of one cell: a decoding configuration on a task at a size and length."""
-    return f"{config_key}|{task}|n={n_examples}|max_new_tokens={max_new_tokens}"
 
 
 def json_ready(value: Any) -> Any:
@@ -234,11 +235,34 @@ def _parse_json(raw: bytes) -> Any:
         return _UNREADABLE
 
 
+def _lone_surrogate(value: Any, raw: bytes) -> str | None:
+    """Where the JSON `value`, parsed from `raw`, holds a lone surrogate (`NOT_TEXT`: no UTF-8 file or
+    terminal can take it), as a path such as ``'responses'[0]`` (``the name 'details'[0]['\\udc80']``
+    for an object's key), or None. Only a `raw` that spells a surrogate escape is searched (an escaped
+    pair, e.g. of an emoji, parses to one character)."""
+    return _surrogate_path(value, "") if _SURROGATE_ESCAPE.search(raw) else None
+
+
+def _surrogate_path(value: Any, path: str) -> str | None:
+    """The path in `value` below `path` of the first string or name holding a lone surrogate, or None."""
+    if isinstance(value, str):
+        return path if _LONE_SURROGATE.search(value) else None
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        inner = f"{path}[{key!r}]" if path else repr(key)
+        if isinstance(key, str) and _LONE_SURROGATE.search(key):
+            return f"the name {inner}"
+        found = _surrogate_path(item, inner)
+        if found:
+            return found
+    return None
+
+
 def read_jsonl(path: Path, check: Check | None = None) -> list[dict[str, Any]]:
-    """Records of a JSON-lines file, each a JSON object that `check` (record -> problem or None)
-    accepts. Only a torn last line (no newline, not valid JSON: the writer was killed mid-write) is
-    skipped; any other line that is not such a record raises `CorruptResultsError` naming the file
-    and the line."""
+    """Records of a JSON-lines file, each a JSON object without a lone surrogate (`_lone_surrogate`)
+    that `check` (record -> problem or None) accepts. Only a torn last line (no newline, not valid
+    JSON: the writer was killed mid-write) is skipped; any other line that is not such a record raises
+    `CorruptResultsError` naming the file and the line."""
     if not path.is_file():
         return []
     lines = path.read_bytes().split(b"\n")
@@ -247,17 +271,21 @@ def read_jsonl(path: Path, check: Check | None = None) -> list[dict[str, Any]]:
     records = []
     for number, raw in enumerate(lines, start=1):
         value = _parse_json(raw)
-        problem = UNREADABLE_JSON if value is _UNREADABLE else _record_problem(value, check)
+        problem = UNREADABLE_JSON if value is _UNREADABLE else _record_problem(value, check, raw)
         if problem:
             raise CorruptResultsError(f"{path}, line {number}: {problem}; {CORRUPT_LINE_FIX}")
         records.append(value)
     return records
 
 
-def _record_problem(value: Any, check: Check | None) -> str | None:
-    """What keeps `value` from being a record that `check` accepts, or None."""
+def _record_problem(value: Any, check: Check | None, raw: bytes = b"") -> str | None:
+    """What keeps `value` (parsed from `raw`) from being a record without a lone surrogate that `check`
+    accepts, or None."""
     if not isinstance(value, dict):
         return f"a JSON {_JSON_TYPES.get(type(value), type(value).__name__)}, not a record (a JSON object)"
+    where = _lone_surrogate(value, raw)
+    if where:
+        return f"a record with a lone surrogate in {where} {NOT_TEXT}"
     return None if check is None else check(value)
 
 

@@ -1,8 +1,12 @@
 """What a finished cell of runs.jsonl must hold for `bench`, `report`, `rescore` and `calibrate` to
 read it: every field those readers use, with its JSON type (numbers finite and within float range,
-`finite_real`), per-example lists aligned with the example ids, times and counts never negative,
-scores that are verdicts (0 or 1, null for an excluded one) whose mean is the cell's score, ``n``
-equal to the number of examples, an acceptance rate in [0, 1] and a PRR interval of two bounds.
+`finite_real`), per-example lists aligned with the example ids, times, counts and speed-ups never
+negative, no example accepting more draft tokens than it drafted, scores that are verdicts (0 or 1,
+null for an excluded one) whose mean is the cell's score, ``n`` equal to the number of examples, an
+acceptance rate in [0, 1], a PRR interval of two ordered bounds, speculative statistics whose counts
+are counts and whose TV sums lie within their verified counts (`stats_problem`, also the journal's),
+and identity fields that agree (`identity_problem`: cells are told apart by ``cell`` and baselines by
+``baseline_id``, so a record relabelled would take another cell's place).
 
 `run_problem` names the first thing wrong with a record (`results.read_jsonl` turns it into one
 error line naming the file and the line); it never raises.
@@ -21,19 +25,21 @@ TypeSpec = type | tuple[type, ...]
 _NUMBER = (int, float)
 _NUMBER_OR_NULL = (int, float, type(None))
 KINDS = ("target", "draft", "speculative", "endpoint")
-# the fields every record holds, with their JSON types
+# the fields every record holds, with their JSON types (`seconds` and `sessions`: what the report
+# computes each cell's SPD from, `analysis.derived_fields`)
 RUN_FIELDS: Mapping[str, TypeSpec] = {
     "cell": str, "config_key": str, "config": dict, "task": str, "task_kind": str, "metric": str,
     "baseline_id": str, "n": int, "max_new_tokens": int, "example_ids": list, "scores": list,
     "score": _NUMBER_OR_NULL, "responses": list, "wall_time": _NUMBER, "spd_same_session": bool,
+    "seconds": list, "sessions": list,
 }
 # fields of a record that the readers use where present, with their JSON types
 OPTIONAL_RUN_FIELDS: Mapping[str, TypeSpec] = {
     "acceptance_rate": _NUMBER_OR_NULL, "spd": _NUMBER_OR_NULL, "prr": _NUMBER_OR_NULL,
     "prr_ci": (list, type(None)), "cpu_time": _NUMBER_OR_NULL, "stats": (dict, type(None)), "details": list,
-    "sessions": list, "schedule_label": (str, type(None)), "knob_value": _NUMBER_OR_NULL,
-    "seconds": list, "new_tokens": list, "drafted": (list, type(None)), "accepted": (list, type(None)),
-    "stats_examples": int, "examples_digest": str,
+    "schedule_label": (str, type(None)), "knob_value": _NUMBER_OR_NULL, "new_tokens": list,
+    "drafted": (list, type(None)), "accepted": (list, type(None)), "stats_examples": int,
+    "examples_digest": str,
 }
 # the fields a speculative cell holds besides (its sweep's knob and its schedule)
 SPECULATIVE_FIELDS = ("knob_value", "schedule_label")
@@ -42,11 +48,28 @@ RUN_LIST_ITEMS: Mapping[str, TypeSpec] = {
     "scores": _NUMBER_OR_NULL, "responses": str, "details": dict, "seconds": _NUMBER, "new_tokens": int,
     "drafted": _NUMBER_OR_NULL, "accepted": _NUMBER_OR_NULL,  # null: the reply carried no statistics
 }
-# numbers of a record that are times or counts, and per-example lists of them: never negative
-NON_NEGATIVE_FIELDS = ("wall_time", "cpu_time", "stats_examples")
+# numbers of a record that are times, counts or speed-ups, and per-example lists of them: never negative
+NON_NEGATIVE_FIELDS = ("wall_time", "cpu_time", "stats_examples", "spd")
 NON_NEGATIVE_ITEMS = ("seconds", "new_tokens", "drafted", "accepted")
+# sizes of a record: at least 1 (a cell holds examples, each of at least one new token)
+POSITIVE_FIELDS = ("n", "max_new_tokens")
 # how far a recorded score may be from the mean of its verdicts (float summation order)
 SCORE_TOLERANCE = 1e-9
+# lists of `SpeculativeStats` that run in step: (counts, what is counted among them, never more)
+PAIRED_STATS = (("drafted_per_round", "accepted_per_round"), ("position_drafted", "position_accepted"),
+                ("position_verified", "position_tv_sum"))
+# how far a position's TV sum may exceed its verified count (each TV, at most 1, is a float32 sum)
+TV_TOLERANCE = 1e-3
+
+
+def baseline_key(task: str, n_examples: int, max_new_tokens: int) -> str:
+    """Identifier of the baselines of a cell (its ``baseline_id``): the task, size and length."""
+    return f"{task}|n={n_examples}|max_new_tokens={max_new_tokens}"
+
+
+def cell_key(config_key: str, task: str, n_examples: int, max_new_tokens: int) -> str:
+    """Identifier of one cell: a decoding configuration on a task at a size and length."""
+    return f"{config_key}|{baseline_key(task, n_examples, max_new_tokens)}"
 
 
 def finite_real(value: Any) -> bool:
@@ -78,15 +101,48 @@ def optional_fields_problem(record: dict[str, Any], expected: Mapping[str, TypeS
     return f"a record with an invalid {', '.join(map(repr, wrong))}" if wrong else None
 
 
+def _count(value: Any) -> bool:
+    """Whether `value` is a count securesd writes: an integer >= 0 (not a boolean) within float range."""
+    return isinstance(value, int) and finite_real(value) and value >= 0
+
+
 def stats_problem(values: Any) -> str | None:
-    """What keeps a run's `stats` (null or `SpeculativeStats.to_dict()`) from being read back, or None."""
+    """What keeps a run's `stats` (null or `SpeculativeStats.to_dict()`) from being read back, or None:
+    a field missing or of another type, or items securesd never writes there (`stats_items_problem`)."""
     if values is None:
         return None
     if not isinstance(values, dict):
         return "a record whose 'stats' is neither null nor an object"
     wrong = [field.name for field in fields(SpeculativeStats)
              if not _is(values.get(field.name), list if "list" in str(field.type) else _NUMBER)]
-    return f"a run whose 'stats' lack a valid {', '.join(map(repr, wrong))}" if wrong else None
+    if wrong:
+        return f"a run whose 'stats' lack a valid {', '.join(map(repr, wrong))}"
+    return stats_items_problem(values)
+
+
+def stats_items_problem(values: dict[str, Any]) -> str | None:
+    """Items of `stats` (their fields typed) that securesd never writes: a count that is not a count
+    (`_count`), a TV sum that is not a finite number, lists of `PAIRED_STATS` of unequal lengths, or an
+    item counting more than its pair does (more tokens accepted than drafted, a TV sum above the number
+    of verified positions it sums over: each TV is at most 1)."""
+    counted = [field.name for field in fields(SpeculativeStats) if "int" in str(field.type)]
+    miscounted = [name for name in counted
+                  if not all(map(_count, values[name] if isinstance(values[name], list) else [values[name]]))]
+    if miscounted:
+        names = " and ".join(map(repr, miscounted))
+        return f"a run whose 'stats' {names} hold other than counts (integers >= 0)"
+    if not all(finite_real(value) and value >= 0 for value in values["position_tv_sum"]):
+        return "a run whose 'stats' 'position_tv_sum' hold an item that is not a finite number >= 0"
+    for whole, part in PAIRED_STATS:
+        if len(values[whole]) != len(values[part]):
+            return f"a run whose 'stats' {whole!r} and {part!r} are not of one length"
+        ceiling = 1 + TV_TOLERANCE if part == "position_tv_sum" else 1
+        above = [index for index, (total, value) in enumerate(zip(values[whole], values[part]))
+                 if value > total * ceiling]
+        if above:
+            return (f"a run whose 'stats' {part!r} item {above[0]} ({values[part][above[0]]!r}) exceeds its "
+                    f"{whole!r} ({values[whole][above[0]]!r})")
+    return None
 
 
 def config_problem(record: dict[str, Any]) -> str | None:
@@ -127,23 +183,35 @@ def lists_problem(record: dict[str, Any]) -> str | None:
 
 
 def negative_problem(record: dict[str, Any]) -> str | None:
-    """Times or counts of a record (`NON_NEGATIVE_FIELDS`, `NON_NEGATIVE_ITEMS`) that are negative."""
+    """Times, counts or speed-ups of a record (`NON_NEGATIVE_FIELDS`, `NON_NEGATIVE_ITEMS`) that are
+    negative, and examples that accepted more draft tokens than they drafted."""
     negative = [name for name in NON_NEGATIVE_FIELDS if (record.get(name) or 0) < 0]
     negative += [name for name in NON_NEGATIVE_ITEMS
                  if any(item is not None and item < 0 for item in record.get(name) or [])]
     if negative:
-        return f"a run whose {' and '.join(map(repr, negative))} hold a negative time or count"
+        return f"a run whose {' and '.join(map(repr, negative))} hold a negative time, count or speed-up"
+    pairs = enumerate(zip(record.get("drafted") or [], record.get("accepted") or []))
+    above = [index for index, (drafted, accepted) in pairs
+             if (drafted is None) != (accepted is None) or (drafted is not None and accepted > drafted)]
+    if above:
+        first = above[0]
+        return (f"a run whose example {first} has 'accepted' {record['accepted'][first]!r} of 'drafted' "
+                f"{record['drafted'][first]!r}; an example holds both counts or neither, and accepts at "
+                "most the tokens it drafted")
     return None
 
 
 def interval_problem(record: dict[str, Any]) -> str | None:
-    """A `prr_ci` that is neither null nor two bounds (each a number, or null where it was undefined)."""
+    """A `prr_ci` that is neither null nor two bounds (each a number, or null where it was undefined),
+    the lower above the upper."""
     interval = record.get("prr_ci")
     if interval is None:
         return None
-    if len(interval) == 2 and all(bound is None or finite_real(bound) for bound in interval):
-        return None
-    return f"a run whose 'prr_ci' is {interval!r}, not null or two bounds (numbers or null)"
+    if len(interval) != 2 or not all(bound is None or finite_real(bound) for bound in interval):
+        return f"a run whose 'prr_ci' is {interval!r}, not null or two bounds (numbers or null)"
+    if None not in interval and interval[0] > interval[1]:
+        return f"a run whose 'prr_ci' {interval!r} has its lower bound above its upper one"
+    return None
 
 
 def numbers_problem(record: dict[str, Any]) -> str | None:
@@ -166,8 +234,57 @@ def numbers_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+def configuration_key(config: dict[str, Any]) -> str | None:
+    """The key securesd writes for the configuration `config` (`RunConfig.key` of
+    `RunConfig.from_dict(config)`), or None where `config` builds no configuration."""
+    from hf_securesd.bench.plan import RunConfig
+
+    try:
+        return RunConfig.from_dict(config).key
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
+        return None
+
+
+def task_problem(record: dict[str, Any]) -> str | None:
+    """A task securesd does not run, or a `task_kind` or `metric` other than the task's own."""
+    from hf_securesd.bench.tasks import get_task, task_names
+
+    if record["task"] not in task_names():
+        return f"a run of the task {record['task']!r}, none of securesd's ({', '.join(task_names())})"
+    task = get_task(record["task"])
+    if (record["task_kind"], record["metric"]) != (task.kind, task.metric):
+        return (f"a run of {task.name} whose 'task_kind' and 'metric' are {record['task_kind']!r} and "
+                f"{record['metric']!r}, not the task's {task.kind!r} and {task.metric!r}")
+    return None
+
+
+def identity_problem(record: dict[str, Any]) -> str | None:
+    """Identity fields that disagree: a size or length below 1 (`POSITIVE_FIELDS`), a task's kind or
+    metric (`task_problem`), a `config_key` that is not the key of `config`, a `cell` or `baseline_id`
+    other than `cell_key` and `baseline_key` of the record's configuration, task, size and length."""
+    small = [name for name in POSITIVE_FIELDS if record[name] < 1]
+    if small:
+        return f"a run whose {' and '.join(map(repr, small))} {'is' if len(small) == 1 else 'are'} below 1"
+    problem = task_problem(record)
+    if problem:
+        return problem
+    key = configuration_key(record["config"])
+    if key is None:
+        return f"a run whose 'config' {record['config']!r} names no configuration securesd runs"
+    if record["config_key"] != key:
+        return f"a run whose 'config_key' is {record['config_key']!r}, not {key!r}, the key of its 'config'"
+    sizes = (record["task"], record["n"], record["max_new_tokens"])
+    for name, expected, source in (("cell", cell_key(key, *sizes), "'config_key', 'task'"),
+                                   ("baseline_id", baseline_key(*sizes), "'task'")):
+        if record[name] != expected:
+            return (f"a run whose {name!r} is {record[name]!r}, not {expected!r}, which its {source}, 'n' "
+                    "and 'max_new_tokens' make")
+    return None
+
+
 def run_problem(record: dict[str, Any]) -> str | None:
     """What keeps `record` from being a finished cell of runs.jsonl (see the module docstring), or None."""
     return (fields_problem(record, RUN_FIELDS) or optional_fields_problem(record, OPTIONAL_RUN_FIELDS)
             or config_problem(record) or lists_problem(record) or negative_problem(record)
-            or interval_problem(record) or numbers_problem(record) or stats_problem(record.get("stats")))
+            or interval_problem(record) or numbers_problem(record) or stats_problem(record.get("stats"))
+            or identity_problem(record))

@@ -19,8 +19,8 @@ from support import tiny_results
 # control characters, then mathtext matplotlib cannot parse (a figure title must show it as text)
 CONTROL = "\x1b]0;PWNED\x07\x1b[31m\u202e$\\frac$"
 RAW = ("\x1b", "\x07", "\u202e")
-# names in runs.jsonl records (the same suffix on every record keeps cells paired with their baselines)
-RUN_NAMES = ("config_key", "schedule_label", "task", "metric")
+# names in runs.jsonl records that are not checked against the configuration, task, size and length
+RUN_NAMES = ("schedule_label",)
 # study.json settings shown in the report's title and setup
 MANIFEST_NAMES = ("target", "draft", "decoding", "profile", "dtype", "device")
 

@@ -12,6 +12,8 @@ from typing import Any, Callable
 
 import pytest
 
+from hf_securesd.bench.plan import RunConfig
+from hf_securesd.bench.results import cell_key
 from hf_securesd.cli import main
 from support import tiny_results
 
@@ -185,9 +187,12 @@ INJECTED = "x|y</td><img src=https://e.vil/p.png>\n# Injected [l](https://e.vil)
 
 def test_names_from_the_records_are_escaped(copy):
     def rename(record: dict[str, Any]) -> None:
-        record["config_key"] = record["config_key"] + INJECTED
+        """A name in the configuration itself (a segment boundary): its key and cell follow from it."""
+        record["config"]["schedule"] = {"schedule": "segments", "boundary": INJECTED, "before": None,
+                                        "after": {"schedule": "step", "L": 1}}
+        record["config_key"] = RunConfig.from_dict(record["config"]).key
+        record["cell"] = cell_key(record["config_key"], record["task"], record["n"], record["max_new_tokens"])
         record["schedule_label"] = INJECTED
-        record["task"] = record["task"]  # task names stay: they pair cells with their baselines
 
     on_run(_find(copy, "mars"), rename)(copy)
     assert main(["report", str(copy)]) == 0

@@ -60,9 +60,11 @@ def test_any_other_bad_line_names_the_file_the_line_and_the_fix(tmp_path, line, 
 
 
 def test_a_run_record_must_hold_one_score_and_response_per_example(tmp_path) -> None:
-    run = {"cell": "c", "config_key": "target", "config": {"kind": "target"}, "task": "t", "task_kind": "safety",
-           "metric": "afr", "baseline_id": "t|n=2", "n": 2, "max_new_tokens": 4, "example_ids": ["a", "b"],
-           "scores": [1.0], "score": 1.0, "responses": ["x", "y"], "wall_time": 1.0, "spd_same_session": True}
+    run = {"cell": "target|jailbreak|n=2|max_new_tokens=4", "config_key": "target",
+           "config": {"kind": "target"}, "task": "jailbreak", "task_kind": "safety", "metric": "afr",
+           "baseline_id": "jailbreak|n=2|max_new_tokens=4", "n": 2, "max_new_tokens": 4,
+           "example_ids": ["a", "b"], "scores": [1.0], "score": 1.0, "responses": ["x", "y"],
+           "seconds": [0.5, 0.5], "sessions": ["s"], "wall_time": 1.0, "spd_same_session": True}
     (tmp_path / RUNS).write_text(_lines(json.dumps(run)), encoding="utf-8")
     with pytest.raises(CorruptResultsError, match="line 1: a run whose scores do not match its example_ids"):
         ResultsDir(tmp_path).runs()
@@ -74,10 +76,13 @@ def test_a_run_record_must_hold_one_score_and_response_per_example(tmp_path) -> 
 @pytest.mark.parametrize("name", [[], {"mars": 1}, 7, None])
 def test_a_verifier_name_that_is_not_text_is_named(tmp_path, name) -> None:
     """A list or object as the verifier's name was an unhashable-type traceback in the check itself."""
-    run = {"cell": "c", "config_key": "mars", "config": {"kind": "speculative", "verifier": {"verifier": name}},
-           "task": "t", "task_kind": "safety", "metric": "afr", "baseline_id": "t|n=1", "n": 1,
+    run = {"cell": "mars(theta=0.5)|jailbreak|n=1|max_new_tokens=4", "config_key": "mars(theta=0.5)",
+           "config": {"kind": "speculative", "verifier": {"verifier": name, "theta": 0.5}},
+           "task": "jailbreak", "task_kind": "safety", "metric": "afr",
+           "baseline_id": "jailbreak|n=1|max_new_tokens=4", "n": 1,
            "max_new_tokens": 4, "example_ids": ["a"], "scores": [1.0], "score": 1.0, "responses": ["x"], "wall_time": 1.0,
-           "spd_same_session": True, "knob_value": 0.5, "schedule_label": None}
+           "seconds": [1.0], "sessions": ["s"], "spd_same_session": True, "knob_value": 0.5,
+           "schedule_label": None}
     (tmp_path / RUNS).write_text(_lines(json.dumps(run)), encoding="utf-8")
     with pytest.raises(CorruptResultsError, match="line 1: a speculative run whose config 'verifier' is"):
         ResultsDir(tmp_path).runs()
