@@ -114,9 +114,10 @@ def resolve_draft_length(
         return next(((source[name], where) for source, where in places if source.get(name) is not None), (None, ""))
 
     _refuse_unsupported(sources + ([_explicit_fields(target_config)] if target_config is not None else []))
-    for source, where in places[: 1 + (passed_config is not None)]:  # the call and its GenerationConfig
+    saved_ngram = getattr(target_config, "max_matching_ngram_size", None)
+    for index, (source, where) in enumerate(places[: 1 + (passed_config is not None)]):  # call, its config
         ngram = source.get("max_matching_ngram_size")
-        if ngram is not None:
+        if ngram is not None and (index == 0 or ngram != saved_ngram):  # (a copy of the model's config)
             raise DraftLengthError(
                 f"max_matching_ngram_size={ngram!r}{where} does not apply to a draft model: it sets the n-gram "
                 "size of prompt lookup (prompt_lookup_num_tokens=N without assistant_model=). Remove it, or "

@@ -265,7 +265,7 @@ class _OutputTail:
     def _drain(self) -> None:
         deadline = None
         while True:
-            readable = _readable(self._poller, POLL_INTERVAL_S)
+            readable = bool(self._poller.poll(POLL_INTERVAL_S * 1000))  # data, end of file or an error
             if self._stop.is_set():
                 # Every writer is dead by now, unless one escaped the kill (possible only without
                 # isolation): read what is left for at most one more interval, then stop waiting.
@@ -291,12 +291,6 @@ class _OutputTail:
         return self._kept.decode(errors="replace")
 
 
-def _readable(poller: select.poll, timeout_s: float) -> bool:
-    """Whether the one descriptor `poller` watches is readable (data, end of file or error) within
-    timeout_s."""
-    return bool(poller.poll(timeout_s * 1000))
-
-
 @lru_cache(maxsize=1)
 def _sweep_once() -> None:
     removed = sweep_stale()
@@ -314,8 +308,10 @@ class Sandbox:
             cause and the fix, when it cannot start the interpreter); "unsafe-none" runs without
             isolation (resource limits, control group and watchdog only) and warns loudly.
         python: interpreter that runs the programs (default: the current one); a bare name is looked up
-            on PATH, and an interpreter whose folders hold the working directory or the home folder
-            is refused (they would be mounted inside).
+            on PATH, a launcher script (a pyenv shim) stands for the interpreter it starts, and with
+            bubblewrap an interpreter whose folders hold the working directory or the home folder is
+            refused (they would be mounted inside; other private folders under them, such as a data
+            folder with expected answers, are the caller's to keep out).
     """
 
     def __init__(self, limits: SandboxLimits | None = None, isolation: Isolation = "auto",
@@ -398,7 +394,7 @@ class Sandbox:
             feeder = _feed(process.stdin, trusted_input.encode("utf-8"))
             os.close(write_end)
             write_end = -1
-            status = self._watch(process, start, overhead)
+            status = self._watch(process, start, self.limits.max_processes + self._tree_overhead(mode))
             _kill_tree(process)
             feeder.join(timeout=5)
             limit_hit = ""
@@ -452,10 +448,17 @@ class Sandbox:
             if self.isolation == "bwrap" else []
         return [self.python, "-I", "-S", "-c", _LAUNCHER, json.dumps(settings), *prefix, *runner]
 
-    def _watch(self, process: subprocess.Popen, start: float, overhead: int) -> str:
-        """Wait for `process`; kill its tree on timeout or too many processes. Returns "" when it
-        exited by itself, else the reason it was killed."""
-        allowed = self.limits.max_processes + overhead
+    def _tree_overhead(self, mode: str) -> int:
+        """Processes of the watched tree (the `descendants` of the process the harness starts) that are not
+        the program's, less the program's main process where it is that process itself: with bubblewrap
+        the tree holds the runner (in "check" mode the checker, else the program's main process); without
+        isolation the harness starts the runner itself, so the tree holds a checked solution's processes
+        or a program's children. (Threads do not count here; control groups count them.)"""
+        return int(mode == "check") - int(self.isolation != "bwrap")
+
+    def _watch(self, process: subprocess.Popen, start: float, allowed: int) -> str:
+        """Wait for `process`; kill its tree on timeout or when it holds more than `allowed` processes.
+        Returns "" when it exited by itself, else the reason it was killed."""
         while True:
             try:
                 process.wait(timeout=POLL_INTERVAL_S)

@@ -72,14 +72,33 @@ def interpreter_paths(python: str) -> tuple[str, ...]:
 
 
 def resolve_interpreter(python: str) -> str:
-    """The absolute path of interpreter `python` (a bare name is looked up on PATH, as the harness's shell
-    would find it): the sandbox runs exactly the interpreter it checked, and mounts only its own folders.
-    Raises ValueError when there is no such executable."""
+    """The absolute path of the interpreter `python` starts (a bare name is looked up on PATH, as the
+    harness's shell would find it; a launcher script such as a pyenv shim stands for the interpreter it
+    runs, whose `sys.executable` is asked): the sandbox runs exactly the interpreter it checked, and mounts
+    only its folders. Raises ValueError when there is no such executable or it is not a Python."""
     found = shutil.which(python) if os.sep not in python else python
     if found is None or not os.path.isfile(found) or not os.access(found, os.X_OK):
         raise ValueError(f"python={python!r}: no such executable{'' if os.sep in python else ' on PATH'}; "
                          "give the path of the interpreter that runs the programs")
-    return os.path.abspath(found)
+    return _started_interpreter(os.path.abspath(found))
+
+
+@lru_cache(maxsize=None)
+def _started_interpreter(path: str) -> str:
+    """`sys.executable` of the interpreter the executable at `path` starts (itself, for an interpreter or a
+    virtual environment's link to one)."""
+    if os.path.realpath(path) == os.path.realpath(sys.executable):
+        return path
+    try:
+        probe = subprocess.run([path, "-I", "-S", "-c", "import sys; print(sys.executable)"],
+                               capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ValueError(f"python={path!r} could not be run: {error}") from None
+    started = probe.stdout.strip()
+    if probe.returncode != 0 or not os.path.isabs(started):
+        raise ValueError(f"python={path!r} did not run as a Python interpreter (exit status {probe.returncode}); "
+                         "give the path of the interpreter that runs the programs")
+    return started
 
 
 def exposure_problem(python: str) -> str | None:
@@ -98,21 +117,24 @@ def exposure_problem(python: str) -> str | None:
     return None
 
 
-def masked_proc_entries(proc: str = "/proc") -> list[str]:
+@lru_cache(maxsize=None)
+def masked_proc_entries(proc: str = "/proc") -> tuple[str, ...]:
     """The top-level files of `proc` that other users may not read (slabinfo, kpageflags, timer_list...):
     to the kernel, a root harness's run is uid 0 without capabilities, which the files' modes alone let
     read them, so they are covered with /dev/null in the sandbox's /proc. Process folders are the run's
-    own (a new PID namespace)."""
+    own (a new PID namespace). Read once per folder (top-level /proc files do not come and go)."""
     masked = []
     for name in sorted(os.listdir(proc)):
+        if name.isdigit():
+            continue
         path = os.path.join(proc, name)
         try:
             mode = os.lstat(path).st_mode
         except OSError:  # gone meanwhile
             continue
-        if not name.isdigit() and stat.S_ISREG(mode) and not mode & stat.S_IROTH:
+        if stat.S_ISREG(mode) and not mode & stat.S_IROTH:
             masked.append(path)
-    return masked
+    return tuple(masked)
 
 
 def bwrap_binary() -> str | None:

@@ -137,8 +137,25 @@ def test_prompt_lookups_ngram_size_with_a_draft_model_is_refused(llama_pair, ngr
     for passed in ({"max_matching_ngram_size": ngram}, {"generation_config": GenerationConfig(max_new_tokens=4)}):
         if "generation_config" in passed:
             passed["generation_config"].max_matching_ngram_size = ngram
-        with pytest.raises(SecureSDConfigError, match="max_matching_ngram_size=.* does not apply to a draft model"):
+        with pytest.raises(SecureSDConfigError, match="max_matching_ngram_size=.* does not apply to a draft"):
             target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", assistant_model=draft, **passed)
+
+
+def test_a_saved_ngram_size_in_a_copy_of_the_models_config_is_not_refused(llama_pair):
+    """Saved in the model's generation_config it is a prompt-lookup default; a copy of that config passed to
+    a draft-model call (the usual way to change one field) carries it unchanged and is not refused."""
+    draft, target = llama_pair
+    saved = copy.deepcopy(target.generation_config)
+    try:
+        target.generation_config.max_matching_ngram_size = 3
+        config = copy.deepcopy(target.generation_config)
+        config.max_new_tokens = 4
+        target.generate(REPEATING[0], generation_config=config, verifier="lossless", assistant_model=draft)
+        config.max_matching_ngram_size = 2
+        with pytest.raises(SecureSDConfigError, match="max_matching_ngram_size=2 .* does not apply"):
+            target.generate(REPEATING[0], generation_config=config, verifier="lossless", assistant_model=draft)
+    finally:
+        target.generation_config = saved
 
 
 @pytest.mark.parametrize("field, value", [("num_assistant_tokens", 10), ("assistant_confidence_threshold", 0.3)])
