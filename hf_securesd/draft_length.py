@@ -119,9 +119,9 @@ def resolve_draft_length(
         ngram = source.get("max_matching_ngram_size")
         if ngram is not None and (index == 0 or ngram != saved_ngram):  # (a copy of the model's config)
             raise DraftLengthError(
-                f"max_matching_ngram_size={ngram!r}{where} does not apply to a draft model: it sets the n-gram "
-                "size of prompt lookup (prompt_lookup_num_tokens=N without assistant_model=). Remove it, or "
-                "draft by prompt lookup instead"
+                f"max_matching_ngram_size={ngram!r}{where} does not apply to a draft model: it sets the "
+                "n-gram size of prompt lookup (prompt_lookup_num_tokens=N without assistant_model=). Remove "
+                "it, or draft by prompt lookup instead"
             )
     defaults = DraftLength()
     k, where = pick("num_assistant_tokens")

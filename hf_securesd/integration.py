@@ -180,12 +180,15 @@ def _switched_off(
     the model's config holds one, the None goes in the call's keywords too (they are applied last)."""
     off = {"verifier": None, "secure_schedule": None}
     args, kwargs = _with_fields(bound, generation_config, off)
-    if generation_config is not None and any(getattr(model.generation_config, name, None) is not None for name in off):
+    saved = [getattr(model.generation_config, name, None) for name in off]
+    if generation_config is not None and any(value is not None for value in saved):
         kwargs = {**kwargs, **off}
     return args, kwargs
 
 
-def _drafts(model: PreTrainedModel, arguments: dict[str, Any], generation_config: GenerationConfig | None) -> bool:
+def _drafts(
+    model: PreTrainedModel, arguments: dict[str, Any], generation_config: GenerationConfig | None
+) -> bool:
     """Whether the call decodes speculatively: a draft model, or prompt lookup (in the call or a config)."""
     return (
         arguments.get("assistant_model") is not None

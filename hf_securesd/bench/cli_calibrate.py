@@ -215,9 +215,13 @@ def run(args: argparse.Namespace) -> int:
         run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
     except Exception as error:  # noqa: BLE001 - study_exit_code re-raises what is not a one-line error
         return study_exit_code(error)
+    from hf_securesd.bench.report import rederived
+
     results = ResultsDir(args.out)
     current = {task_run.baseline_id for task_run in tasks}
-    cells = [cell for cell in results.runs() if cell["baseline_id"] in current]
+    # PRR and SPD from the recorded scores and seconds (a resumed --out's records may be stale or edited)
+    cells = rederived([cell for cell in results.runs() if cell["baseline_id"] in current],
+                      results.read_manifest().get("seed") or 0)
     recommendations = [
         recommend(cells, label, args.tolerance, args.spd_tolerance, segments, args.lengths)
         for label in verifier_labels(args.verifier)

@@ -14,6 +14,7 @@ import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 import hf_securesd
+from hf_securesd.bench import json_input
 from hf_securesd.bench.profiles import TINY
 from hf_securesd.paths import path_kind, too_long_path
 
@@ -79,7 +80,11 @@ def _describe(name: str, location: str) -> dict[str, Any]:
     described: dict[str, Any] = {"name": name, "id": spec.hub_id if spec else name, "location": location}
     source = Path(location) / "securesd_source.json"
     if source.is_file():
-        described["source"] = json.loads(source.read_text(encoding="utf-8"))
+        try:
+            described["source"] = json_input.loads(source.read_bytes())
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{source} is not readable JSON ({error}); delete it or fetch the model again "
+                             "(`securesd models fetch`)") from None
     return described
 
 

@@ -31,8 +31,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sys
-from typing import Any, Sequence, TextIO
+from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import derived_fields
 from hf_securesd.bench.cli_bench import accept_underscores, add_isolation_option, requested_isolation
@@ -40,7 +39,7 @@ from hf_securesd.bench.rescore_judge import trusted_judge_options
 from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baselines, results_path
 from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
 from hf_securesd.bench.tasks import ScoreOptions, check_isolation, examples_digest, get_task, task_names
-from hf_securesd.bench.terminal import printable_line
+from hf_securesd.bench.terminal import print_error, printable_line
 from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text
 from hf_securesd.judges import JudgeError, describe_judge
 
@@ -155,28 +154,20 @@ def configure(parser: argparse.ArgumentParser) -> None:
     accept_underscores(parser)
 
 
-def _print_line(text: str, file: TextIO | None = None) -> None:
-    """Print `text` as one line (`printable_line`) on `file` (None: standard output): cell names, example
-    ids and the error messages that quote them come from the results directory, and must neither drive
-    the terminal nor forge a line."""
-    print(printable_line(text), file=file)
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         changes = rescore(args.results, args.tasks, args.data_dir, args.judge_base_url, args.judge_model,
                           requested_isolation(args))
     except ResultsDirInUseError as error:
-        _print_line(f"error: {error}", sys.stderr)
+        print_error(error)
         return EXIT_IN_USE
     except JudgeError as error:
-        _print_line(f"error: the judge failed while rescoring {args.results}: {error}; nothing was rewritten",
-                    sys.stderr)
+        print_error(f"the judge failed while rescoring {args.results}: {error}; nothing was rewritten")
         return EXIT_JUDGE_FAILED
     except (OSError, ValueError, SandboxUnavailableError) as error:  # CorruptResultsError is a ValueError
-        _print_line(f"error: {error}", sys.stderr)
+        print_error(error)
         return 2
     for cell, changed in changes:
         verdicts = f"{len(changed)} verdict(s) changed{': ' + ', '.join(changed) if changed else ''}"
-        _print_line(f"{cell}: {verdicts}")
+        print(printable_line(f"{cell}: {verdicts}"))  # the cell's name comes from the results directory
     return 0

@@ -96,8 +96,8 @@ def _started_interpreter(path: str) -> str:
         raise ValueError(f"python={path!r} could not be run: {error}") from None
     started = probe.stdout.strip()
     if probe.returncode != 0 or not os.path.isabs(started):
-        raise ValueError(f"python={path!r} did not run as a Python interpreter (exit status {probe.returncode}); "
-                         "give the path of the interpreter that runs the programs")
+        raise ValueError(f"python={path!r} did not run as a Python interpreter (exit status "
+                         f"{probe.returncode}); give the path of the interpreter that runs the programs")
     return started
 
 

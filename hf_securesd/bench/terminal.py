@@ -21,9 +21,10 @@ def printable(text: str) -> str:
 
 
 def printable_line(text: str) -> str:
-    """`printable`, with line breaks shown as escapes too (``\\n``; a carriage return already is), so
-    text from a results file printed on a line of its own cannot add a forged line after it."""
-    return printable(text).replace("\n", "\\n")
+    """`printable`, with line breaks shown as escapes too (``\\n``, and Unicode's line and paragraph
+    separators, where some terminals and viewers break; a carriage return already is), so text from a
+    results file printed on a line of its own cannot add a forged line after it."""
+    return printable(text).replace("\n", "\\n").replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
 
 
 # Unicode's bidirectional embeddings, overrides and isolates (LRE, RLE, PDF, LRO, RLO; LRI, RLI, FSI, PDI):

@@ -98,6 +98,23 @@ def test_a_second_calibrate_into_the_same_out_recommends_from_its_own_L_only(tmp
     assert "note: SPD of L=4 (marked *)" in capsys.readouterr().out
 
 
+def test_recorded_prr_and_spd_edited_in_the_out_do_not_change_the_recommendation(tmp_path, data_dir) -> None:
+    # calibrate resumes its --out and read each cell's recorded PRR and SPD; it now computes them from
+    # the recorded scores and seconds, as report does
+    out = tmp_path / "cal"
+    argv = ["calibrate", *SMOKE_CLI, "--data-dir", str(data_dir), "--out", str(out), "--L", "1"]
+    assert main(argv) == 0
+    first = json.loads((out / "calibration.json").read_text())
+    runs = out / "runs.jsonl"
+    records = [json.loads(line) for line in runs.read_text().splitlines()]
+    for record in records:
+        if record.get("spd") is not None:
+            record["spd"], record["prr"], record["prr_ci"] = 42.0, 0.123, [0.1, 0.2]
+    runs.write_text("".join(json.dumps(record) + "\n" for record in records))
+    assert main(argv) == 0
+    assert json.loads((out / "calibration.json").read_text()) == first
+
+
 def _help(module: Any) -> str:
     parser = argparse.ArgumentParser()
     module.configure(parser)

@@ -59,6 +59,8 @@ def test_scoring_a_thirty_digit_answer_does_not_stop_the_run():
     ("#### 1 234", "1", None),           # thousands grouped by a space
     ("\\boxed{\\frac{1}{2}}", "1", None),  # LaTeX's fraction: 1/2
     ("\\boxed{\\dfrac{18}{1}}", "18", None),
+    ("\\boxed{\\frac12}", "12", None),   # without braces: 1/2
+    ("\\boxed{\\frac{-3}{4}}", "-3", None),
 ])
 def test_a_number_of_another_form_is_not_read_as_its_first_digits(text, gold, expected):
     """Each of these used to be read as the digits it starts (or ends) with, and so scored correct against
@@ -72,6 +74,7 @@ def test_a_number_of_another_form_is_not_read_as_its_first_digits(text, gold, ex
     ("#### \u22125", "-5"), ("1, 2, 3 and 4", "4"), ("10 eggs", "10"),
     ("#### 1\u200b8", "18"),  # a zero-width space inside the number was read as 1
     ("#### 100 people", "100"), ("#### 72\n\nDone at 10:30", "72"),
+    ("#### 1\u00a0234", "1234"), ("#### 1\u202f234", "1234"), ("#### -1\u2009000.5", "-1000.5"),  # typeset
 ])
 def test_plain_numbers_beside_punctuation_are_still_read(text, expected):
     assert extract_final_number(text) == expected

@@ -85,3 +85,14 @@ def test_rescore_reads_and_rewrites_a_value_at_the_limit(study, data_dir, capsys
     _plant(study, MAX_DEPTH, in_manifest=True)
     assert main(["rescore", str(study), "--tasks", "jailbreak", "--data-dir", str(data_dir)]) == 0
     assert read_jsonl(study / RUNS)[0]["config"]["x"] == json.loads(nested(MAX_DEPTH - 2))
+
+
+@pytest.mark.parametrize("content", ["[" * 600 + "]" * 600, "{not json"])
+def test_a_model_folders_recorded_source_too_deep_or_unreadable_is_one_error(tmp_path, content) -> None:
+    # securesd_source.json (written by `securesd models fetch`) goes into study.json: 600 levels there
+    # overflowed the code that redacts and writes the manifest; unreadable JSON was a traceback
+    from hf_securesd.bench.loading import _describe
+
+    (tmp_path / "securesd_source.json").write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match="securesd_source.json is not readable JSON .*models fetch"):
+        _describe("local", str(tmp_path))

@@ -104,7 +104,8 @@ def test_schedule_without_verifier(llama_pair, forward_calls):
 def test_verifier_without_draft(llama_pair, forward_calls):
     _, target = llama_pair
     expect_error(target, forward_calls,
-                 "verifier= needs a proposer: pass assistant_model=.*or prompt_lookup_num_tokens=N", verifier="mars")
+                 "verifier= needs a proposer: pass assistant_model=.*or prompt_lookup_num_tokens=N",
+                 verifier="mars")
 
 
 def test_vocabulary_mismatch(llama_pair, forward_calls):

@@ -132,13 +132,15 @@ def test_options_that_do_not_apply_are_refused(llama_pair, bad, match):
 
 @pytest.mark.parametrize("ngram", [2, 0, "x"])
 def test_prompt_lookups_ngram_size_with_a_draft_model_is_refused(llama_pair, ngram):
-    """HF ignores max_matching_ngram_size with a draft model; a SecureSD call names it instead of ignoring it."""
+    """HF ignores max_matching_ngram_size with a draft model; a SecureSD call names it instead."""
     draft, target = llama_pair
-    for passed in ({"max_matching_ngram_size": ngram}, {"generation_config": GenerationConfig(max_new_tokens=4)}):
+    config = GenerationConfig(max_new_tokens=4)
+    for passed in ({"max_matching_ngram_size": ngram}, {"generation_config": config}):
         if "generation_config" in passed:
             passed["generation_config"].max_matching_ngram_size = ngram
         with pytest.raises(SecureSDConfigError, match="max_matching_ngram_size=.* does not apply to a draft"):
-            target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", assistant_model=draft, **passed)
+            target.generate(REPEATING[0], max_new_tokens=4, verifier="lossless", assistant_model=draft,
+                            **passed)
 
 
 def test_a_saved_ngram_size_in_a_copy_of_the_models_config_is_not_refused(llama_pair):
@@ -150,10 +152,11 @@ def test_a_saved_ngram_size_in_a_copy_of_the_models_config_is_not_refused(llama_
         target.generation_config.max_matching_ngram_size = 3
         config = copy.deepcopy(target.generation_config)
         config.max_new_tokens = 4
-        target.generate(REPEATING[0], generation_config=config, verifier="lossless", assistant_model=draft)
+        call = dict(generation_config=config, verifier="lossless", assistant_model=draft)
+        target.generate(REPEATING[0], **call)
         config.max_matching_ngram_size = 2
         with pytest.raises(SecureSDConfigError, match="max_matching_ngram_size=2 .* does not apply"):
-            target.generate(REPEATING[0], generation_config=config, verifier="lossless", assistant_model=draft)
+            target.generate(REPEATING[0], **call)
     finally:
         target.generation_config = saved
 

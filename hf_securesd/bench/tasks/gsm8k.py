@@ -26,18 +26,21 @@ INSTRUCTION = ("Solve the following math problem step by step. End your reply wi
                "as a single number on its own line, in the form \"#### <number>\".")
 
 # A number: optional sign (not a hyphen between words or digits), optional currency sign, digits
-# with or without thousands separators and optional decimals, or decimals alone (".5"). What
+# with or without thousands separators (commas, or the no-break and thin spaces of typeset numbers)
+# and optional decimals, or decimals alone (".5"). What
 # continues it as a number of another form (a fraction "5/8", an exponent "18e3" or "2⁵", a separator
 # not followed by three digits "1,23", a second point "1.2.3", an Arabic decimal or thousands
 # separator "3٫5", "1_000", a time "3:30", hexadecimal "0x12", thousands grouped by a space "1 234")
 # is part of the match, in `rest`: such a token is not a plain number, and reading its first digits
 # ("5" of "5/8") would misread it.
 _NUMBER = re.compile(r"(?:(?<![\w)])(?P<sign>[-\u2212]))?\s?\$?\s?"
-                     r"(?:(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?P<decimals>\.\d+)?|(?P<bare>\.\d+))"
+                     r"(?:(?P<digits>\d{1,3}(?:,\d{3})+(?!\d)"
+                     r"|\d{1,3}(?:[\u00a0\u202f\u2009]\d{3})+(?!\d)|\d+)"
+                     r"(?P<decimals>\.\d+)?|(?P<bare>\.\d+))"
                      r"(?P<rest>(?:/\d+|[eE][-+]?\d+|,\d+|\.\d+|[\u066b\u066c_:]\d+|(?<=\b0)[xX][0-9A-Fa-f]+"
                      r"|[\u00b2\u00b3\u00b9\u2070-\u2079]+| \d{3}(?!\d))*)")
-# LaTeX's \frac{a}{b} (\dfrac, \tfrac), read as the fraction a/b it is
-_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+# LaTeX's \frac{a}{b} (\dfrac, \tfrac; \frac12 without braces), read as the fraction a/b it is
+_LATEX_FRACTION = re.compile(r"\\[dt]?frac\s*(?:\{\s*([-\u2212]?\d+)\s*\}|(\d))\s*(?:\{\s*(\d+)\s*\}|(\d))")
 _ANSWER_CUES = (
     re.compile(r"####"),
     re.compile(r"\\boxed\{"),
@@ -81,13 +84,19 @@ def _canonical(match: re.Match) -> str | None:
     them, and overflows past a million); None for a token that is not a plain number (`rest`)."""
     if match["rest"]:
         return None
-    whole = match["digits"].replace(",", "") if match["digits"] else "0"
+    whole = re.sub(r"[,\u00a0\u202f\u2009]", "", match["digits"]) if match["digits"] else "0"
     text = ("-" if match["sign"] else "") + whole + (match["decimals"] or match["bare"] or "")
     try:
         value = Decimal(text)  # exact, whatever the context's precision
     except InvalidOperation:
         return None
     return format(value.normalize(Context(prec=len(text), Emax=MAX_EMAX, Emin=MIN_EMIN)), "f")
+
+
+def _as_fraction(match: re.Match) -> str:
+    """A LaTeX fraction's match written as "a/b" (a number of another form: see `_NUMBER`)."""
+    numerator, denominator = match[1] or match[2], match[3] or match[4]
+    return f"{numerator}/{denominator}"
 
 
 def extract_final_number(text: str) -> str | None:
@@ -98,7 +107,7 @@ def extract_final_number(text: str) -> str | None:
     The first number after the last answer cue wins, trying in turn "####", "\\boxed{",
     "final answer is"/"the answer is", "answer:"; without any cue, the last number in the text.
     Invisible characters (zero-width spaces inside a number) are removed first."""
-    text = _LATEX_FRACTION.sub(r"\1/\2", without_ignorable(text))
+    text = _LATEX_FRACTION.sub(_as_fraction, without_ignorable(text))
     for cue in _ANSWER_CUES:
         cues = list(cue.finditer(text))
         if cues:

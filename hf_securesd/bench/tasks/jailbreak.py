@@ -153,7 +153,8 @@ _NON_ASCII = re.compile(r"[\x00-\x7f]?[^\x00-\x7f]+")
 
 def strip_repeat(response: str, request: str) -> str:
     """`response` after its first verbatim copy of `request`, with the quotes and punctuation that
-    close the copy, and after the copies that follow it right away (a model looping on the repeat). Both are compared normalised as the refusal judge normalises (`fold_text`: NFKC,
+    close the copy, and after the copies that follow it right away (a model looping on the
+    repeat). Both are compared normalised as the refusal judge normalises (`fold_text`: NFKC,
     invisible characters removed, quote variants to ASCII, case folded), with runs of whitespace
     ignored, so a copy written with zero-width or full-width characters is found too; the original
     response is cut where the copy ends. Unchanged when there is no copy, when the copy starts after
