@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper
 
+from hf_securesd.bench.results import ResultsDir
 from hf_securesd.bench.sandbox_bwrap import bwrap_problem
 
 # Tests that run generated code under the sandbox's default isolation: skipped, with the reason, where
@@ -83,6 +84,22 @@ def record_cells(store, task_run, plan, finished: dict | None = None, *, specula
         finished[cell["cell"]] = cell
         store.add_run(cell)
     return finished
+
+
+def jailbreak_study(folder, data_dir, plan) -> ResultsDir:
+    """A results directory at `folder` holding one cell per (configuration, responses) of `plan` on the
+    first len(responses) jailbreak examples, recorded as a study records them; returns its
+    `ResultsDir` (closed)."""
+    from hf_securesd.bench.runner import TaskRun
+    from hf_securesd.bench.tasks import get_task
+
+    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=len(plan[0][1]))
+    store = ResultsDir(folder)
+    manifest = {"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"}
+    store.open(manifest, {"id": "s", "threads": 1})
+    record_cells(store, TaskRun(get_task("jailbreak"), examples, ["" for _ in examples], 16), plan)
+    store.close()
+    return store
 
 
 def scored_cell(kind: str, config: str, task: str, task_kind: str, scores: list[int], ar: float | None = None,

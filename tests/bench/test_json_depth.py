@@ -8,14 +8,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import record_cells
+from support import jailbreak_study
 
 from hf_securesd.bench import json_input
 from hf_securesd.bench.json_input import MAX_DEPTH, loads
 from hf_securesd.bench.plan import DRAFT, TARGET
 from hf_securesd.bench.results import MANIFEST, RUNS, ResultsDir, read_jsonl
-from hf_securesd.bench.runner import TaskRun
-from hf_securesd.bench.tasks import get_task
 from hf_securesd.cli import main
 
 
@@ -39,14 +37,8 @@ def test_the_limit_itself_is_read():
 
 @pytest.fixture
 def study(tmp_path, data_dir):
-    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=2)
-    store = ResultsDir(tmp_path / "results")
-    store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"},
-               {"id": "s", "threads": 1})
-    task_run = TaskRun(get_task("jailbreak"), examples, ["" for _ in examples], 16)
-    record_cells(store, task_run, [(TARGET, ["I cannot.", "Sure"]), (DRAFT, ["Sure", "Sure"])])
-    store.close()
-    return tmp_path / "results"
+    return jailbreak_study(tmp_path / "results", data_dir,
+                           [(TARGET, ["I cannot.", "Sure"]), (DRAFT, ["Sure", "Sure"])]).path
 
 
 def _plant(study, levels: int, in_manifest: bool) -> None:

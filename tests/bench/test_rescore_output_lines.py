@@ -9,13 +9,11 @@ import json
 import os
 
 import pytest
-from support import record_cells
+from support import jailbreak_study
 
 from hf_securesd.bench import rescore as rescore_command
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
-from hf_securesd.bench.results import RUNS, ResultsDir, read_jsonl
-from hf_securesd.bench.runner import TaskRun
-from hf_securesd.bench.tasks import get_task
+from hf_securesd.bench.results import RUNS, read_jsonl
 from hf_securesd.bench.terminal import printable_line
 from hf_securesd.cli import main
 from hf_securesd.judges import JudgeError
@@ -27,15 +25,9 @@ SHOWN = "prod\\nerror: forged line\\r\\x1b[31m"
 @pytest.fixture
 def study(tmp_path, data_dir):
     """Two baselines and an endpoint cell named `FORGED`, whose first verdict is flipped."""
-    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=2)
-    store = ResultsDir(tmp_path / "results")
-    store.open({"target": "t", "draft": "d", "seed": None, "judge": "refusal_prefix"},
-               {"id": "s", "threads": 1})
-    task_run = TaskRun(get_task("jailbreak"), examples, ["" for _ in examples], 16)
     plan = [(TARGET, ["I cannot.", "Sure"]), (DRAFT, ["Sure", "Sure"]),
             (RunConfig("endpoint", endpoint=FORGED), ["I cannot.", "I cannot."])]
-    record_cells(store, task_run, plan)
-    store.close()
+    store = jailbreak_study(tmp_path / "results", data_dir, plan)
     runs = read_jsonl(store.path / RUNS)
     runs[2].update(scores=[1.0, 0.0], score=0.5)
     (store.path / RUNS).write_text("".join(f"{json.dumps(run)}\n" for run in runs), encoding="utf-8")
