@@ -25,7 +25,14 @@ import os
 from pathlib import Path
 from typing import Any, Sequence
 
-from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, _parse_json, _UNREADABLE, write_text_atomic
+from hf_securesd.bench.results import (
+    CORRUPT_FIX,
+    CorruptResultsError,
+    _parse_json,
+    _UNREADABLE,
+    read_in_place,
+    write_text_atomic,
+)
 from hf_securesd.bench.report_markdown import one_line
 from hf_securesd.bench.terminal import printable, readable
 
@@ -67,7 +74,7 @@ def read_card_spec(results_dir: str | os.PathLike) -> dict[str, Any] | None:
     spec_path = Path(results_dir) / CARD_FILE
     if not spec_path.is_file():
         return None
-    spec = _parse_json(spec_path.read_bytes())
+    spec = _parse_json(read_in_place(spec_path))
     if spec is _UNREADABLE or not isinstance(spec, dict):
         unreadable = "not valid UTF-8 JSON (or nested too deeply to read)"
         found = unreadable if spec is _UNREADABLE else f"{spec!r} is not a JSON object"

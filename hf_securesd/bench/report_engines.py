@@ -32,7 +32,7 @@ from hf_securesd.bench.analysis import Cell, compute_flips, merged_stats
 from hf_securesd.bench.card import companion_path
 from hf_securesd.bench.formatting import fmt
 from hf_securesd.bench.report_markdown import code_span, inline_text
-from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, ResultsDir
+from hf_securesd.bench.results import CORRUPT_FIX, CorruptResultsError, ResultsDir, read_in_place
 from hf_securesd.schedules import short_repr
 
 SHIFT_CHECK_FILE = "shift_check.json"  # written by benchmarks/engine_shift_check.py
@@ -133,7 +133,7 @@ def _recorded_list(path: Path, key: str) -> list[Any]:
     """The list under `key` of the JSON object a companion's benchmark script wrote in `path` (empty when
     the key is absent); CorruptResultsError naming the file otherwise."""
     try:
-        recorded = json_input.loads(path.read_text(encoding="utf-8"))
+        recorded = json_input.loads(read_in_place(path))
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise CorruptResultsError(f"{path} is not JSON ({error}); {CORRUPT_FIX}") from None
     items = recorded.get(key, []) if isinstance(recorded, dict) else None

@@ -187,6 +187,26 @@ def open_in_place(path: Path, flags: int) -> int:
     return fd
 
 
+def read_in_place(path: Path) -> bytes:
+    """The contents of the regular file `path` itself: never through a symbolic link at `path` (a results
+    directory received from someone else may hold one pointing at any file of the reader's, which a report
+    or card would then show), never a FIFO or device (a read that never ends): `UnsafeResultsFileError`.
+    A hard link is read (a `cp -al` backup of a results directory is the usual one)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as error:
+        if error.errno == errno.ELOOP:
+            raise UnsafeResultsFileError(
+                f"{path} is a symbolic link: securesd reads results files only in place (a link could show "
+                "any file of yours in a report); replace the link with the file itself if you trust it"
+            ) from None
+        raise
+    with os.fdopen(fd, "rb") as handle:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise UnsafeResultsFileError(f"{path} is not a regular file; results files are regular files")
+        return handle.read()
+
+
 def append_jsonl(path: Path, record: dict[str, Any]) -> None:
     """Append one record (standard JSON, `json_text`) and flush it to disk (a kill right after
     loses nothing). A line torn by an earlier kill is cut off first (a whole record that lacks only
@@ -265,7 +285,7 @@ def read_jsonl(path: Path, check: Check | None = None) -> list[dict[str, Any]]:
     `CorruptResultsError` naming the file and the line."""
     if not path.is_file():
         return []
-    lines = path.read_bytes().split(b"\n")
+    lines = read_in_place(path).split(b"\n")
     if lines[-1] == b"" or _parse_json(lines[-1]) is _UNREADABLE:
         lines.pop()  # nothing after the last newline, or a torn write
     records = []
@@ -483,7 +503,7 @@ class ResultsDir:
                 f"{self.path} is not a results directory (no {MANIFEST}); "
                 f"run `securesd bench --out {self.path}` first"
             )
-        manifest = _parse_json(self.manifest_path.read_bytes())
+        manifest = _parse_json(read_in_place(self.manifest_path))
         if not isinstance(manifest, dict):
             found = UNREADABLE_JSON if manifest is _UNREADABLE else _record_problem(manifest, None)
             raise CorruptResultsError(f"{self.manifest_path}: {found}; {CORRUPT_FIX}")

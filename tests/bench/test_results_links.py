@@ -1,7 +1,8 @@
 """Files a results directory is written through in place (the lock, the journals) are never opened
 through a symbolic link: a directory received from someone else may hold a link at such a name pointing
 at any file of the user's, which taking the lock (truncate, write the pid) or appending a record (after
-cutting a torn last line) would overwrite. A FIFO or a folder at such a name is refused too."""
+cutting a torn last line) would overwrite. A FIFO or a folder at such a name is refused too. Files that
+are only read (runs.jsonl, study.json, card.json) are not read through a link either."""
 
 from __future__ import annotations
 
@@ -95,3 +96,29 @@ def test_plain_files_are_still_appended_and_locked(tmp_path: Path) -> None:
         assert (tmp_path / GENERATIONS).read_text() == '{"id": 1}\n{"id": 3}\n'
     finally:
         results.close()
+
+
+@pytest.mark.parametrize("name", [RUNS, "study.json", "card.json"])
+def test_report_reads_no_results_file_through_a_link(tmp_path: Path, data_dir: Path, capsys, name: str) -> None:
+    # A results directory from someone else may hold a link at runs.jsonl, study.json or card.json to
+    # any file of the reader's (another study's records, a private card), which the report and card
+    # showed; the link is refused, nothing is written, and a hard link (a `cp -al` backup) is still read.
+    from support import jailbreak_study
+
+    from hf_securesd.bench.plan import DRAFT, TARGET
+    from hf_securesd.cli import main
+
+    results = jailbreak_study(tmp_path / "results", data_dir,
+                              [(TARGET, ["I cannot.", "Sure"]), (DRAFT, ["Sure", "Sure"])]).path
+    (results / "card.json").write_text('{"output": "card.md", "title": "Card"}', encoding="utf-8")
+    private = tmp_path / "private"
+    private.mkdir()
+    os.replace(results / name, private / name)
+    (results / name).symlink_to(private / name)
+    assert main(["report", str(results)]) == 2
+    error = capsys.readouterr().err
+    assert f"{name} is a symbolic link" in error and error.count("\n") == 1
+    assert not (results / "card.md").exists() and (name == "card.json" or not (results / "report").exists())
+    (results / name).unlink()
+    os.link(private / name, results / name)
+    assert main(["report", str(results)]) == 0
