@@ -290,6 +290,11 @@ def valid_unicode(text: str) -> str:
     return _LONE_SURROGATE.sub("\ufffd", text)
 
 
+def has_lone_surrogate(text: str) -> bool:
+    """Whether `text` holds a lone surrogate (see `valid_unicode`): UTF-8 cannot encode it."""
+    return _LONE_SURROGATE.search(text) is not None
+
+
 def retry_after_seconds(value: str | None, default: float, cap: float) -> float:
     """Seconds a Retry-After header asks for: a finite, non-negative number, capped at `cap`;
     anything else (missing, negative, NaN, infinite, an HTTP date) gives `default`."""

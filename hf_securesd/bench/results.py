@@ -49,6 +49,7 @@ from hf_securesd.bench import json_input
 from hf_securesd.bench.manifest_checks import manifest_problem
 from hf_securesd.bench.run_records import cell_key, fields_problem, run_problem, stats_problem  # noqa: F401
 from hf_securesd.bench.tasks import DEFAULT_SEED
+from hf_securesd.http_deadline import has_lone_surrogate
 from hf_securesd.judges.secrets import redact_value
 from hf_securesd.stats import SpeculativeStats
 
@@ -120,7 +121,6 @@ UNREADABLE_JSON = "not valid JSON (or nested too deeply to read)"  # the problem
 _JSON_TYPES = {list: "array", str: "string", int: "number", float: "number", bool: "boolean", type(None): "null"}
 # how JSON text spells half of a UTF-16 surrogate pair (a line without one holds no lone surrogate)
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
-_LONE_SURROGATE = re.compile("[\ud800-\udfff]")  # what such an escape without its other half parses to
 # why a lone surrogate is refused (one parses from a JSON escape without its pair's other half)
 NOT_TEXT = "(a JSON escape such as \\ud800 without its pair's other half), which is not text"
 
@@ -266,11 +266,11 @@ def _lone_surrogate(value: Any, raw: bytes) -> str | None:
 def _surrogate_path(value: Any, path: str) -> str | None:
     """The path in `value` below `path` of the first string or name holding a lone surrogate, or None."""
     if isinstance(value, str):
-        return path if _LONE_SURROGATE.search(value) else None
+        return path if has_lone_surrogate(value) else None
     items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
     for key, item in items:
         inner = f"{path}[{key!r}]" if path else repr(key)
-        if isinstance(key, str) and _LONE_SURROGATE.search(key):
+        if isinstance(key, str) and has_lone_surrogate(key):
             return f"the name {inner}"
         found = _surrogate_path(item, inner)
         if found:

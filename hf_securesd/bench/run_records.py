@@ -234,15 +234,31 @@ def numbers_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
-def configuration_key(config: dict[str, Any]) -> str | None:
-    """The key securesd writes for the configuration `config` (`RunConfig.key` of
-    `RunConfig.from_dict(config)`), or None where `config` builds no configuration."""
+def configuration(config: dict[str, Any]) -> tuple[Any, str] | None:
+    """`RunConfig.from_dict(config)` and the key securesd writes for it (`RunConfig.key`), or None where
+    `config` builds no configuration."""
     from hf_securesd.bench.plan import RunConfig
 
     try:
-        return RunConfig.from_dict(config).key
+        run_config = RunConfig.from_dict(config)
+        return run_config, run_config.key
     except (ValueError, TypeError, KeyError, AttributeError, OverflowError):
         return None
+
+
+def labels_problem(record: dict[str, Any], run_config: Any) -> str | None:
+    """A `knob_value` or `schedule_label` other than the ones securesd writes for the record's
+    configuration (a relabelled record would be reported under another setting)."""
+    from hf_securesd.bench.plan import knob_value, schedule_label
+    from hf_securesd.bench.results import json_ready
+
+    verifier, schedule = run_config.verifier, run_config.schedule
+    for name, expected in (("knob_value", None if verifier is None else json_ready(knob_value(verifier))),
+                           ("schedule_label", None if schedule is None else schedule_label(schedule))):
+        if name in record and record[name] != expected:
+            return (f"a run whose {name!r} is {record[name]!r}, not {expected!r}, which its 'config' "
+                    "makes")
+    return None
 
 
 def task_problem(record: dict[str, Any]) -> str | None:
@@ -261,16 +277,18 @@ def task_problem(record: dict[str, Any]) -> str | None:
 def identity_problem(record: dict[str, Any]) -> str | None:
     """Identity fields that disagree: a size or length below 1 (`POSITIVE_FIELDS`), a task's kind or
     metric (`task_problem`), a `config_key` that is not the key of `config`, a `cell` or `baseline_id`
-    other than `cell_key` and `baseline_key` of the record's configuration, task, size and length."""
+    other than `cell_key` and `baseline_key` of the record's configuration, task, size and length, labels
+    other than the configuration's (`labels_problem`)."""
     small = [name for name in POSITIVE_FIELDS if record[name] < 1]
     if small:
         return f"a run whose {' and '.join(map(repr, small))} {'is' if len(small) == 1 else 'are'} below 1"
     problem = task_problem(record)
     if problem:
         return problem
-    key = configuration_key(record["config"])
-    if key is None:
+    built = configuration(record["config"])
+    if built is None:
         return f"a run whose 'config' {record['config']!r} names no configuration securesd runs"
+    run_config, key = built
     if record["config_key"] != key:
         return f"a run whose 'config_key' is {record['config_key']!r}, not {key!r}, the key of its 'config'"
     sizes = (record["task"], record["n"], record["max_new_tokens"])
@@ -279,7 +297,7 @@ def identity_problem(record: dict[str, Any]) -> str | None:
         if record[name] != expected:
             return (f"a run whose {name!r} is {record[name]!r}, not {expected!r}, which its {source}, 'n' "
                     "and 'max_new_tokens' make")
-    return None
+    return labels_problem(record, run_config)
 
 
 def run_problem(record: dict[str, Any]) -> str | None:

@@ -13,14 +13,15 @@ from typing import Any, Callable
 
 import pytest
 
+from hf_securesd import Segments, Step
+from hf_securesd.bench.plan import RunConfig, schedule_label
 from hf_securesd.bench.report import write_report
+from hf_securesd.bench.run_records import cell_key
 from support import tiny_results
 
 # control characters, then mathtext matplotlib cannot parse (a figure title must show it as text)
 CONTROL = "\x1b]0;PWNED\x07\x1b[31m\u202e$\\frac$"
 RAW = ("\x1b", "\x07", "\u202e")
-# names in runs.jsonl records that are not checked against the configuration, task, size and length
-RUN_NAMES = ("schedule_label",)
 # study.json settings shown in the report's title and setup
 MANIFEST_NAMES = ("target", "draft", "decoding", "profile", "dtype", "device")
 
@@ -48,9 +49,16 @@ def _edit_runs(path: Path, change: Callable[[dict[str, Any]], dict[str, Any] | N
 
 
 def _poison(record: dict[str, Any]) -> dict[str, Any]:
-    for key in RUN_NAMES:
-        if isinstance(record.get(key), str):
-            record[key] += CONTROL
+    """A cell under a schedule moved under a Segments schedule whose boundary text holds CONTROL (the
+    boundary is the user's text, shown in the cell's labels); its identity fields follow, as `bench`
+    writes them."""
+    if record["config"].get("schedule") is None:
+        return record
+    record["config"]["schedule"] = Segments(boundary=f"</think>{CONTROL}", after=Step(L=1)).to_dict()
+    config = RunConfig.from_dict(record["config"])
+    sizes = (record["task"], record["n"], record["max_new_tokens"])
+    record.update(config_key=config.key, cell=cell_key(config.key, *sizes),
+                  schedule_label=schedule_label(config.schedule))
     return record
 
 

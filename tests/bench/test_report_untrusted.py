@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 import pytest
 
-from hf_securesd.bench.plan import RunConfig
+from hf_securesd.bench.plan import RunConfig, schedule_label
 from hf_securesd.bench.results import cell_key
 from hf_securesd.cli import main
 from support import tiny_results
@@ -192,7 +192,7 @@ def test_names_from_the_records_are_escaped(copy):
                                         "after": {"schedule": "step", "L": 1}}
         record["config_key"] = RunConfig.from_dict(record["config"]).key
         record["cell"] = cell_key(record["config_key"], record["task"], record["n"], record["max_new_tokens"])
-        record["schedule_label"] = INJECTED
+        record["schedule_label"] = schedule_label(RunConfig.from_dict(record["config"]).schedule)
 
     on_run(_find(copy, "mars"), rename)(copy)
     assert main(["report", str(copy)]) == 0

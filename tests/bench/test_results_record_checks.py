@@ -207,6 +207,11 @@ IDENTITY: dict[str, tuple[str, Change, str]] = {
     "unknown task": ("target", _set("task", "t"), "a run of the task 't', none of securesd's"),
     "config of no configuration": (
         RELAXED.key, lambda record: record["config"].update(schedule="x"), "'config' {"),
+    "another knob": (RELAXED.key, _set("knob_value", 0.9), "'knob_value' is 0.9, not 0.5, which its 'config'"),
+    "a knob on the target": ("target", _set("knob_value", 0.5), "'knob_value' is 0.5, not None"),
+    "another schedule label": (
+        SECURE.key, _set("schedule_label", "step(L=9)"), "'schedule_label' is 'step(L=9)', not 'step(L=1)'"),
+    "no schedule label with a schedule": (SECURE.key, _set("schedule_label", None), "'schedule_label' is None"),
 }
 
 
