@@ -25,6 +25,7 @@ from transformers.generation.utils import GenerateDecoderOnlyOutput
 from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
 from .cache_support import check_cache_layers, check_cache_support
+from .config_keys import misspelt_fields, refuse_misspelt_fields
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
 from .positions import check_positions
@@ -230,10 +231,12 @@ def _securesd_fields(
     fields SecureSD runs with, or None when the call runs plain transformers decoding."""
     draft = arguments.get("assistant_model")
     verifier = _requested_verifier(model, arguments, generation_config, default_verifier)
+    lookup = _effective("prompt_lookup_num_tokens", arguments, generation_config, model)
+    if draft is not None or lookup is not None or verifier is not None and "verifier" in arguments:
+        _refuse_misspelt_fields(model, generation_config)  # a speculative call: nothing may be ignored
     if verifier is None:
         return None
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
-    lookup = options["prompt_lookup_num_tokens"]
     if draft is None and lookup is None and "verifier" not in arguments:
         return None  # a configured verifier without a proposer: plain decoding
     draft_length = _draft_length(model, arguments, generation_config, lookup is not None)
@@ -253,6 +256,12 @@ def _securesd_fields(
         ),
         **draft_length.generation_fields(),
     }
+
+
+def _refuse_misspelt_fields(model: PreTrainedModel, generation_config: GenerationConfig | None) -> None:
+    """SecureSDConfigError for a misspelt SecureSD key in the passed or the model's generation config."""
+    refuse_misspelt_fields(model.generation_config, "the model's generation config")
+    refuse_misspelt_fields(generation_config, "the GenerationConfig passed to generate")
 
 
 def _draft_length(
@@ -513,17 +522,35 @@ def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple,
     saved_forms = _check_saved_fields(config)
     if getattr(config, "verifier", None) is None:
         return save(save_directory, *args, **kwargs)
+    from .hub import export_custom_generate
+
+    try:
+        options = inspect.signature(save).bind(save_directory, *args, **kwargs).arguments
+    except TypeError:  # arguments save_pretrained does not take: its own error
+        return save(save_directory, *args, **kwargs)
+    if not model.should_save_on_this_rank(options.get("is_main_process", True)):
+        return save(save_directory, *args, **kwargs)  # a rank told not to save writes nothing
     originals = {name: getattr(config, name) for name in ("_from_model_config", *saved_forms)}
     config._from_model_config = False
     for name, form in saved_forms.items():  # the canonical JSON form (a NumPy or tensor knob as a float)
         setattr(config, name, form)
+    upload = model.__dict__.get("_upload_modified_files")
+
+    def entry_point_then_upload(working_dir, *upload_args: Any, **upload_kwargs: Any) -> Any:
+        """push_to_hub=True uploads inside `save`: the entry point is written first, so it goes up too."""
+        export_custom_generate(working_dir, overwrite=True)
+        return type(model)._upload_modified_files(model, working_dir, *upload_args, **upload_kwargs)
+
+    model._upload_modified_files = entry_point_then_upload
     try:
         result = save(save_directory, *args, **kwargs)
     finally:
         for name, value in originals.items():
             setattr(config, name, value)
-    from .hub import export_custom_generate
-
+        if upload is None:
+            del model._upload_modified_files
+        else:
+            model._upload_modified_files = upload
     export_custom_generate(save_directory, overwrite=True)  # save_pretrained writes over a folder by design
     return result
 
@@ -611,7 +638,9 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
         return
     with open(path, encoding="utf-8") as handle:
         saved = json.load(handle)
-    wanted = [name for name in _CONFIG_FIELDS if saved.get(name) is not None and name not in vars(model.generation_config)]
+    misspelt = [key for key, _ in misspelt_fields(saved)]  # restored too, so a speculative call refuses them
+    wanted = [name for name in (*_CONFIG_FIELDS, *misspelt)
+              if saved.get(name) is not None and name not in vars(model.generation_config)]
     if not wanted:
         return
     if not _loaded_from(model.generation_config, saved):
