@@ -90,6 +90,12 @@ class DraftLength:
         )
 
 
+# where a value of the call's GenerationConfig comes from (for a callable `custom_generate`, transformers
+# merges the model's own generation_config into the one it passes)
+PASSED_CONFIG = (" (in the call's GenerationConfig: one passed to generate, or the model's own generation_config "
+                 "that transformers passes to custom_generate=securesd_generate)")
+
+
 def resolve_draft_length(
     explicit: Mapping[str, Any],
     passed_config: GenerationConfig | None,
@@ -105,7 +111,7 @@ def resolve_draft_length(
     read as an explicit k = 20 and an explicit lookbehind. Pass such a value as a keyword to force it."""
     places = [(explicit, "")]
     if passed_config is not None:
-        places.append((_explicit_fields(passed_config), " (in the GenerationConfig passed to generate)"))
+        places.append((_explicit_fields(passed_config), PASSED_CONFIG))
     if draft_config is not None:
         places.append((_draft_fields(draft_config), " (in the draft model's generation_config)"))
     sources = [source for source, _ in places]

@@ -338,13 +338,15 @@ def _as_int(token: torch.Tensor | int | None) -> int | None:
 
 
 _MODEL_INPUTS = ("attention_mask", "position_ids", "cache", "past_key_values", "use_cache", "logits_to_keep")
+# output flags transformers leaves among a callable's model inputs: options, refused by `check_options`
+_OUTPUT_FLAGS = ("output_attentions", "output_hidden_states")
 
 
 def _check_model_inputs(model_kwargs: dict[str, Any]) -> None:
     """Refuse model inputs other than the ids, the attention mask, the positions and a cache
     (`inputs_embeds`, `pixel_values`, ...), naming them."""
     unsupported = {key for key, value in model_kwargs.items()
-                   if value is not None and key not in _MODEL_INPUTS}
+                   if value is not None and key not in (*_MODEL_INPUTS, *_OUTPUT_FLAGS)}
     if unsupported:
         raise SecureSDConfigError(
             f"model inputs {sorted(unsupported)} are not supported with verifier=; "

@@ -138,6 +138,8 @@ def test_draft_length_from_a_passed_generation_config():
         ({"max_new_tokens": 2.0}, r"max_new_tokens( \(in the call or its generation_config\))? must be an integer >= 1"),
         ({"num_beams": 2}, "num_beams > 1"),
         ({"secure_schedule": {"schedule": "step", "L": 1}}, "secure_schedule was given without a verifier"),
+        ({"output_hidden_states": True}, "^output_hidden_states=True is not supported with verifier="),
+        ({"output_attentions": True}, "^output_attentions=True is not supported with verifier="),
     ],
 )
 @pytest.mark.parametrize("wrapped", [False, True])

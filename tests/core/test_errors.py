@@ -12,6 +12,7 @@ from transformers import GenerationConfig
 
 import hf_securesd
 from hf_securesd import FLy, FSD, MARS, BiLD, Linear, LossySD, NonFiniteLogitsError, Power, SecureSDConfigError, SpecCascade, Step
+from hf_securesd.draft_length import PASSED_CONFIG
 from hf_securesd.tiny import TinyPairSpec, byte_tokenizer, tiny_pair
 from hf_securesd.verifiers import VERIFIERS, Lossless
 from hf_securesd.verifiers.base import RoundInputs
@@ -388,7 +389,7 @@ def test_verifier_names_ignore_case_and_surrounding_spaces(llama_pair):
 def test_a_bad_draft_length_in_a_generation_config_names_where_it_was_set(llama_pair, forward_calls):
     draft, target = llama_pair
     config = GenerationConfig(num_assistant_tokens=float("nan"), max_new_tokens=4)
-    expect_error(target, forward_calls, re.escape("num_assistant_tokens (in the GenerationConfig passed to generate) "
+    expect_error(target, forward_calls, re.escape(f"num_assistant_tokens{PASSED_CONFIG} "
                  "(the draft length k) must be an integer >= 1, got nan"), assistant_model=draft, verifier="lossless",
                  generation_config=config)
 
