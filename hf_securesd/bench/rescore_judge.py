@@ -37,7 +37,7 @@ from hf_securesd.judges.backends import (
     TransformersChatBackend,
     endpoint_settings,
 )
-from hf_securesd.judges.secrets import strip_userinfo
+from hf_securesd.judges.secrets import public_url
 
 # backend settings that say where requests go, what is loaded, or with which credential
 LOCATION_KEYS = ("base_url", "model", "api_key")
@@ -46,8 +46,9 @@ FLAG_USERS = {"--judge-base-url": "strongreject with the openai backend", "--jud
 
 
 def _endpoint(url: str) -> str:
-    """`url` as endpoints are compared: without credentials or a trailing slash."""
-    return strip_userinfo(url.rstrip("/"))[0]
+    """`url` as endpoints are compared and shown: without credentials, a query string (`public_url`) or
+    a trailing slash."""
+    return public_url(url.rstrip("/"))
 
 
 def _recorded(manifest: Mapping[str, Any], settings: Mapping[str, Any], key: str, described: str) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from hf_securesd.judges.backends import endpoint_settings
 from hf_securesd.judges.base import Judge, JudgeError, Verdict
 from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
-from hf_securesd.judges.secrets import strip_userinfo
+from hf_securesd.judges.secrets import public_url
 from hf_securesd.judges.strongreject import DEFAULT_THRESHOLD, StrongRejectJudge, check_threshold
 
 JUDGES: dict[str, type[Judge]] = {
@@ -62,7 +62,7 @@ def check_judge_options(name: str, options: Mapping[str, object]) -> None:
 def describe_judge(name: str, options: Mapping[str, object]) -> dict[str, object] | None:
     """The model behind judge `name` built with `options`, as study.json and the report record it:
     None for the judges that match strings; for StrongREJECT its backend ``kind``, ``model`` and,
-    for the ``openai`` backend, the ``endpoint`` URL without credentials (resolved as the backend
+    for the ``openai`` backend, the ``endpoint`` URL without credentials (`public_url`; resolved as the backend
     resolves it: `backend_kwargs`, else the ``SECURESD_JUDGE_*`` variables, else the defaults).
     Nothing is loaded or requested."""
     if name != StrongRejectJudge.name:
@@ -72,7 +72,7 @@ def describe_judge(name: str, options: Mapping[str, object]) -> dict[str, object
     settings = settings if isinstance(settings, Mapping) else {}
     if backend == "openai":
         url, model = endpoint_settings(settings.get("base_url"), settings.get("model"))
-        return {"kind": "openai", "model": model, "endpoint": strip_userinfo(url)[0]}
+        return {"kind": "openai", "model": model, "endpoint": public_url(url)}
     return {"kind": str(backend), "model": settings.get("model")}
 
 

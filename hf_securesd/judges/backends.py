@@ -457,7 +457,8 @@ class OpenAIChatBackend(ChatBackend):
         (`cut_off_problem`, redacted); `ValueError` when malformed."""
         text, choice, usage = _reply_parts(body)
         problem = cut_off_problem(choice.get("finish_reason"), usage, self.max_tokens)
-        return JudgeReply(text, None if problem is None else self._redact(problem))
+        # an endpoint may echo the request's key in its answer: verdicts keep the text as `raw`
+        return JudgeReply(self._redact(text), None if problem is None else self._redact(problem))
 
     def _attempt_timeout(self, deadline: float | None, last_problem: str) -> float:
         """Seconds the next attempt may take: `timeout`, cut to what is left before the run
@@ -522,11 +523,21 @@ def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | No
         return (f"the reply's finish_reason is {shown}: the endpoint cut it off or withheld it (a finished "
                 f"reply says {', '.join(sorted(FINISHED_REASONS))}); give the backend a larger max_tokens "
                 "if it is 'length'")
-    tokens = usage.get("completion_tokens") if isinstance(usage, dict) else None
-    if isinstance(tokens, int) and not isinstance(tokens, bool) and tokens >= max_tokens:
+    tokens = _count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+    if tokens is not None and tokens >= max_tokens:
         return (f"the reply has no finish_reason and used {server_count(tokens)} completion tokens, the "
                 f"request's max_tokens {max_tokens:,}: it may have been cut off")
     return None
+
+
+def _count(value: Any) -> int | None:
+    """A token count as servers write it: an integer, an integral float (``1024.0``) or a string of
+    digits (``"1024"``); None for anything else."""
+    if isinstance(value, str) and value.strip().isdecimal() and len(value) <= 30:
+        return int(value)
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _reply_parts(body: bytes) -> tuple[str, dict[str, Any], Any]:
@@ -548,6 +559,9 @@ def _reply_parts(body: bytes) -> tuple[str, dict[str, Any], Any]:
         content = choice["message"]["content"]
     except (KeyError, IndexError, TypeError):
         raise ValueError("reply JSON has no choices[0].message.content") from None
+    reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+    if content is None and isinstance(reason, str) and reason not in FINISHED_REASONS:
+        content = ""  # withheld (a content filter): the reply's problem says so (`cut_off_problem`)
     if not isinstance(content, str):
         raise ValueError(f"reply content is {type(content).__name__}, not text")
     return valid_unicode(content), choice, parsed.get("usage") if isinstance(parsed, dict) else None

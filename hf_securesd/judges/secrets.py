@@ -20,7 +20,7 @@ import shlex
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, quote_plus, urlsplit, urlunsplit
 
 SECRET_ENV_VARS = ("SECURESD_JUDGE_API_KEY", "OPENAI_API_KEY", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN",
                    "ANTHROPIC_API_KEY")
@@ -87,14 +87,20 @@ def warn_if_unredacted(key: str, where: str) -> None:
         )
 
 
+_PERCENT_ESCAPE = re.compile("%[0-9A-F]{2}")
+
+
 def escaped_forms(secret: str) -> list[str]:
     """`secret` and the forms it takes once escaped where it may be echoed: in JSON (``\\uXXXX`` or
-    not, with ``/`` escaped as PHP writes it or not) and in Python's repr of it as text or as bytes
-    (how h11 and httpx quote a header); each form at most once, `secret` first."""
+    not, with ``/`` escaped as PHP writes it or not), in Python's repr of it as text or as bytes
+    (how h11 and httpx quote a header) and percent-encoded (a URL or form, escapes in upper or lower
+    case); each form at most once, `secret` first."""
     forms = [secret]
     for escaped in (json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1],
                     repr(secret)[1:-1], repr(secret.encode(errors="surrogatepass"))[2:-1]):
         forms += [escaped, escaped.replace("/", "\\/")]
+    for encoded in (quote(secret, safe=""), quote_plus(secret, safe="")):  # echoed in a URL or a form
+        forms += [encoded, _PERCENT_ESCAPE.sub(lambda escape: escape.group(0).lower(), encoded)]
     return list(dict.fromkeys(forms))
 
 
@@ -163,6 +169,14 @@ def url_before_query(url: str) -> str | None:
     ``?api_key=...`` would be recorded with the URL), or None when it has neither."""
     cut = min((index for index in (url.find("?"), url.find("#")) if index >= 0), default=None)
     return None if cut is None else url[:cut]
+
+
+def public_url(url: str) -> str:
+    """`url` as it may be shown or recorded: without userinfo (`strip_userinfo`) and cut before a query
+    string or fragment (`url_before_query`: a key passed as ``?api_key=...``), marked by ``?...``."""
+    url = strip_userinfo(url)[0]
+    before_query = url_before_query(url)
+    return url if before_query is None else f"{before_query}?..."
 
 
 def reject_secret_options(options: Mapping[str, Any], where: str = "judge option") -> None:

@@ -32,7 +32,7 @@ import re
 import unicodedata
 from collections.abc import Mapping
 
-from hf_securesd.judges.backends import ChatBackend, OpenAIChatBackend, TransformersChatBackend
+from hf_securesd.judges.backends import ChatBackend, JudgeReply, OpenAIChatBackend, TransformersChatBackend
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY, Judge, Verdict, check_unparsed_policy
 from hf_securesd.judges.data import data_file
 from hf_securesd.judges.refusal_prefix import without_ignorable
@@ -141,6 +141,23 @@ def make_backend(backend: str, **kwargs: object) -> ChatBackend:
     raise ValueError(f"unknown judge backend {backend!r}; use 'openai' or 'transformers'.")
 
 
+def check_reply(backend: ChatBackend, reply: object, index: int, count: int) -> None:
+    """Refuse a reply of the wrong type from `backend` (a `ChatBackend` written by a user may return None or
+    bytes): a TypeError naming the backend's class, the reply's index and the expected type. A programming
+    error in the backend, so it stops the whole call rather than counting as an unparsed reply."""
+    name = type(backend).__qualname__
+    if not isinstance(reply, JudgeReply):
+        raise TypeError(f"the judge backend {name} returned a {type(reply).__name__} as reply {index} (of {count}) "
+                        "from complete_replies; it must return one JudgeReply per conversation.")
+    if not isinstance(reply.text, str):
+        hint = " (decode bytes to str)" if isinstance(reply.text, (bytes, bytearray)) else ""
+        raise TypeError(f"the judge backend {name} returned {type(reply.text).__name__} as reply {index} (of {count}); "
+                        f"ChatBackend.complete must return one str per conversation{hint}.")
+    if reply.problem is not None and not isinstance(reply.problem, str):
+        raise TypeError(f"the judge backend {name} gave reply {index} (of {count}) a problem of type "
+                        f"{type(reply.problem).__name__}; JudgeReply.problem must be a str or None.")
+
+
 class StrongRejectJudge(Judge):
     """StrongREJECT rubric judge.
 
@@ -165,6 +182,10 @@ class StrongRejectJudge(Judge):
     ) -> None:
         self.unparsed = check_unparsed_policy(unparsed)
         threshold = check_threshold(threshold)
+        if rubric is not None and not isinstance(rubric, str):
+            raise TypeError(f"rubric must be a str (the StrongREJECT rubric prompt, with the placeholders "
+                            f"{{forbidden_prompt}} and {{response}}) or None (read it from the data folder), got "
+                            f"{type(rubric).__name__}" + ("; decode it first" if isinstance(rubric, bytes) else "."))
         self.rubric = rubric if rubric is not None else load_rubric(data_dir)
         missing = {"forbidden_prompt", "response"} - set(_PLACEHOLDER.findall(self.rubric))
         if missing:
@@ -209,6 +230,8 @@ class StrongRejectJudge(Judge):
             raise RuntimeError(
                 f"the judge backend returned {len(replies)} replies for {len(prompts)} requests."
             )
+        for index, reply in enumerate(replies):
+            check_reply(self.backend, reply, index, len(replies))
         return [
             self.verdict(reply.text, response, reply.problem, prompt)
             for reply, response, prompt in zip(replies, responses, prompts)

@@ -28,6 +28,10 @@ COMPARISON_FIELDS = ("goal", "target_response", "human_majority")  # the columns
 COMPARISON_FIX = (f"point --data-dir (or ${DATA_DIR_ENV}) at a folder holding an intact copy of JailbreakBench's "
                   f"{COMPARISON_FILE} (see docs/metrics.md)")
 REFERENCE_JUDGES = ("GCG", "TDC", "BERT", "llama_guard", "gpt_4_turbo", "gpt_4")
+LABEL_COLUMNS = ("human_majority", *REFERENCE_JUDGES)  # 1 = jailbroken, 0 = not; reference columns may be absent
+# the ways a label may be written: 0/1, and the same numbers as floats (a file saved by pandas after a missing
+# value made the column float); anything else ("true", "2", "", a shifted column's text) is refused
+LABEL_SPELLINGS = {"1": "1", "0": "0", "1.0": "1", "0.0": "0"}
 
 
 def agreement_stats(predicted: Sequence[bool], human: Sequence[bool]) -> dict[str, float]:
@@ -54,14 +58,30 @@ def agreement_stats(predicted: Sequence[bool], human: Sequence[bool]) -> dict[st
     }
 
 
+def _labels_read(row: dict[str, str]) -> dict[str, str]:
+    """`row` with each label column it holds (`LABEL_COLUMNS`) written "1" or "0"; a ValueError naming the
+    column, the value and the allowed values for a label written otherwise (`LABEL_SPELLINGS`)."""
+    for column in LABEL_COLUMNS:
+        if column not in row:
+            continue
+        value = row[column]
+        if value not in LABEL_SPELLINGS:
+            shown = repr(value) if len(value) <= 40 else repr(value[:40]) + "..."
+            raise ValueError(f"column {column!r} holds {shown}, not a label: the allowed values are 1 (jailbroken) "
+                             "and 0 (not), also written 1.0 and 0.0")
+        row[column] = LABEL_SPELLINGS[value]
+    return row
+
+
 def load_comparison(data_dir: str | None) -> list[dict[str, str]]:
-    """The rows of `classifier_comparison.csv`. A file that is not UTF-8 CSV, or a row without a value for
-    one of `COMPARISON_FIELDS` (a wrong file, or one cut short), raises a ValueError naming the file, the
-    row and the fix."""
+    """The rows of `classifier_comparison.csv`, the labels (`LABEL_COLUMNS`) written "1" (jailbroken) or "0"
+    whether the file writes them 1/0 or 1.0/0.0. A file that is not UTF-8 CSV, a row without a value for
+    one of `COMPARISON_FIELDS` (a wrong file, or one cut short), or a label written any other way raises a
+    ValueError naming the file, the row (and the column) and the fix."""
     path = data_file(COMPARISON_FILE, data_dir)
     try:
         with path.open(newline="", encoding="utf-8") as handle:
-            return parse_csv(path, handle, COMPARISON_FIELDS, fix=COMPARISON_FIX)
+            return parse_csv(path, handle, COMPARISON_FIELDS, _labels_read, fix=COMPARISON_FIX)
     except (UnicodeDecodeError, csv.Error) as error:
         raise ValueError(f"{path} could not be read as UTF-8 CSV: {error}") from None
 

@@ -50,7 +50,7 @@ def test_the_answer_line_forms_still_parse(spacing):
 # -- D2: a truncated judge reply is unparsed ---------------------------------------------------------
 
 
-def completion(content: str, finish_reason: str | None, tokens: int | None = None) -> bytes:
+def completion(content: str | None, finish_reason: str | None, tokens: int | float | str | None = None) -> bytes:
     choice: dict = {"index": 0, "message": {"role": "assistant", "content": content}}
     if finish_reason is not None:
         choice["finish_reason"] = finish_reason
@@ -78,6 +78,8 @@ def endpoint():
     (completion(QUOTING_REPLY, "length"), "finish_reason is 'length'"),
     (completion(QUOTING_REPLY, "content_filter"), "finish_reason is 'content_filter'"),
     (completion(QUOTING_REPLY, None, tokens=64), "64 completion tokens, the request's max_tokens 64"),
+    (completion(QUOTING_REPLY, None, tokens=64.0), "64 completion tokens, the request's max_tokens 64"),
+    (completion(QUOTING_REPLY, None, tokens="64"), "64 completion tokens, the request's max_tokens 64"),
 ])
 def test_a_truncated_endpoint_reply_is_unparsed_with_its_reason(endpoint, body, reason):
     backend = OpenAIChatBackend(base_url=endpoint(body), model="m", max_retries=0, timeout=5, max_tokens=64)
@@ -88,6 +90,16 @@ def test_a_truncated_endpoint_reply_is_unparsed_with_its_reason(endpoint, body, 
     assert reply.text == QUOTING_REPLY and reason in reply.problem
     assert verdict.outcome == "unparsed" and "truncated" in verdict.error and reason in verdict.error
     assert verdict.raw == QUOTING_REPLY
+
+
+@pytest.mark.parametrize("reason", ["content_filter", "length"])
+def test_a_withheld_reply_is_unparsed_not_an_error_for_the_batch(endpoint, reason):
+    """A reply whose content is null because the endpoint withheld it (a response can trip a provider's
+    content filter on purpose) is that example's unparsed verdict; it is not retried, and the batch goes on."""
+    with OpenAIChatBackend(base_url=endpoint(completion(None, reason)), model="m", max_retries=3, timeout=5,
+                           max_tokens=64) as backend:
+        (verdict,) = StrongRejectJudge(backend=backend, rubric=RUBRIC).judge(["g"], ["r"])
+    assert verdict.outcome == "unparsed" and f"finish_reason is '{reason}'" in verdict.error
 
 
 @pytest.mark.parametrize("body", [completion(GOOD_REPLY, "stop"), completion(GOOD_REPLY, None),

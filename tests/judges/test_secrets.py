@@ -16,7 +16,9 @@ import pytest
 from support import needs_bwrap
 
 from hf_securesd.cli import main
-from hf_securesd.judges.secrets import redact, redact_value, redacted_excerpt
+from hf_securesd.judges import describe_judge
+from hf_securesd.judges.backends import OpenAIChatBackend
+from hf_securesd.judges.secrets import public_url, redact, redact_value, redacted_excerpt
 
 SECRET = "sk-planted-7f3a9c0e5b1d2468"
 MAX_REQUESTS = 400
@@ -119,6 +121,8 @@ def test_url_before_query(url, before):
     ('sk-ab"cdSECRET+xyz', '{"error": "invalid key: Bearer sk-ab\\"cdSECRET+xyz"}'),  # JSON
     ("sk-ab\\cdSECRET+xyz", "Illegal header value b'Bearer sk-ab\\\\cdSECRET+xyz'"),  # h11's bytes repr
     ("sk-ab\u00e9cdSECRET+xyz", '{"error": "Bearer sk-ab\\u00e9cdSECRET+xyz"}'),  # JSON, ASCII only
+    ("sk-ab/cdSECRET+xyz", "bad key Bearer%20sk-ab%2FcdSECRET%2Bxyz"),  # percent-encoded
+    ("sk-ab/cdSECRET+xyz", "bad key Bearer%20sk-ab%2fcdSECRET%2bxyz"),  # lower-case escapes
 ])
 def test_a_key_echoed_escaped_is_redacted(key, echo):
     """A key echoed JSON-escaped in an error body (PHP writes "/" as "\\/") stayed in the excerpt."""
@@ -172,3 +176,25 @@ def test_a_key_too_short_to_redact_is_accepted_with_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         warn_if_unredacted("sk-0123456789", "MY_KEY")
+
+
+@pytest.mark.parametrize("url, shown", [
+    ("https://u:p@host/v1?api_key=sk-x#f", "https://host/v1?..."), ("https://host/v1", "https://host/v1"),
+    ("https://host/v1#token", "https://host/v1?..."),
+])
+def test_public_url_drops_credentials_and_the_query(url, shown):
+    assert public_url(url) == shown
+
+
+def test_the_recorded_judge_endpoint_carries_no_query_key():
+    described = describe_judge("strongreject", {"backend_kwargs": {"base_url": f"https://host/v1?api_key={SECRET}"}})
+    assert SECRET not in str(described) and described["endpoint"] == "https://host/v1?..."
+
+
+def test_a_key_the_endpoint_echoes_in_its_answer_is_redacted(echoing_judge, monkeypatch):
+    """The judge's answer text becomes each verdict's `raw` (and the afr metric's judge_outputs)."""
+    url, _ = echoing_judge
+    monkeypatch.setenv("SECURESD_JUDGE_API_KEY", SECRET)
+    with OpenAIChatBackend(base_url=url, model="m", max_retries=5, timeout=5) as backend:
+        replies = [backend.complete_one([{"role": "user", "content": "x"}]) for _ in range(2)]
+    assert all(SECRET not in reply and "[redacted]" in reply for reply in replies)
