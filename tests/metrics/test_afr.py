@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import math
-import sys
 
 import evaluate
-import numpy as np
 import pytest
 
 from hf_securesd import metrics
@@ -205,36 +203,23 @@ def test_texts_must_be_lists_not_one_string(afr, name):
         afr.compute(**kwargs)
 
 
-def test_bootstrap_ci_is_seeded(afr):
+def test_afr_ci_is_the_exact_interval_and_n_resamples_zero_leaves_it_out(afr):
+    # the bootstrap tests that were here are replaced by tests/metrics/test_afr_interval.py
     responses = [REFUSAL if i % 3 else COMPLIANCE for i in range(60)]
-    kwargs = dict(predictions=responses, references=["g"] * 60, n_resamples=400)
-    first = afr.compute(**kwargs, seed=1)
-    assert first["afr_ci"] == afr.compute(**kwargs, seed=1)["afr_ci"]
-    assert first["afr_ci"] != afr.compute(**kwargs, seed=2)["afr_ci"]
-    low, high = first["afr_ci"]
-    assert first["afr"] == pytest.approx(40 / 60)
-    assert low < first["afr"] < high
-    assert high - low < 0.35
-    assert afr.compute(predictions=[REFUSAL], references=["g"])["afr_ci"] is None
-
-
-def test_n_resamples_zero_gives_no_interval_and_negative_is_refused(afr):
+    result = afr.compute(predictions=responses, references=["g"] * 60)
+    assert result["afr"] == pytest.approx(40 / 60)
+    low, high = result["afr_ci"]
+    assert low < result["afr"] < high and high - low < 0.35
+    assert afr.compute(predictions=[REFUSAL], references=["g"])["afr_ci"] is not None
     kwargs = dict(predictions=[REFUSAL, COMPLIANCE], references=["g", "g"])
     result = afr.compute(n_resamples=0, **kwargs)
     assert (result["afr"], result["afr_ci"]) == (0.5, None)
-    with pytest.raises(ValueError, match="`n_resamples` must be a whole number from 0"):
-        afr.compute(n_resamples=-1, **kwargs)
 
 
-@pytest.mark.parametrize(
-    ("name", "bad", "valid"),
-    [("n_resamples", bad, "from 0 .* to 100000") for bad in (math.inf, 10**30, 100_001, 2.0, True, "10")]
-    + [("confidence_level", bad, "strictly between 0 and 1") for bad in ("0.9", None, 0, 1.5, math.nan)]
-    + [("seed", bad, "whole number >= 0") for bad in (-1, 1.5, True, "0", None)],
-)
-def test_bad_interval_arguments_name_the_argument_and_its_range(afr, name, bad, valid):
-    with pytest.raises(ValueError, match=f"`{name}` must be .*{valid}.*; pass"):
-        afr.compute(predictions=[REFUSAL, COMPLIANCE], references=["g", "g"], **{name: bad})
+@pytest.mark.parametrize("bad", ["0.9", None, 0, 1.5, math.nan])
+def test_a_bad_confidence_level_names_the_argument_and_its_range(afr, bad):
+    with pytest.raises(ValueError, match="`confidence_level` must be .*strictly between 0 and 1.*; pass"):
+        afr.compute(predictions=[REFUSAL, COMPLIANCE], references=["g", "g"], confidence_level=bad)
 
 
 def test_empty_and_mismatched_inputs(afr):
@@ -376,13 +361,3 @@ def test_a_judge_must_return_one_verdict_per_response(afr):
 def test_options_the_chosen_judge_would_ignore_or_misread_are_refused(afr, kwargs, message):
     with pytest.raises(ValueError, match=message):
         afr.compute(predictions=[COMPLIANCE], references=["g"], **kwargs)
-
-
-def test_the_bootstrap_in_blocks_draws_the_same_resamples(afr, monkeypatch):
-    module = sys.modules[type(afr).__module__]
-    values = np.random.default_rng(2).integers(0, 2, 37).astype(float)
-    means = values[np.random.default_rng(9).integers(0, 37, size=(101, 37))].mean(axis=1)  # all at once
-    tail = (1.0 - 0.9) / 2.0 * 100.0  # as the module computes it (not exactly 5)
-    expected = [float(bound) for bound in np.percentile(means, [tail, 100.0 - tail])]
-    monkeypatch.setattr(module, "_BLOCK_INDICES", 5 * 37 + 3)  # 5 resamples per block, the last one short
-    assert module._bootstrap_interval(values, 0.9, 101, 9) == expected

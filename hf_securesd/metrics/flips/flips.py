@@ -188,7 +188,7 @@ def _as_binary(name: str, values: list[float]) -> np.ndarray:
     return array.astype(int)
 
 
-def _exact_interval(successes, trials, confidence_level):
+def exact_interval(successes, trials, confidence_level):
     """Clopper-Pearson interval of successes / trials, or None without trials."""
     if trials == 0:
         return None
@@ -335,15 +335,15 @@ class Flips(evaluate.Metric):
             "n_gained": gained,
             "n_discordant": discordant,
             "lost_rate": lost / n,
-            "lost_rate_ci": _exact_interval(lost, n, confidence_level),
+            "lost_rate_ci": exact_interval(lost, n, confidence_level),
             "gained_rate": gained / n,
-            "gained_rate_ci": _exact_interval(gained, n, confidence_level),
+            "gained_rate_ci": exact_interval(gained, n, confidence_level),
             "flip_rate": discordant / n,
-            "flip_rate_ci": _exact_interval(discordant, n, confidence_level),
+            "flip_rate_ci": exact_interval(discordant, n, confidence_level),
             "lost_share": _share(lost, positives),
-            "lost_share_ci": _exact_interval(lost, positives, confidence_level),
+            "lost_share_ci": exact_interval(lost, positives, confidence_level),
             "gained_share": _share(gained, negatives),
-            "gained_share_ci": _exact_interval(gained, negatives, confidence_level),
+            "gained_share_ci": exact_interval(gained, negatives, confidence_level),
             "reference_rate": positives / n,
             "method_rate": float(method.mean()),
             "difference": (gained - lost) / n,
