@@ -142,7 +142,7 @@ def _check_number(label: str, value: object) -> None:
         )
     if isinstance(value, Decimal) and value.is_nan():  # a signalling NaN cannot even become a float
         raise ValueError(f"`{label}` is Decimal {value}: NaN is refused; pass finite numbers only.")
-    if isinstance(value, numbers.Real) and not _fits_float(value):
+    if isinstance(value, (numbers.Real, Decimal)) and not _fits_float(value):
         raise ValueError(
             f"`{label}` is a number beyond the float64 range (magnitude above about 1.8e308); pass numbers "
             "a float64 holds (rescale them first, e.g. divide them by a power of ten)."
@@ -159,13 +159,16 @@ def _is_number(value: object) -> bool:
     return isinstance(value.item(), (numbers.Real, Decimal))
 
 
-def _fits_float(value: numbers.Real) -> bool:
-    """Whether `value` converts to a float64 (an int such as 10**400 does not)."""
+def _fits_float(value: numbers.Real | Decimal) -> bool:
+    """Whether `value` converts to a float64 without overflowing: an int such as 10**400 does not, nor a
+    finite Decimal or long double beyond the range (they convert to inf)."""
     try:
-        float(value)
+        converted = float(value)
     except OverflowError:
         return False
-    return True
+    if not np.isinf(converted):
+        return True
+    return not (value.is_finite() if isinstance(value, Decimal) else bool(np.isfinite(value)))  # inf itself fits
 
 
 def _check_numbers(name: str, values: Collection) -> None:
