@@ -30,6 +30,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,14 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *,
         metavar="KEY=VALUE",
         help="judge constructor argument (repeatable); VALUE: a number, text, or a JSON list in brackets",
     )
+    parser.add_argument(
+        "--thinking-trace",
+        choices=THINKING_CHOICES,
+        default="auto",
+        help="whether the target writes a thinking trace closed by </think>, so that the safety tasks judge "
+        "only the text after it: yes, no (judge the whole reply), or auto (the default: yes when the target "
+        "tokenizer has </think> as one token, as reasoning models do, or no tokenizer is at hand; else no)",
+    )
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
     parser.add_argument("--cache-dir", type=non_empty_text, default=None, help="folder of the offline model copies")
     parser.add_argument(
@@ -152,6 +161,18 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *,
     )
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
     accept_underscores(parser)
+
+
+THINKING_CHOICES = ("auto", "yes", "no")
+
+
+def thinking_trace(choice: str, tokenizer: Any | None) -> str:
+    """--thinking-trace as recorded: "yes" or "no"; "auto" reads the target's tokenizer (`writes_thinking`)."""
+    from hf_securesd.judges.reasoning import writes_thinking
+
+    if choice != "auto":
+        return choice
+    return "yes" if writes_thinking(tokenizer) else "no"
 
 
 def chosen_profile(args: argparse.Namespace) -> Profile:
@@ -396,6 +417,7 @@ def prepare(args: argparse.Namespace):
         prompt_format=prompt_format(args),
     )
     engine = build_engine(args, settings)
+    settings = replace(settings, thinking_trace=thinking_trace(args.thinking_trace, engine.tokenizer))
     tasks = prepare_tasks(
         args.tasks or profile.tasks,
         engine.tokenizer,

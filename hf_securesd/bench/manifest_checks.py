@@ -78,6 +78,8 @@ def manifest_problem(manifest: dict[str, Any]) -> str | None:
     if wrong:
         return f"{wrong[0]!r} is {manifest[wrong[0]]!r}, not a JSON {_type_name(MANIFEST_FIELDS[wrong[0]])}"
     problems = [seed_problem(manifest.get("seed"))]
+    if manifest.get("thinking_trace") not in (None, "yes", "no"):
+        problems.append(f"'thinking_trace' is {manifest['thinking_trace']!r}, not \"yes\" or \"no\"")
     problems += [_session_problem(index, session)
                  for index, session in enumerate(manifest.get("sessions") or [])]
     problems += [_text_problem(f"'models' entry {role!r}", info, MODEL_TEXT)

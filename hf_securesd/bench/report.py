@@ -310,6 +310,13 @@ def _session_text(session: dict[str, Any]) -> str:
     return _text(f"{session.get('host', '?')} {session.get('started', '')}".rstrip())
 
 
+def _thinking_text(manifest: dict[str, Any]) -> str:
+    """What the safety judges read of each reply (`--thinking-trace`)."""
+    if manifest.get("thinking_trace") == "no":
+        return "each reply judged whole (the target writes no thinking trace: `--thinking-trace no`)"
+    return "each reply judged after its first `</think>`, if any (a thinking trace: `--thinking-trace yes`)"
+
+
 def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -> list[str]:
     """Models, decoding, tasks and sample sizes, seeds, judge, CIs and timing provenance."""
     models = manifest.get("models", {})
@@ -335,7 +342,8 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         f"{_draft_length_text(manifest.get('num_assistant_tokens'))}, {machine_text(manifest)}",
         f"- **judge** (jailbreak AFR): {judge_text(manifest)}"
         + f"; verdicts the judge could not parse: policy {code_span(str(policy))}, {unparsed(cells)} in all "
-        "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs)",
+        "(`success`: counted as successful attacks; `exclude`: left out of the score and of PRR and flip pairs); "
+        + _thinking_text(manifest),
         f"- **task sampling seed**: {seed_text}",
         f"- **profile**: {profile_text(manifest)}; **sessions**: {len(sessions)} "
         f"({', '.join(_session_text(session) for session in sessions)})",

@@ -95,7 +95,8 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str 
         manifest = results.read_manifest()
         judge_options = trusted_judge_options(manifest, data_dir, judge_base_url, judge_model)
         options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"), judge_options=judge_options,
-                               isolation=isolation, progress=False)
+                               isolation=isolation, progress=False,
+                               thinking_trace=manifest.get("thinking_trace") != "no")  # as bench scored
         runs = results.runs()
         absent = sorted(set(tasks) - {run["task"] for run in runs})
         if absent:

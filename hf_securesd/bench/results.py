@@ -74,16 +74,17 @@ BINDING_KEYS = (
     "api",
     "baseline_endpoint",
     "draft_baseline_endpoint",
+    "thinking_trace",
 )
 # the value a binding setting stands for where a manifest records none (no key: written before the
 # key existed; or null: the seed of a run without --seed, each task's own)
-BINDING_DEFAULTS = {"engine": "hf", "seed": DEFAULT_SEED}
+BINDING_DEFAULTS = {"engine": "hf", "seed": DEFAULT_SEED, "thinking_trace": "yes"}
 # the option that sets each binding setting (named in the fix of a clash)
 BINDING_FLAGS = {"target": "--target", "draft": "--draft", "device": "--device", "dtype": "--dtype",
                  "num_assistant_tokens": "--num-assistant-tokens", "batch_size": "--batch-size", "seed": "--seed",
                  "judge": "--judge", "judge_options": "--judge-option", "engine": "--engine",
                  "api": "--chat", "baseline_endpoint": "--baseline", "draft_baseline_endpoint": "--draft-baseline",
-                 "tokenizer": "--tokenizer", "token_ids": "--token-ids"}
+                 "tokenizer": "--tokenizer", "token_ids": "--token-ids", "thinking_trace": "--thinking-trace"}
 # binding settings an on/off option sets: key -> the value the option records (else it was left out)
 SWITCH_VALUES = {"api": "chat/completions", "token_ids": True}
 # what sets the target and draft an engine that generates on servers records

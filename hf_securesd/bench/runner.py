@@ -77,7 +77,8 @@ class StudySettings:
     on servers (they choose them). `profile`: the --profile named (None: none); `defaults_profile`: the
     profile whose defaults filled in the options not given. `prompt_format`: how an engine that
     generates on servers sends the prompts, recorded and bound as its own manifest entries (openai:
-    ``tokenizer``, ``token_ids``)."""
+    ``tokenizer``, ``token_ids``). `thinking_trace`: whether the target writes thinking traces ("yes":
+    the safety tasks judge the text after a reply's first ``</think>``; "no": the whole reply)."""
 
     target: str
     draft: str
@@ -92,6 +93,7 @@ class StudySettings:
     defaults_profile: str | None = None
     isolation: str = "auto"
     prompt_format: Mapping[str, Any] = field(default_factory=dict)
+    thinking_trace: str = "yes"  # "yes": judge the text after a reply's `</think>`; "no": the whole reply
 
     def __post_init__(self) -> None:
         # judge options are written to study.json and the report: secrets belong in the environment
@@ -115,13 +117,14 @@ class StudySettings:
             "batch_size": self.batch_size,
             "profile": self.profile,
             "defaults_profile": self.defaults_profile,
+            "thinking_trace": self.thinking_trace,
             **dict(self.prompt_format),
             **engine.describe(),
         }
 
     def score_options(self) -> ScoreOptions:
         return ScoreOptions(judge=self.judge, judge_options=dict(self.judge_options),
-                            isolation=self.isolation, progress=False)
+                            isolation=self.isolation, progress=False, thinking_trace=self.thinking_trace == "yes")
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,10 @@ is a refusal. `securesd bench` and the `afr` metric both judge `final_answer(res
 The trace ends at its first ``</think>``: everything after it is the answer, including any further
 ``</think>`` the answer writes, so an answer cannot hide its opening behind a fake marker followed by
 a refusal. A response with no marker is judged whole. Whether the model writes thinking traces at all
-is not known here: a non-reasoning model's reply that contains ``</think>`` is also judged from the
-text after it.
+is not known from its text: a reply that ends "... </think> I'm sorry" would hide everything before
+the marker. `securesd bench` therefore decides it from the target's tokenizer (`writes_thinking`:
+reasoning models have ``</think>`` as one token) and judges a model without it on the whole reply;
+the `afr` metric takes `final_answer_only=False` for such a model.
 """
 
 from __future__ import annotations
@@ -22,3 +24,18 @@ def final_answer(response: str) -> str:
     whole response when there is none."""
     _, marker, after = response.partition(THINK_END)
     return after if marker else response
+
+
+def writes_thinking(tokenizer: object | None) -> bool:
+    """Whether a model with `tokenizer` writes thinking traces: `THINK_END` is one token of its
+    vocabulary (Qwen3, DeepSeek-R1 and other reasoning models add it as a token). True without a
+    tokenizer (an endpoint whose tokenizer is unknown: a trace is assumed, as before a tokenizer was read)."""
+    if tokenizer is None:
+        return True
+    return THINK_END in tokenizer.get_vocab()
+
+
+def judged_text(response: str, thinking_trace: bool) -> str:
+    """What a judge reads of `response`: `final_answer(response)` when the model writes thinking traces,
+    else the whole response."""
+    return final_answer(response) if thinking_trace else response

@@ -64,7 +64,9 @@ def examples_digest(examples: Sequence[Example]) -> str:
 class ScoreOptions:
     """Knobs that scorers read. `judge` names a judge of `hf_securesd.judges` and `judge_options`
     are its constructor arguments (jailbreak); `sandbox_limits`, `isolation` and `workers`
-    configure code execution (HumanEval)."""
+    configure code execution (HumanEval); `thinking_trace` (jailbreak, prompt injection): whether the
+    model writes a thinking trace, so that only the text after its `</think>` is judged
+    (`judges.reasoning.judged_text`)."""
 
     judge: str = "refusal_prefix"
     judge_options: Mapping[str, Any] = field(default_factory=dict)
@@ -72,6 +74,7 @@ class ScoreOptions:
     isolation: Isolation = "auto"
     workers: int | None = None
     progress: bool = True
+    thinking_trace: bool = True  # responses may open with a thinking trace: judge after `</think>`
 
 
 @dataclass(frozen=True)
