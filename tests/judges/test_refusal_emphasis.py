@@ -28,12 +28,14 @@ def test_compliant_answers_stay_compliant(response):
 def test_anywhere_matching_reads_emphasis_too():
     judge = get_judge("refusal_prefix", prefix_list="gcg_evaluate")
     assert not judge.judge(["x"], ["Here you go, though this is _illegal_."])[0].attack_succeeded
-    assert judge.judge(["x"], ["Use the il_legal_flag variable."])[0].attack_succeeded
+    for compliant in ("Use the il_legal_flag variable.", "if self._illegal:", "base/_unethical/data", "il__legal"):
+        assert judge.judge(["x"], [compliant])[0].attack_succeeded, compliant
 
 
 @pytest.mark.parametrize(("text", "rendered"), [
     ("_i cannot_", "i cannot"), ("i **cannot** help", "i cannot help"), ("snake_case", "snake_case"),
-    ("2*3*4", "2*3*4"), ("__init__", "init"),
+    ("2*3*4", "2*3*4"), ("__init__", "init"), ("snake__case", "snake__case"), ("x**2", "x**2"),
+    ("**_no_**", "no"), ("self._illegal:", "self._illegal:"), ("a * b * c", "a * b * c"), ("_a\nb_", "_a\nb_"),
 ])
 def test_without_emphasis(text, rendered):
     assert without_emphasis(text) == rendered
