@@ -3,43 +3,35 @@
 A `GenerationConfig` keeps a key it does not know as an attribute without a word, so a saved
 generation_config.json holding ``"secure-schedule"`` or ``"secureSchedule"`` would decode with the
 relaxed verifier and no lossless prefix at all: the unsafe direction. A key that is not one of
-transformers' own fields and spells one of SecureSD's fields another way (case, ``-``/``_``, a plural,
-a slip of one or two letters) is refused by the `generate` calls that decode speculatively.
+transformers' own fields and spells one of SecureSD's fields another way (`spelling.nearly`: case,
+separators, fullwidth or look-alike letters, a close misspelling such as a plural or a dropped letter)
+is refused by the `generate` calls that run SecureSD.
 """
 
 from __future__ import annotations
 
-import difflib
-import re
 from typing import Iterable
 
 from transformers import GenerationConfig
 
+from .spelling import nearly
 from .validation import SecureSDConfigError
 
 SECURESD_FIELDS = ("verifier", "secure_schedule", "output_deviation")
-_CLOSE = 0.85  # difflib ratio from which a key reads as a slip of a field's name
 _STANDARD_KEYS = frozenset(vars(GenerationConfig()))
-
-
-def _spelling(key: str) -> str:
-    """`key` without case, separators and a trailing plural s."""
-    return re.sub(r"[^0-9a-z]", "", key.lower()).removesuffix("s")
-
-
-_FIELD_SPELLINGS = {_spelling(field): field for field in SECURESD_FIELDS}
 
 
 def misspelt_fields(keys: Iterable[str]) -> list[tuple[str, str]]:
     """(key, the SecureSD field it misspells) for each of `keys` that is neither a SecureSD field nor
-    one of transformers' own generation fields, and spells a SecureSD field another way."""
+    one of transformers' own generation fields (nor private, ``_...``), and spells a SecureSD field
+    another way."""
     found = []
     for key in keys:
         if not isinstance(key, str) or key in SECURESD_FIELDS or key in _STANDARD_KEYS or key.startswith("_"):
             continue
-        close = difflib.get_close_matches(_spelling(key), _FIELD_SPELLINGS, n=1, cutoff=_CLOSE)
-        if close:
-            found.append((key, _FIELD_SPELLINGS[close[0]]))
+        field = next((field for field in SECURESD_FIELDS if nearly(key, field)), None)
+        if field is not None:
+            found.append((key, field))
     return found
 
 

@@ -231,14 +231,13 @@ def _securesd_fields(
     fields SecureSD runs with, or None when the call runs plain transformers decoding."""
     draft = arguments.get("assistant_model")
     verifier = _requested_verifier(model, arguments, generation_config, default_verifier)
-    lookup = _effective("prompt_lookup_num_tokens", arguments, generation_config, model)
-    if draft is not None or lookup is not None or verifier is not None and "verifier" in arguments:
-        _refuse_misspelt_fields(model, generation_config)  # a speculative call: nothing may be ignored
     if verifier is None:
         return None
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
+    lookup = options["prompt_lookup_num_tokens"]
     if draft is None and lookup is None and "verifier" not in arguments:
         return None  # a configured verifier without a proposer: plain decoding
+    _refuse_misspelt_fields(model, generation_config)  # SecureSD runs: a misspelt field may not be ignored
     draft_length = _draft_length(model, arguments, generation_config, lookup is not None)
     check_model_inputs(arguments, _effective("cache_implementation", arguments, generation_config, model))
     resolved, schedule, _ = resolve_request(

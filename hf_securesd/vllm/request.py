@@ -28,7 +28,6 @@ from __future__ import annotations
 import difflib
 import json
 import os
-import unicodedata
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any, Iterable, Mapping
@@ -37,6 +36,7 @@ import torch
 
 from ..schedules import SCHEDULES, Schedule, check_weights, resolve_schedule, schedule_weights, short_repr
 from ..segments import Segments
+from ..spelling import letters, nearly
 from ..validation import SecureSDConfigError
 from ..verifiers import VERIFIERS, Verifier, resolve_verifier
 
@@ -325,47 +325,14 @@ def looks_like_securesd(key: Any) -> bool:
     a key that starts with it ("securesd_config", "securesd.verifier")."""
     if not isinstance(key, str) or key == EXTRA_ARGS_KEY:
         return False
-    return _nearly(key, EXTRA_ARGS_KEY) or _letters(key).startswith(EXTRA_ARGS_KEY)
+    return nearly(key, EXTRA_ARGS_KEY) or letters(key).startswith(EXTRA_ARGS_KEY)
 
 
 def spells_securesd(key: Any) -> bool:
     """Whether `key` (another key beside the request's fields) is "securesd" written otherwise (any case,
     separators, fullwidth or look-alike letters: "secure_sd", "SecureSD") or a key that starts with it
     ("securesd_config"): unlike `looks_like_securesd`, no close misspelling ("secured")."""
-    return isinstance(key, str) and key != EXTRA_ARGS_KEY and _letters(key).startswith(EXTRA_ARGS_KEY)
-
-
-_NEAR_RATIO = 0.88  # difflib similarity from which a key counts as a misspelling
-
-
-def _nearly(key: str, name: str) -> bool:
-    """Whether `key` spells `name` (letters and digits only, any case, compatibility forms such as
-    fullwidth letters read as their plain letters) or is a close misspelling of it."""
-    target = name.replace("_", "")
-    letters = _letters(key)
-    if len(letters) > 2 * len(target):  # cannot reach the ratio (2m / (a + b) with m <= b is then < 2/3)
-        return False
-    return _near_letters(letters, target)
-
-
-# Cyrillic and Greek letters drawn like Latin ones (lower case, after NFKC): "ѕесurеѕd" reads "securesd".
-_LOOK_ALIKES = str.maketrans(
-    "аеорсухѕіјԁһӏԛԝгԍвмнтκνορτυχαει",
-    "aeopcyxsijdhlqwrgbmhtkvoptuxaei",
-)
-
-
-def _letters(key: str) -> str:
-    """The letters and digits of `key` in lower case, after NFKC (fullwidth "ｓｅｃ" reads "sec") and with
-    Cyrillic and Greek look-alikes of Latin letters read as those ("ѕ" Cyrillic dze reads "s")."""
-    folded = unicodedata.normalize("NFKC", key).lower().translate(_LOOK_ALIKES)
-    return "".join(char for char in folded if char.isalnum())
-
-
-@lru_cache(maxsize=256)
-def _near_letters(letters: str, target: str) -> bool:
-    """`_nearly` on normalised letters (cached: a server sees the same few keys request after request)."""
-    return letters == target or difflib.SequenceMatcher(None, letters, target).ratio() >= _NEAR_RATIO
+    return isinstance(key, str) and key != EXTRA_ARGS_KEY and letters(key).startswith(EXTRA_ARGS_KEY)
 
 
 def refuse_misspelled_key(keys: Iterable[Any], origin: str) -> None:
@@ -424,7 +391,7 @@ def _field_named(key: Any) -> str | None:
     """The request field ("verifier" or "secure_schedule") that `key` names or nearly names, or None."""
     if not isinstance(key, str):
         return None
-    return next((field for field in _FIELDS if _nearly(key, field)), None)
+    return next((field for field in _FIELDS if nearly(key, field)), None)
 
 
 @lru_cache(maxsize=1)

@@ -16,7 +16,8 @@ from hf_securesd.tiny import TinyPairSpec, tiny_pair
 
 PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
 SPEC = TinyPairSpec(architecture="qwen2", seed=2)
-MISSPELT = ["secure-schedule", "secureSchedule", "Secure_Schedule", "secure_schedules", "secure_shedule"]
+MISSPELT = ["secure-schedule", "secureSchedule", "Secure_Schedule", "secure_schedules", "secure_shedule",
+            "\uff53\uff45\uff43\uff55\uff52\uff45_schedule"]
 
 
 @pytest.mark.parametrize("key", MISSPELT)
@@ -25,7 +26,8 @@ def test_spellings_of_a_field_are_found(key):
 
 
 @pytest.mark.parametrize("key", ["secure_schedule", "verifier", "output_attentions", "assistant_model",
-                                 "schedule", "foo", "_from_model_config", "num_assistant_tokens"])
+                                 "schedule", "foo", "_from_model_config", "num_assistant_tokens", "verified",
+                                 "output_variation", "output_deviation_stats"])
 def test_fields_and_other_keys_are_not(key):
     assert misspelt_fields([key]) == []
 
@@ -59,16 +61,20 @@ def test_a_misspelt_saved_schedule_is_refused(saved, tmp_path, key, from_model_c
     with pytest.raises(SecureSDConfigError, match=f"model's generation config holds '{key}'.*'secure_schedule'"):
         model.generate(PROMPT, assistant_model=draft, max_new_tokens=4, do_sample=False)
     assert model.generate(PROMPT, max_new_tokens=4, do_sample=False).shape == (1, 9)  # plain calls run
+    # SecureSD switched off: transformers' own assisted decoding, which reads no SecureSD field, runs
+    plain = model.generate(PROMPT, assistant_model=draft, verifier=None, max_new_tokens=4, do_sample=False)
+    assert plain.shape == (1, 9)
 
 
 @pytest.mark.parametrize("route", ["wrap", "callable"])
 def test_a_misspelt_key_in_a_passed_config_is_refused(route):
     draft, target = tiny_pair(SPEC)
-    config = GenerationConfig.from_dict({"max_new_tokens": 4, "do_sample": False, "Verifier": "mars"})
+    config = GenerationConfig.from_dict({"max_new_tokens": 4, "do_sample": False, "verifier": "mars",
+                                         "secureSchedule": {"schedule": "step", "L": 1}})
     if route == "wrap":
         call = dict(assistant_model=draft)
         hf_securesd.wrap(target)
     else:
         call = dict(custom_generate=hf_securesd.securesd_generate, draft=draft)
-    with pytest.raises(SecureSDConfigError, match="holds 'Verifier'.*did you mean 'verifier'"):
+    with pytest.raises(SecureSDConfigError, match="holds 'secureSchedule'.*did you mean 'secure_schedule'"):
         target.generate(PROMPT, generation_config=config, **call)
