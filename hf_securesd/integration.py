@@ -540,6 +540,8 @@ def _save_with_fields(model: PreTrainedModel, save, save_directory, args: tuple,
     def entry_point_then_upload(working_dir, *upload_args: Any, **upload_kwargs: Any) -> Any:
         """push_to_hub=True uploads inside `save`: the entry point is written first, so it goes up too."""
         export_custom_generate(working_dir, overwrite=True)
+        if upload is not None:  # a hook of the caller's own on this instance runs too
+            return upload(working_dir, *upload_args, **upload_kwargs)
         return type(model)._upload_modified_files(model, working_dir, *upload_args, **upload_kwargs)
 
     model._upload_modified_files = entry_point_then_upload
