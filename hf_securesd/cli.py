@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import math
+import os
 import re
 import sys
 from typing import NoReturn
@@ -53,6 +54,21 @@ def positive_int(text: str) -> int:
     """An option's whole number >= 1 (an argparse type for every subcommand): 0 and negatives are
     refused, never replaced by a default."""
     return _whole_number(text, 1)
+
+
+MAX_THREADS_PER_CORE = 4  # more torch threads than this per core only slows a run (and can exhaust memory)
+
+
+def thread_count(text: str) -> int:
+    """A --threads value: a whole number from 1 to `MAX_THREADS_PER_CORE` per core of this machine."""
+    value = positive_int(text)
+    cores = os.cpu_count() or 1
+    if value > MAX_THREADS_PER_CORE * cores:
+        raise argparse.ArgumentTypeError(
+            f"expected at most {MAX_THREADS_PER_CORE * cores} threads ({MAX_THREADS_PER_CORE} per core of this "
+            f"machine's {cores}), got {value}"
+        )
+    return value
 
 
 def non_negative_float(text: str) -> float:

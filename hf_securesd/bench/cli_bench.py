@@ -54,13 +54,15 @@ from hf_securesd.cli import (
     non_empty_text,
     non_negative_int,
     positive_int,
+    thread_count,
 )
+from hf_securesd.models.pypi_assembly import AssemblyError
 from hf_securesd.paths import path_kind, too_long_path
 
 # what refuses options or a setup before anything is generated (exit 2): DeviceError and EngineError
 # are ValueErrors; KeyError: an unknown task or profile; SandboxUnavailableError: HumanEval without
-# bubblewrap or --unsafe-no-isolation
-SETUP_ERRORS = (KeyError, ValueError, FileNotFoundError, SandboxUnavailableError)
+# bubblewrap or --unsafe-no-isolation; AssemblyError: an offline model copy that cannot be built
+SETUP_ERRORS = (KeyError, ValueError, FileNotFoundError, SandboxUnavailableError, AssemblyError)
 MODEL_FOLDER_ENGINES = ("hf", "vllm")  # the engines that load --target/--draft in this process
 
 
@@ -154,7 +156,7 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *,
     )
     parser.add_argument(
         "--threads",
-        type=positive_int,
+        type=thread_count,
         default=None,
         help="torch CPU threads (default: the profile's, else torch's"
         + engine_note("; with --engine openai, those of a local judge model") + ")",
@@ -282,6 +284,8 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
         key, separator, value = pair.partition("=")
         if not separator or not key:
             raise ValueError(f"--judge-option takes KEY=VALUE, got {pair!r}")
+        if key in options:
+            raise ValueError(f"--judge-option {key!r} is given twice; give each judge option once")
         if value.lstrip().startswith("["):
             options[key] = _json_list(key, value)
             continue

@@ -20,7 +20,8 @@ import os
 import sys
 from pathlib import Path
 
-from hf_securesd.cli import shorten_long_values
+from hf_securesd.bench.terminal import printable
+from hf_securesd.cli import non_empty_text, shorten_long_values
 from hf_securesd.paths import path_kind, too_long_path
 
 from . import (
@@ -49,7 +50,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``fetch`` and ``where`` actions to the ``models`` subcommand parser."""
     actions = parser.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("names", nargs="*", metavar="NAME",
+    common.add_argument("names", nargs="*", metavar="NAME", type=non_empty_text,
                         help=f"registry keys or Hub ids (default: {DEFAULT_PAIR.draft} "
                              f"{DEFAULT_PAIR.target}; known: {', '.join(MODELS)})")
     common.add_argument("--cache-dir", type=folder_path, default=None,
@@ -141,7 +142,7 @@ def _where(args: argparse.Namespace) -> int:
     for name in _names(args.names):
         spec = lookup(name)
         if spec is None:
-            print(f"{name}  (not in the registry)\n  resolves to: {_resolution(name, args, cache)}")
+            print(f"{printable(name)}  (not in the registry)\n  resolves to: {_resolution(name, args, cache)}")
             continue
         given = args.cache_dir.expanduser() if args.cache_dir else None
         copy_status, differs = _copy_status(spec, copy_dir(spec, cache, args.dtype), args.verify, given, args.dtype)

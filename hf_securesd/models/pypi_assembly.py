@@ -84,7 +84,7 @@ class AssemblyError(RuntimeError):
 
     def __init__(self, model: str, step: str, detail: str, fix: str) -> None:
         self.model, self.step, self.detail, self.fix = model, step, detail, fix
-        super().__init__(f"{model}: {step} failed: {detail}\n  fix: {fix}")
+        super().__init__(f"{model}: {step} failed: {detail}; fix: {fix}")
 
 
 def default_cache_dir() -> Path:

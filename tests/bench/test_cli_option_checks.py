@@ -192,3 +192,33 @@ def test_2_an_out_the_os_refuses_to_create_is_one_line(capsys, data_dir, command
     line = refused(capsys, command, *argv)
     assert line == ("error: cannot write /proc/securesd-x: No such file or directory; give an --out directory "
                     "that can be created and written")
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_10_an_offline_copy_that_cannot_be_built_is_one_line(capsys, tmp_path, data_dir, monkeypatch, command) -> None:
+    from hf_securesd.models import AssemblyError
+
+    def fail(*_, **__):
+        raise AssemblyError("qwen-0.5b", "write", "[Errno 2] No such file or directory", "give a writable --cache-dir")
+
+    monkeypatch.setattr("hf_securesd.models.load_pair", fail)
+    argv = [command, "--profile", "smoke", "--tasks", "gsm8k", "--limit", "1", "--max-new-tokens", "2",
+            "--target", "qwen-1.5b", "--draft", "qwen-0.5b", "--offline", "--no-progress",
+            "--data-dir", str(data_dir), "--out", str(tmp_path / "out")]
+    line = refused(capsys, *argv)
+    assert "qwen-0.5b: write failed" in line and "--cache-dir" in line
+
+
+@pytest.mark.parametrize("command", ["bench", "calibrate"])
+def test_11_more_threads_than_four_per_core_are_refused(capsys, tmp_path, data_dir, command) -> None:
+    too_many = str(4 * (os.cpu_count() or 1) + 1)
+    line = refused(capsys, command, *SMOKE[:8], "--threads", too_many, "--data-dir", str(data_dir),
+                   "--out", str(tmp_path / "out"))
+    assert f"--threads: expected at most {4 * (os.cpu_count() or 1)} threads" in line and too_many in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_12_a_judge_option_given_twice_is_refused(capsys, tmp_path, data_dir) -> None:
+    line = refused(capsys, *bench(tmp_path, data_dir, "--judge-option", "match=start", "--judge-option",
+                                  "match=anywhere"))
+    assert "--judge-option 'match' is given twice" in line and not (tmp_path / "out").exists()

@@ -17,7 +17,7 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 import hf_securesd
 from hf_securesd.bench.agentdojo.choices import DEFAULT_ATTACK, DEFAULT_SUITE, SUPPORTED_DEFENSES, plan_run
 from hf_securesd.bench.agentdojo.runner import run_agentdojo
-from hf_securesd.cli import positive_int
+from hf_securesd.cli import positive_int, thread_count
 from hf_securesd.schedules import Schedule
 from hf_securesd.verifiers import Verifier
 
@@ -42,7 +42,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     add("--num-assistant-tokens", type=positive_int, default=5, help="draft tokens per round k (default 5)")
     add("--device", default="cpu", help="cpu, cuda, cuda:1, ..., or auto")
     add("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16", help="model dtype (default bf16)")
-    add("--threads", type=positive_int, default=None, help="torch CPU threads")
+    add("--threads", type=thread_count, default=None, help="torch CPU threads")
     add("--offline", action="store_true", default=None, help="use the offline model copies")
     add("--cache-dir", default=None, help="folder of the offline model copies")
     add("--out", type=Path, default=None, help="also write the result JSON here (it is always printed)")
