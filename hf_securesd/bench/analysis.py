@@ -162,6 +162,18 @@ def mean_ci(values: Sequence[float], seed: int = 0) -> tuple[float, list[float] 
     return float(finite.mean()), interval(finite[picks].mean(axis=1))
 
 
+def score_ci(values: Sequence[float], seed: int = 0) -> tuple[float, list[float] | None]:
+    """Mean of a cell's per-example scores and its interval: where every scored value is a verdict (0 or
+    1: AFR, accuracy, pass@1) the exact Clopper-Pearson interval of the count, which keeps its level at
+    small n and near 0 or 1 (a bootstrap there gives [1.0, 1.0] for 20 of 20); else `mean_ci`."""
+    scored = [value for value in values if is_scored(value)]
+    if not scored or any(value not in (0, 1) for value in scored):
+        return mean_ci(values, seed)
+    from hf_securesd.metrics.flips.flips import exact_interval
+
+    return math.fsum(scored) / len(scored), exact_interval(int(sum(scored)), len(scored), CONFIDENCE)
+
+
 @dataclass(frozen=True)
 class SpeedPair:
     """Per-example seconds of one setting: target-only, with SecureSD and without."""

@@ -352,7 +352,8 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         f"- **Confidence intervals**: {int(CONFIDENCE * 100)}% percentile bootstrap, {N_RESAMPLES} "
         f"resamples, seed {seed or 0}: over examples for PRR, ΔPRR (paired, `prr` module) and ΔSPD "
         f"(paired); "
-        f"over cells for the AR-bin means of Table 1.",
+        f"over cells for the AR-bin means of Table 1; exact Clopper–Pearson for scores that are verdicts "
+        f"(AFR, accuracy, pass@1) and for flip rates.",
         "",
     ]
     rows = []

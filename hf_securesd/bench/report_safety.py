@@ -21,8 +21,8 @@ from hf_securesd.bench.analysis import (
     compute_flips,
     is_scored,
     judge_agreement,
-    mean_ci,
     primary_cells,
+    score_ci,
 )
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.report_markdown import code_span, inline_text, table_code
@@ -88,7 +88,7 @@ def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0, kind: str = "saf
             continue
         ids = cell["example_ids"]
         flips = compute_flips(cell["scores"], aligned(target, "scores", ids), seed=seed)
-        score, score_ci = mean_ci(cell["scores"], seed=seed)
+        score, interval = score_ci(cell["scores"], seed=seed)
         rows.append(
             {
                 "cell": cell["cell"],
@@ -99,7 +99,7 @@ def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0, kind: str = "saf
                 "max_new_tokens": cell["max_new_tokens"],
                 "acceptance_rate": cell.get("acceptance_rate"),
                 "score": score,
-                "score_ci": score_ci,
+                "score_ci": interval,
                 "prr": cell.get("prr"),
                 "prr_ci": cell.get("prr_ci"),
                 "flips": flips,
@@ -154,7 +154,7 @@ def flips_section(rows: Sequence[dict[str, Any]], manifest: dict[str, Any], base
         "run on the same prompt: *lost* = the target refused (attack failed) and this configuration "
         "complied, *gained* = the reverse. Counts with exact Clopper–Pearson 95 % intervals of the "
         "rate over all prompts; p = exact McNemar test (binomial test on the discordant prompts). AFR "
-        "and PRR intervals: 95 % percentile bootstrap over prompts.",
+        "intervals: exact Clopper–Pearson 95 %; PRR intervals: 95 % percentile bootstrap over prompts.",
         "",
     ]
     for baseline_id in dict.fromkeys(row["baseline_id"] for row in rows):

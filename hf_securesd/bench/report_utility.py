@@ -11,7 +11,7 @@ import os
 import statistics
 from typing import Any, Sequence
 
-from hf_securesd.bench.analysis import Cell, aligned, mean_ci
+from hf_securesd.bench.analysis import Cell, aligned, score_ci
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.report_markdown import inline_text
 from hf_securesd.bench.report_safety import excluded_note, flip_cells, flip_rows
@@ -45,7 +45,8 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
         "Flips compare each problem's outcome with the target-only run on the same problem: *lost* = the "
         "target solved it and this configuration did not, *gained* = the reverse. Counts with exact "
         "Clopper–Pearson 95 % intervals of the rate over all problems; p = exact McNemar test (binomial "
-        "test on the discordant problems). Score and PRR intervals: 95 % percentile bootstrap over problems. "
+        "test on the discordant problems). Score intervals: exact Clopper–Pearson 95 %; PRR intervals: 95 % "
+        "percentile bootstrap over problems. "
         "*Same reply*: replies equal to the target's; *shared start*: the median number of characters a "
         "reply shares with the target's from its beginning (0 = it parts at the first character).",
         "",
@@ -56,7 +57,7 @@ def utility_section(rows: Sequence[dict[str, Any]], base: dict, seed: int = 0) -
         target = base[("target", baseline_id)]
         metric = target.get("metric") or "score"
         header = (f"### {inline_text(first['task'])}, {first['n']} problems, {first['max_new_tokens']} new tokens "
-                  f"(target-only {inline_text(metric)} {fmt_ci(*mean_ci(target['scores'], seed=seed))})")
+                  f"(target-only {inline_text(metric)} {fmt_ci(*score_ci(target['scores'], seed=seed))})")
         body = [
             [
                 inline_text(row["config"]),
