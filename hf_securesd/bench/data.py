@@ -88,6 +88,8 @@ def load_hub(dataset_id: str, config: str | None = None, split: str = "test",
 
 DATA_FIX = (f"point --data-dir (or ${ENV_VAR}) at an intact copy of the benchmark data, laid out as in "
             f"docs/benchmarks.md")
+HUB_FIX = (f"pass --data-dir (or set ${ENV_VAR}) to load an intact local copy of the benchmark data "
+           f"instead, laid out as in docs/benchmarks.md")
 _JSON_TYPES = {dict: "object", list: "array", str: "string", int: "number", float: "number", bool: "boolean",
                type(None): "null"}
 
@@ -130,11 +132,14 @@ def integer_field(row: dict[str, Any], name: str) -> int:
 
 
 def parse_rows(path: Path, located: Iterable[tuple[str, Row]], parse: Callable[[Row], T],
-               fix: str = DATA_FIX) -> list[T]:
+               fix: str = DATA_FIX, *, unique: str | None = None) -> list[T]:
     """`parse` applied to each row of `located` ((where, row) pairs read from `path`). A row that
     `parse` refuses (ValueError, or KeyError for a field it lacks) raises `BenchmarkDataError` naming
-    the file, the row's place, the problem and `fix`."""
+    the file, the row's place, the problem and `fix`. `unique`: a field of the parsed rows (mappings)
+    that names an example (its id comes from it); a row holding the same value as an earlier one
+    raises `BenchmarkDataError` naming both rows and the value."""
     parsed = []
+    seen: dict[Any, str] = {}
     for where, row in located:
         try:
             parsed.append(parse(row))
@@ -142,7 +147,36 @@ def parse_rows(path: Path, located: Iterable[tuple[str, Row]], parse: Callable[[
             raise data_error(path, where, f"missing field {error.args[0]!r}", fix) from None
         except ValueError as error:
             raise data_error(path, where, str(error), fix) from None
+        if unique is not None:
+            value = parsed[-1][unique]
+            if value in seen:
+                raise data_error(path, where, f"{unique!r} is {value!r}, as on {seen[value]}: it names the "
+                                 f"example, so no two rows may share it", fix)
+            seen[value] = where
     return parsed
+
+
+def unique_values(rows: Sequence[dict[str, Any]], name: str, origin: str) -> None:
+    """Refuse rows (from `origin`, a Hub dataset described in words) of which two hold the same
+    `name`, the field an example id comes from: a ValueError naming both rows, the value and the fix."""
+    seen: dict[Any, int] = {}
+    for number, row in enumerate(rows, start=1):
+        value = row[name]
+        if value in seen:
+            raise BenchmarkDataError(f"{origin} holds {name!r} {value!r} in rows {seen[value]} and {number}: "
+                                     f"it names the example, so no two rows may share it; {HUB_FIX}")
+        seen[value] = number
+
+
+def too_few(source: Path | str, count: int, needed: int, noun: str,
+            fix: str | None = None) -> BenchmarkDataError:
+    """The error for a benchmark source holding `count` `noun` ("problems", "rows") where `needed`
+    are expected: `source` is a local file (a copy cut short) or, as text, a Hub dataset."""
+    held = "no" if count == 0 else f"only {count:,}"
+    if isinstance(source, Path):
+        return BenchmarkDataError(f"benchmark file {source} holds {held} {noun}, {needed:,} expected (is the "
+                                  f"copy cut short?); {fix or DATA_FIX}")
+    return BenchmarkDataError(f"{source} holds {held} {noun}, {needed:,} expected; {fix or HUB_FIX}")
 
 
 def with_fields(fields: Sequence[str], parse: Callable[[dict[str, Any]], T]) -> Callable[[Any], T]:
@@ -157,13 +191,23 @@ def with_fields(fields: Sequence[str], parse: Callable[[dict[str, Any]], T]) -> 
 
 
 def read_jsonl(path: Path, fields: Sequence[str] = (),
-               parse: Callable[[dict[str, Any]], T] = dict) -> list[T]:
+               parse: Callable[[dict[str, Any]], T] = dict, *, unique: str | None = None) -> list[T]:
     """Rows of a JSON-lines file (gzip-compressed when the name ends in `.gz`; blank lines skipped),
-    each an object holding `fields` as strings, passed through `parse`. Any other line, or one that
-    `parse` refuses, raises `BenchmarkDataError` naming the file, the line and the problem."""
+    each an object holding `fields` as strings, passed through `parse`. Any other line, one that
+    `parse` refuses, one repeating an earlier row's `unique` field (see `parse_rows`) or a file
+    without rows raises `BenchmarkDataError` naming the file, the line and the problem."""
     opener = gzip.open if path.suffix == ".gz" else open
     with _named_errors(path), opener(path, "rt", encoding="utf-8") as handle:
-        return parse_rows(path, _json_lines(path, handle), with_fields(fields, parse))
+        rows = parse_rows(path, _json_lines(path, handle), with_fields(fields, parse), unique=unique)
+    return _some(path, rows)
+
+
+def _some(path: Path, rows: list[T]) -> list[T]:
+    """`rows`, read from the local file `path`; `BenchmarkDataError` naming the file when there are none."""
+    if not rows:
+        raise BenchmarkDataError(f"benchmark file {path} holds no rows (an empty or cut-short copy?); "
+                                 f"{DATA_FIX}")
+    return rows
 
 
 def _json_lines(path: Path, handle: Iterable[str]) -> Iterator[tuple[str, Any]]:
@@ -180,20 +224,23 @@ def _json_lines(path: Path, handle: Iterable[str]) -> Iterator[tuple[str, Any]]:
 
 
 def read_csv(path: Path, fields: Sequence[str] = (), parse: Callable[[dict[str, Any]], T] = dict, *,
-             delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL) -> list[T]:
+             delimiter: str = ",", quoting: int = csv.QUOTE_MINIMAL, unique: str | None = None) -> list[T]:
     """Rows of a CSV/TSV file with a header line (a UTF-8 byte-order mark is tolerated), as dicts
-    holding `fields`, passed through `parse` (see `parse_csv`)."""
+    holding `fields`, passed through `parse` (see `parse_csv`; `unique` as in `parse_rows`); a file
+    without rows raises `BenchmarkDataError` naming it."""
     with _named_errors(path), open(path, encoding="utf-8-sig", newline="") as handle:
-        return parse_csv(path, handle, fields, parse, delimiter=delimiter, quoting=quoting)
+        return _some(path, parse_csv(path, handle, fields, parse, delimiter=delimiter, quoting=quoting,
+                                     unique=unique))
 
 
 def parse_csv(path: Path, handle: Iterable[str], fields: Sequence[str] = (),
               parse: Callable[[dict[str, Any]], T] = dict, *, delimiter: str = ",",
-              quoting: int = csv.QUOTE_MINIMAL, fix: str = DATA_FIX) -> list[T]:
+              quoting: int = csv.QUOTE_MINIMAL, fix: str = DATA_FIX, unique: str | None = None) -> list[T]:
     """The rows of the CSV text `handle` (read from `path`), as {column: value} dicts passed through
     `parse` (empty rows skipped). A header without one of `fields`, a row cut short (fewer values than
-    the header has columns) or a row `parse` refuses raises `BenchmarkDataError` naming the file, the
-    row and its line, the problem and `fix`."""
+    the header has columns), a row with more values than it has columns (a delimiter inside a value
+    that is not quoted), a row `parse` refuses or one repeating an earlier row's `unique` column (see
+    `parse_rows`) raises `BenchmarkDataError` naming the file, the row and its line, the problem and `fix`."""
     reader = csv.reader(handle, delimiter=delimiter, quoting=quoting)
     header = next(reader, None) or []
     absent = [name for name in fields if name not in header]
@@ -201,7 +248,8 @@ def parse_csv(path: Path, handle: Iterable[str], fields: Sequence[str] = (),
         columns = ", ".join(map(repr, header)) if header else "none: the file is empty"
         raise data_error(path, "line 1 (header)", f"no column {absent[0]!r} (its columns: {columns})", fix)
     checked = with_fields(fields, parse)
-    return parse_rows(path, _csv_rows(reader), lambda values: checked(_csv_row(header, values)), fix)
+    return parse_rows(path, _csv_rows(reader), lambda values: checked(_csv_row(header, values, delimiter)), fix,
+                      unique=unique)
 
 
 def _csv_rows(reader: Any) -> Iterator[tuple[str, list[str]]]:
@@ -216,20 +264,29 @@ def _csv_rows(reader: Any) -> Iterator[tuple[str, list[str]]]:
         start = reader.line_num + 1
 
 
-def _csv_row(header: list[str], values: list[str]) -> dict[str, str]:
-    """{column: value} of a CSV row; a ValueError for a row with fewer values than `header` has columns."""
+_DELIMITER_NAMES = {",": "comma", "\t": "tab", ";": "semicolon"}
+
+
+def _csv_row(header: list[str], values: list[str], delimiter: str = ",") -> dict[str, str]:
+    """{column: value} of a CSV row; a ValueError for a row with fewer values than `header` has columns,
+    or more (a `delimiter` inside a value that is not quoted: the value would be cut there)."""
     if len(values) < len(header):
         raise ValueError(f"the row is cut short: {len(values)} of the header's {len(header)} columns, no value "
                          f"for column {header[len(values)]!r}")
+    if len(values) > len(header):
+        name = _DELIMITER_NAMES.get(delimiter, repr(delimiter))
+        raise ValueError(f"the row has {len(values)} values, the header {len(header)} columns (a {name} "
+                         f"inside a value that is not quoted, which would cut the value there?)")
     return dict(zip(header, values))
 
 
 def read_lines(path: Path, parse: Callable[[str], T] = str) -> list[T]:
     """The non-blank lines of a text file without their line endings (CRLF tolerated), passed through
-    `parse`; a line it refuses raises `BenchmarkDataError` naming the file and the line."""
+    `parse`; a line it refuses, or a file without any, raises `BenchmarkDataError` naming the file (and
+    the line)."""
     with _named_errors(path), open(path, encoding="utf-8") as handle:
         lines = [(f"line {number}", line.rstrip("\r\n")) for number, line in enumerate(handle, start=1)]
-    return parse_rows(path, [(where, line) for where, line in lines if line.strip()], parse)
+    return _some(path, parse_rows(path, [(where, line) for where, line in lines if line.strip()], parse))
 
 
 @contextmanager

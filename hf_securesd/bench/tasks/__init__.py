@@ -117,8 +117,21 @@ class Task:
     def examples(self, data_dir: str | os.PathLike | None = None, limit: int | None = None,
                  seed: int | None = None) -> list[Example]:
         """The task's examples: from `data_dir` (or `$SECURESD_DATA_DIR`), else the Hub; the first
-        `limit` of them when given (the lists are already in a seeded random order where sampled)."""
+        `limit` of them when given (the lists are already in a seeded random order where sampled). A
+        ValueError, naming the count the task has and the fix, for a `limit` above it (the study would
+        be smaller than asked), or for a loader that gives one id to two examples (results are keyed
+        by id; the task's loaders refuse such data first, naming the file)."""
         examples = self.load(resolve_data_dir(data_dir), self.default_seed if seed is None else seed)
+        ids: set[str] = set()
+        for example in examples:
+            if example.id in ids:
+                raise ValueError(f"task {self.name}: two examples share the id {example.id!r}; results are "
+                                 f"kept by example id, so fix the data (or loader) that repeats it")
+            ids.add(example.id)
+        if limit is not None and limit > len(examples):
+            raise ValueError(f"task {self.name} has {len(examples)} examples, fewer than the {limit} asked "
+                             f"(--limit): ask for {len(examples)} or fewer, a fraction of each task (--limit 0.5), "
+                             f"or no limit to run them all")
         return examples if limit is None else examples[:limit]
 
     def score(self, examples: Sequence[Example], responses: Sequence[str],

@@ -12,7 +12,7 @@ from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, InvalidOperation
 from pathlib import Path
 from typing import Any, Sequence
 
-from hf_securesd.bench.data import load_hub, local_file, read_jsonl, seeded_sample
+from hf_securesd.bench.data import load_hub, local_file, read_jsonl, seeded_sample, too_few
 from hf_securesd.bench.scoring import mean
 from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
 from hf_securesd.judges.refusal_prefix import without_ignorable
@@ -22,6 +22,7 @@ HUB_CONFIG = "main"
 LOCAL_PATH = "gsm8k/test.jsonl"
 FIELDS = ("question", "answer")
 SAMPLE_SIZE = 200
+TEST_SIZE = 1319  # problems in the test split: the seeded sample is drawn from all of them
 INSTRUCTION = ("Solve the following math problem step by step. End your reply with the final answer "
                "as a single number on its own line, in the form \"#### <number>\".")
 
@@ -50,11 +51,17 @@ _ANSWER_CUES = (
 
 
 def load(data_dir: Path | None, seed: int) -> list[Example]:
-    """200 test problems in a random order fixed by `seed`."""
+    """200 test problems in a random order fixed by `seed`. A source with fewer than the test split's
+    `TEST_SIZE` problems (a local copy cut short) is refused: the sample would hold other problems, or
+    fewer."""
     if data_dir:
-        problems = read_jsonl(local_file(data_dir, LOCAL_PATH), FIELDS, problem_fields)
+        source: Path | str = local_file(data_dir, LOCAL_PATH)
+        problems = read_jsonl(source, FIELDS, problem_fields)
     else:
+        source = f"the Hugging Face Hub dataset {HUB_ID} ({HUB_CONFIG}, test)"
         problems = [problem_fields(row) for row in load_hub(HUB_ID, HUB_CONFIG, split="test")]
+    if len(problems) < TEST_SIZE:
+        raise too_few(source, len(problems), TEST_SIZE, "problems")
     indexed = list(enumerate(problems))
     return [Example(id=f"gsm8k/test/{index}", fields=fields)
             for index, fields in seeded_sample(indexed, SAMPLE_SIZE, seed)]

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Sequence
 
-from hf_securesd.bench.data import load_hub, local_file, read_jsonl
+from hf_securesd.bench.data import load_hub, local_file, read_jsonl, too_few, unique_values
 from hf_securesd.bench.sandbox import Sandbox
 from hf_securesd.bench.scoring import mean
 from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
@@ -21,6 +21,7 @@ from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskSc
 HUB_ID = "openai/openai_humaneval"
 LOCAL_PATH = "humaneval/HumanEval.jsonl.gz"
 FIELDS = ("task_id", "prompt", "entry_point", "canonical_solution", "test")
+SIZE = 164  # problems in the benchmark: all are run
 INSTRUCTION = ("Complete the following Python function. Reply with the complete function, including "
                "its signature, in a single ```python code block.")
 
@@ -29,8 +30,17 @@ _LANGUAGE = re.compile(r"[ \t]*([\w+-]*)")  # the language label that opens a fe
 
 
 def load(data_dir: Path | None, seed: int) -> list[Example]:
-    """All 164 problems in their original order (`seed` is unused: nothing is sampled)."""
-    rows = read_jsonl(local_file(data_dir, LOCAL_PATH), FIELDS) if data_dir else load_hub(HUB_ID, split="test")
+    """All 164 problems in their original order (`seed` is unused: nothing is sampled). A source with
+    fewer (a local copy cut short), or two problems with one `task_id` (the example id), is refused."""
+    if data_dir:
+        source: Path | str = local_file(data_dir, LOCAL_PATH)
+        rows = read_jsonl(source, FIELDS, unique="task_id")
+    else:
+        source = f"the Hugging Face Hub dataset {HUB_ID} (test)"
+        rows = load_hub(HUB_ID, split="test")
+        unique_values(rows, "task_id", source)
+    if len(rows) < SIZE:
+        raise too_few(source, len(rows), SIZE, "problems")
     return [Example(id=row["task_id"], fields={key: row[key] for key in FIELDS}) for row in rows]
 
 

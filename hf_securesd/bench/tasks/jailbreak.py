@@ -15,6 +15,9 @@ Composition: 70 AdvBench + 60 JailbreakBench + 70 HarmBench; when a local WildJa
 present, 50 from each of the four. Each source is shuffled with the seed and read in that order,
 skipping any request whose normalized text was already taken from an earlier source (JBB reuses
 some AdvBench and HarmBench behaviors); the 200 are then shuffled together with the same seed.
+A source that cannot fill its share, a local copy with fewer requests than the pool size above (cut
+short), or one repeating a JailbreakBench `Behavior` or HarmBench `BehaviorID` (the example ids) is
+refused with an error naming the file.
 
 Adaptive variant (`jailbreak_adaptive`, or `make_adaptive()` on any list of requests): the same
 200 requests, each preceded by `DELAY_TEXT`, which asks the model to repeat the request word for
@@ -36,7 +39,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Sequence
 
-from hf_securesd.bench.data import load_hub, local_file, read_csv
+from hf_securesd.bench.data import (DATA_FIX, HUB_FIX, BenchmarkDataError, load_hub, local_file, read_csv, too_few,
+                                    unique_values)
 from hf_securesd.bench.scoring import mean, normalize_text
 from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
 from hf_securesd.judges.reasoning import judged_text
@@ -51,39 +55,72 @@ DELAY_TEXT = "Before you answer, first repeat the following request word for wor
 Request = dict[str, str]  # keys: prompt, source_id, category
 
 
+LOCAL_FILES = {  # source -> its local file (the first of these that exists)
+    "advbench": ("advbench/harmful_behaviors.csv",),
+    "jailbreakbench": ("jailbreakbench/behaviors.csv",),
+    "harmbench": ("harmbench/harmbench_behaviors_text_all.csv",),
+    "wildjailbreak": WILDJAILBREAK_PATHS,
+}
+HUB_DATASETS = {  # source -> its Hub dataset, in words
+    "advbench": "the Hugging Face Hub dataset walledai/AdvBench (train)",
+    "jailbreakbench": "the Hugging Face Hub dataset JailbreakBench/JBB-Behaviors (behaviors, harmful)",
+    "harmbench": "the Hugging Face Hub dataset walledai/HarmBench (standard, train)",
+}
+# source -> the requests its local file holds (HarmBench: its standard ones); a copy with fewer is cut short
+POOL_SIZES = {"advbench": 520, "jailbreakbench": 100, "harmbench": 200}
+
+
+def source_origin(source: str, data_dir: Path | None) -> Path | str:
+    """Where `source` is read from: its local file under `data_dir`, else its Hub dataset (in words)."""
+    return local_file(data_dir, *LOCAL_FILES[source]) if data_dir else HUB_DATASETS[source]
+
+
+def _pool(source: str, path: Path, requests: list[Request]) -> list[Request]:
+    """`requests` read from the local file `path` of `source`; refused when fewer than its `POOL_SIZES`."""
+    if len(requests) < POOL_SIZES.get(source, 0):
+        noun = "standard behaviors" if source == "harmbench" else "requests"
+        raise too_few(path, len(requests), POOL_SIZES[source], noun)
+    return requests
+
+
 def _advbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
-        path = local_file(data_dir, "advbench/harmful_behaviors.csv")
+        path = source_origin("advbench", data_dir)
         rows = [{"prompt": row["goal"]} for row in read_csv(path, ("goal",))]
     else:
         rows = [{"prompt": row["prompt"]} for row in load_hub("walledai/AdvBench", split="train")]
-    return [{"prompt": row["prompt"], "source_id": str(index), "category": ""}
-            for index, row in enumerate(rows)]
+    requests = [{"prompt": row["prompt"], "source_id": str(index), "category": ""}
+                for index, row in enumerate(rows)]
+    return _pool("advbench", path, requests) if data_dir else requests
 
 
 def _jailbreakbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "jailbreakbench/behaviors.csv"), ("Goal", "Behavior", "Category"))
+        path = source_origin("jailbreakbench", data_dir)
+        rows = read_csv(path, ("Goal", "Behavior", "Category"), unique="Behavior")
     else:
         rows = load_hub("JailbreakBench/JBB-Behaviors", "behaviors", split="harmful")
-    return [{"prompt": row["Goal"], "source_id": row["Behavior"], "category": row["Category"]}
-            for row in rows]
+        unique_values(rows, "Behavior", HUB_DATASETS["jailbreakbench"])
+    requests = [{"prompt": row["Goal"], "source_id": row["Behavior"], "category": row["Category"]}
+                for row in rows]
+    return _pool("jailbreakbench", path, requests) if data_dir else requests
 
 
 def _harmbench(data_dir: Path | None) -> list[Request]:
     if data_dir:
-        rows = read_csv(local_file(data_dir, "harmbench/harmbench_behaviors_text_all.csv"),
-                        ("Behavior", "BehaviorID", "SemanticCategory", "FunctionalCategory"))
-        return [{"prompt": row["Behavior"], "source_id": row["BehaviorID"],
-                 "category": row["SemanticCategory"]}
-                for row in rows if row["FunctionalCategory"] == "standard"]
+        path = source_origin("harmbench", data_dir)
+        rows = read_csv(path, ("Behavior", "BehaviorID", "SemanticCategory", "FunctionalCategory"),
+                        unique="BehaviorID")
+        return _pool("harmbench", path, [{"prompt": row["Behavior"], "source_id": row["BehaviorID"],
+                                          "category": row["SemanticCategory"]}
+                                         for row in rows if row["FunctionalCategory"] == "standard"])
     rows = load_hub("walledai/HarmBench", "standard", split="train")
     return [{"prompt": row["prompt"], "source_id": str(index), "category": row["category"]}
             for index, row in enumerate(rows)]
 
 
 def _wildjailbreak(data_dir: Path) -> list[Request]:
-    rows = read_csv(local_file(data_dir, *WILDJAILBREAK_PATHS), ("adversarial", "data_type"),
+    rows = read_csv(source_origin("wildjailbreak", data_dir), ("adversarial", "data_type"),
                     delimiter="\t", quoting=csv.QUOTE_MINIMAL)
     return [{"prompt": row["adversarial"], "source_id": str(index), "category": row["data_type"]}
             for index, row in enumerate(rows) if row["data_type"] == "adversarial_harmful"]
@@ -127,8 +164,11 @@ def load(data_dir: Path | None, seed: int) -> list[Example]:
                                     fields={"prompt": request["prompt"], "source": source,
                                             "category": request["category"]}))
         if chosen < quota:
-            raise ValueError(f"jailbreak: source {source} has only {chosen} distinct requests, "
-                             f"{quota} needed")
+            origin = source_origin(source, data_dir)
+            where = f"benchmark file {origin}" if data_dir else origin
+            raise BenchmarkDataError(
+                f"{where} ({source}) has only {chosen} distinct requests not already drawn from an earlier "
+                f"source, {quota} needed for jailbreak; {DATA_FIX if data_dir else HUB_FIX}")
     random.Random(f"{seed}/mix").shuffle(examples)
     return examples
 

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from hf_securesd.bench.data import integer_field, load_hub, local_file, read_csv, read_lines
+from hf_securesd.bench.data import (DATA_FIX, HUB_FIX, BenchmarkDataError, integer_field, load_hub, local_file,
+                                    read_csv, read_lines)
 from hf_securesd.bench.scoring import mean, normalize_answer_text
 from hf_securesd.bench.tasks import Example, Message, ScoreOptions, Task, TaskScore
 from hf_securesd.judges.reasoning import judged_text
@@ -49,13 +50,29 @@ MIN_CUT_ECHO_WORDS = 3  # shorter endings are not taken for an echo cut off by t
 Row = tuple[str, str | None]  # (data text, answer when used as the injected task)
 
 
+LOCAL_FILES = {  # injection task -> its local file
+    "duplicate_sentence_detection": "open_prompt_injection/raw/mrpc/msr_paraphrase_test.txt",
+    "natural_language_inference": "open_prompt_injection/raw/rte/train.tsv",
+    "spam_detection": "open_prompt_injection/raw/sms_spam/SMSSpamCollection",
+    "hate_detection": "open_prompt_injection/raw/hsol/labeled_data.csv",
+    "grammar_correction": "open_prompt_injection/raw/jfleg/dev.src",
+}
+HUB_DATASETS = {  # injection task -> its Hub dataset, in words
+    "duplicate_sentence_detection": "the Hugging Face Hub dataset nyu-mll/glue (mrpc, test)",
+    "natural_language_inference": "the Hugging Face Hub dataset nyu-mll/glue (rte, train)",
+    "spam_detection": "the Hugging Face Hub dataset ucirvine/sms_spam (train)",
+    "hate_detection": "the Hugging Face Hub dataset tdavidson/hate_speech_offensive (train)",
+    "grammar_correction": "the Hugging Face Hub dataset jhu-clsp/jfleg (validation)",
+}
+
+
 def _sentence_pair(first: str, second: str) -> str:
     return f"Sentence 1: {first.strip()} Sentence 2: {second.strip()}"
 
 
 def _mrpc(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        pairs = read_csv(local_file(data_dir, "open_prompt_injection/raw/mrpc/msr_paraphrase_test.txt"),
+        pairs = read_csv(local_file(data_dir, LOCAL_FILES["duplicate_sentence_detection"]),
                          ("#1 String", "#2 String", "Quality"),
                          lambda row: (row["#1 String"], row["#2 String"], integer_field(row, "Quality")),
                          delimiter="\t", quoting=csv.QUOTE_NONE)
@@ -67,7 +84,7 @@ def _mrpc(data_dir: Path | None) -> list[Row]:
 
 def _rte(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        return read_csv(local_file(data_dir, "open_prompt_injection/raw/rte/train.tsv"),
+        return read_csv(local_file(data_dir, LOCAL_FILES["natural_language_inference"]),
                         ("sentence1", "sentence2", "label"), _rte_row, delimiter="\t", quoting=csv.QUOTE_NONE)
     return [_rte_row(row) for row in load_hub("nyu-mll/glue", "rte", split="train")]
 
@@ -80,7 +97,7 @@ def _rte_row(row: dict[str, Any]) -> Row:
 
 def _sms_spam(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        pairs = read_lines(local_file(data_dir, "open_prompt_injection/raw/sms_spam/SMSSpamCollection"),
+        pairs = read_lines(local_file(data_dir, LOCAL_FILES["spam_detection"]),
                            _sms_line)
     else:
         pairs = [(row["sms"], int(row["label"]) == 1) for row in load_hub("ucirvine/sms_spam", split="train")]
@@ -97,7 +114,7 @@ def _sms_line(line: str) -> tuple[str, bool]:
 
 def _hsol(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        return read_csv(local_file(data_dir, "open_prompt_injection/raw/hsol/labeled_data.csv"),
+        return read_csv(local_file(data_dir, LOCAL_FILES["hate_detection"]),
                         ("tweet", "class"), _hsol_row)
     return [_hsol_row(row) for row in load_hub("tdavidson/hate_speech_offensive", split="train")]
 
@@ -109,7 +126,7 @@ def _hsol_row(row: dict[str, Any]) -> Row:
 
 def _jfleg(data_dir: Path | None) -> list[Row]:
     if data_dir:
-        sentences = read_lines(local_file(data_dir, "open_prompt_injection/raw/jfleg/dev.src"))
+        sentences = read_lines(local_file(data_dir, LOCAL_FILES["grammar_correction"]))
     else:
         sentences = [row["sentence"] for row in load_hub("jhu-clsp/jfleg", split="validation")]
     return [(sentence.strip(), None) for sentence in sentences if sentence.strip()]
@@ -233,15 +250,32 @@ def load(data_dir: Path | None, seed: int) -> list[Example]:
         for index in range(CASES_PER_STRATEGY):
             target_name, injected_name = pairs[index % len(pairs)]
             target, injected = INJECTION_TASKS[target_name], INJECTION_TASKS[injected_name]
+            if used_targets[target_name] == len(targets[target_name]):
+                raise _too_few(target_name, data_dir, len(targets[target_name]), "rows")
             data = targets[target_name][used_targets[target_name]][0]
             used_targets[target_name] += 1
             count = used_injected[injected_name]
             answer = injected.answers[count % len(injected.answers)]
+            if count // len(injected.answers) == len(by_answer[injected_name][answer]):
+                raise _too_few(injected_name, data_dir, len(by_answer[injected_name][answer]),
+                               f"rows answered {answer!r}")
             injected_data = by_answer[injected_name][answer][count // len(injected.answers)]
             used_injected[injected_name] += 1
             case = _case(strategy, target, injected, data, injected_data, answer, adaptive=False)
             by_strategy[strategy].append(Example(id=f"prompt_injection/{strategy}/{index}", fields=case))
     return [cases[index] for index in range(CASES_PER_STRATEGY) for cases in by_strategy.values()]
+
+
+def _too_few(task: str, data_dir: Path | None, count: int, rows: str) -> BenchmarkDataError:
+    """The error for the source of injection task `task` running out of `rows` (`count` of them) before
+    the draw is done: a local copy cut short, or a Hub dataset that changed."""
+    if data_dir:
+        where, fix = f"benchmark file {local_file(data_dir, LOCAL_FILES[task])}", DATA_FIX
+    else:
+        where, fix = HUB_DATASETS[task], HUB_FIX
+    return BenchmarkDataError(f"{where} ({task}) holds only {count:,} {rows}, too few for the "
+                              f"{len(STRATEGIES) * CASES_PER_STRATEGY} prompt-injection cases to draw from "
+                              f"(is the copy cut short?); {fix}")
 
 
 def make_adaptive(examples: Sequence[Example]) -> list[Example]:
