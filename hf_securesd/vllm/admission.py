@@ -88,6 +88,12 @@ def check_request(params: Any, vllm_config: Any) -> None:
             f"{_START_HINT} (or send the request without \"securesd\")"
         )
     check_proposer(request, speculative)
+    if getattr(params, "logprob_token_ids", None) is not None:
+        raise SecureSDConfigError(
+            "logprob_token_ids cannot be combined with SecureSD verification: vLLM's rejection sampler fails "
+            "on it under speculative decoding (a shape mismatch in _get_logprobs_tensors, after which the "
+            "engine stops or hangs); ask for logprobs=N instead"
+        )
     if getattr(speculative, "use_heterogeneous_vocab", False):
         raise SecureSDConfigError(
             "SecureSD verification compares both models token by token and needs a draft with the target's "

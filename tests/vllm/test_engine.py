@@ -305,6 +305,17 @@ def test_bad_requests_fail_clearly_and_the_engine_keeps_serving(engine, extra_ar
     assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
 
 
+def test_logprob_token_ids_are_refused_and_the_engine_keeps_serving(engine):
+    """vLLM 0.32's rejection sampler fails on logprob_token_ids under speculative decoding and the
+    engine then hangs: a SecureSD request with them is refused before it is scheduled."""
+    from vllm.exceptions import VLLMValidationError
+
+    with pytest.raises(VLLMValidationError, match="logprob_token_ids cannot be combined with SecureSD"):
+        generate(engine, PROMPTS[:1], max_tokens=4, extra_args=securesd(MARS(theta=0.5)), logprobs=2,
+                 logprob_token_ids=[5, 6])
+    assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
+
+
 def test_server_wide_default_and_opt_out(engine, trace, monkeypatch):
     monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": {"verifier": "mars", "theta": 0.5}}))
     defaulted = tokens(generate(engine, PROMPTS[:1]))

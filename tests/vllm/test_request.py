@@ -103,6 +103,14 @@ def test_admission_refuses_what_the_engine_cannot_run(config, message) -> None:
         check_request(params(request), config)
 
 
+def test_logprob_token_ids_are_refused_before_they_reach_the_rejection_sampler() -> None:
+    """vLLM's rejection sampler fails on them under speculative decoding, and the engine then hangs."""
+    request = SimpleNamespace(extra_args={"securesd": CONFIG}, logprob_token_ids=[97, 98])
+    with pytest.raises(SecureSDConfigError, match="logprob_token_ids cannot be combined with SecureSD"):
+        check_request(request, engine_config())
+    check_request(SimpleNamespace(extra_args={"securesd": CONFIG}, logprob_token_ids=None), engine_config())
+
+
 def test_a_segments_schedule_is_refused_under_async_scheduling() -> None:
     """Async scheduling leaves the last committed tokens as placeholders when a step is verified, so a
     schedule that reads the response cannot run there; position schedules can."""
