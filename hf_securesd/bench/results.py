@@ -79,6 +79,9 @@ BINDING_KEYS = (
 # the value a binding setting stands for where a manifest records none (no key: written before the
 # key existed; or null: the seed of a run without --seed, each task's own)
 BINDING_DEFAULTS = {"engine": "hf", "seed": DEFAULT_SEED, "thinking_trace": "yes"}
+# binding settings whose recorded absence the option must give as its value: leaving the option out picks
+# another one (--thinking-trace auto reads the tokenizer), so a fix says "--thinking-trace yes"
+GIVEN_DEFAULTS = ("thinking_trace",)
 # the option that sets each binding setting (named in the fix of a clash)
 BINDING_FLAGS = {"target": "--target", "draft": "--draft", "device": "--device", "dtype": "--dtype",
                  "num_assistant_tokens": "--num-assistant-tokens", "batch_size": "--batch-size", "seed": "--seed",
@@ -387,6 +390,8 @@ def recorded_option(key: str, value: Any, engine: str | None = None) -> str:
     if engine in REMOTE_ENGINES and key in REMOTE_MODEL_FLAGS:
         return f"the {key} {value!r} ({REMOTE_MODEL_FLAGS[key]})"
     flag = BINDING_FLAGS[key]
+    if value is None and key in GIVEN_DEFAULTS:  # written before the setting was recorded: give its value
+        value = BINDING_DEFAULTS[key]
     if key in SWITCH_VALUES:
         return flag if value == SWITCH_VALUES[key] else f"{flag} left out"
     if value is None or value == {}:

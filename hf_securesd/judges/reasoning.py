@@ -29,10 +29,13 @@ def final_answer(response: str) -> str:
 def writes_thinking(tokenizer: object | None) -> bool:
     """Whether a model with `tokenizer` writes thinking traces: `THINK_END` is one token of its
     vocabulary (Qwen3, DeepSeek-R1 and other reasoning models add it as a token). True without a
-    tokenizer (an endpoint whose tokenizer is unknown: a trace is assumed, as before a tokenizer was read)."""
-    if tokenizer is None:
+    tokenizer, or with one that cannot list its vocabulary (an endpoint whose tokenizer is unknown: a
+    trace is assumed). A model that has the token but answers without a trace (a reasoning model with
+    thinking switched off) is also True: give --thinking-trace no for it."""
+    vocabulary = getattr(tokenizer, "get_vocab", None)
+    if vocabulary is None:  # no tokenizer, or one that cannot list its vocabulary
         return True
-    return THINK_END in tokenizer.get_vocab()
+    return THINK_END in vocabulary()
 
 
 def judged_text(response: str, thinking_trace: bool) -> str:

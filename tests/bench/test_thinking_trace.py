@@ -108,3 +108,23 @@ def test_rescore_reads_replies_as_bench_did(tiny_study, tmp_path, data_dir, caps
     assert status == 0
     rescored = [json.loads(line) for line in (copy / "runs.jsonl").read_text().splitlines()]
     assert all(run["scores"] == [expected] * len(run["scores"]) for run in rescored if run["task"] == "jailbreak")
+
+
+def test_resuming_a_study_recorded_before_the_setting_names_the_value_to_give(tiny_study, tmp_path, data_dir,
+                                                                                capsys):
+    """A study.json without the key was judged after `</think>` ("yes"); `auto` on the tiny tokenizer says
+    "no", and the fix must name "--thinking-trace yes" (leaving the flag out is `auto` again)."""
+    import shutil
+
+    copy = tmp_path / "old"
+    shutil.copytree(tiny_study, copy, ignore=shutil.ignore_patterns(".lock"))
+    manifest = json.loads((copy / "study.json").read_text())
+    del manifest["thinking_trace"]
+    (copy / "study.json").write_text(json.dumps(manifest))
+    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "--limit", "3", "--max-new-tokens", "4",
+            "--verifiers", "mars:0.5", "--schedules", "none", "--data-dir", str(data_dir), "--out", str(copy),
+            "--no-progress", "--no-report"]
+    status, err = run_cli(capsys, *argv)
+    assert status != 0 and "thinking_trace: 'yes' there, 'no' now" in err and "--thinking-trace yes" in err
+    status, err = run_cli(capsys, *argv, "--thinking-trace", "yes")
+    assert status == 0, err
