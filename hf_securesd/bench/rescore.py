@@ -69,6 +69,26 @@ def check_judge_switch(
     return not left_out
 
 
+def thinking_trace_switch(manifest: dict[str, Any], requested: str | None, runs: Sequence[dict[str, Any]],
+                          tasks: Sequence[str]) -> str:
+    """The thinking-trace rule this rescore judges by: `requested` (--thinking-trace), else the recorded
+    one (a study recorded before the setting: "yes"). Switching the rule must rescore every safety task the
+    directory holds (their scorers read it), so that study.json records one rule for all its verdicts."""
+    recorded = manifest.get("thinking_trace") or "yes"
+    if requested is None or requested == recorded:
+        return recorded
+    from hf_securesd.bench.tasks import get_task
+
+    left_out = sorted({run["task"] for run in runs if get_task(run["task"]).kind == "safety"} - set(tasks))
+    if left_out:
+        raise ValueError(
+            f"the recorded verdicts were judged with --thinking-trace {recorded}, and this rescore would use "
+            f"{requested}; name every safety task of the directory, so it holds one rule's verdicts: add "
+            f"{', '.join(left_out)} to --tasks; nothing was rewritten"
+        )
+    return requested
+
+
 def same_score(old: float | None, new: float) -> bool:
     """Whether a recorded score equals a new one (two excluded verdicts, NaN or null, are equal)."""
     excluded = [value is None or math.isnan(value) for value in (old, new)]
@@ -77,10 +97,11 @@ def same_score(old: float | None, new: float) -> bool:
 
 def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str | os.PathLike | None = None,
             judge_base_url: str | None = None, judge_model: str | None = None,
-            isolation: Isolation = "auto") -> list[tuple[str, list[str]]]:
+            isolation: Isolation = "auto", thinking_trace: str | None = None) -> list[tuple[str, list[str]]]:
     """Re-score the cells of `tasks` in `results_dir` (see the module docstring) with the judge at
     `judge_base_url` / `judge_model` (None: the environment's), running generated code with the
-    sandbox's `isolation` (`SandboxUnavailableError` before anything is read when it cannot be had).
+    sandbox's `isolation` (`SandboxUnavailableError` before anything is read when it cannot be had), and
+    judging replies by `thinking_trace` ("yes"/"no"; None: as recorded; `thinking_trace_switch`).
     Returns, per re-scored cell, its key and the ids of the examples whose score changed."""
     unknown = sorted(set(tasks) - set(task_names()))
     if unknown:
@@ -94,10 +115,10 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str 
         results.lock()
         manifest = results.read_manifest()
         judge_options = trusted_judge_options(manifest, data_dir, judge_base_url, judge_model)
-        options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"), judge_options=judge_options,
-                               isolation=isolation, progress=False,
-                               thinking_trace=manifest.get("thinking_trace") != "no")  # as bench scored
         runs = results.runs()
+        trace = thinking_trace_switch(manifest, thinking_trace, runs, tasks)
+        options = ScoreOptions(judge=manifest.get("judge", "refusal_prefix"), judge_options=judge_options,
+                               isolation=isolation, progress=False, thinking_trace=trace == "yes")
         absent = sorted(set(tasks) - {run["task"] for run in runs})
         if absent:
             present = sorted({run["task"] for run in runs})
@@ -136,6 +157,8 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str 
         results.replace_runs(runs)
         if record_judge:
             results.update_manifest({"judge_backend": judge})
+        if thinking_trace is not None and manifest.get("thinking_trace") != trace:
+            results.update_manifest({"thinking_trace": trace})
     return changes
 
 
@@ -151,6 +174,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--judge-model", type=non_empty_text, default=None,
                         help="the LLM judge's model (default: $SECURESD_JUDGE_MODEL, else gpt-4o-mini; a "
                              "transformers judge: required)")
+    parser.add_argument("--thinking-trace", choices=("yes", "no"), default=None,
+                        help="judge the safety tasks' replies after a thinking trace's </think> (yes) or whole (no); "
+                             "default: as study.json records (a study recorded before the setting: yes); "
+                             "switching names every safety task of the directory and is recorded")
     add_isolation_option(parser)
     accept_underscores(parser)
 
@@ -158,7 +185,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         changes = rescore(args.results, args.tasks, args.data_dir, args.judge_base_url, args.judge_model,
-                          requested_isolation(args))
+                          requested_isolation(args), args.thinking_trace)
     except ResultsDirInUseError as error:
         print_error(error)
         return EXIT_IN_USE

@@ -128,3 +128,31 @@ def test_resuming_a_study_recorded_before_the_setting_names_the_value_to_give(ti
     assert status != 0 and "thinking_trace: 'yes' there, 'no' now" in err and "--thinking-trace yes" in err
     status, err = run_cli(capsys, *argv, "--thinking-trace", "yes")
     assert status == 0, err
+
+
+def test_rescore_switches_the_rule_for_every_safety_task_and_records_it(tiny_study, tmp_path, data_dir, capsys):
+    import shutil
+
+    copy = tmp_path / "switch"
+    shutil.copytree(tiny_study, copy, ignore=shutil.ignore_patterns(".lock"))
+    runs = [json.loads(line) for line in (copy / "runs.jsonl").read_text().splitlines()]
+    for run in runs:
+        if run["task"] == "jailbreak":
+            run["responses"] = [FORGED] * len(run["responses"])
+    (copy / "runs.jsonl").write_text("".join(json.dumps(run) + "\n" for run in runs))
+    status, _ = run_cli(capsys, "rescore", str(copy), "--tasks", "jailbreak", "--data-dir", str(data_dir),
+                        "--thinking-trace", "yes")
+    assert status == 0 and json.loads((copy / "study.json").read_text())["thinking_trace"] == "yes"
+    rescored = [json.loads(line) for line in (copy / "runs.jsonl").read_text().splitlines()]
+    assert all(run["scores"] == [1.0] * len(run["scores"]) for run in rescored if run["task"] == "jailbreak")
+
+
+def test_rescore_refuses_a_switch_that_leaves_a_safety_task_out(tiny_study, tmp_path, data_dir, capsys):
+    import shutil
+
+    copy = tmp_path / "partial"
+    shutil.copytree(tiny_study, copy, ignore=shutil.ignore_patterns(".lock"))
+    before = (copy / "runs.jsonl").read_text()
+    status, err = run_cli(capsys, "rescore", str(copy), "--tasks", "gsm8k", "--data-dir", str(data_dir),
+                          "--thinking-trace", "yes")
+    assert status == 2 and "add jailbreak to --tasks" in err and (copy / "runs.jsonl").read_text() == before
