@@ -56,18 +56,23 @@ _FRESH_OUTPUT = (logits_process.TemperatureLogitsWarper, PenaltyThenTemperature,
 _LENGTH_ONLY = (logits_process.MinLengthLogitsProcessor, logits_process.MinNewTokensLengthLogitsProcessor)
 
 
-def row_independent(processor) -> bool:
+def row_independent(processor, prompt_length: int) -> bool:
     """True when `processor` reads only the scores and the set of tokens in each row (so a row's
     fill with one of its own tokens and its place in the batch change nothing), or only each
     row's prefix length (`min_length`, `min_new_tokens`: `RowProcessing` applies them from every
-    row's own length). A repetition penalty that ignores each row's left padding (a [B]
-    `prompt_ignore_length`, as `generate` builds it from the attention mask) qualifies too: see
-    `RowProcessing`."""
+    row's own length). A repetition penalty that ignores a part of each row's prompt (a [B]
+    `prompt_ignore_length`, as `generate` builds it from the attention mask for the left padding)
+    qualifies too when every row keeps at least one token of its `prompt_length`-token prompt (the
+    ignored positions are shown as that token: see `RowProcessing`); one that ignores a whole prompt
+    (only generated tokens penalised) is called per prefix length like any other processor."""
     if type(processor) in _SCORES_ONLY or type(processor) in _LENGTH_ONLY:
         return True
     if type(processor) is logits_process.RepetitionPenaltyLogitsProcessor:
         ignored = getattr(processor, "prompt_ignore_length", None)
-        return ignored is None or (isinstance(ignored, torch.Tensor) and ignored.dim() == 1)
+        if ignored is None:
+            return True
+        return (isinstance(ignored, torch.Tensor) and ignored.dim() == 1 and ignored.numel() > 0
+                and int(ignored.max()) < prompt_length)
     return False
 
 
@@ -293,7 +298,8 @@ class RowProcessing:
     def __init__(self, processors: LogitsProcessorList, buffer: TokenBuffer) -> None:
         self.processors = list(processors)
         self.buffer = buffer
-        self.row_independent = all(row_independent(processor) for processor in self.processors)
+        prompt_length = min(buffer.host_lengths)  # before any token is committed: every row's prompt
+        self.row_independent = all(row_independent(processor, prompt_length) for processor in self.processors)
         # `remove_invalid_values=True`: the model's NaN and infinite logits are expected and cleaned
         self.cleans_invalid = any(
             type(processor) is logits_process.InfNanRemoveLogitsProcessor for processor in self.processors

@@ -340,7 +340,7 @@ def test_min_length_processors_are_batched_and_each_row_sees_its_own_length(offs
     from hf_securesd.prefixes import RowProcessing, row_independent
 
     processors = _minimum_length_processors()
-    assert all(row_independent(processor) for processor in processors)
+    assert all(row_independent(processor, prompt_length=3) for processor in processors)
     buffer = TokenBuffer(torch.tensor([[1, 2, 3], [4, 5, 6]]), room=8)
     buffer.write(torch.tensor([1]), 0, torch.tensor([[10, 11, 12]]), every_row=False)
     buffer.advance(torch.tensor([1]), torch.tensor([3]), [1], [3])
@@ -414,3 +414,31 @@ def test_prompt_processors_equal_target_greedy_for_both_proposers(llama_pair, op
     for proposer in ({"assistant_model": draft}, {"prompt_lookup_num_tokens": 3}):
         out = target.generate(**batch, max_new_tokens=12, do_sample=False, verifier="lossless", **proposer, **option)
         assert out.tolist() == reference.tolist()
+
+
+@pytest.mark.parametrize("proposer", ["draft", "lookup"])
+@pytest.mark.parametrize("beyond", [0, 3])
+def test_a_penalty_ignoring_the_whole_prompt_equals_plain_generate(proposer, beyond):
+    """A user's repetition penalty with a [B] prompt_ignore_length of the whole prompt (or more): only
+    generated tokens are penalised. It is called per prefix length (the batched path shows ignored
+    positions as a kept prompt token, and a row that keeps none has none), equal to plain `generate`."""
+    import hf_securesd
+    from hf_securesd.tiny import TinyPairSpec, tiny_pair
+
+    draft, target = tiny_pair(TinyPairSpec(architecture="llama", seed=4))
+    hf_securesd.wrap(target)
+    ids = torch.tensor([[72, 101, 108, 108, 111, 32, 72, 101, 108], [0, 0, 65, 66, 67, 65, 66, 67, 65]])
+    mask = torch.tensor([[1] * 9, [0, 0] + [1] * 7])
+
+    def penalty() -> LogitsProcessorList:
+        try:
+            return LogitsProcessorList([RepetitionPenaltyLogitsProcessor(
+                2.0, prompt_ignore_length=torch.tensor([9 + beyond, 9 + beyond]))])
+        except ValueError:
+            pytest.skip("this transformers release takes no [B] prompt_ignore_length")
+
+    call = dict(attention_mask=mask, max_new_tokens=16, do_sample=False, pad_token_id=0)
+    expected = target.generate(ids, logits_processor=penalty(), **call)
+    proposed = dict(assistant_model=draft) if proposer == "draft" else dict(prompt_lookup_num_tokens=4)
+    assert torch.equal(target.generate(ids, logits_processor=penalty(), verifier="lossless", **proposed, **call),
+                       expected)
