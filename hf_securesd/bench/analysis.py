@@ -278,9 +278,10 @@ def flips_metric():
     return evaluate.load(hf_securesd.metrics.path("flips"))
 
 
-def compute_flips(method: Sequence[float], reference: Sequence[float], seed: int = 0) -> dict[str, Any] | None:
+def compute_flips(method: Sequence[float], reference: Sequence[float]) -> dict[str, Any] | None:
     """Paired flips of aligned 0/1 outcomes against a reference (see the `flips` module card):
-    per-direction counts with exact intervals, the exact McNemar p-value, the paired difference.
+    per-direction counts with exact intervals, the exact McNemar p-value, the paired difference with
+    Newcombe's interval.
     An example without a score in either list (an excluded verdict) is left out of the pairs and
     counted in ``n_excluded``; None when no pair is left."""
     pairs = [(mine, theirs) for mine, theirs in zip(method, reference, strict=True)
@@ -291,8 +292,6 @@ def compute_flips(method: Sequence[float], reference: Sequence[float], seed: int
         predictions=[mine for mine, _ in pairs],
         references=[theirs for _, theirs in pairs],
         confidence_level=CONFIDENCE,
-        n_resamples=N_RESAMPLES,
-        seed=seed,
     )
     return {**result, "n_excluded": len(method) - len(pairs)}
 

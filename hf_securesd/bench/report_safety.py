@@ -87,7 +87,7 @@ def flip_rows(cells: Sequence[Cell], base: dict, seed: int = 0, kind: str = "saf
         if target is None:
             continue
         ids = cell["example_ids"]
-        flips = compute_flips(cell["scores"], aligned(target, "scores", ids), seed=seed)
+        flips = compute_flips(cell["scores"], aligned(target, "scores", ids))
         score, interval = score_ci(cell["scores"], seed=seed)
         rows.append(
             {

@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import math
-import sys
 from decimal import Decimal
 
 import evaluate
-import numpy as np
 import pytest
 from scipy.stats import binomtest
 
@@ -55,17 +53,11 @@ def test_one_sided_losses_are_significant(flips) -> None:
 def test_identical_outcomes_have_no_flips(flips) -> None:
     result = flips.compute(predictions=[1, 0, 1], references=[1, 0, 1])
     assert result["n_discordant"] == 0 and result["mcnemar_pvalue"] == 1.0
-    assert result["flip_rate_ci"][0] == 0.0 and result["difference_ci"] == [0.0, 0.0]
+    assert result["flip_rate_ci"][0] == 0.0
+    low, high = result["difference_ci"]  # no flip seen in 3 examples does not prove none happen
+    assert low < 0 < high
     everyone_refuses = flips.compute(predictions=[1, 1], references=[1, 1])
     assert everyone_refuses["gained_share"] is None and everyone_refuses["gained_share_ci"] is None
-
-
-def test_bootstrap_is_seeded(flips) -> None:
-    method, reference = _outcomes(lost=5, gained=2, both_good=10, both_bad=3)
-    first = flips.compute(predictions=method, references=reference, seed=3)
-    again = flips.compute(predictions=method, references=reference, seed=3)
-    assert first["difference_ci"] == again["difference_ci"]
-    assert not math.isnan(first["difference_ci"][0])
 
 
 @pytest.mark.parametrize(
@@ -87,22 +79,9 @@ def test_mismatched_lengths_are_refused(flips) -> None:
         flips.compute(predictions=[1, 0, 1], references=[1, 0])
 
 
-def test_n_resamples_zero_gives_no_difference_interval(flips) -> None:
-    result = flips.compute(predictions=[1, 0, 1], references=[1, 1, 0], n_resamples=0)
-    assert (result["n_lost"], result["n_gained"], result["difference_ci"]) == (1, 1, None)
-    assert result["flip_rate_ci"] is not None  # the exact intervals need no resampling
-
-
-@pytest.mark.parametrize("bad", [-1, 0.5, None, math.inf, 10**30, 100_001, 2.0, True, "10"])
-def test_n_resamples_must_be_a_whole_number(flips, bad) -> None:
-    with pytest.raises(ValueError, match=r"`n_resamples` must be a whole number from 0 .* 100000 .*; pass"):
-        flips.compute(predictions=[1, 0], references=[1, 1], n_resamples=bad)
-
-
 @pytest.mark.parametrize(
     ("name", "bad", "valid"),
-    [("confidence_level", bad, "strictly between 0 and 1") for bad in ("0.9", None, 0, 1.5, math.nan, True)]
-    + [("seed", bad, "whole number >= 0") for bad in (-1, 1.5, True, "0", None)],
+    [("confidence_level", bad, "strictly between 0 and 1") for bad in ("0.9", None, 0, 1.5, math.nan, True)],
 )
 def test_bad_interval_arguments_name_the_argument_and_its_range(flips, name, bad, valid) -> None:
     with pytest.raises(ValueError, match=f"`{name}` must be .*{valid}.*; pass"):
@@ -127,22 +106,3 @@ def test_entries_that_are_not_outcomes_are_reported_as_given(flips) -> None:
 def test_outcomes_given_as_text_are_refused_naming_the_argument(flips, text) -> None:
     with pytest.raises(ValueError, match=rf"`references\[0\]` is the text '{text}', not a number"):
         flips.compute(predictions=[1, 1], references=[text, 1])
-
-
-def test_the_bootstrap_in_blocks_draws_the_same_resamples(flips, monkeypatch) -> None:
-    module = sys.modules[type(flips).__module__]
-    method, reference = (np.random.default_rng(seed).integers(0, 2, 29) for seed in (1, 2))
-    rows = np.random.default_rng(4).integers(0, 29, size=(99, 29))  # all at once, as before blocks
-    samples = (method[rows] - reference[rows]).mean(axis=1)
-    tail = (1.0 - 0.95) / 2.0 * 100.0  # as the module computes it (not exactly 2.5)
-    expected = [float(bound) for bound in np.percentile(samples, [tail, 100.0 - tail])]
-    monkeypatch.setattr(module, "_BLOCK_INDICES", 4 * 29 + 1)  # 4 resamples per block, the last one short
-    assert module._difference_interval(method, reference, 0.95, 99, 4) == expected
-
-
-def test_one_outcome_given_as_text_to_add_is_refused_as_in_add_batch():
-    metric = evaluate.load(metrics.path("flips"))
-    with pytest.raises(ValueError, match=r"`prediction` is the text '1', not a number"):
-        metric.add(prediction="1", reference=1)
-    metric.add(prediction=1, reference=0)
-    assert metric.compute()["n_examples"] == 1

@@ -14,10 +14,6 @@ import pytest
 import hf_securesd.metrics
 
 SHARED = ("_is_whole", "_check_rows", "_confidence_level", "_accepted_arguments", "_check_arguments")
-# afr's interval is exact (Clopper-Pearson): it takes no resamples and no seed, so only the bootstrapping
-# modules carry these
-RESAMPLING = ("prr", "flips")
-RESAMPLING_SHARED = ("_resample_count", "_seed", "_resample_blocks")
 NUMERIC = ("prr", "flips")  # the modules whose inputs are numbers
 NUMERIC_SHARED = ("_check_number", "_check_numbers", "_is_number", "_fits_float")
 
@@ -32,12 +28,6 @@ def _module(name: str):
 @pytest.mark.parametrize("helper", SHARED)
 def test_the_argument_checks_are_the_same_in_every_metric(helper: str) -> None:
     sources = {name: inspect.getsource(getattr(_module(name), helper)) for name in ("prr", "afr", "flips")}
-    assert len(set(sources.values())) == 1, f"{helper} differs between {sorted(sources)}"
-
-
-@pytest.mark.parametrize("helper", RESAMPLING_SHARED)
-def test_the_resampling_checks_are_the_same_in_every_bootstrapping_metric(helper: str) -> None:
-    sources = {name: inspect.getsource(getattr(_module(name), helper)) for name in RESAMPLING}
     assert len(set(sources.values())) == 1, f"{helper} differs between {sorted(sources)}"
 
 

@@ -9,15 +9,16 @@ offline with `evaluate.load(hf_securesd.metrics.path("flips"))`.
 
 import difflib
 import inspect
+import math
 import numbers
-from collections.abc import Collection, Iterator, Mapping
+from collections.abc import Collection, Mapping
 from collections.abc import Set as AbstractSet
 from decimal import Decimal
 
 import datasets
 import evaluate
 import numpy as np
-from scipy.stats import binomtest
+from scipy.stats import binomtest, norm
 
 _CITATION = """\
 @article{mcnemar1947,
@@ -28,6 +29,15 @@ _CITATION = """\
   number  = {2},
   pages   = {153--157},
   year    = {1947}
+}
+@article{newcombe1998paired,
+  title   = {Improved confidence intervals for the difference between binomial proportions based on paired data},
+  author  = {Newcombe, Robert G.},
+  journal = {Statistics in Medicine},
+  volume  = {17},
+  number  = {22},
+  pages   = {2635--2650},
+  year    = {1998}
 }
 @article{clopper1934,
   title   = {The use of confidence or fiducial limits illustrated in the case of the binomial},
@@ -53,9 +63,9 @@ model into compliance and 10 compliances into refusals, and its attack failure r
 Each count is reported as a share of all examples and as a share of the examples where it could
 happen (`lost_share` = lost / reference positives), with exact Clopper-Pearson intervals. The
 exact McNemar test (a binomial test of `lost` among the discordant pairs against 1/2) asks whether
-the method moves the rate at all; the paired bootstrap interval of `difference` = method rate -
-reference rate says by how much. McNemar's test cannot see flips that cancel: `flip_rate` and its
-interval can.
+the method moves the rate at all; Newcombe's paired square-and-add interval of `difference` =
+method rate - reference rate says by how much. McNemar's test cannot see flips that cancel:
+`flip_rate` and its interval can.
 """
 
 _KWARGS_DESCRIPTION = """
@@ -67,10 +77,11 @@ Args:
     alternative (`str`, default "two-sided"): of the McNemar test: "two-sided", "greater" (more
         losses than gains) or "less".
     confidence_level (`float`, default 0.95): level of every interval, strictly between 0 and 1.
-    n_resamples (`int`, default 1000): bootstrap resamples for `difference_ci`, a whole number from
-        0 to 100000; 0 gives none. Resamples are drawn in blocks of at most about 4 million indices,
-        so memory does not grow with n_resamples x examples.
-    seed (`int`, default 0): seed of the bootstrap, a whole number >= 0.
+    n_resamples (optional): only `n_resamples=0`, which leaves `difference_ci` out (None).
+        `difference_ci` is Newcombe's interval, not a bootstrap, so any other count is refused with a
+        `ValueError` saying so.
+    seed (optional): refused with a `ValueError` if given (None aside): no interval draws anything
+        at random.
 
 Returns:
     n_examples, n_lost, n_gained, n_discordant (`int`): counts.
@@ -79,8 +90,9 @@ Returns:
     gained_share (`float` or `None`): n_gained / reference negatives; `gained_share_ci`.
     reference_rate, method_rate (`float`): share of 1s.
     difference (`float`): method_rate - reference_rate = (n_gained - n_lost) / n_examples;
-        `difference_ci`: paired percentile bootstrap interval (None below 2 examples and with
-        `n_resamples=0`).
+        `difference_ci`: Newcombe's square-and-add interval for paired proportions (method 10 of
+        Newcombe 1998: the two rates' Wilson intervals combined with their continuity-corrected
+        correlation; within [-1, 1], never of zero width); None only with `n_resamples=0`.
     mcnemar_pvalue (`float`): exact McNemar p-value (1.0 when no pair is discordant).
 
 Examples:
@@ -90,8 +102,10 @@ Examples:
     (1, 1, 0.4, 1.0)
 """
 
-_MAX_RESAMPLES = 100_000
-_BLOCK_INDICES = 2**22  # at most this many bootstrap indices (plus one resample) are held at once
+_INTERVAL_CHANGE = (
+    "difference_ci is Newcombe's paired interval (it was a percentile bootstrap, which gave zero-width "
+    "intervals such as [0.0, 0.0] when no example flips)"
+)
 
 
 def _check_rows(name: str, values: object, entry: str) -> None:
@@ -204,17 +218,6 @@ def _is_whole(value: object) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
-def _resample_count(n_resamples: object) -> int:
-    """`n_resamples` as an int; 0 means no bootstrap interval."""
-    if not _is_whole(n_resamples) or not 0 <= n_resamples <= _MAX_RESAMPLES:
-        raise ValueError(
-            f"`n_resamples` must be a whole number from 0 (no bootstrap interval) to {_MAX_RESAMPLES} "
-            f"(more barely moves a percentile interval, and the bootstrap's time grows with it), got "
-            f"{n_resamples!r}; pass an int such as n_resamples=1000."
-        )
-    return int(n_resamples)
-
-
 def _confidence_level(level: object) -> float:
     """`confidence_level` as a float strictly between 0 and 1."""
     if not isinstance(level, numbers.Real) or isinstance(level, bool) or not 0 < level < 1:
@@ -225,35 +228,66 @@ def _confidence_level(level: object) -> float:
     return float(level)
 
 
-def _seed(seed: object) -> int:
-    """`seed` as an int >= 0, as numpy's generator takes it."""
-    if not _is_whole(seed) or seed < 0:
+def _check_no_bootstrap(n_resamples: object, seed: object) -> bool:
+    """Whether to compute `difference_ci`: `n_resamples=0` leaves it out; any other `n_resamples`, and
+    any `seed`, is refused, since Newcombe's interval draws no resamples and nothing at random (None
+    stands for an argument left out)."""
+    if seed is not None:
         raise ValueError(
-            f"`seed` must be a whole number >= 0 (equal seeds give equal intervals), got {seed!r}; "
-            "pass an int such as seed=0."
+            f"`seed` no longer applies to flips: {_INTERVAL_CHANGE}, so nothing is drawn at random; got "
+            f"seed={seed!r:.40}: leave seed out."
         )
-    return int(seed)
+    if n_resamples is None:
+        return True
+    if _is_whole(n_resamples) and n_resamples == 0:
+        return False
+    raise ValueError(
+        f"`n_resamples` no longer applies to flips: {_INTERVAL_CHANGE}, so nothing is resampled; got "
+        f"n_resamples={n_resamples!r:.40}: leave n_resamples out, or pass n_resamples=0 for no interval."
+    )
 
 
-def _resample_blocks(n: int, n_resamples: int, rng: np.random.Generator) -> Iterator[np.ndarray]:
-    """The bootstrap's indices `rng.integers(0, n, size=(n_resamples, n))`, drawn as consecutive
-    blocks of whole resamples (rows) of at most about `_BLOCK_INDICES` indices: numpy's generator
-    draws the same numbers in the same order either way, so the resamples are the same, but memory
-    stays bounded however large n_resamples x n is."""
-    rows_per_block = max(1, _BLOCK_INDICES // n)
-    for start in range(0, n_resamples, rows_per_block):
-        yield rng.integers(0, n, size=(min(rows_per_block, n_resamples - start), n))
+def _wilson_interval(successes: int, trials: int, z: float) -> tuple[float, float]:
+    """Wilson's score interval of successes / trials (trials > 0) at the normal quantile z."""
+    share = successes / trials
+    centre = (2 * successes + z * z) / (2 * (trials + z * z))
+    half = z * math.sqrt(z * z + 4 * successes * (1 - share)) / (2 * (trials + z * z))
+    return centre - half, centre + half
 
 
-def _difference_interval(method, reference, confidence_level, n_resamples, seed):
-    """Seeded paired percentile bootstrap interval of method rate - reference rate."""
-    rng = np.random.default_rng(seed)
-    differences = method - reference
-    blocks = _resample_blocks(len(differences), n_resamples, rng)
-    samples = np.concatenate([differences[block].mean(axis=1) for block in blocks])
-    tail = (1.0 - confidence_level) / 2.0 * 100.0
-    low, high = np.percentile(samples, [tail, 100.0 - tail])
-    return [float(low), float(high)]
+def paired_difference_interval(both, gained, lost, neither, confidence_level):
+    """Newcombe's square-and-add interval (method 10 of Newcombe 1998, Statistics in Medicine 17,
+    2635-2650) of method rate - reference rate from the paired counts: `both` examples good for both
+    systems, `gained` good for the method only, `lost` good for the reference only, `neither` good for
+    neither (at least one example in all). The method's rate p1 = (both + gained) / n and the
+    reference's p2 = (both + lost) / n get Wilson intervals [l1, u1], [l2, u2]; their correlation is
+    estimated with Newcombe's continuity correction from A = both * neither - gained * lost:
+    (A - n/2) / sqrt(product of the four margins) for A > n/2, 0 for 0 <= A <= n/2, A / sqrt(...) for
+    A < 0, and 0 when a margin is empty. Then, with d = p1 - p2,
+
+        low  = d - sqrt((p1 - l1)^2 - 2 phi (p1 - l1)(u2 - p2) + (u2 - p2)^2)
+        high = d + sqrt((p2 - l2)^2 - 2 phi (p2 - l2)(u1 - p1) + (u1 - p1)^2)
+
+    -> [low, high] (floats within [-1, 1])."""
+    n = both + gained + lost + neither
+    z = float(norm.ppf(1 - (1 - confidence_level) / 2))
+    method_rate, reference_rate = (both + gained) / n, (both + lost) / n
+    method_low, method_high = _wilson_interval(both + gained, n, z)
+    reference_low, reference_high = _wilson_interval(both + lost, n, z)
+    margins = (both + gained) * (lost + neither) * (both + lost) * (gained + neither)
+    association = both * neither - gained * lost
+    if margins == 0 or 0 <= association <= n / 2:
+        phi = 0.0
+    else:
+        phi = (association - n / 2 if association > 0 else association) / math.sqrt(margins)
+    difference = method_rate - reference_rate
+
+    def spread(own: float, other: float) -> float:
+        return math.sqrt(max(own * own - 2 * phi * own * other + other * other, 0.0))
+
+    low = difference - spread(method_rate - method_low, reference_high - reference_rate)
+    high = difference + spread(reference_rate - reference_low, method_high - method_rate)
+    return [max(low, -1.0), min(high, 1.0)]
 
 
 def _share(count, total):
@@ -303,8 +337,8 @@ class Flips(evaluate.Metric):
         references,
         alternative="two-sided",
         confidence_level=0.95,
-        n_resamples=1000,
-        seed=0,
+        n_resamples=None,
+        seed=None,
     ):
         method = _as_binary("predictions", predictions)
         reference = _as_binary("references", references)
@@ -318,8 +352,7 @@ class Flips(evaluate.Metric):
         if alternative not in ("two-sided", "greater", "less"):
             raise ValueError(f"alternative must be 'two-sided', 'greater' or 'less', got {alternative!r}.")
         confidence_level = _confidence_level(confidence_level)
-        n_resamples = _resample_count(n_resamples)
-        seed = _seed(seed)
+        with_interval = _check_no_bootstrap(n_resamples, seed)
 
         lost = int(((reference == 1) & (method == 0)).sum())
         gained = int(((reference == 0) & (method == 1)).sum())
@@ -329,8 +362,9 @@ class Flips(evaluate.Metric):
         pvalue = 1.0 if discordant == 0 else float(binomtest(lost, discordant, 0.5, alternative=alternative).pvalue)
 
         difference_ci = None
-        if n > 1 and n_resamples:
-            difference_ci = _difference_interval(method, reference, confidence_level, n_resamples, seed)
+        if with_interval:
+            both = int(((reference == 1) & (method == 1)).sum())
+            difference_ci = paired_difference_interval(both, gained, lost, n - both - gained - lost, confidence_level)
 
         return {
             "n_examples": n,
