@@ -699,32 +699,82 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
 
 
 def _patched_generate(self, *args, **kwargs):
-    if not isinstance(self, SecureSDMixin):  # a wrapped model's own generate has prepared the call
+    if _patching.active and not isinstance(self, SecureSDMixin):  # a wrapped model's generate prepared the call
         args, kwargs = _prepare_call(self, args, kwargs)
-    return _ORIGINAL_GENERATE(self, *args, **kwargs)
+    return _patching.before_patch(GenerationMixin, "generate")(self, *args, **kwargs)
+
+
+def _patched_assisted_decoding(self, *args, **kwargs):
+    """`GenerationMixin._assisted_decoding` under `patch()`: SecureSD's (`_assisted_decoding`) while
+    patched; once `unpatch()` could not take it out (another wrapper installed over it), what was
+    installed before `patch()`."""
+    if _patching.active:
+        return _assisted_decoding(self, *args, **kwargs)
+    return _patching.before_patch(GenerationMixin, "_assisted_decoding")(self, *args, **kwargs)
 
 
 def _patched_save_pretrained(self, save_directory, *args, **kwargs):
     """`PreTrainedModel.save_pretrained` under `patch()`: a verifier saved with the model and dropped by
     transformers on load is read back first, then saved as `SecureSDMixin.save_pretrained` does."""
+    save = functools.partial(_patching.before_patch(PreTrainedModel, "save_pretrained"), self)
+    if not _patching.active:
+        return save(save_directory, *args, **kwargs)
     restore_saved_fields(self)
-    return _save_with_fields(self, functools.partial(_ORIGINAL_SAVE_PRETRAINED, self), save_directory, args, kwargs)
+    return _save_with_fields(self, save, save_directory, args, kwargs)
+
+
+@dataclass
+class _Patching:
+    """Process-wide state of `patch()`: how many `patch()` calls are not yet undone, and what each patched
+    attribute held before the first `patch()` of the process (kept: a later `patch()` finds ours, or a
+    wrapper of ours, there)."""
+
+    count: int = 0
+    active: bool = False
+    saved: dict[tuple[type, str], Any] | None = None
+
+    def before_patch(self, owner: type, name: str) -> Callable:
+        return self.saved[(owner, name)]
+
+
+_patching = _Patching()
+_PATCHED_ATTRIBUTES = (
+    (GenerationMixin, "generate", _patched_generate),
+    (GenerationMixin, "_assisted_decoding", _patched_assisted_decoding),
+    (PreTrainedModel, "save_pretrained", _patched_save_pretrained),
+)
 
 
 def patch() -> None:
-    """Enable SecureSD for every transformers model in this process (for pipelines you do not control)."""
-    GenerationMixin.generate = _patched_generate
-    GenerationMixin._assisted_decoding = _assisted_decoding
-    PreTrainedModel.save_pretrained = _patched_save_pretrained
+    """Enable SecureSD for every transformers model in this process (for pipelines you do not control).
+
+    Calls nest: SecureSD stays enabled until `unpatch()` has been called once per `patch()`, so a library
+    that patches and unpatches around its own work does not turn off a caller's patch."""
+    _patching.count += 1
+    if _patching.count > 1:
+        return
+    if _patching.saved is None:
+        _patching.saved = {(owner, name): getattr(owner, name) for owner, name, _ in _PATCHED_ATTRIBUTES}
+    for owner, name, ours in _PATCHED_ATTRIBUTES:
+        setattr(owner, name, ours)
     for name in _CONFIG_FIELDS:
         setattr(GenerationConfig, name, None)
+    _patching.active = True
 
 
 def unpatch() -> None:
-    """Undo `patch()`."""
-    GenerationMixin.generate = _ORIGINAL_GENERATE
-    GenerationMixin._assisted_decoding = _ORIGINAL_ASSISTED_DECODING
-    PreTrainedModel.save_pretrained = _ORIGINAL_SAVE_PRETRAINED
+    """Undo one `patch()` (nothing without one); the last one puts back what each patched method was before
+    the first `patch()`. A method someone else replaced after `patch()` (a wrapper calling ours) is left
+    in place, and ours, reached through it, then passes every call straight on: SecureSD is off either way."""
+    if not _patching.count:
+        return
+    _patching.count -= 1
+    if _patching.count:
+        return
+    _patching.active = False
+    for owner, name, ours in _PATCHED_ATTRIBUTES:
+        if vars(owner).get(name) is ours:
+            setattr(owner, name, _patching.saved[(owner, name)])
     for name in _CONFIG_FIELDS:
         if name in vars(GenerationConfig):
             delattr(GenerationConfig, name)

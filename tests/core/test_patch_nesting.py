@@ -1,0 +1,93 @@
+"""`patch()` / `unpatch()` nest, and leave other libraries' wrappers of `generate` in place."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from transformers import GenerationMixin, PreTrainedModel
+
+import hf_securesd
+from hf_securesd.tiny import TinyPairSpec, tiny_pair
+
+PROMPT = torch.tensor([[7, 8, 9, 10, 11]])
+SPEC = TinyPairSpec(architecture="llama", seed=4)
+
+
+def _speculative(model, draft) -> torch.Tensor:
+    return model.generate(PROMPT, max_new_tokens=8, do_sample=False, assistant_model=draft, verifier="lossless")
+
+
+def _refused_unpatched(model, draft) -> None:
+    with pytest.raises(ValueError, match="are not used by the model"):
+        _speculative(model, draft)
+
+
+@pytest.fixture
+def pair():
+    draft, target = tiny_pair(SPEC)
+    yield draft, target
+    while hf_securesd.integration._patching.count:  # a failed test must not leave the process patched
+        hf_securesd.unpatch()
+
+
+def test_an_inner_patch_and_unpatch_keep_the_outer_patch(pair):
+    draft, target = pair
+    greedy = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    hf_securesd.patch()
+    hf_securesd.patch()  # a library patching around its own work
+    hf_securesd.unpatch()
+    assert torch.equal(_speculative(target, draft), greedy)  # still patched
+    hf_securesd.unpatch()
+    _refused_unpatched(target, draft)
+    assert "verifier" not in vars(type(target.generation_config))
+
+
+def test_unpatch_without_patch_changes_nothing(pair):
+    draft, target = pair
+    before = (GenerationMixin.generate, GenerationMixin._assisted_decoding, PreTrainedModel.save_pretrained)
+    hf_securesd.unpatch()
+    assert (GenerationMixin.generate, GenerationMixin._assisted_decoding, PreTrainedModel.save_pretrained) == before
+    _refused_unpatched(target, draft)
+
+
+def test_a_wrapper_installed_before_patch_is_called_and_put_back(pair, monkeypatch):
+    draft, target = pair
+    calls = []
+    original = GenerationMixin.generate
+
+    @functools.wraps(original)
+    def counting(self, *args, **kwargs):
+        calls.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", counting)
+    saved = hf_securesd.integration._patching.saved
+    monkeypatch.setattr(hf_securesd.integration._patching, "saved", None)  # as in a process never patched
+    hf_securesd.patch()
+    _speculative(target, draft)
+    assert calls == [1]  # the wrapper found at patch() still runs under it
+    hf_securesd.unpatch()
+    assert GenerationMixin.generate is counting
+    monkeypatch.setattr(hf_securesd.integration._patching, "saved", saved)
+
+
+def test_a_wrapper_installed_over_the_patch_survives_unpatch_and_secure_sd_turns_off(pair, monkeypatch):
+    draft, target = pair
+    hf_securesd.patch()
+    ours = GenerationMixin.generate
+    calls = []
+
+    def outer(self, *args, **kwargs):
+        calls.append(1)
+        return ours(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", outer)
+    hf_securesd.unpatch()
+    assert GenerationMixin.generate is outer  # someone else's wrapper is not dropped
+    _refused_unpatched(target, draft)  # ... and SecureSD, reached through it, is off
+    assert len(calls) == 1
+    plain = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    monkeypatch.undo()
+    assert torch.equal(plain, target.generate(PROMPT, max_new_tokens=8, do_sample=False))
