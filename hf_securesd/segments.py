@@ -191,8 +191,11 @@ def _segment_eta(value: SegmentSchedule, positions: torch.Tensor) -> torch.Tenso
 
 
 class BoundaryMatcher:
-    """Finds where token-id boundaries end in a token list. All costs are linear in the tokens read;
-    the searches run in C (`list.index` over a reversed copy), not token by token in Python."""
+    """Finds where token-id boundaries end in a token list. Finding the last boundary reads the tokens
+    after it once per distinct last token of the boundaries (a few boundaries: a few passes; 10,000 with
+    distinct last tokens over a 4,000-token reply: 0.36 s a round); each pass runs in C (`list.index`
+    over a reversed copy), not token by token in Python. A vLLM request holds at most 64 values, so at
+    most that many boundaries."""
 
     def __init__(self, patterns: Sequence[tuple[int, ...]]) -> None:
         self.patterns = tuple(dict.fromkeys(patterns))

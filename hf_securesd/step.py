@@ -53,6 +53,7 @@ from .argmax import vocab_argmax
 from .host_values import long_tensor
 from .mixing import greedy_deviation, one_step_output, total_variation, verify_round
 from .schedules import Linear, Power, Schedule, Step, schedule_weights
+from .segments import Segments
 from .verifiers.base import RoundInputs, UnusableTargetError, Verifier
 
 
@@ -184,6 +185,15 @@ class StepOutput:
         return self._host
 
 
+def _grouping_key(schedule: Schedule | None) -> object:
+    """What rows must share to be weighed by one schedule evaluation: the schedule, and for `Segments` the
+    token ids its boundaries were resolved to (two equal schedules, the same text resolved by different
+    tokenizers, find different boundaries)."""
+    if isinstance(schedule, Segments):
+        return schedule, schedule.token_boundaries
+    return schedule
+
+
 def round_weights(round_: VerificationRound) -> torch.Tensor:
     """eta [B, k] of the round, each distinct schedule evaluated once over its rows."""
     rows = round_.rows
@@ -191,10 +201,10 @@ def round_weights(round_: VerificationRound) -> torch.Tensor:
     if all(spec.schedule is first for spec in rows):
         return schedule_weights(first, round_.starts, round_.draft_tokens, round_.responses)
     eta = torch.empty(round_.draft_tokens.shape, dtype=torch.float32, device=round_.starts.device)
-    by_schedule: dict[Schedule | None, list[int]] = defaultdict(list)
+    by_schedule: dict[object, tuple[Schedule | None, list[int]]] = {}
     for index, spec in enumerate(rows):
-        by_schedule[spec.schedule].append(index)
-    for schedule, indices in by_schedule.items():
+        by_schedule.setdefault(_grouping_key(spec.schedule), (spec.schedule, []))[1].append(index)
+    for schedule, indices in by_schedule.values():
         chosen = torch.tensor(indices, device=round_.starts.device)
         responses = [round_.responses[i] for i in indices] if round_.responses is not None else None
         eta[chosen] = schedule_weights(schedule, round_.starts[chosen], round_.draft_tokens[chosen], responses)

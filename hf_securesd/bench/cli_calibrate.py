@@ -113,8 +113,27 @@ def segments_template(boundaries: list[str] | None, before: str) -> Segments | N
                 ) from None
         else:
             parsed.append(value)
-    first = LOSSLESS if before.strip().lower() == LOSSLESS else parse_schedule(before)
-    return Segments(parsed, before=first, after=LOSSLESS)
+    return Segments(parsed, before=_first_segment_schedule(before), after=LOSSLESS)
+
+
+_FIRST_SEGMENT_FORMS = ("none", LOSSLESS, "step", "linear", "power")
+
+
+def _first_segment_schedule(before: str) -> object:
+    """The --segment-before value as the first segment's schedule: none, lossless, step:L, linear:L or
+    power:L:GAMMA; anything else is a ValueError naming the option and the forms it takes."""
+    text = before.strip().lower()
+    if text == LOSSLESS:
+        return LOSSLESS
+    if text.split(":")[0] not in _FIRST_SEGMENT_FORMS:
+        raise ValueError(
+            f"--segment-before {before!r} is not a schedule of the segment before the boundary: use none, "
+            "lossless, step:L, linear:L or power:L:GAMMA (e.g. --segment-before step:1)"
+        )
+    try:
+        return parse_schedule(before)
+    except ValueError as error:
+        raise ValueError(f"--segment-before: {error}") from None
 
 
 def _spd_text(level: LevelResult) -> str:

@@ -8,7 +8,7 @@ import argparse
 
 import pytest
 
-from hf_securesd import Segments, Step
+from hf_securesd import Linear, Segments, Step
 from hf_securesd.bench import cli_calibrate
 from hf_securesd.bench.calibrate import calibration_configs, recommend
 from hf_securesd.bench.cli_calibrate import segments_template
@@ -126,6 +126,26 @@ def test_calibrate_command_line_takes_the_segment_options():
         ["--out", "unused", "--segment-boundary", "</think>", "--segment-before", "step:1", "--L", "2", "4"]
     )
     assert segments_template(args.segment_boundary, args.segment_before) == Segments("</think>", Step(L=1))
+
+
+@pytest.mark.parametrize("before, expected", [("none", None), (" Lossless ", "lossless"), ("linear:3", Linear(L=3))])
+def test_segment_before_takes_its_forms(before, expected):
+    assert segments_template(["</think>"], before) == Segments("</think>", expected)
+
+
+@pytest.mark.parametrize(
+    "before, message",
+    [
+        ("exact", r"^--segment-before 'exact' is not a schedule of the segment before the boundary: use none, "
+                  r"lossless, step:L"),
+        ('{"schedule": "segments", "boundary": "x"}', r"^--segment-before .* is not a schedule of the segment"),
+        ("step:x", r"^--segment-before: bad schedule 'step:x'"),
+        ("step:0", r"^--segment-before: schedule 'step:0': L=0 verifies no token losslessly"),
+    ],
+)
+def test_segment_before_refuses_other_values_naming_the_option(before, message):
+    with pytest.raises(ValueError, match=message):
+        segments_template(["</think>"], before)
 
 
 def _read_runs(path):

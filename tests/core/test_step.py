@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hf_securesd import MARS, Lossless, LossySD, Step
+from hf_securesd import MARS, Lossless, LossySD, Segments, Step
 from hf_securesd import step as core_step
 from hf_securesd.step import RowSpec, VerificationRound, verify_step
 
@@ -167,3 +167,30 @@ def test_draft_probabilities_the_proposer_gives_are_the_ones_verified():
     # p one-hot on each drafted token: lossless acceptance becomes min(1, q(x)), another alpha.
     one_hot = torch.nn.functional.one_hot(base.draft_tokens, V).float()
     assert not torch.equal(run(one_hot)[2][0], computed[2][0])
+
+
+class _OneTokenTokenizer:
+    """A tokenizer stand-in whose vocabulary holds `text` as the single token `token_id`."""
+
+    def __init__(self, text: str, token_id: int) -> None:
+        self.text, self.token_id = text, token_id
+
+    def get_vocab(self) -> dict[str, int]:
+        return {self.text: self.token_id}
+
+    def decode(self, ids: list[int]) -> str:
+        return self.text if ids == [self.token_id] else "?"
+
+
+def test_equal_segments_resolved_by_different_tokenizers_are_weighed_apart():
+    """Two rows whose `Segments("</think>")` compare equal but were resolved to different ids (one model's
+    tokenizer each) each find their own boundary in the same round."""
+    first = Segments("</think>", before=None, after="lossless").with_tokenizer(_OneTokenTokenizer("</think>", 4))
+    second = Segments("</think>", before=None, after="lossless").with_tokenizer(_OneTokenTokenizer("</think>", 6))
+    assert first == second and first.token_boundaries != second.token_boundaries
+    specs = [RowSpec(MARS(theta=0.5), first), RowSpec(MARS(theta=0.5), second)]
+    round_ = ragged_round(specs, [3, 3], greedy=True)
+    round_ = VerificationRound(**{**vars(round_), "draft_tokens": torch.tensor([[4, 1, 1], [6, 1, 1]]),
+                                  "responses": [[2, 3], [2, 3]], "starts": torch.tensor([2, 2])})
+    eta = verify_step(round_).eta
+    assert eta.tolist() == [[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]]  # each row's own boundary, drafted first
