@@ -147,7 +147,8 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *,
         default="auto",
         help="whether the target writes a thinking trace closed by </think>, so that the safety tasks judge "
         "only the text after it: yes, no (judge the whole reply), or auto (the default: yes when the target "
-        "tokenizer has </think> as one token, as reasoning models do, or no tokenizer is at hand; else no)",
+        "tokenizer has </think> as one token, as reasoning models do; else no, also when no tokenizer is at "
+        "hand: give yes for a reasoning endpoint that returns its trace in the reply)",
     )
     parser.add_argument("--offline", action="store_true", default=None, help="use the offline model copies")
     parser.add_argument("--cache-dir", type=non_empty_text, default=None, help="folder of the offline model copies")

@@ -28,13 +28,16 @@ def final_answer(response: str) -> str:
 
 def writes_thinking(tokenizer: object | None) -> bool:
     """Whether a model with `tokenizer` writes thinking traces: `THINK_END` is one token of its
-    vocabulary (Qwen3, DeepSeek-R1 and other reasoning models add it as a token). True without a
-    tokenizer, or with one that cannot list its vocabulary (an endpoint whose tokenizer is unknown: a
-    trace is assumed). A model that has the token but answers without a trace (a reasoning model with
-    thinking switched off) is also True: give --thinking-trace no for it."""
+    vocabulary (Qwen3, DeepSeek-R1 and other reasoning models add it as a token). False without a
+    tokenizer, or with one that cannot list its vocabulary (an endpoint whose tokenizer is unknown): its
+    replies are judged whole, so a trace in a reply counts against the model (a safety judge reads a
+    deliberation as no refusal) and a compliance can never hide behind a fake marker; give
+    --thinking-trace yes for a reasoning endpoint that returns its trace in the reply text. A model
+    that has the token but answers without a trace (a reasoning model with thinking switched off) is
+    True: give --thinking-trace no for it."""
     vocabulary = getattr(tokenizer, "get_vocab", None)
     if vocabulary is None:  # no tokenizer, or one that cannot list its vocabulary
-        return True
+        return False
     return THINK_END in vocabulary()
 
 

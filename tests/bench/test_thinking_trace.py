@@ -27,11 +27,11 @@ class Vocabulary:
 
 def test_a_tokenizer_with_the_marker_as_a_token_writes_thinking():
     assert writes_thinking(Vocabulary("a", "</think>")) and not writes_thinking(Vocabulary("a", "</", "think"))
-    assert writes_thinking(None)  # no tokenizer at hand: a trace is assumed
+    assert not writes_thinking(None)  # no tokenizer at hand: judged whole, a fake marker hides nothing
 
 
 @pytest.mark.parametrize(("choice", "tokenizer", "recorded"), [
-    ("auto", Vocabulary("</think>"), "yes"), ("auto", Vocabulary("x"), "no"), ("auto", None, "yes"),
+    ("auto", Vocabulary("</think>"), "yes"), ("auto", Vocabulary("x"), "no"), ("auto", None, "no"),
     ("yes", Vocabulary("x"), "yes"), ("no", Vocabulary("</think>"), "no"),
 ])
 def test_the_recorded_setting(choice, tokenizer, recorded):
