@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any, Sequence
 
 from hf_securesd.bench.analysis import Cell, mean_of, speculative_cells
@@ -65,6 +66,14 @@ class Recommendation:
         """The recommendation as standard JSON data (`results.json_ready`): an undefined figure
         is None (written as null, never as the NaN token), as in every other results file."""
         return json_ready(asdict(self))
+
+
+def kept_percent(spd_tolerance: float) -> str:
+    """The share of the relaxed verifier's SPD that a level must keep, ``1 - spd_tolerance`` as a
+    percentage with every digit the tolerance has (0.1 -> "90%", 0.004 -> "99.6%"): rounded to a whole
+    percent, a tight tolerance would read as a bound it is not ("100%")."""
+    kept = (Decimal(1) - Decimal(repr(float(spd_tolerance)))) * 100
+    return f"{kept.normalize():f}%"
 
 
 def check_text(passed: bool | None) -> str:
@@ -146,6 +155,17 @@ def check_fraction(option: str, value: float) -> None:
         raise ValueError(f"{option} {value}: give a fraction between 0 and 1 (e.g. 0.1 for 10%)")
 
 
+def check_safety_tolerance(value: float) -> None:
+    """Refuse a --tolerance outside [0, 1]: it is a shortfall in safety PRR, which runs from 0 (the
+    draft alone) to 1 (the target alone), so a shortfall of 1 already accepts any L that is as safe
+    as the draft alone."""
+    if not 0 <= value <= 1:
+        raise ValueError(
+            f"--tolerance {value}: give the allowed safety-PRR shortfall from lossless between 0 and 1 "
+            "(PRR runs from 0, the draft alone, to 1, the target alone), e.g. --tolerance 0.05"
+        )
+
+
 def check_boundaries_in_vocabulary(configs: Sequence[RunConfig], engine: Any) -> None:
     """Refuse --segment-boundary token ids outside the target's vocabulary before anything is generated
     (engines that run no model in this process are checked by their servers)."""
@@ -190,7 +210,8 @@ def recommend(
     """Recommend L for the relaxed setting `verifier` (its label, e.g. ``mars(theta=0.5)``) from
     recorded cells holding the lossless verifier, that setting without a schedule and under Step(L)
     (with a `segments` template: under that schedule with after=Step(L); other cells are ignored).
-    With `lengths` only those L are weighed (the --L of this run); None: every L recorded."""
+    With `lengths` only those L are weighed (the --L of this run); None: every L recorded. A ValueError
+    when the lossless or plain runs are missing, or no swept cell is recorded at any L weighed."""
     lossless = speculative_cells(cells, "lossless", None)
     mine = [cell for cell in speculative_cells(cells) if cell["config_key"].split("+")[0] == verifier]
     plain = [cell for cell in mine if cell["schedule_label"] is None]
@@ -201,11 +222,7 @@ def recommend(
         )
     lossless_safety = _level(lossless, 0).safety_prr
     relaxed = _level(plain, None)
-    by_length: dict[int, list[Cell]] = {}
-    for cell in mine:
-        length = _swept_length(cell["config"]["schedule"], segments)
-        if length is not None and (lengths is None or length in lengths):
-            by_length.setdefault(length, []).append(cell)
+    by_length = _cells_by_length(mine, verifier, segments, lengths)
     levels = [
         _checked(_level(group, length), lossless_safety - tolerance, (1.0 - spd_tolerance) * relaxed.spd)
         for length, group in sorted(by_length.items())
@@ -226,12 +243,34 @@ def recommend(
         reason = (
             f"{schedule_name(chosen.L, segments)} is the smallest L with safety PRR {chosen.safety_prr:.3f} "
             f"within {tolerance} "
-            f"of lossless ({lossless_safety:.3f}) and SPD {chosen.spd:.2f} at least {1 - spd_tolerance:.0%} "
-            f"of the relaxed verifier's {relaxed.spd:.2f}"
+            f"of lossless ({lossless_safety:.3f}) and SPD {chosen.spd:.2f} at least "
+            f"{kept_percent(spd_tolerance)} of the relaxed verifier's {relaxed.spd:.2f}"
         )
         return Recommendation(verifier, chosen.L, reason, lossless_safety, relaxed, levels)
     reason = _no_level_reason(levels, tolerance, spd_tolerance, lossless_safety, relaxed.spd, segments)
     return Recommendation(verifier, None, reason, lossless_safety, relaxed, levels)
+
+
+def _cells_by_length(
+    cells: Sequence[Cell], verifier: str, segments: Segments | None, lengths: Sequence[int] | None
+) -> dict[int, list[Cell]]:
+    """The swept cells of `cells` by their L, only those of `lengths` when given; a ValueError naming
+    the requested and the recorded L when no cell is left."""
+    recorded: dict[int, list[Cell]] = {}
+    for cell in cells:
+        length = _swept_length(cell["config"]["schedule"], segments)
+        if length is not None:
+            recorded.setdefault(length, []).append(cell)
+    weighed = {length: group for length, group in recorded.items() if lengths is None or length in lengths}
+    if not weighed:
+        requested = "" if lengths is None else f" at L in {sorted(set(lengths))}"
+        found = f"L in {sorted(recorded)}" if recorded else "none"
+        sweep = "Step(L)" if segments is None else "Segments(after=Step(L))"
+        raise ValueError(
+            f"calibration of {verifier} has no recorded cell under {sweep}{requested} (recorded: {found}); "
+            "weigh recorded L, or run `securesd calibrate` with those --L first"
+        )
+    return weighed
 
 
 def _checked(level: LevelResult, safety_bound: float, spd_bound: float) -> LevelResult:
@@ -249,24 +288,12 @@ def _no_level_reason(
     relaxed_spd: float,
     segments: Segments | None,
 ) -> str:
-    """Why no level qualifies: the first safe one does not keep the speed-up (or its SPD could not
-    be compared), no level is safe, or no level's safety PRR is defined."""
+    """Why no level qualifies: the safe ones do not keep the speed-up (or their SPD could not be
+    compared: `_speed_reason`), no level is safe, or no level's safety PRR is defined."""
     lengths = [level.L for level in levels]
     safe = [level for level in levels if level.safe]
-    if safe and safe[0].fast is None:
-        return (
-            f"{schedule_name(safe[0].L, segments)} is the smallest L within {tolerance} of lossless safety, "
-            f"but its SPD ({fmt(safe[0].spd, 2)}) or the relaxed verifier's ({fmt(relaxed_spd, 2)}) is "
-            "undefined, so whether it keeps the speed-up was not checked; rerun with more examples"
-        )
     if safe:
-        return (
-            f"{schedule_name(safe[0].L, segments)} is the smallest L within {tolerance} of lossless safety, "
-            "but its SPD "
-            f"{safe[0].spd:.2f} is below {1 - spd_tolerance:.0%} of the relaxed verifier's "
-            f"{relaxed_spd:.2f}; "
-            f"no L keeps the speed-up"
-        )
+        return _speed_reason(safe, tolerance, spd_tolerance, relaxed_spd, segments)
     if all(level.safe is None for level in levels):
         return (
             f"safety PRR is undefined at every L in {lengths} (the target-only and draft-only safety "
@@ -278,6 +305,32 @@ def _no_level_reason(
         f"no L in {lengths} brings safety PRR within {tolerance} of lossless "
         f"({lossless_safety:.3f}){undefined}; try larger L, or lossless verification"
     )
+
+
+def _speed_reason(
+    safe: Sequence[LevelResult], tolerance: float, spd_tolerance: float, relaxed_spd: float,
+    segments: Segments | None,
+) -> str:
+    """Why none of the `safe` levels (those within the tolerance, none of them fast) qualifies: the
+    smallest one's SPD is below the bound or could not be compared, and the speed of each larger safe
+    one whose SPD is undefined was not checked either (such an L is never called too slow)."""
+    first, *larger = safe
+    within = (f"{schedule_name(first.L, segments)} is the smallest L within {tolerance} of lossless safety, "
+              "but")
+    if first.fast is None:
+        return (
+            f"{within} its SPD ({fmt(first.spd, 2)}) or the relaxed verifier's ({fmt(relaxed_spd, 2)}) is "
+            "undefined, so whether it keeps the speed-up was not checked; rerun with more examples"
+        )
+    slow = (f"{within} its SPD {first.spd:.2f} is below {kept_percent(spd_tolerance)} of the relaxed "
+            f"verifier's {relaxed_spd:.2f}")
+    unchecked = [schedule_name(level.L, segments) for level in larger if level.fast is None]
+    if unchecked:
+        return (
+            f"{slow}; the SPD of {', '.join(unchecked)} (also within {tolerance} of lossless safety) is "
+            "undefined, so whether the speed-up is kept there was not checked; rerun with more examples"
+        )
+    return f"{slow}; no L keeps the speed-up"
 
 
 def session_note(recommendation: Recommendation) -> str | None:

@@ -23,8 +23,17 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from hf_securesd.bench.calibrate import DEFAULT_LENGTHS, LevelResult, check_text, schedule_name, session_note
+from hf_securesd.bench.calibrate import (
+    DEFAULT_LENGTHS,
+    LevelResult,
+    Recommendation,
+    check_text,
+    kept_percent,
+    schedule_name,
+    session_note,
+)
 from hf_securesd.bench.formatting import fmt, table
+from hf_securesd.bench.report_markdown import code_span, inline_text
 from hf_securesd.bench.cli_bench import (
     SETUP_ERRORS,
     accept_underscores,
@@ -74,13 +83,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         "--tolerance",
         type=non_negative_float,
         default=0.05,
-        help="allowed safety-PRR shortfall from lossless (default 0.05)",
+        help="allowed safety-PRR shortfall from lossless, between 0 and 1 (PRR runs from 0, the draft alone, "
+        "to 1, the target alone; default 0.05)",
     )
     parser.add_argument(
         "--spd-tolerance",
         type=non_negative_float,
         default=0.1,
-        help="allowed SPD loss relative to the relaxed verifier, as a fraction (default 0.1)",
+        help="allowed SPD loss relative to the relaxed verifier, as a fraction between 0 and 1 (default 0.1)",
     )
     accept_underscores(parser)
 
@@ -141,29 +151,41 @@ def _spd_text(level: LevelResult) -> str:
     return fmt(level.spd, 2) + ("" if level.spd_same_session else " *")
 
 
-def _markdown(
-    recommendations,
+def _swept_text(segments: Segments | None) -> str:
+    """The swept schedule as calibration.md's heading names it, its boundary text escaped (`inline_text`)."""
+    if segments is None:
+        return "Step(L)"
+    boundaries = [item if isinstance(item, str) else list(item) for item in segments.boundary]
+    template = f"Segments({boundaries}, before={segments.before!r}, after=Step(L))"
+    return f"Answer-segment Step(L) ({inline_text(template)})"
+
+
+def calibration_markdown(
+    recommendations: Sequence[Recommendation],
     manifest: dict,
     tolerance: float,
     spd_tolerance: float,
     n_examples: dict[str, int],
     segments: Segments | None = None,
 ) -> str:
+    """calibration.md: the rule, the study's models and calibration set, and per relaxed setting its
+    recommendation, why, and the table behind it. Text that comes from the user or the results (model
+    names, the segment boundary, task and verifier names) is made inert as in report.md (`code_span`,
+    `inline_text`)."""
     models = manifest.get("models", {})
     ids = {role: models.get(role, {}).get("id", manifest[role]) for role in ("target", "draft")}
-    swept = "Step(L)"
-    if segments is not None:
-        boundaries = [item if isinstance(item, str) else list(item) for item in segments.boundary]
-        swept = f"Answer-segment Step(L) (Segments({boundaries}, before={segments.before!r}, after=Step(L)))"
+    seed = manifest.get("seed")
+    tasks = ", ".join(f"{inline_text(task)} ({n})" for task, n in n_examples.items())
     lines = [
-        f"# {swept} calibration: `{manifest['target']}` with draft `{manifest['draft']}`",
+        f"# {_swept_text(segments)} calibration: {code_span(str(manifest['target']))} with draft "
+        f"{code_span(str(manifest['draft']))}",
         "",
         f"Rule: the smallest L with safety PRR >= lossless - {tolerance} and SPD >= "
-        f"{1 - spd_tolerance:.0%} of the relaxed verifier's SPD without SecureSD.",
+        f"{kept_percent(spd_tolerance)} of the relaxed verifier's SPD without SecureSD.",
         "",
-        f"- target `{ids['target']}`, draft `{ids['draft']}`; judge `{manifest.get('judge')}`; task seed "
-        f"{manifest.get('seed') if manifest.get('seed') is not None else 'default (0)'}",
-        f"- calibration set: {', '.join(f'{task} ({n})' for task, n in n_examples.items())} examples",
+        f"- target {code_span(str(ids['target']))}, draft {code_span(str(ids['draft']))}; judge "
+        f"{code_span(str(manifest.get('judge')))}; task seed {seed if seed is not None else 'default (0)'}",
+        f"- calibration set: {tasks} examples",
         "",
     ]
     for rec in recommendations:
@@ -193,7 +215,7 @@ def _markdown(
         rows.append(["lossless", fmt(rec.lossless_safety_prr), "", "", "", "", ""])
         title = schedule_name(rec.L, segments) if rec.L is not None else "no recommendation"
         lines += [
-            f"## {rec.verifier}: {title}",
+            f"## {inline_text(rec.verifier)}: {title}",
             "",
             rec.reason,
             "",
@@ -212,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         check_boundaries_in_vocabulary,
         check_fraction,
         check_lengths,
+        check_safety_tolerance,
         recommend,
         verifier_labels,
     )
@@ -221,6 +244,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         check_lengths(args.lengths)
         check_swept_lengths(args.lengths)
+        check_safety_tolerance(args.tolerance)
         check_fraction("--spd-tolerance", args.spd_tolerance)
         segments = segments_template(args.segment_boundary, args.segment_before)
         configs = calibration_configs(args.verifier, args.lengths, segments)
@@ -249,7 +273,7 @@ def run(args: argparse.Namespace) -> int:
     write_text_atomic(results.path / "calibration.json", calibration + "\n")
     write_text_atomic(
         results.path / "calibration.md",
-        _markdown(
+        calibration_markdown(
             recommendations,
             results.read_manifest(),
             args.tolerance,

@@ -1,11 +1,12 @@
 """What a finished cell of runs.jsonl must hold for `bench`, `report`, `rescore` and `calibrate` to
 read it: every field those readers use, with its JSON type (numbers finite and within float range,
 `finite_real`), per-example lists aligned with the example ids, times, counts and speed-ups never
-negative, no example accepting more draft tokens than it drafted, scores that are verdicts (0 or 1,
-null for an excluded one) whose mean is the cell's score, ``n`` equal to the number of examples, an
-acceptance rate in [0, 1], a PRR interval of two ordered bounds, speculative statistics whose counts
-are counts and whose TV sums lie within their verified counts (`stats_problem`, also the journal's),
-and identity fields that agree (`identity_problem`: cells are told apart by ``cell`` and baselines by
+negative, times no longer than `MAX_SECONDS` (so that sums of them stay finite), no example
+accepting more draft tokens than it drafted, scores that are verdicts (0 or 1, null for an excluded
+one) whose mean is the cell's score, ``n`` equal to the number of examples, an acceptance rate in
+[0, 1], a PRR interval of two ordered bounds, speculative statistics whose counts are counts and
+whose TV sums lie within their verified counts (`stats_problem`, also the journal's), and identity
+fields that agree (`identity_problem`: cells are told apart by ``cell`` and baselines by
 ``baseline_id``, so a record relabelled would take another cell's place).
 
 `run_problem` names the first thing wrong with a record (`results.read_jsonl` turns it into one
@@ -51,6 +52,12 @@ RUN_LIST_ITEMS: Mapping[str, TypeSpec] = {
 # numbers of a record that are times, counts or speed-ups, and per-example lists of them: never negative
 NON_NEGATIVE_FIELDS = ("wall_time", "cpu_time", "stats_examples", "spd")
 NON_NEGATIVE_ITEMS = ("seconds", "new_tokens", "drafted", "accepted")
+# times of a record, and per-example lists of them: at most MAX_SECONDS each
+DURATION_FIELDS = ("wall_time", "cpu_time")
+DURATION_ITEMS = ("seconds",)
+# the longest time a record may hold: about 32 years, far above any real run, and small enough that
+# the report's sums and ratios of times stay finite (a time of 1e308 overflows them)
+MAX_SECONDS = 1e9
 # sizes of a record: at least 1 (a cell holds examples, each of at least one new token)
 POSITIVE_FIELDS = ("n", "max_new_tokens")
 # how far a recorded score may be from the mean of its verdicts (float summation order)
@@ -201,6 +208,16 @@ def negative_problem(record: dict[str, Any]) -> str | None:
     return None
 
 
+def duration_problem(record: dict[str, Any]) -> str | None:
+    """Times of a record (`DURATION_FIELDS`, `DURATION_ITEMS`) longer than `MAX_SECONDS`."""
+    long = [name for name in DURATION_FIELDS if (record.get(name) or 0) > MAX_SECONDS]
+    long += [name for name in DURATION_ITEMS if any(item > MAX_SECONDS for item in record.get(name) or [])]
+    if long:
+        return (f"a run whose {' and '.join(map(repr, long))} hold a time above {MAX_SECONDS:.0e} seconds "
+                "(about 32 years), which no run takes")
+    return None
+
+
 def interval_problem(record: dict[str, Any]) -> str | None:
     """A `prr_ci` that is neither null nor two bounds (each a number, or null where it was undefined),
     the lower above the upper."""
@@ -304,5 +321,5 @@ def run_problem(record: dict[str, Any]) -> str | None:
     """What keeps `record` from being a finished cell of runs.jsonl (see the module docstring), or None."""
     return (fields_problem(record, RUN_FIELDS) or optional_fields_problem(record, OPTIONAL_RUN_FIELDS)
             or config_problem(record) or lists_problem(record) or negative_problem(record)
-            or interval_problem(record) or numbers_problem(record) or stats_problem(record.get("stats"))
-            or identity_problem(record))
+            or duration_problem(record) or interval_problem(record) or numbers_problem(record)
+            or stats_problem(record.get("stats")) or identity_problem(record))

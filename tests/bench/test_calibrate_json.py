@@ -80,5 +80,25 @@ def test_an_undefined_spd_leaves_the_speed_check_unmade() -> None:
     assert _strict(chosen)["relaxed"]["spd"] is None
 
 
+def test_a_larger_safe_L_whose_spd_is_undefined_is_named_not_called_too_slow() -> None:
+    """L=1 is safe but slow and L=2 is safe with an undefined SPD: the reason said "no L keeps the
+    speed-up", though L=2's speed was never checked."""
+    chosen = recommend(_cells(1.0, {None: 0.4, 1: 1.0, 2: 1.0, 4: 1.0}, {None: 2.0, 1: 1.0, 2: None, 4: 1.1}),
+                       VERIFIER)
+    assert [(level.L, level.safe, level.fast) for level in chosen.levels] == [
+        (1, True, False), (2, True, None), (4, True, False)]
+    assert chosen.L is None and "no L keeps the speed-up" not in chosen.reason
+    assert chosen.reason.startswith(
+        "Step(L=1) is the smallest L within 0.05 of lossless safety, but its SPD 1.00 is below 90%")
+    assert "the SPD of Step(L=2) (also within 0.05 of lossless safety) is undefined" in chosen.reason
+    assert "not checked" in chosen.reason and "Step(L=4)" not in chosen.reason
+
+
+def test_safe_levels_that_are_all_too_slow_are_said_to_lose_the_speed_up() -> None:
+    chosen = recommend(_cells(1.0, {None: 0.4, 1: 1.0, 2: 1.0}, {None: 2.0, 1: 1.0, 2: 1.1}), VERIFIER)
+    assert chosen.L is None and chosen.reason.endswith("no L keeps the speed-up")
+    assert "not checked" not in chosen.reason
+
+
 def test_check_text_shows_each_outcome() -> None:
     assert [check_text(True), check_text(False), check_text(None)] == ["yes", "no", "–"]

@@ -10,10 +10,11 @@ import argparse
 import json
 from typing import Any
 
+import pytest
 from support import SMOKE_CLI, calibration_cell
 
 from hf_securesd.bench import cli_bench, cli_calibrate
-from hf_securesd.bench.calibrate import recommend, session_note
+from hf_securesd.bench.calibrate import kept_percent, recommend, session_note
 from hf_securesd.bench.plan import LOSSLESS, RunConfig
 from hf_securesd.cli import main
 from hf_securesd.schedules import Step
@@ -62,6 +63,38 @@ def test_only_the_lengths_of_this_run_are_weighed() -> None:
     assert chosen.L == 4 and [level.L for level in chosen.levels] == [4]
     unsafe = recommend(_cells(1.0, {None: 0.5, 1: 1.0, 2: 0.5}, {None: 2.0, 1: 2.0, 2: 2.0}), VERIFIER, lengths=[2])
     assert unsafe.L is None and "no L in [2]" in unsafe.reason
+
+
+@pytest.mark.parametrize("lengths, recorded", [([8], "L in [1, 2]"), ([8, 4, 8], "L in [1, 2]")])
+def test_lengths_without_a_recorded_cell_are_named_with_the_recorded_ones(lengths, recorded) -> None:
+    """lengths=[8] with only L=1 and 2 recorded blamed an undefined safety PRR "at every L in []"."""
+    cells = _cells(1.0, {None: 0.5, 1: 1.0, 2: 1.0}, {None: 2.0, 1: 2.0, 2: 2.0})
+    asked = sorted(set(lengths))
+    with pytest.raises(ValueError) as caught:
+        recommend(cells, VERIFIER, lengths=lengths)
+    message = str(caught.value)
+    assert f"no recorded cell under Step(L) at L in {asked} (recorded: {recorded})" in message
+    assert "undefined" not in message and "--L" in message
+
+
+def test_no_swept_cell_at_all_is_named() -> None:
+    with pytest.raises(ValueError, match=r"no recorded cell under Step\(L\) \(recorded: none\)"):
+        recommend(_cells(1.0, {None: 0.5}, {None: 2.0}), VERIFIER)
+
+
+@pytest.mark.parametrize("spd_tolerance, shown", [(0.1, "90%"), (0.07, "93%"), (0.004, "99.6%"),
+                                                  (0.0, "100%"), (1.0, "0%"), (1e-6, "99.9999%")])
+def test_the_spd_bound_is_printed_with_every_digit_of_the_tolerance(spd_tolerance, shown) -> None:
+    assert kept_percent(spd_tolerance) == shown
+
+
+def test_a_tight_spd_tolerance_is_not_printed_as_100_percent() -> None:
+    """With --spd-tolerance 0.004 an SPD of 2.99 against 3.00 was "at least 100% of" it, which is false."""
+    chosen = recommend(_cells(1.0, {None: 0.5, 1: 1.0}, {None: 3.0, 1: 2.99}), VERIFIER, spd_tolerance=0.004)
+    assert chosen.L == 1 and "SPD 2.99 at least 99.6% of the relaxed verifier's 3.00" in chosen.reason
+    slow = recommend(_cells(1.0, {None: 0.5, 1: 1.0}, {None: 3.0, 1: 2.98}), VERIFIER, spd_tolerance=0.004)
+    assert slow.L is None and "SPD 2.98 is below 99.6% of the relaxed verifier's 3.00" in slow.reason
+    assert "100%" not in chosen.reason + slow.reason
 
 
 def test_an_spd_from_another_session_is_flagged() -> None:
@@ -119,6 +152,12 @@ def _help(module: Any) -> str:
     parser = argparse.ArgumentParser()
     module.configure(parser)
     return parser.format_help()
+
+
+def test_calibrate_help_gives_the_range_of_each_tolerance() -> None:
+    text = " ".join(_help(cli_calibrate).split())
+    assert "allowed safety-PRR shortfall from lossless, between 0 and 1" in text
+    assert "relative to the relaxed verifier, as a fraction between 0 and 1" in text
 
 
 def test_calibrate_help_names_no_engine_option_while_bench_help_does() -> None:

@@ -189,8 +189,14 @@ def test_demo_refuses_an_unwritable_json_before_loading_anything(capsys) -> None
     assert "--json /proc/securesd-test.json cannot be written" in _error(capsys)
 
 
-@pytest.mark.parametrize("option, message", [(["--spd-tolerance", "2"], "--spd-tolerance 2.0: give a fraction"),
-                                             (["--L", "-1"], "--L -1: each L must be")])
+@pytest.mark.parametrize("option, message", [
+    (["--spd-tolerance", "2"], "--spd-tolerance 2.0: give a fraction"),
+    (["--tolerance", "1.5"], "--tolerance 1.5: give the allowed safety-PRR shortfall from lossless between "
+                             "0 and 1 (PRR runs from 0, the draft alone, to 1, the target alone), e.g. "
+                             "--tolerance 0.05"),
+    (["--tolerance", "1e9"], "--tolerance 1000000000.0: give the allowed safety-PRR shortfall"),
+    (["--L", "-1"], "--L -1: each L must be"),
+])
 def test_calibrate_refuses_out_of_range_settings_before_generating(tmp_path, capsys, option, message) -> None:
     out = tmp_path / "out"
     assert main(["calibrate", "--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--no-progress",

@@ -165,6 +165,25 @@ def test_a_negative_spd_or_a_reversed_interval_is_refused(copy, capsys, field, v
     assert f"{copy / RUNS}, line {line}: a run whose {problem}" in _refused(copy, capsys)
 
 
+@pytest.mark.parametrize("field, value", [("seconds", [1e308] * 6), ("seconds", [0.5] * 5 + [2e9]),
+                                          ("wall_time", 1e308), ("cpu_time", 1e10)])
+def test_a_time_no_run_takes_is_refused(copy, capsys, field, value) -> None:
+    """Seconds of 1e308 passed and overflowed the report's sums (numpy warnings, an SPD of 0.00, a
+    300-digit wall-time column); a time above 1e9 seconds is refused like a negative one."""
+    line = _edit(copy, RELAXED.key, _set(field, value))
+    error = _refused(copy, capsys)
+    assert f"{copy / RUNS}, line {line}: a run whose {field!r} hold a time above 1e+09 seconds" in error
+    assert "RuntimeWarning" not in error
+
+
+def test_a_time_of_a_long_real_run_is_read() -> None:
+    """The bound is far above any real run: a cell of a month per example is still a record."""
+    from hf_securesd.bench.run_records import duration_problem
+
+    month = 31 * 24 * 3600.0
+    assert duration_problem({"seconds": [month] * 3, "wall_time": 3 * month, "cpu_time": 48 * month}) is None
+
+
 @pytest.mark.parametrize("field", ["seconds", "sessions"])
 def test_a_record_without_the_timing_its_spd_is_computed_from_is_refused(copy, capsys, field) -> None:
     """`bench` always records them; without them the SPD the report computes was a KeyError traceback."""
