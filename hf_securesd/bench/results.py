@@ -47,7 +47,13 @@ from typing import Any, BinaryIO, Callable, Iterable, Mapping
 
 from hf_securesd.bench import json_input
 from hf_securesd.bench.manifest_checks import manifest_problem
-from hf_securesd.bench.run_records import cell_key, fields_problem, run_problem, stats_problem  # noqa: F401
+from hf_securesd.bench.run_records import (  # noqa: F401
+    MAX_SECONDS,
+    cell_key,
+    fields_problem,
+    run_problem,
+    stats_problem,
+)
 from hf_securesd.bench.tasks import DEFAULT_SEED
 from hf_securesd.http_deadline import has_lone_surrogate
 from hf_securesd.judges.secrets import redact_value
@@ -110,7 +116,13 @@ CLASH_FIXES = {
                      "URL --judge-model MODEL, naming every task the judge scored)",
     "endpoints": "an endpoint's cells hold one deployment's answers: give it its recorded URL, or give the "
                  "new deployment another --endpoint name",
+    "resolved_models": "a cell holds one model's answers: serve the recorded model there again (first in its "
+                       "/models list), or use a new --out directory and pass --model NAME explicitly, so that "
+                       "requests name that model whatever /models lists first",
 }
+# manifest keys that map names (of endpoints, of routes) to what a session bound to them: a later session
+# keeps the names of the earlier ones and adds its own (`binding_clashes` checks the names both hold)
+MERGED_KEYS = ("endpoints", "resolved_models")
 # the fields every record of a journal holds, with their JSON types (what the readers rely on)
 GENERATION_FIELDS: Mapping[str, type | tuple[type, ...]] = {"cell": str, "example_id": str, "response": str,
                                                             "seconds": (int, float), "new_tokens": int,
@@ -130,9 +142,23 @@ NOT_TEXT = "(a JSON escape such as \\ud800 without its pair's other half), which
 
 
 def generation_problem(record: dict[str, Any]) -> str | None:
-    """What keeps a journaled generation from being read back (its fields, and its `stats`: null or
+    """What keeps a journaled generation from being read back (its fields; its `seconds` and
+    `new_tokens`, which a finished cell's record must accept; its `stats`: null or
     `SpeculativeStats.to_dict()`), or None."""
-    return fields_problem(record, GENERATION_FIELDS) or stats_problem(record.get("stats"))
+    return (fields_problem(record, GENERATION_FIELDS) or _generation_numbers_problem(record)
+            or stats_problem(record.get("stats")))
+
+
+def _generation_numbers_problem(record: dict[str, Any]) -> str | None:
+    """A journaled `seconds` outside [0, MAX_SECONDS] (never finite beyond it: see `run_records`) or a
+    negative `new_tokens`: the cell finished from it would be refused."""
+    seconds = record["seconds"]
+    if not (isinstance(seconds, int) or math.isfinite(seconds)) or not 0 <= seconds <= MAX_SECONDS:
+        return (f"a generation whose 'seconds' is {seconds!r}, not a time from 0 to {MAX_SECONDS:.0e} seconds "
+                "(about 32 years)")
+    if record["new_tokens"] < 0:
+        return f"a generation whose 'new_tokens' is {record['new_tokens']!r}, a negative count"
+    return None
 
 
 class CorruptResultsError(ValueError):
@@ -361,7 +387,8 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
     and that of a new run (`manifest`): key -> what differs. Settings are compared by what they
     amount to (`binding_value`: ``--seed 0`` is the default seed), and shown as recorded. `LOCAL_KEYS`
     are not bound for `REMOTE_ENGINES`, `RECORDED_BINDING_KEYS` only where both record them, and
-    endpoints by name: an endpoint both name must have the same URL (new names add cells)."""
+    endpoints by name: an endpoint both name must have the same URL (new names add cells); so must the
+    model a server's requests name without --model (`resolved_model_clash`)."""
     def setting(values: dict[str, Any], key: str) -> Any:
         return values.get(key, BINDING_DEFAULTS.get(key))
 
@@ -380,7 +407,29 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
              for name in before.keys() & now.keys() if before[name].rstrip("/") != now[name].rstrip("/")]
     if moved:
         clashes["endpoints"] = "; ".join(sorted(moved))
+    resolved = resolved_model_clash(*(named_values(values, "resolved_models") for values in (existing, manifest)))
+    if resolved:
+        clashes["resolved_models"] = resolved
     return clashes
+
+
+def named_values(manifest: dict[str, Any], key: str) -> dict[str, Any]:
+    """The name -> value object `manifest` records under `key` (one of `MERGED_KEYS`), or {} where it
+    records none (or not an object)."""
+    values = manifest.get(key)
+    return values if isinstance(values, dict) else {}
+
+
+def resolved_model_clash(before: dict[str, Any], now: dict[str, Any]) -> str | None:
+    """What differs between the models two sessions' requests named without --model (the ``openai``
+    engine's `resolved_models`: route -> the first model its /models listed), for each route both
+    record, naming both models; None when nothing does. Without this a resumed run would fill the
+    gaps of a cell with another model's answers when its server lists another model first."""
+    changed = [f"{route} {before[route]!r} there, {now[route]!r} now"
+               for route in sorted(before.keys() & now.keys()) if before[route] != now[route]]
+    if not changed:
+        return None
+    return "the model requests name without --model (the first /models lists): " + "; ".join(changed)
 
 
 def recorded_option(key: str, value: Any, engine: str | None = None) -> str:
@@ -531,10 +580,9 @@ class ResultsDir:
             if clashes:
                 raise ValueError(f"{self.path} holds results for other settings ({'; '.join(clashes.values())}); "
                                  + "; ".join(clash_fixes(clashes, existing, self.path)))
-            endpoints = {**(existing.get("endpoints") or {}), **(manifest.get("endpoints") or {})}
+            merged = {key: {**named_values(existing, key), **named_values(manifest, key)} for key in MERGED_KEYS}
             manifest = {**existing, **{key: value for key, value in manifest.items() if key != "sessions"}}
-            if endpoints:
-                manifest["endpoints"] = endpoints
+            manifest.update({key: values for key, values in merged.items() if values})
             manifest["sessions"] = [*existing.get("sessions", []), session]
         else:
             manifest = {**manifest, "sessions": [session]}

@@ -307,6 +307,32 @@ def test_journaled_statistics_securesd_never_writes_stop_a_resumed_bench(tmp_pat
     assert f"{out / GENERATIONS}, line {line}: a run whose 'stats' 'position_tv_sum' hold an item" in err
 
 
+@pytest.mark.parametrize(("field", "value", "problem"), [
+    ("seconds", -1.0, "a generation whose 'seconds' is -1.0, not a time from 0 to 1e+09 seconds"),
+    ("seconds", 1e308, "a generation whose 'seconds' is 1e+308, not a time from 0"),
+    ("new_tokens", -3, "a generation whose 'new_tokens' is -3, a negative count"),
+])
+def test_journaled_times_and_counts_a_finished_cell_would_refuse_stop_a_resumed_bench(
+    tmp_path, data_dir, capsys, field, value, problem
+) -> None:
+    """A journal line whose time or count the finished cell's record may not hold (report refuses such a
+    runs.jsonl line) is named when `bench` resumes from it, not written into runs.jsonl."""
+    out = tiny_results(tmp_path / "results", data_dir, ("none",))
+    cell = f"{RELAXED.key}|jailbreak|n=3|max_new_tokens=4"
+    _write_runs(out, [run for run in _runs(out) if run["cell"] != cell])  # as if killed before it finished
+    journal = [json.loads(line) for line in (out / GENERATIONS).read_text(encoding="utf-8").splitlines()]
+    line = next(number for number, record in enumerate(journal, 1) if record["cell"] == cell)
+    journal[line - 1][field] = value
+    (out / GENERATIONS).write_text("".join(json.dumps(record) + "\n" for record in journal), encoding="utf-8")
+    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "gsm8k", "--limit", "3",
+            "--max-new-tokens", "4", "--verifiers", "mars:0.5", "--schedules", "none", "--data-dir",
+            str(data_dir), "--out", str(out), "--no-progress", "--no-report"]  # `tiny_results`' own
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{out / GENERATIONS}, line {line}: {problem}" in err, err
+
+
 # F8: text holds no lone surrogate
 
 
