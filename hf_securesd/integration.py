@@ -16,7 +16,7 @@ import functools
 import inspect
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -57,7 +57,6 @@ logger = logging.getLogger(__name__)
 
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
-_ORIGINAL_SAVE_PRETRAINED = PreTrainedModel.save_pretrained
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
 _CONFIG_FIELDS = ("verifier", "secure_schedule", "output_deviation")
 CALLABLE_DEFAULT_VERIFIER = "lossless"  # custom_generate=securesd_generate with no verifier anywhere
@@ -704,13 +703,17 @@ def _patched_generate(self, *args, **kwargs):
     return _patching.before_patch(GenerationMixin, "generate")(self, *args, **kwargs)
 
 
-def _patched_assisted_decoding(self, *args, **kwargs):
-    """`GenerationMixin._assisted_decoding` under `patch()`: SecureSD's (`_assisted_decoding`) while
-    patched; once `unpatch()` could not take it out (another wrapper installed over it), what was
-    installed before `patch()`."""
-    if _patching.active:
-        return _assisted_decoding(self, *args, **kwargs)
-    return _patching.before_patch(GenerationMixin, "_assisted_decoding")(self, *args, **kwargs)
+def _patched_assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                               **kwargs):
+    """`GenerationMixin._assisted_decoding` under `patch()`: SecureSD's (`_assisted_decoding`) for a call
+    whose generation config carries a verifier while patched; otherwise what was installed before
+    `patch()` (transformers' own, or another library's wrapper of it)."""
+    if _patching.active and getattr(generation_config, "verifier", None) is not None:
+        return _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
+                                  **kwargs)
+    return _patching.before_patch(GenerationMixin, "_assisted_decoding")(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs
+    )
 
 
 def _patched_save_pretrained(self, save_directory, *args, **kwargs):
@@ -725,15 +728,17 @@ def _patched_save_pretrained(self, save_directory, *args, **kwargs):
 
 @dataclass
 class _Patching:
-    """Process-wide state of `patch()`: how many `patch()` calls are not yet undone, and what each patched
-    attribute held before the first `patch()` of the process (kept: a later `patch()` finds ours, or a
-    wrapper of ours, there)."""
+    """Process-wide state of `patch()`: how many `patch()` calls are not yet undone, what each patched
+    attribute held when ours was installed (`saved`), and the wrapper another library installed over
+    ours that the last `unpatch()` left in place (`left`: it calls ours, which passes calls on)."""
 
     count: int = 0
     active: bool = False
-    saved: dict[tuple[type, str], Any] | None = None
+    saved: dict[tuple[type, str], Callable] = field(default_factory=dict)
+    left: dict[tuple[type, str], Callable] = field(default_factory=dict)
 
     def before_patch(self, owner: type, name: str) -> Callable:
+        """What `owner.name` held before ours was installed."""
         return self.saved[(owner, name)]
 
 
@@ -749,13 +754,17 @@ def patch() -> None:
     """Enable SecureSD for every transformers model in this process (for pipelines you do not control).
 
     Calls nest: SecureSD stays enabled until `unpatch()` has been called once per `patch()`, so a library
-    that patches and unpatches around its own work does not turn off a caller's patch."""
+    that patches and unpatches around its own work does not turn off a caller's patch. A wrapper of
+    `generate` (or `save_pretrained`) that another library installed before is called by ours and put
+    back by the last `unpatch()`."""
     _patching.count += 1
     if _patching.count > 1:
         return
-    if _patching.saved is None:
-        _patching.saved = {(owner, name): getattr(owner, name) for owner, name, _ in _PATCHED_ATTRIBUTES}
     for owner, name, ours in _PATCHED_ATTRIBUTES:
+        current = getattr(owner, name)
+        if current is ours or current is _patching.left.get((owner, name)):
+            continue  # ours is installed already, or reached through the wrapper left over it
+        _patching.saved[(owner, name)] = current
         setattr(owner, name, ours)
     for name in _CONFIG_FIELDS:
         setattr(GenerationConfig, name, None)
@@ -763,9 +772,10 @@ def patch() -> None:
 
 
 def unpatch() -> None:
-    """Undo one `patch()` (nothing without one); the last one puts back what each patched method was before
-    the first `patch()`. A method someone else replaced after `patch()` (a wrapper calling ours) is left
-    in place, and ours, reached through it, then passes every call straight on: SecureSD is off either way."""
+    """Undo one `patch()` (nothing without one); the last one puts back what each patched method held
+    before ours. A method someone else replaced after `patch()` (a wrapper calling ours) is left in
+    place, and ours, reached through it, then passes every call straight on: SecureSD is off either way
+    (a later `patch()` turns it on through that wrapper)."""
     if not _patching.count:
         return
     _patching.count -= 1
@@ -773,8 +783,12 @@ def unpatch() -> None:
         return
     _patching.active = False
     for owner, name, ours in _PATCHED_ATTRIBUTES:
-        if vars(owner).get(name) is ours:
+        current = getattr(owner, name)
+        if current is ours:
             setattr(owner, name, _patching.saved[(owner, name)])
+            _patching.left.pop((owner, name), None)
+        else:
+            _patching.left[(owner, name)] = current
     for name in _CONFIG_FIELDS:
         if name in vars(GenerationConfig):
             delattr(GenerationConfig, name)

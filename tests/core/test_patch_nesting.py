@@ -52,42 +52,51 @@ def test_unpatch_without_patch_changes_nothing(pair):
     _refused_unpatched(target, draft)
 
 
-def test_a_wrapper_installed_before_patch_is_called_and_put_back(pair, monkeypatch):
-    draft, target = pair
-    calls = []
-    original = GenerationMixin.generate
+def _counting(calls: list, method):
+    """A wrapper another library might install: counts its calls, then calls `method`."""
 
-    @functools.wraps(original)
+    @functools.wraps(method)
     def counting(self, *args, **kwargs):
         calls.append(1)
-        return original(self, *args, **kwargs)
+        return method(self, *args, **kwargs)
 
-    monkeypatch.setattr(GenerationMixin, "generate", counting)
-    saved = hf_securesd.integration._patching.saved
-    monkeypatch.setattr(hf_securesd.integration._patching, "saved", None)  # as in a process never patched
+    return counting
+
+
+@pytest.mark.parametrize("cycles_before", [0, 1])
+def test_a_wrapper_installed_before_patch_is_called_and_put_back(pair, monkeypatch, cycles_before):
+    """Also when the process was patched and unpatched before the wrapper came."""
+    draft, target = pair
+    greedy = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    for _ in range(cycles_before):
+        hf_securesd.patch()
+        hf_securesd.unpatch()
+    calls: list = []
+    wrapper = _counting(calls, GenerationMixin.generate)
+    monkeypatch.setattr(GenerationMixin, "generate", wrapper)
     hf_securesd.patch()
-    _speculative(target, draft)
+    assert torch.equal(_speculative(target, draft), greedy)
     assert calls == [1]  # the wrapper found at patch() still runs under it
     hf_securesd.unpatch()
-    assert GenerationMixin.generate is counting
-    monkeypatch.setattr(hf_securesd.integration._patching, "saved", saved)
+    assert GenerationMixin.generate is wrapper
 
 
-def test_a_wrapper_installed_over_the_patch_survives_unpatch_and_secure_sd_turns_off(pair, monkeypatch):
+def test_a_wrapper_installed_over_the_patch_survives_unpatch_and_a_later_patch(pair, monkeypatch):
     draft, target = pair
+    greedy = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
     hf_securesd.patch()
-    ours = GenerationMixin.generate
-    calls = []
-
-    def outer(self, *args, **kwargs):
-        calls.append(1)
-        return ours(self, *args, **kwargs)
-
+    calls: list = []
+    outer = _counting(calls, GenerationMixin.generate)  # captures ours
     monkeypatch.setattr(GenerationMixin, "generate", outer)
     hf_securesd.unpatch()
     assert GenerationMixin.generate is outer  # someone else's wrapper is not dropped
     _refused_unpatched(target, draft)  # ... and SecureSD, reached through it, is off
-    assert len(calls) == 1
     plain = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
-    monkeypatch.undo()
-    assert torch.equal(plain, target.generate(PROMPT, max_new_tokens=8, do_sample=False))
+    assert torch.equal(plain, greedy)
+    hf_securesd.patch()  # on again, through the wrapper left in place
+    assert GenerationMixin.generate is outer
+    assert torch.equal(_speculative(target, draft), greedy)
+    hf_securesd.unpatch()
+    assert GenerationMixin.generate is outer
+    _refused_unpatched(target, draft)
+    assert len(calls) == 4  # every call went through it

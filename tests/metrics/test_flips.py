@@ -106,3 +106,11 @@ def test_entries_that_are_not_outcomes_are_reported_as_given(flips) -> None:
 def test_outcomes_given_as_text_are_refused_naming_the_argument(flips, text) -> None:
     with pytest.raises(ValueError, match=rf"`references\[0\]` is the text '{text}', not a number"):
         flips.compute(predictions=[1, 1], references=[text, 1])
+
+
+def test_one_outcome_given_as_text_to_add_is_refused_as_in_add_batch():
+    metric = evaluate.load(metrics.path("flips"))
+    with pytest.raises(ValueError, match=r"`prediction` is the text '1', not a number"):
+        metric.add(prediction="1", reference=1)
+    metric.add(prediction=1, reference=0)
+    assert metric.compute()["n_examples"] == 1

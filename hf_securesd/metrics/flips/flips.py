@@ -92,7 +92,8 @@ Returns:
     difference (`float`): method_rate - reference_rate = (n_gained - n_lost) / n_examples;
         `difference_ci`: Newcombe's square-and-add interval for paired proportions (method 10 of
         Newcombe 1998: the two rates' Wilson intervals combined with their continuity-corrected
-        correlation; within [-1, 1], never of zero width); None only with `n_resamples=0`.
+        correlation; within [-1, 1], and of positive width at the usual levels even when nothing
+        flips); None only with `n_resamples=0`.
     mcnemar_pvalue (`float`): exact McNemar p-value (1.0 when no pair is discordant).
 
 Examples:
@@ -255,7 +256,7 @@ def _wilson_interval(successes: int, trials: int, z: float) -> tuple[float, floa
     return centre - half, centre + half
 
 
-def paired_difference_interval(both, gained, lost, neither, confidence_level):
+def paired_difference_interval(both: int, gained: int, lost: int, neither: int, confidence_level: float) -> list[float]:
     """Newcombe's square-and-add interval (method 10 of Newcombe 1998, Statistics in Medicine 17,
     2635-2650) of method rate - reference rate from the paired counts: `both` examples good for both
     systems, `gained` good for the method only, `lost` good for the reference only, `neither` good for
@@ -270,7 +271,7 @@ def paired_difference_interval(both, gained, lost, neither, confidence_level):
 
     -> [low, high] (floats within [-1, 1])."""
     n = both + gained + lost + neither
-    z = float(norm.ppf(1 - (1 - confidence_level) / 2))
+    z = float(norm.isf((1 - confidence_level) / 2))  # the upper quantile, finite for levels just below 1
     method_rate, reference_rate = (both + gained) / n, (both + lost) / n
     method_low, method_high = _wilson_interval(both + gained, n, z)
     reference_low, reference_high = _wilson_interval(both + lost, n, z)
@@ -283,6 +284,7 @@ def paired_difference_interval(both, gained, lost, neither, confidence_level):
     difference = method_rate - reference_rate
 
     def spread(own: float, other: float) -> float:
+        """The square-and-add half-width from this side's two distances to the Wilson limits."""
         return math.sqrt(max(own * own - 2 * phi * own * other + other * other, 0.0))
 
     low = difference - spread(method_rate - method_low, reference_high - reference_rate)
