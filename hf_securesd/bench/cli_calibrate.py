@@ -43,9 +43,9 @@ from hf_securesd.bench.cli_bench import (
     setup_error,
     study_exit_code,
 )
-from hf_securesd.bench.plan import check_no_repeats, parse_schedule, resolve_text_boundaries
+from hf_securesd.bench.plan import check_no_repeats, refuse_zero_length, resolve_text_boundaries, short_schedule
 from hf_securesd.cli import non_negative_float
-from hf_securesd.segments import LOSSLESS, Segments
+from hf_securesd.segments import LOSSLESS, Segments, SegmentSchedule
 
 DEFAULT_VERIFIER = "mars:0.5"
 
@@ -126,22 +126,29 @@ def segments_template(boundaries: list[str] | None, before: str) -> Segments | N
     return Segments(parsed, before=_first_segment_schedule(before), after=LOSSLESS)
 
 
-_FIRST_SEGMENT_FORMS = ("none", LOSSLESS, "step", "linear", "power")
+_FIRST_SEGMENT_FORMS = "none, lossless, step:L, linear:L or power:L:GAMMA (e.g. --segment-before step:1)"
 
 
-def _first_segment_schedule(before: str) -> object:
+def _first_segment_schedule(before: str) -> SegmentSchedule:
     """The --segment-before value as the first segment's schedule: none, lossless, step:L, linear:L or
     power:L:GAMMA; anything else is a ValueError naming the option and the forms it takes."""
     text = before.strip().lower()
     if text == LOSSLESS:
         return LOSSLESS
-    if text.split(":")[0] not in _FIRST_SEGMENT_FORMS:
+    name, *numbers = text.split(":")
+    if name == "none" and not numbers:
+        return None
+    try:
+        schedule = short_schedule(name, numbers)
+    except ValueError as error:
+        raise ValueError(f"--segment-before {before!r}: {error}; use {_FIRST_SEGMENT_FORMS}") from None
+    if schedule is None:
         raise ValueError(
-            f"--segment-before {before!r} is not a schedule of the segment before the boundary: use none, "
-            "lossless, step:L, linear:L or power:L:GAMMA (e.g. --segment-before step:1)"
+            f"--segment-before {before!r} is not a schedule of the segment before the boundary: use "
+            f"{_FIRST_SEGMENT_FORMS}"
         )
     try:
-        return parse_schedule(before)
+        return refuse_zero_length(schedule, before)
     except ValueError as error:
         raise ValueError(f"--segment-before: {error}") from None
 

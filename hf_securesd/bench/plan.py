@@ -200,11 +200,11 @@ def parse_schedule(spec: str) -> Schedule | None:
     if name == "none" and not numbers:
         return None
     try:
-        schedule = _short_schedule(name, numbers)
+        schedule = short_schedule(name, numbers)
     except ValueError as error:
         raise ValueError(f"bad schedule {spec!r}: {error}") from error
     if schedule is not None:
-        return _not_none(schedule, spec)
+        return refuse_zero_length(schedule, spec)
     raise ValueError(
         f"bad schedule {spec!r}; use none, step:L, linear:L, power:L:gamma (e.g. step:1) or a JSON object "
         'such as {"schedule": "segments", "boundary": "</think>", "before": null, '
@@ -212,7 +212,7 @@ def parse_schedule(spec: str) -> Schedule | None:
     )
 
 
-def _short_schedule(name: str, numbers: list[str]) -> Schedule | None:
+def short_schedule(name: str, numbers: list[str]) -> Schedule | None:
     """The schedule of a ``step:L``, ``linear:L`` or ``power:L:gamma`` spec split at its colons; None
     for any other form."""
     if name == "step" and len(numbers) == 1:
@@ -235,10 +235,10 @@ def _parse_json_schedule(spec: str) -> Schedule:
         schedule = resolve_schedule(values)
     except (TypeError, ValueError) as error:
         raise ValueError(f"bad schedule {spec!r}: {error}") from None
-    return _not_none(schedule, spec)
+    return refuse_zero_length(schedule, spec)
 
 
-def _not_none(schedule: Schedule, spec: str) -> Schedule:
+def refuse_zero_length(schedule: Schedule, spec: str) -> Schedule:
     """`schedule`, refused when it is ``none`` under another name: L = 0 verifies no token losslessly
     (Step, Linear and Power alike), which is the relaxed verifier alone, run as ``none``."""
     if isinstance(schedule, (Step, Power)) and schedule.L == 0:

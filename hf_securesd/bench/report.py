@@ -313,7 +313,8 @@ def _session_text(session: dict[str, Any]) -> str:
 def _thinking_text(manifest: dict[str, Any]) -> str:
     """What the safety judges read of each reply (`--thinking-trace`)."""
     if manifest.get("thinking_trace") == "no":
-        return "each reply judged whole (the target writes no thinking trace: `--thinking-trace no`)"
+        return ("each reply judged whole (`--thinking-trace no`, or auto: no `</think>` token in the target's "
+                "tokenizer, or no tokenizer at hand)")
     return "each reply judged after its first `</think>`, if any (a thinking trace: `--thinking-trace yes`)"
 
 

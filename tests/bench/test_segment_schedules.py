@@ -139,7 +139,11 @@ def test_segment_before_takes_its_forms(before, expected):
         ("exact", r"^--segment-before 'exact' is not a schedule of the segment before the boundary: use none, "
                   r"lossless, step:L"),
         ('{"schedule": "segments", "boundary": "x"}', r"^--segment-before .* is not a schedule of the segment"),
-        ("step:x", r"^--segment-before: bad schedule 'step:x'"),
+        ("step:x", r"^--segment-before 'step:x': invalid literal for int\(\) with base 10: 'x'; use none, "
+                   r"lossless, step:L, linear:L or power:L:GAMMA \(e.g. --segment-before step:1\)$"),
+        ("power:2", r"^--segment-before 'power:2' is not a schedule of the segment before the boundary: use none, "
+                    r"lossless, step:L, linear:L or power:L:GAMMA \(e.g. --segment-before step:1\)$"),
+        ("none:1", r"^--segment-before 'none:1' is not a schedule of the segment"),
         ("step:0", r"^--segment-before: schedule 'step:0': L=0 verifies no token losslessly"),
     ],
 )
