@@ -28,6 +28,7 @@ import json
 import math
 import re
 import socket
+import sys
 import threading
 import time
 import zlib
@@ -120,6 +121,20 @@ def server_count(value: int, limit: int = 10**15) -> str:
     if value < limit:
         return f"{value:,}"
     return f"a number of about {int(value.bit_length() * 0.30103) + 1:,} digits"
+
+
+def json_integer(digits: str) -> int:
+    """`json.loads`'s ``parse_int``: the integer `digits` spell. One longer than Python converts
+    (`sys.get_int_max_str_digits`, 4,300 digits by default) is a ValueError that names its length as
+    `server_count` shortens a number, not Python's advice to raise the limit."""
+    try:
+        return int(digits)
+    except ValueError:
+        length = len(digits.lstrip("-"))
+        raise ValueError(
+            f"a number of about {length:,} digits, more than the {sys.get_int_max_str_digits():,} a number "
+            "may have"
+        ) from None
 
 
 def url_problem(url: str) -> str | None:
@@ -268,8 +283,8 @@ def json_value_bound(body: bytes) -> int:
 def json_body(body: bytes) -> Any:
     """The reply body parsed as JSON. `ValueError` when it is not: invalid JSON or UTF-8, more than
     `MAX_JSON_VALUES` values (checked before parsing: 15 MiB of ``{},`` took ~380 MiB to parse),
-    or nested too deeply for the parser (its RecursionError: 200 KB of ``[`` is enough) or its
-    memory."""
+    nested too deeply for the parser (its RecursionError: 200 KB of ``[`` is enough) or its
+    memory, or holding an integer longer than Python converts (`json_integer`)."""
     values = json_value_bound(body)
     if values > MAX_JSON_VALUES:
         raise ValueError(
@@ -277,11 +292,13 @@ def json_body(body: bytes) -> Any:
             f"{MAX_JSON_VALUES:,} a reply may hold; it is not parsed"
         )
     try:
-        return json.loads(body)
+        return json.loads(body, parse_int=json_integer)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"the reply is not complete JSON ({error})") from None
     except (RecursionError, MemoryError):
         raise ValueError("the reply is JSON nested too deeply (or too large) to parse") from None
+    except ValueError as error:  # `json_integer`'s
+        raise ValueError(f"the reply holds {error}; it is not read") from None
 
 
 def valid_unicode(text: str) -> str:

@@ -107,7 +107,8 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--model",
         type=non_empty_text,
         default=argparse.SUPPRESS,
-        help="openai: the model name sent in requests (default: the first the server lists)",
+        help="openai: the model name sent in requests (default: the first the server lists, bound to --out: "
+             "a later session whose server lists another first is refused)",
     )
     group.add_argument(
         "--api-key-env",

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from hf_securesd.http_deadline import json_integer
+
 MAX_DEPTH = 100
 """How deeply arrays and objects may nest in JSON read from outside. The files securesd writes nest
 at most 7 levels (a report's summary.json; study.json 5, runs.jsonl 3); values nested deeper, even in
@@ -31,9 +33,10 @@ def loads(text: str | bytes) -> Any:
     objects more than `MAX_DEPTH` levels, raises `json.JSONDecodeError` like any other unreadable text,
     so that every caller's handling of it applies: a value nested deeper than the limit (a few hundred
     bytes of brackets; beyond about 1,000 levels the reader itself fails with a `RecursionError`), an
-    integer longer than Python converts (4,300 digits) or bytes that are not UTF-8 (other `ValueError`s)."""
+    integer longer than Python converts (4,300 digits: named as "a number of about N digits",
+    `json_integer`) or bytes that are not UTF-8 (other `ValueError`s)."""
     try:
-        value = json.loads(text)
+        value = json.loads(text, parse_int=json_integer)
     except json.JSONDecodeError:
         raise
     except RecursionError:

@@ -116,9 +116,13 @@ CLASH_FIXES = {
                      "URL --judge-model MODEL, naming every task the judge scored)",
     "endpoints": "an endpoint's cells hold one deployment's answers: give it its recorded URL, or give the "
                  "new deployment another --endpoint name",
-    "resolved_models": "a cell holds one model's answers: serve the recorded model there again (first in its "
-                       "/models list), or use a new --out directory and pass --model NAME explicitly, so that "
-                       "requests name that model whatever /models lists first",
+    "thinking_trace": "or move the directory to the rule given now: securesd rescore {path} --thinking-trace "
+                      "yes|no rescores its safety tasks by that rule (--thinking-trace auto is yes only when the "
+                      "target's tokenizer has </think> as one token; without a tokenizer, as for an openai "
+                      "--chat endpoint, it is no)",
+    "resolved_models": "a cell holds one model's answers: serve the recorded model there again (first in "
+                       "its /models list), or use a new --out directory and pass --model NAME explicitly, so "
+                       "that requests name that model whatever /models lists first",
 }
 # manifest keys that map names (of endpoints, of routes) to what a session bound to them: a later session
 # keeps the names of the earlier ones and adds its own (`binding_clashes` checks the names both hold)
@@ -407,7 +411,8 @@ def binding_clashes(existing: dict[str, Any], manifest: dict[str, Any]) -> dict[
              for name in before.keys() & now.keys() if before[name].rstrip("/") != now[name].rstrip("/")]
     if moved:
         clashes["endpoints"] = "; ".join(sorted(moved))
-    resolved = resolved_model_clash(*(named_values(values, "resolved_models") for values in (existing, manifest)))
+    resolved = resolved_model_clash(named_values(existing, "resolved_models"),
+                                    named_values(manifest, "resolved_models"))
     if resolved:
         clashes["resolved_models"] = resolved
     return clashes
@@ -429,7 +434,7 @@ def resolved_model_clash(before: dict[str, Any], now: dict[str, Any]) -> str | N
                for route in sorted(before.keys() & now.keys()) if before[route] != now[route]]
     if not changed:
         return None
-    return "the model requests name without --model (the first /models lists): " + "; ".join(changed)
+    return "the model named in requests without --model (the first one /models lists): " + "; ".join(changed)
 
 
 def recorded_option(key: str, value: Any, engine: str | None = None) -> str:
@@ -580,7 +585,8 @@ class ResultsDir:
             if clashes:
                 raise ValueError(f"{self.path} holds results for other settings ({'; '.join(clashes.values())}); "
                                  + "; ".join(clash_fixes(clashes, existing, self.path)))
-            merged = {key: {**named_values(existing, key), **named_values(manifest, key)} for key in MERGED_KEYS}
+            merged = {key: {**named_values(existing, key), **named_values(manifest, key)}
+                      for key in MERGED_KEYS}
             manifest = {**existing, **{key: value for key, value in manifest.items() if key != "sessions"}}
             manifest.update({key: values for key, values in merged.items() if values})
             manifest["sessions"] = [*existing.get("sessions", []), session]

@@ -64,6 +64,10 @@ from hf_securesd.stats import SpeculativeStats
 __all__ = ["Answer", "Generation", "GenerationFailure", "JudgeFailedError", "StudySettings", "TaskRun",
            "finish_cell", "prepare_tasks", "run_study"]
 
+# manifest entries an engine reports that describe one session (`engines.openai`: whether the target's
+# requests switched the plugin off, and each server's /models answer): recorded in each session too
+SESSION_RECORDS = ("target_plain_requests", "server_models")
+
 
 class JudgeFailedError(RuntimeError):
     """The judge could not score a finished cell; the generations journaled so far are kept."""
@@ -456,8 +460,7 @@ def run_study(
     }
     engine.check_configs(configs)
     manifest = settings.manifest(engine)
-    if "target_plain_requests" in manifest:  # what this session's target requests did (`engines.openai`)
-        session["target_plain_requests"] = manifest["target_plain_requests"]
+    session.update({key: manifest[key] for key in SESSION_RECORDS if key in manifest})
     results.open({**manifest, **dict(notes or {})}, session)
     finished = {run["cell"]: run for run in results.runs()}
     journal = results.generations()

@@ -189,6 +189,29 @@ def test_a_completion_token_count_that_is_not_a_count_is_not_recorded(serve, cla
     assert isinstance(result, Generation) and result.new_tokens == 0
 
 
+@pytest.mark.parametrize("token_ids, new_tokens", [
+    ([7, 8, 9], 3),
+    (["x", "y"], 0),
+    ([7, -1], 0),
+    ([True, 1], 0),
+    ([7, 1.0], 0),
+    ("789", 0),
+])
+def test_without_token_ids_only_a_list_of_ids_counts_the_answer(serve, token_ids, new_tokens):
+    """Without --token-ids and without usage.completion_tokens, the length of any token_ids list was
+    recorded as the answer's new tokens, a list of strings included."""
+    result = answer(serve(answering(reply(token_ids=token_ids, usage={}))))
+    assert isinstance(result, Generation) and result.new_tokens == new_tokens
+
+
+def test_without_token_ids_more_ids_than_max_tokens_is_a_failed_reply(serve):
+    """200,000 padded ids for max_tokens 8 were recorded as 200,000 new tokens; a usage count that size
+    fails the prompt, and so does this one, with the same words."""
+    result = answer(serve(answering(reply(token_ids=[0] * 1000, usage={}))))
+    assert isinstance(result, GenerationFailure)
+    assert "claims 1,000 completion tokens, more than the request's max_tokens 4" in result.error
+
+
 # --- what parsing a reply may cost ------------------------------------------------------------------
 
 def test_a_generation_reply_is_capped_by_its_max_tokens(serve):

@@ -7,6 +7,7 @@ through --api-key-env reaches no file of the output folder."""
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from collections import Counter
@@ -15,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from hf_securesd.bench.engines.openai import PLUGIN_CHECK_VERIFIER
+from hf_securesd.bench.engines.base import EngineError
+from hf_securesd.bench.engines.openai import PLUGIN_CHECK_VERIFIER, OpenAIEngine, OpenAISettings
 from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.results import FAILURES, GENERATIONS, MANIFEST, RUNS, read_jsonl
 from hf_securesd.bench.runner import prepare_tasks
@@ -290,6 +292,62 @@ def test_an_endpoint_url_httpx_cannot_read_is_refused_with_one_line(capsys, tmp_
     assert code == 2 and "Traceback" not in err and len(err.strip().splitlines()) == 1, err
     assert option[0] in err and "give a URL such as http://host:port/v1" in err
     assert "pw9Zq" not in err and not out.exists()
+
+
+class _NotFound(BaseHTTPRequestHandler):
+    """A web server that is not an OpenAI-compatible one: 404 for everything."""
+
+    def do_GET(self):  # noqa: N802
+        self.send_error(404)
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def plain_http_server():
+    """The base URL of an HTTP server on 127.0.0.1 that answers 404 (its scheme swapped for https, it
+    cannot be reached: TLS to a plain HTTP port)."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+def _closed_port_url() -> str:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}/v1"  # nothing listens once the probe closes
+
+
+@pytest.mark.parametrize("where", ["connection refused", "TLS to an HTTP port"])
+def test_an_unreachable_base_url_without_model_is_named_with_its_fix(capsys, tmp_path, monkeypatch,
+                                                                     plain_http_server, where):
+    """The error said "gave no model list (ConnectError ...); pass --model NAME": with --model the run then
+    created --out and failed every prompt after its retries."""
+    monkeypatch.setenv(KEY_VARIABLE, FAKE_KEY)
+    tls_to_http = plain_http_server.replace("http", "https", 1)
+    url = _closed_port_url() if where == "connection refused" else tls_to_http
+    out = tmp_path / "out"
+    code = main(["bench", "--engine", "openai", "--chat", "--base-url", url, "--api-key-env", KEY_VARIABLE,
+                 "--tasks", "jailbreak", "--out", str(out), "--max-retries", "0", "--no-progress"])
+    err = capsys.readouterr().err
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert f"{url}/models could not be reached (GET {url}/models failed after 1 attempts" in err
+    assert err.rstrip().endswith("; check --base-url and that the server is running"), err
+    assert "--model" not in err and FAKE_KEY not in err and not out.exists()
+
+
+def test_an_unreachable_endpoint_names_its_option_and_a_server_without_models_still_needs_model(
+        plain_http_server):
+    settings = ClientSettings(request_timeout_s=5, max_retries=0)
+    unreachable = _closed_port_url()
+    with pytest.raises(EngineError, match=r"could not be reached .*; check --endpoint twin=URL and that"):
+        OpenAIEngine(OpenAISettings(endpoints={"twin": unreachable}, baseline="twin", chat=True,
+                                    client=settings))
+    with pytest.raises(EngineError, match=r"/models gave no model list \(.*HTTP 404.*\); pass --model NAME$"):
+        OpenAIEngine(OpenAISettings(base_url=plain_http_server, chat=True, client=settings))
 
 
 def test_a_judge_url_httpx_cannot_read_is_refused_with_one_line(capsys, tmp_path, monkeypatch):

@@ -425,6 +425,26 @@ def test_speculative_statistics_without_a_token_count_are_dropped(serve, usage):
     assert answer.stats is None
 
 
+@pytest.mark.parametrize("token_ids, problem", [
+    ([0] * 2000, "the reply claims 2,000 completion tokens, more than the request's max_tokens 16"),
+    ([0] * 5, "but the answer holds 5 tokens"),
+    (["x"] * 2000, None),  # not token ids: no count, so the statistics are dropped
+])
+def test_speculative_statistics_must_fit_the_token_ids_that_count_the_answer(serve, token_ids, problem):
+    """Without usage.completion_tokens, 2,000 padded token_ids (strings too) counted a 5-character answer as
+    2,000 tokens, so 170 steps of 5 accepted drafts were believed (AR 1.0 from 850 drafts); the same steps
+    with a usage count of 8 were refused."""
+    metrics = {"per_step_drafted": [5] * 170, "per_step_accepted": [5] * 170}
+    reply = {"choices": [{"message": {"content": "hello"}, "token_ids": token_ids,
+                          "metrics": {"speculative_decoding": metrics}}]}
+    url, _ = serve(lambda handler, state: send(handler, 200, json.dumps(reply).encode()))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    if problem is None:
+        assert isinstance(answer, Generation) and answer.stats is None and answer.new_tokens == 0
+    else:
+        assert isinstance(answer, GenerationFailure) and problem in answer.error
+
+
 def test_a_reply_nested_too_deeply_to_show_is_one_failed_prompt(serve):
     """A reply without choices, nested close to the recursion limit, parsed in a worker thread; encoding it
     again for the error's excerpt raised RecursionError out of generate()."""
@@ -458,6 +478,18 @@ def test_huge_numbers_from_a_server_are_shortened_in_the_error(serve, body):
     answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
     assert isinstance(answer, GenerationFailure)
     assert "4,201 digits" in answer.error and len(answer.error) < 300, answer.error
+
+
+def test_a_number_longer_than_python_reads_is_named_by_its_length(serve):
+    """A 5,000-digit count failed the prompt with Python's own advice ("use sys.set_int_max_str_digits() to
+    increase the limit") as a reply that is "not complete JSON"."""
+    body = '{"choices": [{"message": {"content": "hi"}}], "usage": {"completion_tokens": %s}}' % ("9" * 5000)
+    url, _ = serve(lambda handler, state: send(handler, 200, body.encode()))
+    answer = chat_engine(url).generate(TARGET, [PROMPT], 16, 0)[0]
+    assert isinstance(answer, GenerationFailure)
+    assert "the reply holds a number of about 5,000 digits, more than the 4,300 a number may" in answer.error
+    assert "set_int_max_str_digits" not in answer.error and "not complete JSON" not in answer.error
+    assert len(answer.error) < 500, answer.error
 
 
 def _choice(index, content):

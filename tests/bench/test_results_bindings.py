@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -43,12 +44,13 @@ def judge_reply(content: str) -> bytes:
 
 @pytest.fixture
 def serve():
-    """Starts servers on 127.0.0.1: GET answers `models`, POST calls `respond(handler, state)`."""
+    """Starts servers on 127.0.0.1: GET answers `models` (or what calling it gives at the time), POST
+    calls `respond(handler, state)`."""
     servers: list = []
 
-    def start(respond, models: bytes = b'{"data": [{"id": "fake-model"}]}') -> str:
+    def start(respond, models: bytes | Callable[[], bytes] = b'{"data": [{"id": "fake-model"}]}') -> str:
         Handler, state = recording_handler(respond)
-        state["get"] = lambda handler, _: send(handler, 200, models)
+        state["get"] = lambda handler, _: send(handler, 200, models() if callable(models) else models)
         server, url = serve_locally(Handler)
         servers.append(server)
         return url
@@ -155,6 +157,51 @@ def test_an_endpoint_is_bound_to_its_url(serve, tmp_path, data_dir, capfd):
     assert main(bench_argv(url, out, data_dir, "--endpoint", f"prod2={second}", "--no-report")) == 0
     assert json.loads((out / MANIFEST).read_text())["endpoints"] == {"--base-url": url, "prod": first,
                                                                       "prod2": second}
+
+
+def test_the_model_a_server_lists_first_is_bound(serve, tmp_path, data_dir, capfd):
+    """Without --model requests name the first model /models lists, but only --base-url was bound: a
+    resumed run whose server now listed another model filled the first session's gaps with that model's
+    answers (one cell, two models), and study.json kept only the last session's /models answer."""
+    server = {"models": ["model-A"], "failed": False}
+
+    def listed() -> bytes:
+        return json.dumps({"data": [{"id": name} for name in server["models"]]}).encode()
+
+    def respond(handler, state):
+        with state["lock"]:
+            fail, server["failed"] = not server["failed"], True
+        if fail:  # the first request of all: the first session leaves its cell unfinished
+            send(handler, 400, b'{"error": {"message": "busy"}}')
+        else:
+            send(handler, 200, completion(f"{REFUSAL} ({json.loads(handler.body)['model']})"))
+
+    url = serve(respond, models=listed)
+    out = tmp_path / "out"
+    assert main(bench_argv(url, out, data_dir, "--no-report")) == 1
+    capfd.readouterr()
+    server["models"] = ["model-B"]
+    assert main(bench_argv(url, out, data_dir, "--no-report")) == 2
+    error = capfd.readouterr().err
+    assert "--base-url 'model-A' there, 'model-B' now" in error and "pass --model NAME explicitly" in error
+    assert "use a new --out directory" in error
+    server["models"] = ["model-A", "model-B"]  # the same model first: the run goes on
+    assert main(bench_argv(url, out, data_dir, "--no-report")) == 0
+    assert {record["response"] for record in read_jsonl(out / GENERATIONS)} == {f"{REFUSAL} (model-A)"}
+    manifest = json.loads((out / MANIFEST).read_text())
+    assert manifest["resolved_models"] == {"--base-url": "model-A"}
+    assert [session["server_models"][url]["server_models"] for session in manifest["sessions"]] == [
+        ["model-A"], ["model-A", "model-B"]]
+
+
+def test_a_resolved_model_binds_only_routes_both_sessions_resolved():
+    recorded = {**OPENAI_MANIFEST, "resolved_models": {"--base-url": "model-A"}}
+    assert binding_clashes(recorded, {**OPENAI_MANIFEST, "resolved_models": {"twin": "model-B"}}) == {}
+    assert binding_clashes(OPENAI_MANIFEST, recorded) == {}  # written before it was recorded: any
+    with_model = {**OPENAI_MANIFEST, "resolved_models": {}}  # --model given: bound as the target
+    assert binding_clashes(recorded, with_model) == {}
+    clashes = binding_clashes(recorded, {**OPENAI_MANIFEST, "resolved_models": {"--base-url": "model-B"}})
+    assert set(clashes) == {"resolved_models"}
 
 
 def _audit_argv(urls: dict[str, str], out: Path, data_dir: Path) -> list[str]:

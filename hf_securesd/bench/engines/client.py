@@ -89,11 +89,24 @@ class Attempts:
 
 
 class RequestFailed(Exception):
-    """No usable reply after every attempt; `attempts` says how many were made."""
+    """No usable reply after every attempt; `attempts` says how many were made, `replied` whether the
+    server sent an HTTP reply to the last one (False: it could not be reached, or sent nothing in time)."""
 
-    def __init__(self, message: str, attempts: int) -> None:
+    def __init__(self, message: str, attempts: int, replied: bool = True) -> None:
         super().__init__(message)
         self.attempts = attempts
+        self.replied = replied
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One attempt: the reply object (None when it gave none), what went wrong, the seconds to wait
+    before a retry (negative: backoff) and whether the server sent an HTTP reply at all."""
+
+    reply: dict[str, Any] | None
+    problem: str = ""
+    wait: float = -1.0
+    replied: bool = True
 
 
 class _NotRetryable(Exception):
@@ -155,27 +168,25 @@ class OpenAIClient:
     def _remaining(self) -> float:
         return math.inf if self._run_deadline is None else self._run_deadline - time.monotonic()
 
-    def _attempt(
-        self, method: str, path: str, payload: Any | None, max_bytes: int
-    ) -> tuple[dict[str, Any] | None, str, float]:
-        """One exchange whose reply is capped at `max_bytes`: (reply object or None, the problem,
-        seconds to wait before a retry); `_NotRetryable` for an answer that retrying cannot change."""
+    def _attempt(self, method: str, path: str, payload: Any | None, max_bytes: int) -> _Outcome:
+        """One exchange whose reply is capped at `max_bytes`; `_NotRetryable` for an answer that
+        retrying cannot change."""
         timeout = min(self.settings.request_timeout_s, self._remaining())
         try:
             reply = self._http.exchange(method, path, payload, timeout, max_bytes)
         except DeadlineExceeded:
-            return None, f"no complete reply within {timeout:.3g} s", -1.0
+            return _Outcome(None, f"no complete reply within {timeout:.3g} s", replied=False)
         except ReplyTooLarge as error:
             raise _NotRetryable(str(error)) from None
         except UndecodableReply as error:
             raise _NotRetryable(self._excerpt(str(error))) from None
         except httpx.TransportError as error:
-            return None, f"{type(error).__name__}: {self._excerpt(str(error))}", -1.0
+            return _Outcome(None, f"{type(error).__name__}: {self._excerpt(str(error))}", replied=False)
         if reply.status in RETRYABLE_STATUS:
             wait = retry_after_seconds(
                 reply.headers.get("retry-after"), -1.0, self.settings.max_retry_after_s
             )
-            return None, f"HTTP {reply.status}: {self._excerpt(reply.body)!r}", wait
+            return _Outcome(None, f"HTTP {reply.status}: {self._excerpt(reply.body)!r}", wait)
         if reply.status != 200:
             location = self._excerpt(reply.headers.get("location", ""))
             where = f" to {location!r}" if 300 <= reply.status < 400 else ""
@@ -184,9 +195,9 @@ class OpenAIClient:
                 f"{self._excerpt(reply.body)!r}"
             )
         try:
-            return parse_json_object(reply.body), "", -1.0
+            return _Outcome(parse_json_object(reply.body))
         except ValueError as error:  # the excerpt only for a failure: a good reply is not scanned twice
-            return None, f"{error}: {self._excerpt(reply.body)!r}", -1.0
+            return _Outcome(None, f"{error}: {self._excerpt(reply.body)!r}")
 
     def _pause(self, wait: float, attempt: int) -> float:
         """Seconds to sleep after failed attempt number `attempt` (from 0): the server's `wait` (its
@@ -210,29 +221,31 @@ class OpenAIClient:
         if max_bytes is not None:
             cap = min(cap, max_bytes)
         with self._slots:
-            problem, waited = "", 0.0
+            outcome, waited = _Outcome(None), 0.0
             for attempt in range(self.settings.max_retries + 1):
                 if self._remaining() <= 0:
                     raise RequestFailed(
                         f"{method} {self.base_url}{path}: the run deadline of "
                         f"{self.settings.run_deadline_s:g} s passed"
-                        + (f"; last problem: {problem}" if problem else ""),
+                        + (f"; last problem: {outcome.problem}" if outcome.problem else ""),
                         attempt,
+                        outcome.replied,
                     )
                 try:
-                    reply, problem, wait = self._attempt(method, path, payload, cap)
+                    outcome = self._attempt(method, path, payload, cap)
                 except _NotRetryable as error:
                     raise RequestFailed(f"{method} {self.base_url}{path}: {error}", attempt + 1) from None
-                if reply is not None:
-                    return reply, Attempts(attempt + 1, waited)
+                if outcome.reply is not None:
+                    return outcome.reply, Attempts(attempt + 1, waited)
                 if attempt < self.settings.max_retries:
-                    pause = self._pause(wait, attempt)
+                    pause = self._pause(outcome.wait, attempt)
                     time.sleep(pause)
                     waited += pause
             raise RequestFailed(
                 f"{method} {self.base_url}{path} failed after {self.settings.max_retries + 1} "
-                f"attempts; last problem: {problem}",
+                f"attempts; last problem: {outcome.problem}",
                 self.settings.max_retries + 1,
+                outcome.replied,
             )
 
     def post_many(

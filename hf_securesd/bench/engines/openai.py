@@ -25,20 +25,22 @@ Acceptance rates are recorded where the server returns per-request speculative m
 ``--enable-per-request-metrics --per-request-spec-decode-metrics detailed``). They come from the
 server, so they are checked before use (`speculative_metrics_problem`): a reply whose per-step
 counts are not plausible is a failed request, never an allocation sized by the server. They are
-believed only where the answer's number of tokens is known (``usage.completion_tokens`` or the
-returned ``token_ids``), so that every step can be checked to lie inside the answer: a reply without
-it is scored with its statistics dropped (AR "–", as for a server that sends none).
+believed only where the answer's number of tokens is known (``usage.completion_tokens``, else the
+number of the returned ``token_ids`` when they are a list of non-negative integers: `listed_tokens`),
+so that every step can be checked to lie inside the answer: a reply without it is scored with its
+statistics dropped (AR "–", as for a server that sends none).
 
 The answer itself is checked the same way (`reply_problem`, `token_ids_problem`): a reply whose
 ``finish_reason`` says the server did not finish it (not one of `NORMAL_FINISH_REASONS`: a content
-filter, an abort, an error), that claims more ``usage.completion_tokens`` than the request's
-``max_tokens``, whose text is longer than ``max_tokens`` tokens can decode to
-(`MAX_CHARACTERS_PER_TOKEN` a token + `TEXT_SLACK_CHARACTERS`), or whose ``--token-ids`` are not
-``max_tokens`` ids of the tokenizer, is a failed request: recorded, never scored. So is a reply
-whose answer is ambiguous (`choice_problem`): more than one choice for a request that asked for one
-(n=1), or a choice whose ``index`` is not 0. A reply to a generation request is capped at
-`reply_byte_cap` bytes before it is read. Numbers a server sends are shortened in error messages
-(`server_count`), as its other values are (`_quoted`).
+filter, an abort, an error), that claims more tokens than the request's ``max_tokens`` (its
+``usage.completion_tokens``, else the number of its ``token_ids``), whose text is longer than
+``max_tokens`` tokens can decode to (`MAX_CHARACTERS_PER_TOKEN` a token + `TEXT_SLACK_CHARACTERS`),
+or whose ``--token-ids`` are not ``max_tokens`` ids of the tokenizer, is a failed request: recorded,
+never scored. So is a reply whose answer is ambiguous (`choice_problem`): more than one choice for a
+request that asked for one (n=1), or a choice whose ``index`` is not 0. A reply to a generation
+request is capped at `reply_byte_cap` bytes before it is read. Numbers a server sends are shortened
+in error messages (`server_count`; one too long to read, by `json_integer`), as its other values are
+(`_quoted`).
 """
 
 from __future__ import annotations
@@ -275,6 +277,13 @@ def completion_tokens(usage: Any) -> int | None:
     return count if _isserver_count(count) else None
 
 
+def listed_tokens(token_ids: Any) -> int | None:
+    """The number of a reply's ``choices[0].token_ids`` when they are a list of non-negative integers
+    (booleans excluded), else None: not token ids, and so not counted (as a ``usage.completion_tokens``
+    that is not a count is not believed)."""
+    return len(token_ids) if _counts(token_ids) else None
+
+
 def reply_problem(finish_reason: Any, tokens: int | None, text: str, max_new_tokens: int) -> str | None:
     """Why a reply is not an answer to score, or None: its `finish_reason` says the server did not
     finish it, it claims more completion `tokens` than `max_new_tokens` (the request's max_tokens),
@@ -369,11 +378,23 @@ class OpenAIEngine(Engine):
             ]
         except (RequestFailed, TypeError) as error:
             if self.settings.model is None:
-                raise EngineError(f"{url}/models gave no model list ({error}); pass --model NAME") from None
+                raise self._no_model_list(route, error) from None
             names = None
         if self.settings.model is None and not names:
             raise EngineError(f"{url}/models lists no model; pass --model NAME")
         return {"request_model": self.settings.model or names[0], "server_models": names}
+
+    def _no_model_list(self, route: str, error: Exception) -> EngineError:
+        """The error for a `route` whose /models gave no list when --model is not given: a server that
+        could not be reached (or sent nothing in time) needs its URL or the server fixed, one that
+        answered without a list needs --model. `error` is the client's, its secrets already redacted."""
+        url = self._routes[route]
+        if isinstance(error, RequestFailed) and not error.replied:
+            option = "--base-url" if route == BASE_ROUTE else f"--endpoint {route}=URL"
+            return EngineError(
+                f"{url}/models could not be reached ({error}); check {option} and that the server is running"
+            )
+        return EngineError(f"{url}/models gave no model list ({error}); pass --model NAME")
 
     def baseline_configs(self) -> list[RunConfig]:
         return [TARGET, DRAFT] if self.settings.draft_baseline else [TARGET]
@@ -436,10 +457,19 @@ class OpenAIEngine(Engine):
             # the target's requests to the plugin's server switch SecureSD off (`_payload`)
             "target_plain_requests": self._route_for(TARGET) in self._plugin_routes,
             "server_models": {self._routes[route]: models for route, models in self._models.items()},
+            "resolved_models": self._resolved_models(),
             "models": {
                 config.kind: self._model_entry(self._route_for(config)) for config in self.baseline_configs()
             },
         }
+
+    def _resolved_models(self) -> dict[str, str]:
+        """Route -> the model its requests name when --model is not given (the first its /models lists),
+        bound like --model (`results.binding_clashes`): a server that lists another model first in a
+        later session would put a second model's answers into cells of the first. Empty with --model."""
+        if self.settings.model is not None:
+            return {}
+        return {route: models["request_model"] for route, models in self._models.items()}
 
     def _model_entry(self, route: str) -> dict[str, Any]:
         name = self._models[route]["request_model"]
@@ -503,13 +533,15 @@ class OpenAIEngine(Engine):
             refused = text is not None
         if not isinstance(text, str):
             return GenerationFailure(f"the reply's text is {type(text).__name__}, not a string")
+        token_ids = choice.get("token_ids")
         claimed = completion_tokens(reply.get("usage"))
+        if claimed is None and not self.settings.token_ids:  # (--token-ids checks the ids themselves)
+            claimed = listed_tokens(token_ids)
         problem = reply_problem(finish_reason, claimed, text, max_new_tokens)
         if problem is not None:
             return GenerationFailure(redact(problem, self._secrets))
         if refused:  # no model tokens come with a service's refusal: none recorded, no statistics
             return Generation(valid_unicode(text), 0, seconds, None, None, finish_reason)
-        token_ids = choice.get("token_ids")
         if self.settings.token_ids:
             problem = token_ids_problem(token_ids, max_new_tokens, len(self._tokenizer))
             if problem is not None:
@@ -525,12 +557,12 @@ class OpenAIEngine(Engine):
                 )
             new_tokens = len(token_ids)
         elif new_tokens is None:
-            new_tokens = len(token_ids) if isinstance(token_ids, list) else 0
+            new_tokens = 0
         elif new_tokens == 0 and text:
             return GenerationFailure("the reply claims 0 completion tokens for a non-empty text")
         metrics = reply.get("metrics") or choice.get("metrics")
         spec = metrics.get("speculative_decoding") if isinstance(metrics, dict) else None
-        counted = new_tokens if claimed is not None or isinstance(token_ids, list) else None
+        counted = new_tokens if claimed is not None or self.settings.token_ids else None
         problem = speculative_metrics_problem(spec, max_new_tokens, counted) if isinstance(spec, dict) else None
         if problem is not None:
             return GenerationFailure(f"the reply's metrics.speculative_decoding cannot be right: {problem}")
