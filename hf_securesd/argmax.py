@@ -94,7 +94,7 @@ def _as_numpy(values: torch.Tensor) -> np.ndarray:
 
 def _numpy_argmax(values: torch.Tensor, keepdim: bool) -> torch.Tensor:
     """NumPy's argmax over the last dim of a float32/float64 CPU tensor [..., V] -> long [...]."""
-    index = torch.from_numpy(_as_numpy(values).argmax(axis=-1, keepdims=keepdim))
+    index = torch.from_numpy(np.asarray(_as_numpy(values).argmax(axis=-1, keepdims=keepdim)))  # 1-D: a scalar
     return index if index.dtype == torch.long else index.long()
 
 

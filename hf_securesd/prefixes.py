@@ -15,7 +15,11 @@ step (or verified position) their prefixes differ in length. Two ways to call a 
   `prefix_allowed_tokens_fn`, custom processors) is called once per distinct prefix length with the
   batch's full shape [B, L]: row b at index b holds exactly what plain `generate` would pass for it
   (its left-padded prompt plus its tokens so far), so batch ids and lengths are those of plain
-  decoding. Rows that are not at length L hold a real prefix of theirs; their results are discarded.
+  decoding. A row ahead of L holds its first L tokens (a prefix it really had); a row behind holds
+  its prefix filled on the left with its first token, which need not be a state plain decoding
+  reaches. Both rows' results are discarded, but the processor must not fail on them: a custom
+  processor sees them (`prefix_allowed_tokens_fn`, HF's `PrefixConstrainedLogitsProcessor`, is called
+  for the rows at L alone, so a grammar's function meets only real prefixes).
 """
 
 from __future__ import annotations
@@ -74,6 +78,34 @@ def row_independent(processor, prompt_length: int) -> bool:
         return (isinstance(ignored, torch.Tensor) and ignored.dim() == 1 and ignored.numel() > 0
                 and int(ignored.max()) < prompt_length)
     return False
+
+
+def _constrains_one_beam(processor) -> bool:
+    """Whether `processor` is HF's own `PrefixConstrainedLogitsProcessor` over one beam per batch row (as
+    speculative decoding runs), whose user function `_constrain_rows` can call row by row."""
+    return (
+        type(processor) is logits_process.PrefixConstrainedLogitsProcessor
+        and getattr(processor, "_num_beams", None) == 1
+        and callable(getattr(processor, "_prefix_allowed_tokens_fn", None))
+    )
+
+
+def _constrain_rows(
+    processor: logits_process.PrefixConstrainedLogitsProcessor, ids: torch.Tensor, scores: torch.Tensor,
+    rows: list[int],
+) -> torch.Tensor:
+    """`processor(ids, scores)` for the batch rows `rows` alone (ids [B, L], scores [B, V] -> [B, V], the
+    other rows' scores unchanged): HF's processor run on those rows, its user function called with each
+    row's own batch id. A grammar's function then never meets the rows that are not at this length,
+    whose tokens need not be a state it can reach (and may raise on, or allow nothing for)."""
+    chosen = torch.tensor(rows, device=ids.device)
+    function = processor._prefix_allowed_tokens_fn
+    own_rows = logits_process.PrefixConstrainedLogitsProcessor(
+        lambda index, sent: function(rows[index], sent), num_beams=1
+    )
+    out = scores.clone()
+    out[chosen] = own_rows(ids[chosen], scores[chosen])
+    return out
 
 
 class TokenBuffer:
@@ -475,14 +507,19 @@ class RowProcessing:
                     members.append((index, i, row))
             steps = torch.tensor(step, device=device)
             prefix = torch.tensor(lengths, device=device) + torch.where(steps >= 0, offset + steps, 0)
-            ids = self.buffer.views(everyone, prefix, length)
+            # a row ahead of `length` shows its first `length` tokens: a prefix it really had
+            ids = self.buffer.views(everyone, prefix.clamp_max(length), length)
             scores = torch.zeros(batch, raw.shape[-1], dtype=raw.dtype, device=device)
             active = torch.tensor([row for row in range(batch) if row in position_of], device=device, dtype=torch.long)
             if active.numel():
                 at = torch.tensor([position_of[row] for row in active.tolist()], device=device)
                 scores[active] = raw[at, steps[active]]
+            at_length = [row for _, _, row in members]
             for processor in self.processors:
-                scores = processor(ids, scores)
+                if _constrains_one_beam(processor):
+                    scores = _constrain_rows(processor, ids, scores, at_length)
+                else:
+                    scores = processor(ids, scores)
             index, i, row = (torch.tensor(column, device=device) for column in zip(*members))
             processed[index, i] = scores[row]
         return processed

@@ -124,3 +124,12 @@ def test_host_argmax_is_torchs_index_as_a_numpy_array(dtype: torch.dtype, shape:
 def test_host_argmax_of_no_rows_is_an_empty_index(dtype: torch.dtype) -> None:
     index = argmax.host_argmax(torch.empty(0, 259, dtype=dtype))
     assert index.shape == (0,) and index.dtype.kind == "i"
+
+
+@pytest.mark.parametrize("entries", [511, 512, 151_936])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_a_single_row_gives_torchs_index_and_shape(entries: int, keepdim: bool) -> None:
+    """A 1-D tensor (one row, [V]): from NUMPY_FROM entries NumPy's answer is a scalar, not an array."""
+    values = torch.randn(entries, generator=torch.Generator().manual_seed(entries))
+    index, expected = vocab_argmax(values, keepdim=keepdim), values.argmax(dim=-1, keepdim=keepdim)
+    assert torch.equal(index, expected) and index.shape == expected.shape and index.dtype == torch.long

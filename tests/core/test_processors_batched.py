@@ -101,6 +101,33 @@ def test_row_dependent_processor_sees_its_batch_row_and_exact_prefix(llama_pair)
     assert len(set(accepted)) > 1, "rows advanced in lockstep: the batch was not ragged"
 
 
+def test_a_grammar_function_meets_only_real_prefixes_of_its_own_row(llama_pair):
+    """A grammar over the generated tokens (as written for plain `generate`) that allows nothing for a
+    state no row reaches: batched lossless greedy equals plain greedy, and the function is called only
+    with prefixes of its own row's final sequence (a batch call at another row's length used to show it
+    a left-filled or cut row: HF then raised "returned an empty list")."""
+    draft, target = llama_pair
+    batch = _padded_batch(("HI", "ABCD", "x"))
+    width = batch["input_ids"].shape[1]
+    allowed_after_prompt = list(range(97, 123))
+    calls: list[tuple[int, list[int]]] = []
+
+    def grammar(batch_id: int, sent: torch.Tensor) -> list[int]:
+        calls.append((batch_id, sent.tolist()))
+        generated = sent[width:].tolist()
+        return [] if any(token not in allowed_after_prompt for token in generated) else allowed_after_prompt
+
+    kwargs = dict(**batch, max_new_tokens=10, do_sample=False, prefix_allowed_tokens_fn=grammar)
+    reference = target.generate(**kwargs)
+    calls.clear()
+    out = target.generate(**kwargs, assistant_model=draft, verifier="lossless", num_assistant_tokens=4,
+                          return_dict_in_generate=True)
+    assert out.sequences.tolist() == reference.tolist()
+    prompts = batch["input_ids"].tolist()
+    # each call shows its own row: its padded prompt, then tokens the draft or the target chose for it
+    assert calls and all(sent[:width] == prompts[batch_id] for batch_id, sent in calls)
+
+
 class RecordingBias(LogitsProcessor):
     """Adds a bias that depends on the row's batch index and full prefix, and records every call."""
 
