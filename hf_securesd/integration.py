@@ -16,6 +16,7 @@ import functools
 import inspect
 import json
 import logging
+import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -698,9 +699,12 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
 
 
 def _patched_generate(self, *args, **kwargs):
+    key = (GenerationMixin, "generate")
+    if _patching.reentered(key):  # back from inside what ours called: transformers' own, once
+        return _TRANSFORMERS_METHODS[key](self, *args, **kwargs)
     if _patching.active and not isinstance(self, SecureSDMixin):  # a wrapped model's generate prepared the call
         args, kwargs = _prepare_call(self, args, kwargs)
-    return _patching.before_patch(GenerationMixin, "generate")(self, *args, **kwargs)
+    return _patching.call_before(key, self, *args, **kwargs)
 
 
 def _patched_assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
@@ -708,38 +712,62 @@ def _patched_assisted_decoding(self, input_ids, logits_processor, stopping_crite
     """`GenerationMixin._assisted_decoding` under `patch()`: SecureSD's (`_assisted_decoding`) for a call
     whose generation config carries a verifier while patched; otherwise what was installed before
     `patch()` (transformers' own, or another library's wrapper of it)."""
+    key = (GenerationMixin, "_assisted_decoding")
+    arguments = (self, input_ids, logits_processor, stopping_criteria, generation_config, *args)
+    if _patching.reentered(key):
+        return _TRANSFORMERS_METHODS[key](*arguments, **kwargs)
     if _patching.active and getattr(generation_config, "verifier", None) is not None:
-        return _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args,
-                                  **kwargs)
-    return _patching.before_patch(GenerationMixin, "_assisted_decoding")(
-        self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs
-    )
+        return _assisted_decoding(*arguments, **kwargs)
+    return _patching.call_before(key, *arguments, **kwargs)
 
 
 def _patched_save_pretrained(self, save_directory, *args, **kwargs):
     """`PreTrainedModel.save_pretrained` under `patch()`: a verifier saved with the model and dropped by
     transformers on load is read back first, then saved as `SecureSDMixin.save_pretrained` does."""
-    save = functools.partial(_patching.before_patch(PreTrainedModel, "save_pretrained"), self)
+    key = (PreTrainedModel, "save_pretrained")
+    if _patching.reentered(key):
+        return _TRANSFORMERS_METHODS[key](self, save_directory, *args, **kwargs)
+    save = functools.partial(_patching.call_before, key, self)
     if not _patching.active:
         return save(save_directory, *args, **kwargs)
     restore_saved_fields(self)
     return _save_with_fields(self, save, save_directory, args, kwargs)
 
 
+# what transformers itself defines for each attribute `patch()` replaces
+_TRANSFORMERS_METHODS: dict[tuple[type, str], Callable] = {
+    (GenerationMixin, "generate"): _ORIGINAL_GENERATE,
+    (GenerationMixin, "_assisted_decoding"): _ORIGINAL_ASSISTED_DECODING,
+    (PreTrainedModel, "save_pretrained"): PreTrainedModel.save_pretrained,
+}
+
+
 @dataclass
 class _Patching:
     """Process-wide state of `patch()`: how many `patch()` calls are not yet undone, what each patched
-    attribute held when ours was installed (`saved`), and the wrapper another library installed over
-    ours that the last `unpatch()` left in place (`left`: it calls ours, which passes calls on)."""
+    attribute held when ours was installed over it (`saved`), and which of them this thread is calling
+    from ours right now (`_calling`)."""
 
     count: int = 0
     active: bool = False
     saved: dict[tuple[type, str], Callable] = field(default_factory=dict)
-    left: dict[tuple[type, str], Callable] = field(default_factory=dict)
+    _calling: threading.local = field(default_factory=threading.local)
 
-    def before_patch(self, owner: type, name: str) -> Callable:
-        """What `owner.name` held before ours was installed."""
-        return self.saved[(owner, name)]
+    def call_before(self, key: tuple[type, str], *args: Any, **kwargs: Any) -> Any:
+        """Call what the attribute `key` held before ours was installed (`saved`)."""
+        calling = self._calling.__dict__.setdefault("keys", set())
+        calling.add(key)
+        try:
+            return self.saved[key](*args, **kwargs)
+        finally:
+            calling.discard(key)
+
+    def reentered(self, key: tuple[type, str]) -> bool:
+        """Whether ours for `key` is called from inside what it called (`call_before`): a wrapper that
+        reaches ours without saying so (no `__wrapped__`) was saved by a later `patch()`, or a nested
+        call (an assistant's own `generate` inside transformers' assisted decoding). Such a call goes to
+        transformers' method, so ours never calls itself in a loop."""
+        return key in self._calling.__dict__.get("keys", ())
 
 
 _patching = _Patching()
@@ -750,20 +778,33 @@ _PATCHED_ATTRIBUTES = (
 )
 
 
+def _reaches(method: Any, ours: Callable) -> bool:
+    """Whether `method` is `ours` or a wrapper of it that says so (its `__wrapped__` chain, as
+    `functools.wraps` sets it, leads to ours)."""
+    for _ in range(100):  # a chain of wrappers, never a loop
+        if method is ours:
+            return True
+        method = getattr(method, "__wrapped__", None)
+        if method is None:
+            return False
+    return False
+
+
 def patch() -> None:
     """Enable SecureSD for every transformers model in this process (for pipelines you do not control).
 
     Calls nest: SecureSD stays enabled until `unpatch()` has been called once per `patch()`, so a library
-    that patches and unpatches around its own work does not turn off a caller's patch. A wrapper of
-    `generate` (or `save_pretrained`) that another library installed before is called by ours and put
-    back by the last `unpatch()`."""
+    that patches and unpatches around its own work does not turn off a caller's patch. Whatever another
+    library installed before (a wrapper of `generate` or `save_pretrained`) is called by ours and put back
+    by the last `unpatch()`; a wrapper of ours (`functools.wraps`) that it installed after is kept and
+    used."""
     _patching.count += 1
     if _patching.count > 1:
         return
     for owner, name, ours in _PATCHED_ATTRIBUTES:
         current = getattr(owner, name)
-        if current is ours or current is _patching.left.get((owner, name)):
-            continue  # ours is installed already, or reached through the wrapper left over it
+        if _reaches(current, ours):
+            continue  # ours is installed already, or reached through a wrapper of it
         _patching.saved[(owner, name)] = current
         setattr(owner, name, ours)
     for name in _CONFIG_FIELDS:
@@ -773,9 +814,8 @@ def patch() -> None:
 
 def unpatch() -> None:
     """Undo one `patch()` (nothing without one); the last one puts back what each patched method held
-    before ours. A method someone else replaced after `patch()` (a wrapper calling ours) is left in
-    place, and ours, reached through it, then passes every call straight on: SecureSD is off either way
-    (a later `patch()` turns it on through that wrapper)."""
+    before ours. A method someone else installed over ours after `patch()` is left in place; ours,
+    reached through it, then passes every call straight on: SecureSD is off either way."""
     if not _patching.count:
         return
     _patching.count -= 1
@@ -783,12 +823,8 @@ def unpatch() -> None:
         return
     _patching.active = False
     for owner, name, ours in _PATCHED_ATTRIBUTES:
-        current = getattr(owner, name)
-        if current is ours:
+        if getattr(owner, name) is ours:
             setattr(owner, name, _patching.saved[(owner, name)])
-            _patching.left.pop((owner, name), None)
-        else:
-            _patching.left[(owner, name)] = current
     for name in _CONFIG_FIELDS:
         if name in vars(GenerationConfig):
             delattr(GenerationConfig, name)

@@ -28,8 +28,12 @@ def _refused_unpatched(model, draft) -> None:
 def pair():
     draft, target = tiny_pair(SPEC)
     yield draft, target
-    while hf_securesd.integration._patching.count:  # a failed test must not leave the process patched
+    patching = hf_securesd.integration._patching
+    while patching.count:  # a failed test must not leave the process patched
         hf_securesd.unpatch()
+    for (owner, name), method in hf_securesd.integration._TRANSFORMERS_METHODS.items():
+        setattr(owner, name, method)  # nor ours left under a wrapper the test installed
+    patching.saved.clear()
 
 
 def test_an_inner_patch_and_unpatch_keep_the_outer_patch(pair):
@@ -100,3 +104,42 @@ def test_a_wrapper_installed_over_the_patch_survives_unpatch_and_a_later_patch(p
     assert GenerationMixin.generate is outer
     _refused_unpatched(target, draft)
     assert len(calls) == 4  # every call went through it
+
+
+def test_a_wrapper_that_hides_it_calls_ours_is_saved_without_a_loop(pair, monkeypatch):
+    """A library keeps the generate it found while patched (ours) and installs a plain wrapper of it (no
+    `__wrapped__`) after the last unpatch(); a later patch() saves that wrapper and installs ours over it:
+    ours -> wrapper -> ours must not loop."""
+    draft, target = pair
+    greedy = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    hf_securesd.patch()
+    kept = GenerationMixin.generate
+    hf_securesd.unpatch()
+
+    def plain_wrapper(self, *args, **kwargs):
+        return kept(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", plain_wrapper)
+    hf_securesd.patch()
+    assert torch.equal(_speculative(target, draft), greedy)
+    hf_securesd.unpatch()
+    assert GenerationMixin.generate is plain_wrapper
+    _refused_unpatched(target, draft)
+
+
+def test_a_replacement_that_does_not_call_ours_is_patched_over_again(pair, monkeypatch):
+    draft, target = pair
+    greedy = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    original = hf_securesd.integration._TRANSFORMERS_METHODS[(GenerationMixin, "generate")]
+    hf_securesd.patch()
+
+    @functools.wraps(original)
+    def replacement(self, *args, **kwargs):  # calls transformers' own, not ours
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(GenerationMixin, "generate", replacement)
+    hf_securesd.unpatch()
+    hf_securesd.patch()
+    assert torch.equal(_speculative(target, draft), greedy)  # SecureSD on again
+    hf_securesd.unpatch()
+    assert GenerationMixin.generate is replacement
