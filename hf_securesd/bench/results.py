@@ -116,8 +116,9 @@ CLASH_FIXES = {
                      "URL --judge-model MODEL, naming every task the judge scored)",
     "endpoints": "an endpoint's cells hold one deployment's answers: give it its recorded URL, or give the "
                  "new deployment another --endpoint name",
-    "thinking_trace": "or move the directory to the rule given now: securesd rescore {path} --thinking-trace "
-                      "yes|no rescores its safety tasks by that rule (--thinking-trace auto is yes only when the "
+    "thinking_trace": "or move the directory to the rule given now: securesd rescore {path} --tasks TASKS "
+                      "--thinking-trace yes|no, naming every safety task it holds, rescores them by that rule "
+                      "(--thinking-trace auto is yes only when the "
                       "target's tokenizer has </think> as one token; without a tokenizer, as for an openai "
                       "--chat endpoint, it is no)",
     "resolved_models": "a cell holds one model's answers: serve the recorded model there again (first in "
@@ -154,15 +155,26 @@ def generation_problem(record: dict[str, Any]) -> str | None:
 
 
 def _generation_numbers_problem(record: dict[str, Any]) -> str | None:
-    """A journaled `seconds` outside [0, MAX_SECONDS] (never finite beyond it: see `run_records`) or a
-    negative `new_tokens`: the cell finished from it would be refused."""
-    seconds = record["seconds"]
-    if not (isinstance(seconds, int) or math.isfinite(seconds)) or not 0 <= seconds <= MAX_SECONDS:
-        return (f"a generation whose 'seconds' is {seconds!r}, not a time from 0 to {MAX_SECONDS:.0e} seconds "
-                "(about 32 years)")
+    """A journaled `seconds` above MAX_SECONDS or negative (`fields_problem` has refused other types), a
+    `cpu_seconds` that is neither absent, null nor such a time, or a negative `new_tokens`: the cell
+    finished from it would be refused."""
+    for name in ("seconds", "cpu_seconds"):
+        value = record.get(name)
+        if name == "cpu_seconds" and value is None:
+            continue
+        if not _is_time(value):
+            return (f"a generation whose {name!r} is {value!r:.40}, not a time from 0 to {MAX_SECONDS:.0e} seconds "
+                    "(about 32 years)")
     if record["new_tokens"] < 0:
         return f"a generation whose 'new_tokens' is {record['new_tokens']!r}, a negative count"
     return None
+
+
+def _is_time(value: Any) -> bool:
+    """Whether `value` is a number of seconds securesd writes: an int or float (not a bool) in [0,
+    MAX_SECONDS]."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and (isinstance(value, int) or math.isfinite(value)) and 0 <= value <= MAX_SECONDS)
 
 
 class CorruptResultsError(ValueError):

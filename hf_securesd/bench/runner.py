@@ -55,6 +55,7 @@ from hf_securesd.bench.budget import Budget, format_duration
 from hf_securesd.bench.engines.base import Answer, Engine, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_value, schedule_label
 from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, cell_key, stats_from_dict
+from hf_securesd.bench.run_records import duration_problem
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, check_isolation, examples_digest, get_task
 from hf_securesd.judges import JudgeError, check_judge_options, describe_judge
 from hf_securesd.judges.backends import judge_deadline
@@ -381,6 +382,12 @@ def finish_cell(
         "drafted": per_example_counts(generations, "drafted_per_round") if parts else None,
         "accepted": per_example_counts(generations, "accepted_per_round") if parts else None,
     }
+    problem = duration_problem(record)
+    if problem is not None:  # each journaled time fits, but not their sum
+        raise ValueError(
+            f"the journaled generations of cell {record['cell']!r} add up to {problem}; securesd never writes "
+            "such times: restore generations.jsonl from a backup, or start a new --out directory"
+        )
     record.update(derived_fields(record, baselines(finished.values()), settings.seed or 0))
     return record
 

@@ -196,6 +196,7 @@ def test_a_completion_token_count_that_is_not_a_count_is_not_recorded(serve, cla
     ([True, 1], 0),
     ([7, 1.0], 0),
     ("789", 0),
+    ([], 0),  # none listed: not counted (not "0 completion tokens for a non-empty text")
 ])
 def test_without_token_ids_only_a_list_of_ids_counts_the_answer(serve, token_ids, new_tokens):
     """Without --token-ids and without usage.completion_tokens, the length of any token_ids list was

@@ -311,6 +311,8 @@ def test_journaled_statistics_securesd_never_writes_stop_a_resumed_bench(tmp_pat
     ("seconds", -1.0, "a generation whose 'seconds' is -1.0, not a time from 0 to 1e+09 seconds"),
     ("seconds", 1e308, "a generation whose 'seconds' is 1e+308, not a time from 0"),
     ("new_tokens", -3, "a generation whose 'new_tokens' is -3, a negative count"),
+    ("cpu_seconds", "x", "a generation whose 'cpu_seconds' is 'x', not a time from 0"),
+    ("cpu_seconds", -5.0, "a generation whose 'cpu_seconds' is -5.0, not a time from 0"),
 ])
 def test_journaled_times_and_counts_a_finished_cell_would_refuse_stop_a_resumed_bench(
     tmp_path, data_dir, capsys, field, value, problem
@@ -331,6 +333,27 @@ def test_journaled_times_and_counts_a_finished_cell_would_refuse_stop_a_resumed_
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"{out / GENERATIONS}, line {line}: {problem}" in err, err
+
+
+def test_journaled_times_whose_sum_no_run_takes_stop_a_resumed_bench(tmp_path, data_dir, capsys) -> None:
+    """Each journaled time fits, their sum does not: the finished cell is not written (report would
+    refuse its 'wall_time')."""
+    out = tiny_results(tmp_path / "results", data_dir, ("none",))
+    cell = f"{RELAXED.key}|jailbreak|n=3|max_new_tokens=4"
+    _write_runs(out, [run for run in _runs(out) if run["cell"] != cell])  # as if killed before it finished
+    journal = [json.loads(line) for line in (out / GENERATIONS).read_text(encoding="utf-8").splitlines()]
+    for record in journal:
+        if record["cell"] == cell:
+            record["seconds"] = 6e8
+    (out / GENERATIONS).write_text("".join(json.dumps(record) + "\n" for record in journal), encoding="utf-8")
+    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "gsm8k", "--limit", "3",
+            "--max-new-tokens", "4", "--verifiers", "mars:0.5", "--schedules", "none", "--data-dir",
+            str(data_dir), "--out", str(out), "--no-progress", "--no-report"]
+    capsys.readouterr()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"the journaled generations of cell {cell!r} add up to a run whose " in err
+    assert all(run["cell"] != cell for run in _runs(out))
 
 
 # F8: text holds no lone surrogate

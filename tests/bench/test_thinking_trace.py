@@ -126,7 +126,7 @@ def test_resuming_a_study_recorded_before_the_setting_names_the_value_to_give(ti
             "--no-progress", "--no-report"]
     status, err = run_cli(capsys, *argv)
     assert status != 0 and "thinking_trace: 'yes' there, 'no' now" in err and "--thinking-trace yes" in err
-    assert f"securesd rescore {copy} --thinking-trace yes|no rescores its safety tasks" in err  # or move it
+    assert f"securesd rescore {copy} --tasks TASKS --thinking-trace yes|no, naming every safety task" in err
     assert "without a tokenizer, as for an openai --chat endpoint, it is no" in err  # why auto said no
     status, err = run_cli(capsys, *argv, "--thinking-trace", "yes")
     assert status == 0, err

@@ -278,10 +278,10 @@ def completion_tokens(usage: Any) -> int | None:
 
 
 def listed_tokens(token_ids: Any) -> int | None:
-    """The number of a reply's ``choices[0].token_ids`` when they are a list of non-negative integers
-    (booleans excluded), else None: not token ids, and so not counted (as a ``usage.completion_tokens``
-    that is not a count is not believed)."""
-    return len(token_ids) if _counts(token_ids) else None
+    """The number of a reply's ``choices[0].token_ids`` when they are a non-empty list of non-negative
+    integers (booleans excluded), else None: not token ids (or none listed), and so not counted (as a
+    ``usage.completion_tokens`` that is not a count is not believed)."""
+    return len(token_ids) if token_ids and _counts(token_ids) else None
 
 
 def reply_problem(finish_reason: Any, tokens: int | None, text: str, max_new_tokens: int) -> str | None:
