@@ -77,10 +77,27 @@ _START_HINT = (
 
 def check_request(params: Any, vllm_config: Any) -> None:
     """Raise SecureSDConfigError when `params` (SamplingParams) asks for SecureSD that `vllm_config`
-    cannot give; return quietly for plain requests and for SecureSD requests it can run."""
+    cannot give; return quietly for plain requests and for SecureSD requests it can run. A request that
+    sends no "securesd" and inherits the server-wide default is told so: the fix is the server's."""
     request = request_for(getattr(params, "extra_args", None))
     if request is None:
         return
+    if EXTRA_ARGS_KEY in (getattr(params, "extra_args", None) or {}):
+        _check_engine_can_run(request, params, vllm_config, f'extra_args["{EXTRA_ARGS_KEY}"]')
+        return
+    try:
+        _check_engine_can_run(request, params, vllm_config, f"the server-wide default {DEFAULT_ENV}")
+    except SecureSDConfigError as error:
+        raise SecureSDConfigError(
+            f"{error}. This request sent no \"{EXTRA_ARGS_KEY}\" and inherits the server-wide default "
+            f"{DEFAULT_ENV}, which this engine cannot run: change it and restart the server, or send "
+            f"\"{EXTRA_ARGS_KEY}\" in the request (\"null\" for plain decoding)"
+        ) from None
+
+
+def _check_engine_can_run(request: SecureSDRequest, params: Any, vllm_config: Any, origin: str) -> None:
+    """`check_request` for a parsed `request`, its errors naming `origin` (the request's own field or
+    the server-wide default)."""
     speculative = vllm_config.speculative_config
     if speculative is None:
         raise SecureSDConfigError(
@@ -109,11 +126,11 @@ def check_request(params: Any, vllm_config: Any) -> None:
             "SecureSD verification runs on vLLM's GPUModelRunner (the V1 runner); this engine uses Model "
             "Runner V2. Start it with VLLM_USE_V2_MODEL_RUNNER=0 (the plugin sets this when it is unset)"
         )
-    check_engine_draft_length(request, speculative.num_speculative_tokens)
+    check_engine_draft_length(request, speculative.num_speculative_tokens, origin)
     scheduler = getattr(vllm_config, "scheduler_config", None)
     if getattr(request.schedule, "reads_tokens", False) and getattr(scheduler, "async_scheduling", False):
         raise SecureSDConfigError(
-            f'extra_args["{EXTRA_ARGS_KEY}"]["secure_schedule"]: {request.schedule.name} reads each request\'s '
+            f'{origin}["secure_schedule"]: {request.schedule.name} reads each request\'s '
             "committed response, and with vLLM's async scheduling (on in this engine) its last tokens are still "
             "placeholders when a step is verified. Start vLLM with --no-async-scheduling (async_scheduling="
             "False) to use it, or send a position schedule (step, linear, power)"
@@ -126,16 +143,17 @@ def check_request(params: Any, vllm_config: Any) -> None:
             "model's own token ids",
         )
     except SecureSDConfigError as error:
-        raise SecureSDConfigError(f'extra_args["{EXTRA_ARGS_KEY}"]["secure_schedule"]: {error}') from None
+        raise SecureSDConfigError(f'{origin}["secure_schedule"]: {error}') from None
 
 
-def check_engine_draft_length(request: SecureSDRequest, k: int) -> None:
+def check_engine_draft_length(request: SecureSDRequest, k: int, origin: str) -> None:
     """Raise SecureSDConfigError, in the request's and the server's terms, when the request's verifier is
-    not defined for the engine's k drafts a step (`num_speculative_tokens`), e.g. a FLy window W > k - 1."""
+    not defined for the engine's k drafts a step (`num_speculative_tokens`), e.g. a FLy window W > k - 1;
+    `origin` names where the request's settings come from."""
     try:
         request.verifier.check_draft_length(k)
     except ValueError as error:
-        origin = f'extra_args["{EXTRA_ARGS_KEY}"]["verifier"]'
+        origin = f'{origin}["verifier"]'
         smallest = request.verifier.needs().min_draft_tokens
         if k < smallest:
             window = getattr(request.verifier, "window", None)

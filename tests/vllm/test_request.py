@@ -160,6 +160,29 @@ def test_first_positions_count_the_tokens_fed_this_step() -> None:
     assert first_positions(runner, [3, 0, 0, 0]) == [10, 10, 95, 0]
 
 
+@pytest.mark.parametrize(("default", "engine", "field"), [
+    ({"verifier": {"verifier": "vllm_fly", "window": 9}}, engine_config(k=5), '["verifier"]'),
+    ({"verifier": "fsd"}, engine_config(method="ngram"), ""),
+    ({"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [151668]}}, engine_config(),
+     '["secure_schedule"]'),
+    ({"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [7]}},
+     engine_config(async_scheduling=True), '["secure_schedule"]'),
+])
+def test_a_default_the_engine_cannot_run_is_named_as_the_servers(monkeypatch, default, engine, field) -> None:
+    """A request that sends no "securesd" was told to change a field it never sent."""
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps(default))
+    with pytest.raises(SecureSDConfigError) as refused:
+        check_request(params(None), engine)
+    message = str(refused.value)
+    assert 'extra_args["securesd"]' not in message
+    assert f"This request sent no \"securesd\" and inherits the server-wide default {DEFAULT_ENV}" in message
+    if field:
+        assert f"the server-wide default {DEFAULT_ENV}{field}: " in message
+    with pytest.raises(SecureSDConfigError) as own:  # the same settings sent by the client: its own field
+        check_request(params({"securesd": default}), engine)
+    assert "server-wide" not in str(own.value)
+
+
 def test_segment_boundary_ids_outside_the_model_vocabulary_are_refused() -> None:
     """Qwen3's `</think>` id sent to a model of 259 tokens would never occur: refused, not ignored."""
     request = {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [151668]}}
