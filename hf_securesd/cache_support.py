@@ -22,7 +22,8 @@ A batch of several rows leaves masked slots (holes) where one row rejected draft
 sliding window counts cache slots, so a row whose window holds holes would attend to fewer of its own
 tokens than plain decoding does. Holes are harmless while no row can reach the window: a batch is
 admitted when the prompt plus every slot the loop can add fits in the smallest window
-(`check_cache_support`), and refused otherwise with the fix named.
+(`check_cache_support`), and refused otherwise with the fix named. A model whose attention reads a key's
+distance from its slot number (`SLOT_POSITIONED`: MPT's ALiBi) is admitted one row at a time.
 """
 
 from __future__ import annotations
@@ -53,6 +54,13 @@ _QUANTIZED = tuple(
 STATIC_KEY_VALUE_LAYERS = tuple(
     getattr(cache_utils, name) for name in ("StaticLayer", "StaticSlidingWindowLayer") if hasattr(cache_utils, name)
 )
+
+
+# model types whose attention reads a key's distance from its cache slot (not from position_ids or the
+# attention mask), so that a batch's masked slots change what a row attends to: why, by model type
+SLOT_POSITIONED = {
+    "mpt": "computes its ALiBi attention bias from cache slot numbers",
+}
 
 
 def selects_rows(layer: object) -> bool:
@@ -145,6 +153,13 @@ def check_cache_support(
             f"fill {reach} ({bound} = {here}): {why}. Leave cache_implementation unset and pass no static cache "
             "(a DynamicCache grows as needed and keeps sliding windows exact)"
             + ("" if batch == 1 else ", or pass one row per generate call")
+        )
+    model_type = getattr(model.config, "model_type", None)
+    if batch > 1 and model_type in SLOT_POSITIONED:
+        raise SecureSDConfigError(
+            f"the {role} model ({type(model).__name__}) {SLOT_POSITIONED[model_type]}: rows of a batch that keep "
+            "different numbers of drafts leave masked slots, which would change the distances it sees. Pass one "
+            "row per generate call"
         )
     window = smallest_window(layers)
     if window is None or batch == 1 or reach <= window:

@@ -16,6 +16,7 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 from .cache_support import STATIC_KEY_VALUE_LAYERS, records_past, stop_recording
 from .host_values import long_tensor
 from .positions import position_limit
+from .validation import SecureSDConfigError
 
 # Layers whose whole per-row state is `keys` and `values` [B, heads, slots, head_dim].
 _KEY_VALUE_LAYERS = (DynamicLayer, DynamicSlidingWindowLayer)
@@ -50,6 +51,7 @@ class ModelRunner:
         limit = position_limit(model)
         self._last_position = None if limit is None else limit - 1  # of a learned position table
         self._keeps_logits = "logits_to_keep" in parameters
+        self._cache_checked = False  # whether a forward has shown that the cache grows by the tokens fed
 
     def _begin_mask(self, slots: torch.Tensor) -> None:
         """Start tracking holes with slots [B, num_slots] long (the current slots' validity)."""
@@ -99,12 +101,28 @@ class ModelRunner:
         if self._keeps_logits:
             kwargs["logits_to_keep"] = keep
         logits = self.model(input_ids=tokens.to(device), **kwargs).logits
+        if not self._cache_checked:
+            self._check_cache_grew(width)
         if logits.shape[1] != keep:  # the model kept more positions than asked (or has no logits_to_keep)
             logits = logits[:, -keep:]
         if logits.dtype != torch.float32:
             logits = logits.float()
         self.num_slots += width
         return logits
+
+    def _check_cache_grew(self, width: int) -> None:
+        """After the first forward: the cache must hold one more slot per token fed. A model that keeps no
+        cache (openai-gpt ignores the one it is given) or caches other slots than its tokens (CPM-Ant adds
+        prompt slots) cannot be rolled back draft by draft: SecureSDConfigError, before any token is out."""
+        held = int(self.cache.get_seq_length())
+        if held != self.num_slots + width:
+            raise SecureSDConfigError(
+                f"{type(self.model).__name__} was fed {width} tokens after {self.num_slots} cached ones and its "
+                f"KV cache holds {held} slots: speculative decoding rolls the cache back draft by draft and needs "
+                "a model that keeps one cache slot per token in the cache it is given. Use plain generate (no "
+                "assistant_model, verifier or prompt lookup) with this model"
+            )
+        self._cache_checked = True
 
     def _step_range(self, width: int) -> torch.Tensor:
         """[width] long 0 .. width - 1 (cached per width)."""

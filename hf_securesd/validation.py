@@ -129,8 +129,11 @@ def check_models(target: PreTrainedModel, draft: PreTrainedModel | None) -> None
     if target_vocab != draft_vocab:
         raise SecureSDConfigError(
             f"vocabulary mismatch: the target scores {target_vocab} tokens but the draft scores {draft_vocab}; "
-            "verification compares both models' probabilities token by token, so the draft must use the same "
-            "tokenizer and vocabulary as the target (e.g. a smaller model of the same family)"
+            "verification compares both models' probabilities token by token over one output size, so the draft "
+            "must use the target's tokenizer and an output layer of the same size. Models of one family may pad "
+            "their output layers to different sizes (Qwen2.5-7B and up score 152,064 tokens, 0.5B to 3B "
+            "151,936): pick a draft whose output size is the target's, or run it with prompt lookup "
+            "(prompt_lookup_num_tokens=N) instead of a draft model"
         )
     for role, model in (("target", target), ("draft", draft)):
         rows = _embedded_ids(model)
