@@ -700,7 +700,7 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
 
 def _patched_generate(self, *args, **kwargs):
     key = (GenerationMixin, "generate")
-    if _patching.reentered(key):  # back from inside what ours called: transformers' own, once
+    if _patching.reentered(key, self):  # back from inside what ours called: transformers' own, once
         return _TRANSFORMERS_METHODS[key](self, *args, **kwargs)
     if _patching.active and not isinstance(self, SecureSDMixin):  # a wrapped model's generate prepared the call
         args, kwargs = _prepare_call(self, args, kwargs)
@@ -714,7 +714,7 @@ def _patched_assisted_decoding(self, input_ids, logits_processor, stopping_crite
     `patch()` (transformers' own, or another library's wrapper of it)."""
     key = (GenerationMixin, "_assisted_decoding")
     arguments = (self, input_ids, logits_processor, stopping_criteria, generation_config, *args)
-    if _patching.reentered(key):
+    if _patching.reentered(key, self):
         return _TRANSFORMERS_METHODS[key](*arguments, **kwargs)
     if _patching.active and getattr(generation_config, "verifier", None) is not None:
         return _assisted_decoding(*arguments, **kwargs)
@@ -725,7 +725,7 @@ def _patched_save_pretrained(self, save_directory, *args, **kwargs):
     """`PreTrainedModel.save_pretrained` under `patch()`: a verifier saved with the model and dropped by
     transformers on load is read back first, then saved as `SecureSDMixin.save_pretrained` does."""
     key = (PreTrainedModel, "save_pretrained")
-    if _patching.reentered(key):
+    if _patching.reentered(key, self):
         return _TRANSFORMERS_METHODS[key](self, save_directory, *args, **kwargs)
     save = functools.partial(_patching.call_before, key, self)
     if not _patching.active:
@@ -746,28 +746,32 @@ _TRANSFORMERS_METHODS: dict[tuple[type, str], Callable] = {
 class _Patching:
     """Process-wide state of `patch()`: how many `patch()` calls are not yet undone, what each patched
     attribute held when ours was installed over it (`saved`), and which of them this thread is calling
-    from ours right now (`_calling`)."""
+    from ours right now, for which model (`_calling`)."""
 
     count: int = 0
     active: bool = False
     saved: dict[tuple[type, str], Callable] = field(default_factory=dict)
     _calling: threading.local = field(default_factory=threading.local)
 
-    def call_before(self, key: tuple[type, str], *args: Any, **kwargs: Any) -> Any:
-        """Call what the attribute `key` held before ours was installed (`saved`)."""
-        calling = self._calling.__dict__.setdefault("keys", set())
-        calling.add(key)
+    def call_before(self, key: tuple[type, str], model: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call what the attribute `key` held before ours was installed (`saved`) for `model`."""
+        method = self.saved[key]
+        if method is _TRANSFORMERS_METHODS[key]:  # transformers' own never calls ours back: no loop to watch
+            return method(model, *args, **kwargs)
+        calling = self._calling.__dict__.setdefault("calls", set())
+        marker = (key, id(model))
+        calling.add(marker)
         try:
-            return self.saved[key](*args, **kwargs)
+            return method(model, *args, **kwargs)
         finally:
-            calling.discard(key)
+            calling.discard(marker)
 
-    def reentered(self, key: tuple[type, str]) -> bool:
-        """Whether ours for `key` is called from inside what it called (`call_before`): a wrapper that
-        reaches ours without saying so (no `__wrapped__`) was saved by a later `patch()`, or a nested
-        call (an assistant's own `generate` inside transformers' assisted decoding). Such a call goes to
-        transformers' method, so ours never calls itself in a loop."""
-        return key in self._calling.__dict__.get("keys", ())
+    def reentered(self, key: tuple[type, str], model: Any) -> bool:
+        """Whether ours for `key` is called for `model` from inside the saved method it called for that same
+        model (`call_before`): a wrapper that reaches ours without saying so (no `__wrapped__`) was saved by
+        a later `patch()`. Such a call goes to transformers' method, so ours never calls itself in a loop;
+        a nested call for another model (a guard model's own SecureSD `generate`) runs as usual."""
+        return (key, id(model)) in self._calling.__dict__.get("calls", ())
 
 
 _patching = _Patching()

@@ -344,6 +344,21 @@ def finish_cell(
     per-example drafted and accepted counts are None)."""
     ids = [example.id for example in task_run.examples]
     generations = [journal[example_id] for example_id in ids]
+    times = {
+        "seconds": [g["seconds"] for g in generations],
+        "wall_time": sum(g["seconds"] for g in generations),
+        "cpu_time": (
+            sum(g["cpu_seconds"] for g in generations)
+            if all(g.get("cpu_seconds") is not None for g in generations)
+            else None
+        ),
+    }
+    problem = duration_problem(times)
+    if problem is not None:  # each journaled time fits, but not their sum: refused before any judge is paid
+        raise ValueError(
+            f"the journaled generations of cell {task_run.cell(config)!r} add up to {problem}; securesd never "
+            "writes such times: restore generations.jsonl from a backup, or start a new --out directory"
+        )
     scored = task_run.task.score(
         task_run.examples, [g["response"] for g in generations], settings.score_options()
     )
@@ -367,14 +382,10 @@ def finish_cell(
         "score": scored.value,
         "details": scored.details,
         "responses": [g["response"] for g in generations],
-        "seconds": [g["seconds"] for g in generations],
+        "seconds": times["seconds"],
         "new_tokens": [g["new_tokens"] for g in generations],
-        "wall_time": sum(g["seconds"] for g in generations),
-        "cpu_time": (
-            sum(g["cpu_seconds"] for g in generations)
-            if all(g.get("cpu_seconds") is not None for g in generations)
-            else None
-        ),
+        "wall_time": times["wall_time"],
+        "cpu_time": times["cpu_time"],
         "sessions": sorted({g["session"] for g in generations}),
         "stats": None if stats is None else stats.to_dict(),
         "acceptance_rate": None if stats is None else finite_or_none(stats.acceptance_rate),
@@ -382,12 +393,6 @@ def finish_cell(
         "drafted": per_example_counts(generations, "drafted_per_round") if parts else None,
         "accepted": per_example_counts(generations, "accepted_per_round") if parts else None,
     }
-    problem = duration_problem(record)
-    if problem is not None:  # each journaled time fits, but not their sum
-        raise ValueError(
-            f"the journaled generations of cell {record['cell']!r} add up to {problem}; securesd never writes "
-            "such times: restore generations.jsonl from a backup, or start a new --out directory"
-        )
     record.update(derived_fields(record, baselines(finished.values()), settings.seed or 0))
     return record
 

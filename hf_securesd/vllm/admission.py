@@ -82,11 +82,17 @@ def check_request(params: Any, vllm_config: Any) -> None:
     request = request_for(getattr(params, "extra_args", None))
     if request is None:
         return
+    if getattr(params, "logprob_token_ids", None) is not None:  # the request's own option, whatever its settings
+        raise SecureSDConfigError(
+            "logprob_token_ids cannot be combined with SecureSD verification: vLLM's rejection sampler fails "
+            "on it under speculative decoding (a shape mismatch in _get_logprobs_tensors, after which the "
+            "engine stops or hangs); ask for logprobs=N instead"
+        )
     if EXTRA_ARGS_KEY in (getattr(params, "extra_args", None) or {}):
-        _check_engine_can_run(request, params, vllm_config, f'extra_args["{EXTRA_ARGS_KEY}"]')
+        _check_engine_can_run(request, vllm_config, f'extra_args["{EXTRA_ARGS_KEY}"]')
         return
     try:
-        _check_engine_can_run(request, params, vllm_config, f"the server-wide default {DEFAULT_ENV}")
+        _check_engine_can_run(request, vllm_config, f"the server-wide default {DEFAULT_ENV}")
     except SecureSDConfigError as error:
         raise SecureSDConfigError(
             f"{error}. This request sent no \"{EXTRA_ARGS_KEY}\" and inherits the server-wide default "
@@ -95,22 +101,17 @@ def check_request(params: Any, vllm_config: Any) -> None:
         ) from None
 
 
-def _check_engine_can_run(request: SecureSDRequest, params: Any, vllm_config: Any, origin: str) -> None:
-    """`check_request` for a parsed `request`, its errors naming `origin` (the request's own field or
-    the server-wide default)."""
+def _check_engine_can_run(request: SecureSDRequest, vllm_config: Any, origin: str) -> None:
+    """Whether this engine can run the parsed `request`'s settings; its errors name `origin` (the request's
+    own field or the server-wide default)."""
     speculative = vllm_config.speculative_config
     if speculative is None:
+        own = "" if origin.startswith("the server-wide") else ' (or send the request without "securesd")'
         raise SecureSDConfigError(
-            "this request asks for SecureSD verification but the engine runs without speculative decoding; "
-            f"{_START_HINT} (or send the request without \"securesd\")"
+            f"{origin} asks for SecureSD verification but the engine runs without speculative decoding; "
+            f"{_START_HINT}{own}"
         )
     check_proposer(request, speculative)
-    if getattr(params, "logprob_token_ids", None) is not None:
-        raise SecureSDConfigError(
-            "logprob_token_ids cannot be combined with SecureSD verification: vLLM's rejection sampler fails "
-            "on it under speculative decoding (a shape mismatch in _get_logprobs_tensors, after which the "
-            "engine stops or hangs); ask for logprobs=N instead"
-        )
     if getattr(speculative, "use_heterogeneous_vocab", False):
         raise SecureSDConfigError(
             "SecureSD verification compares both models token by token and needs a draft with the target's "

@@ -6,7 +6,7 @@ import functools
 
 import pytest
 import torch
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel, StoppingCriteria, StoppingCriteriaList
 
 import hf_securesd
 from hf_securesd.tiny import TinyPairSpec, tiny_pair
@@ -143,3 +143,21 @@ def test_a_replacement_that_does_not_call_ours_is_patched_over_again(pair, monke
     assert torch.equal(_speculative(target, draft), greedy)  # SecureSD on again
     hf_securesd.unpatch()
     assert GenerationMixin.generate is replacement
+
+
+def test_a_securesd_call_nested_in_a_patched_generate_runs_as_securesd(pair):
+    """A stopping criterion asks a guard model (here the same one) for a SecureSD answer while the outer
+    plain call runs: the nested call was taken for a wrapper loop and reached the loop unprepared."""
+    draft, target = pair
+    hf_securesd.patch()
+    nested: list = []
+
+    class Guard(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            if not nested:
+                nested.append(target.generate(PROMPT, assistant_model=draft, verifier="mars", max_new_tokens=8,
+                                              do_sample=False, return_dict_in_generate=True))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    target.generate(PROMPT, max_new_tokens=2, do_sample=False, stopping_criteria=StoppingCriteriaList([Guard()]))
+    assert nested and nested[0].speculative_stats.rounds > 0

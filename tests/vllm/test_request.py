@@ -183,6 +183,17 @@ def test_a_default_the_engine_cannot_run_is_named_as_the_servers(monkeypatch, de
     assert "server-wide" not in str(own.value)
 
 
+def test_a_requests_own_option_is_not_blamed_on_the_default(monkeypatch) -> None:
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": "mars"}))
+    with pytest.raises(SecureSDConfigError) as refused:
+        check_request(SimpleNamespace(extra_args=None, logprob_token_ids=[1, 2]), engine_config())
+    assert str(refused.value).startswith("logprob_token_ids cannot be combined") and "server-wide" not in str(refused.value)
+    with pytest.raises(SecureSDConfigError, match=r"^the server-wide default SECURESD_VLLM_DEFAULT asks for SecureSD "
+                                                  r"verification but the engine runs without speculative decoding; "
+                                                  r"start it with [^(]*\(or ngram, eagle, eagle3\)\. This request"):
+        check_request(params(None), engine_config(speculative=False))
+
+
 def test_segment_boundary_ids_outside_the_model_vocabulary_are_refused() -> None:
     """Qwen3's `</think>` id sent to a model of 259 tokens would never occur: refused, not ignored."""
     request = {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [151668]}}
