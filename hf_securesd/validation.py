@@ -285,6 +285,25 @@ def _is_set(value: Any) -> bool:
     return True
 
 
+def _is_positive(value: Any) -> bool:
+    """penalty_alpha's test in transformers (contrastive search needs it > 0); a value that is not a number
+    counts as set, so it is refused rather than passed to transformers' comparison."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return value is not None
+    return value > 0
+
+
+# How transformers decides that a field of OTHER_METHODS is set where `_is_set` would not say the same:
+# it tests these against None, so an empty list already selects the method.
+_SET_WHEN = {
+    "dola_layers": lambda value: value is not None,
+    "constraints": lambda value: value is not None,
+    "force_words_ids": lambda value: value is not None,
+    "penalty_alpha": _is_positive,
+    "speculation_type": lambda value: value is not None and value != "",
+}
+
+
 def check_padding(batch: int, pad_token_id: int | None, stopping_criteria: Iterable[object]) -> None:
     """A batch whose rows can stop at different lengths (stop strings, custom stopping criteria) needs a pad
     token to fill the rows that stopped first."""
@@ -301,33 +320,49 @@ def check_padding(batch: int, pad_token_id: int | None, stopping_criteria: Itera
         )
 
 
-# Processors whose output depends on how often they were called before, not only on (input_ids, scores).
-_CALL_COUNTING_PROCESSORS = tuple(
-    getattr(logits_process, name) for name in ("SynthIDTextWatermarkLogitsProcessor",) if hasattr(logits_process, name)
-)
+# Processors whose output depends on how often they were called before, not only on (input_ids, scores),
+# with why and what to use instead.
+_STATEFUL_PROCESSORS = {
+    "SynthIDTextWatermarkLogitsProcessor": (
+        "(watermarking_config=SynthIDTextWatermarkingConfig(...)) keeps a state that advances at every call (the "
+        "context it hashes)",
+        "use WatermarkingConfig (its watermark reads only the token ids), or generate without verifier=",
+    ),
+    "UnbatchedClassifierFreeGuidanceLogitsProcessor": (
+        "(classifier-free guidance) runs its own unconditional forward of the model at every call, with its own "
+        "cache, which advances one token a call",
+        "drop it (classifier-free guidance cannot follow speculative rounds), or generate without verifier=",
+    ),
+    "ClassifierFreeGuidanceLogitsProcessor": (
+        "(classifier-free guidance) reads scores of a batch doubled by an unconditional copy of each row, which "
+        "speculative rounds do not build",
+        "drop it (classifier-free guidance cannot follow speculative rounds), or generate without verifier=",
+    ),
+}
 
 
 def check_processors(processors: Iterable[object]) -> None:
-    """Refuse transformers' processors that keep a state advanced at every call. A speculative round calls
-    each processor at draft positions it may then reject, and at the target's positions in other numbers
-    and orders than plain decoding, so such a state would not follow the committed tokens (processors
-    that read only their inputs, every other one transformers builds, give plain decoding's scores)."""
-    stateful = [processor for processor in processors if isinstance(processor, _CALL_COUNTING_PROCESSORS)]
-    if stateful:
-        raise SecureSDConfigError(
-            f"{type(stateful[0]).__name__} (watermarking_config=SynthIDTextWatermarkingConfig(...)) is not supported "
-            "with verifier=: it keeps a state that advances at every call (the context it hashes), and speculative "
-            "rounds call processors at drafted positions that may be rejected, so the watermark, and the tokens, "
-            "would differ from plain generate's; use WatermarkingConfig (its watermark reads only the token ids), "
-            "or generate without verifier="
-        )
+    """Refuse transformers' processors that keep a state advanced at every call (or read a batch this loop
+    does not build). A speculative round calls each processor at draft positions it may then reject, and
+    at the target's positions in other numbers and orders than plain decoding, so such a state would not
+    follow the committed tokens (processors that read only their inputs, every other one transformers
+    builds, give plain decoding's scores). Subclasses are refused too: they keep their parent's state."""
+    for processor in processors:
+        for name, (reason, fix) in _STATEFUL_PROCESSORS.items():
+            refused = getattr(logits_process, name, None)
+            if refused is not None and isinstance(processor, refused):
+                raise SecureSDConfigError(
+                    f"{type(processor).__name__} {reason}; speculative rounds call processors at drafted positions "
+                    f"that may be rejected, so its output, and the tokens, would differ from plain generate's: it is "
+                    f"not supported with verifier=; {fix}"
+                )
 
 
 def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> None:
     """Reject generation options that a verifier cannot honour. `options` holds the effective values."""
     for name, reason in OTHER_METHODS.items():
         value = options.get(name)
-        if _is_set(value):
+        if _SET_WHEN.get(name, _is_set)(value):
             raise SecureSDConfigError(
                 f"{name}={value!r} cannot be combined with verifier=: {reason}; drop {name} (or verifier=)"
             )
@@ -338,11 +373,13 @@ def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> No
             "cannot run on them; use a draft that shares the target's tokenizer and drop assistant_tokenizer "
             "(tokenizer= alone, e.g. for stop_strings, is fine)"
         )
-    if (options.get("guidance_scale") or 1) > 1:
+    guidance_scale = options.get("guidance_scale")
+    if guidance_scale is not None and guidance_scale != 1:
         raise SecureSDConfigError(
-            "guidance_scale > 1 (classifier-free guidance) runs its own unconditional forward of the target one "
-            "token at a time, with its own cache, which does not follow speculative rounds; it cannot be combined "
-            "with verifier=. Use guidance_scale=None (or 1), or drop verifier"
+            f"guidance_scale={guidance_scale!r} turns on classifier-free guidance (transformers applies it for any "
+            "value other than 1, below 1 too), which runs its own unconditional forward of the target one token at a "
+            "time, with its own cache, which does not follow speculative rounds; it cannot be combined with "
+            "verifier=. Use guidance_scale=None (or 1), or drop verifier"
         )
     if options.get("synced_gpus"):
         raise SecureSDConfigError(

@@ -8,7 +8,7 @@ import re
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 
 import hf_securesd
 from hf_securesd import FLy, FSD, MARS, BiLD, Linear, LossySD, NonFiniteLogitsError, Power, SecureSDConfigError, SpecCascade, Step
@@ -287,12 +287,27 @@ def test_a_verifier_dict_without_its_name(llama_pair, forward_calls):
     ("assistant_ensemble_weight", 0.5),
     ("use_mtp", True),
     ("speculation_type", "dflash"),
+    ("dola_layers", []),
+    ("force_words_ids", []),
+    ("constraints", []),
+    ("penalty_alpha", "0.6"),
 ])
 def test_fields_that_select_another_method_are_refused(llama_pair, forward_calls, option, value):
     """transformers would run another decoding method (or its own relaxed acceptance) and drop the verifier."""
     draft, target = llama_pair
     expect_error(target, forward_calls, re.escape(f"{option}={value!r} cannot be combined with verifier="),
                  assistant_model=draft, verifier="mars", **{option: value})
+
+
+@pytest.mark.parametrize("option, value", [("penalty_alpha", -0.5), ("penalty_alpha", 0.0), ("speculation_type", "")])
+def test_field_values_transformers_ignores_are_not_refused(llama_pair, option, value):
+    """penalty_alpha <= 0 never selects contrastive search and an empty speculation_type selects nothing:
+    transformers decodes as without them, and so does the verifier."""
+    draft, target = llama_pair
+    expected = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    got = target.generate(PROMPT, max_new_tokens=8, do_sample=False, assistant_model=draft, verifier="lossless",
+                          **{option: value})
+    assert torch.equal(got, expected)
 
 
 def test_a_batch_that_can_stop_unevenly_needs_a_pad_token(forward_calls, llama_pair):
@@ -367,9 +382,39 @@ def test_synthid_watermarking_is_refused_before_decoding(llama_pair, forward_cal
     draft, target = llama_pair
     watermark = SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340], ngram_len=3)
     drafting = {"assistant_model": draft} if proposer == "draft_model" else {"prompt_lookup_num_tokens": 3}
-    expect_error(target, forward_calls, "SynthIDTextWatermarkLogitsProcessor .* is not supported with verifier=: it keeps "
-                 "a state that advances at every call .* use WatermarkingConfig", verifier="lossless",
+    expect_error(target, forward_calls, "SynthIDTextWatermarkLogitsProcessor .* keeps a state that advances at every "
+                 "call .* not supported with verifier=; use WatermarkingConfig", verifier="lossless",
                  watermarking_config=watermark, **drafting)
+
+
+@pytest.mark.parametrize("scale", [0.5, 0, -1.0, 1.5])
+def test_classifier_free_guidance_is_refused_at_any_scale_but_one(llama_pair, forward_calls, scale):
+    """transformers applies classifier-free guidance for every guidance_scale other than 1 (below 1 as well):
+    with its own one-token-a-call cache it would give other tokens than plain generate's."""
+    draft, target = llama_pair
+    expect_error(target, forward_calls, re.escape(f"guidance_scale={scale!r} turns on classifier-free guidance"),
+                 assistant_model=draft, verifier="lossless", guidance_scale=scale)
+
+
+def test_guidance_scale_one_is_plain_decoding(llama_pair):
+    draft, target = llama_pair
+    expected = target.generate(PROMPT, max_new_tokens=8, do_sample=False)
+    got = target.generate(PROMPT, max_new_tokens=8, do_sample=False, guidance_scale=1.0, assistant_model=draft,
+                          verifier="lossless")
+    assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize("proposer", ["draft_model", "prompt_lookup"])
+def test_a_classifier_free_guidance_processor_is_refused(llama_pair, forward_calls, proposer):
+    """transformers' unbatched guidance processor runs its own forward, one token a call, with its own cache."""
+    from transformers.generation.logits_process import UnbatchedClassifierFreeGuidanceLogitsProcessor
+
+    draft, target = llama_pair
+    guidance = UnbatchedClassifierFreeGuidanceLogitsProcessor(1.5, target, unconditional_ids=PROMPT[:, :2])
+    drafting = {"assistant_model": draft} if proposer == "draft_model" else {"prompt_lookup_num_tokens": 3}
+    expect_error(target, forward_calls, "UnbatchedClassifierFreeGuidanceLogitsProcessor .classifier-free guidance. "
+                 "runs its own unconditional forward .* not supported with verifier=", verifier="lossless",
+                 logits_processor=LogitsProcessorList([guidance]), **drafting)
 
 
 def test_the_hash_watermark_stays_exact(llama_pair):
