@@ -45,10 +45,12 @@ def compute_prr(
     *,
     settings: Sequence[str] | None = None,
     baseline: Sequence[float] | None = None,
+    example_ids: Sequence[str] | None = None,
     seed: int = 0,
 ) -> dict[str, Any]:
     """PRR (and ΔPRR when `baseline` is given) of aligned per-example scores, with bootstrap
-    intervals; see the `prr` module card. An undefined PRR (target = draft) comes back as NaN
+    intervals; see the `prr` module card (`example_ids`: settings that share examples are resampled
+    together). An undefined PRR (target = draft) comes back as NaN
     with ``undefined: True`` instead of a warning."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
@@ -59,6 +61,7 @@ def compute_prr(
             draft_scores=list(draft),
             settings=None if settings is None else list(settings),
             baseline_predictions=None if baseline is None else list(baseline),
+            example_ids=None if example_ids is None else list(example_ids),
             confidence_level=CONFIDENCE,
             n_resamples=N_RESAMPLES,
             seed=seed,
@@ -176,16 +179,21 @@ def score_ci(values: Sequence[float], seed: int = 0) -> tuple[float, list[float]
 
 @dataclass(frozen=True)
 class SpeedPair:
-    """Per-example seconds of one setting: target-only, with SecureSD and without."""
+    """Per-example seconds of one setting: target-only, with SecureSD and without, for the examples
+    `example_ids` of the prompt set `prompts` (a task: settings of one task share its examples)."""
 
     target: np.ndarray
     with_schedule: np.ndarray
     without_schedule: np.ndarray
+    example_ids: tuple[str, ...]
+    prompts: str
 
 
 def delta_speedup(pairs: Sequence[SpeedPair], seed: int = 0) -> tuple[float, list[float] | None]:
-    """ΔSPD = mean over settings of SPD(with) - SPD(without), and a paired bootstrap interval
-    that resamples examples within each setting (the same picks for all three timings)."""
+    """ΔSPD = mean over settings of SPD(with) - SPD(without), and a paired bootstrap interval that
+    resamples the examples of each prompt set once for all its settings (the same picks for all three
+    timings): settings run on the same prompts are correlated, and resampling each apart would make
+    the interval too narrow."""
     if not pairs:
         return math.nan, None
     point = float(
@@ -195,12 +203,19 @@ def delta_speedup(pairs: Sequence[SpeedPair], seed: int = 0) -> tuple[float, lis
         return point, None
     rng = np.random.default_rng(seed)
     samples = np.zeros(N_RESAMPLES)
-    for pair in pairs:
-        picks = rng.integers(0, len(pair.target), size=(N_RESAMPLES, len(pair.target)))
-        target = pair.target[picks].sum(axis=1)
-        samples += target / pair.with_schedule[picks].sum(axis=1) - target / pair.without_schedule[picks].sum(
-            axis=1
-        )
+    for prompts in dict.fromkeys(pair.prompts for pair in pairs):
+        members = [pair for pair in pairs if pair.prompts == prompts]
+        examples = {example: index for index, example in enumerate(dict.fromkeys(
+            example for pair in members for example in pair.example_ids))}
+        picks = rng.integers(0, len(examples), size=(N_RESAMPLES, len(examples)))
+        offsets = (np.arange(N_RESAMPLES) * len(examples))[:, None]
+        draws = np.bincount((picks + offsets).ravel(), minlength=N_RESAMPLES * len(examples))
+        draws = draws.reshape(N_RESAMPLES, len(examples)).astype(float)  # [R, examples] times each was drawn
+        for pair in members:
+            weights = draws[:, [examples[example] for example in pair.example_ids]]  # [R, the pair's examples]
+            target = weights @ pair.target
+            with np.errstate(invalid="ignore", divide="ignore"):
+                samples += target / (weights @ pair.with_schedule) - target / (weights @ pair.without_schedule)
     return point, interval(samples / len(pairs))
 
 

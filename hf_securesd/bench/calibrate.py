@@ -11,6 +11,13 @@ synthetic results; `calibration_configs` is what `securesd calibrate` runs. It w
 values it is given (`securesd calibrate` passes this run's --L: cells of other L recorded earlier
 in the same --out are left out), and flags an SPD timed in another session than its target-only
 baseline (`LevelResult.spd_same_session`, `session_note`), as a resumed or extended --out holds.
+
+A configuration's safety (utility) PRR is the mean over its safety (utility) tasks whose PRR is
+defined: a task whose PRR is undefined (its target-only and draft-only scores are equal, or a baseline
+is missing) is left out of the mean, where the `prr` module, given the tasks as settings, would call
+the whole mean undefined. The figures say so: each level counts the tasks it left out
+(`LevelResult.safety_prr_left_out`, `utility_prr_left_out`, `Recommendation.lossless_safety_prr_left_out`),
+and `left_out_note` names every figure that is the mean of only some of its tasks.
 """
 
 from __future__ import annotations
@@ -48,6 +55,8 @@ class LevelResult:
     safe: bool | None = None
     fast: bool | None = None
     spd_same_session: bool = True  # False: a cell's SPD was timed in another session than its target-only baseline
+    safety_prr_left_out: int = 0  # safety tasks whose PRR is undefined, left out of `safety_prr`'s mean
+    utility_prr_left_out: int = 0  # utility tasks whose PRR is undefined, left out of `utility_prr`'s mean
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class Recommendation:
     lossless_safety_prr: float
     relaxed: LevelResult
     levels: list[LevelResult] = field(default_factory=list)
+    lossless_safety_prr_left_out: int = 0  # lossless safety tasks whose PRR is undefined, left out of its mean
 
     def to_dict(self) -> dict[str, Any]:
         """The recommendation as standard JSON data (`results.json_ready`): an undefined figure
@@ -182,14 +192,25 @@ def check_boundaries_in_vocabulary(configs: Sequence[RunConfig], engine: Any) ->
             raise ValueError(f"--segment-boundary: {error}") from None
 
 
-def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:
-    def kind_prr(kind: str) -> float:
-        return mean_of(cell.get("prr") for cell in cells if cell["task_kind"] == kind)
+def _kind_prr(cells: Sequence[Cell], kind: str) -> tuple[float, int]:
+    """The mean PRR of the `kind` ("safety", "utility") cells whose PRR is defined (NaN when none is),
+    and how many cells of that kind have none and are left out of the mean."""
+    values = [cell.get("prr") for cell in cells if cell["task_kind"] == kind]
+    defined = [value for value in values if value is not None and math.isfinite(value)]
+    return mean_of(defined), len(values) - len(defined)
 
+
+def _level(cells: Sequence[Cell], L: int | None) -> LevelResult:
+    """The figures of one configuration's `cells` (one per task): each a mean over the tasks where it is
+    defined, with the count of tasks whose PRR is undefined and left out."""
+    safety_prr, safety_left_out = _kind_prr(cells, "safety")
+    utility_prr, utility_left_out = _kind_prr(cells, "utility")
     return LevelResult(
         L=L,
-        safety_prr=kind_prr("safety"),
-        utility_prr=kind_prr("utility"),
+        safety_prr=safety_prr,
+        utility_prr=utility_prr,
+        safety_prr_left_out=safety_left_out,
+        utility_prr_left_out=utility_left_out,
         spd=mean_of(cell.get("spd") for cell in cells),
         acceptance_rate=mean_of(cell.get("acceptance_rate") for cell in cells),
         # a cell without a target-only baseline has no SPD (spd_same_session False there): nothing to flag
@@ -220,7 +241,8 @@ def recommend(
             f"calibration of {verifier} needs runs of the lossless verifier and of {verifier} "
             f"without a schedule; run `securesd calibrate` (or bench with --schedules none step:L ...)"
         )
-    lossless_safety = _level(lossless, 0).safety_prr
+    lossless_level = _level(lossless, 0)
+    lossless_safety, left_out = lossless_level.safety_prr, lossless_level.safety_prr_left_out
     relaxed = _level(plain, None)
     by_length = _cells_by_length(mine, verifier, segments, lengths)
     levels = [
@@ -237,6 +259,7 @@ def recommend(
             lossless_safety,
             relaxed,
             levels,
+            lossless_safety_prr_left_out=left_out,
         )
     chosen = next((level for level in levels if level.safe and level.fast), None)
     if chosen is not None:
@@ -246,9 +269,13 @@ def recommend(
             f"of lossless ({lossless_safety:.3f}) and SPD {chosen.spd:.2f} at least "
             f"{kept_percent(spd_tolerance)} of the relaxed verifier's {relaxed.spd:.2f}"
         )
-        return Recommendation(verifier, chosen.L, reason, lossless_safety, relaxed, levels)
+        return Recommendation(
+            verifier, chosen.L, reason, lossless_safety, relaxed, levels, lossless_safety_prr_left_out=left_out
+        )
     reason = _no_level_reason(levels, tolerance, spd_tolerance, lossless_safety, relaxed.spd, segments)
-    return Recommendation(verifier, None, reason, lossless_safety, relaxed, levels)
+    return Recommendation(
+        verifier, None, reason, lossless_safety, relaxed, levels, lossless_safety_prr_left_out=left_out
+    )
 
 
 def _cells_by_length(
@@ -333,20 +360,45 @@ def _speed_reason(
     return f"{slow}; no L keeps the speed-up"
 
 
+def _named_levels(recommendation: Recommendation) -> list[tuple[str, LevelResult]]:
+    """The relaxed verifier's row and each swept level of `recommendation`, as the notes name them."""
+    return [("the relaxed verifier", recommendation.relaxed)] + [
+        (f"L={level.L}", level) for level in recommendation.levels
+    ]
+
+
 def session_note(recommendation: Recommendation) -> str | None:
     """What calibration.md and the command say when an SPD of `recommendation` was timed in another
     session than its target-only baseline (a resumed or extended --out), or None when all were timed
     in one: such SPDs mix machine states, so the speed-up check compares them with care."""
-    rows = [("the relaxed verifier", recommendation.relaxed)] + [
-        (f"L={level.L}", level) for level in recommendation.levels
-    ]
-    other = [name for name, level in rows if not level.spd_same_session]
+    other = [name for name, level in _named_levels(recommendation) if not level.spd_same_session]
     if not other:
         return None
     return (
         f"SPD of {', '.join(other)} (marked *) was timed in another session than its target-only baseline "
         "(this --out was resumed or extended), so the speed-up check compares timings of different "
         "sessions; for one session's timings, calibrate into a new --out"
+    )
+
+
+def left_out_note(recommendation: Recommendation) -> str | None:
+    """What calibration.md and the command say when a PRR figure of `recommendation` is the mean over
+    only some of its tasks, the others' PRR being undefined and left out (how many, per figure), or
+    None when no defined figure left a task out (an undefined figure shows as undefined already)."""
+    figures = [("lossless safety PRR", recommendation.lossless_safety_prr, recommendation.lossless_safety_prr_left_out)]
+    for name, level in _named_levels(recommendation):
+        figures += [(f"safety PRR of {name}", level.safety_prr, level.safety_prr_left_out),
+                    (f"utility PRR of {name}", level.utility_prr, level.utility_prr_left_out)]
+    partial = [
+        f"{figure} leaves out {count} task{'s' if count > 1 else ''}"
+        for figure, value, count in figures
+        if count and math.isfinite(value)
+    ]
+    if not partial:
+        return None
+    return (
+        f"PRR figures average the tasks where PRR is defined: {', '.join(partial)} whose PRR is undefined "
+        "(the target-only and draft-only scores are equal there, or a baseline is missing)"
     )
 
 

@@ -29,6 +29,7 @@ from hf_securesd.bench.calibrate import (
     Recommendation,
     check_text,
     kept_percent,
+    left_out_note,
     schedule_name,
     session_note,
 )
@@ -229,9 +230,9 @@ def calibration_markdown(
             table(["L", "safety PRR", "utility PRR", "SPD", "AR", "safe", "keeps SPD"], rows),
             "",
         ]
-        note = session_note(rec)
-        if note:
-            lines += [f"Note: {note}.", ""]
+        for note in (session_note(rec), left_out_note(rec)):
+            if note:
+                lines += [f"Note: {note}.", ""]
     return "\n".join(lines)
 
 
@@ -291,7 +292,7 @@ def run(args: argparse.Namespace) -> int:
     )
     for rec in recommendations:
         print(f"{rec.verifier}: {'L=%d' % rec.L if rec.L is not None else 'no L'} - {rec.reason}")
-        note = session_note(rec)
-        if note:
-            print(f"note: {note}")
+        for note in (session_note(rec), left_out_note(rec)):
+            if note:
+                print(f"note: {note}")
     return 0

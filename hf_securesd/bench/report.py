@@ -140,7 +140,8 @@ def delta_row(
     cells: Sequence[Cell], base: dict, verifier: str, schedule: str, tasks: Sequence[str], seed: int
 ) -> dict[str, Any]:
     """Table 5 analog for one verifier and schedule: ΔPRR per task (paired over examples and
-    averaged over the knob sweep, `prr` module) and ΔSPD pooled over tasks and settings."""
+    averaged over the knob sweep, `prr` module) and ΔSPD pooled over tasks and settings; the intervals
+    resample a task's examples once for all its settings (they ran on the same prompts)."""
     row: dict[str, Any] = {"verifier": verifier, "schedule": schedule, "tasks": {}, "unparsed": 0}
     speed_pairs = []
     for task in tasks:
@@ -159,11 +160,14 @@ def delta_row(
             columns["target"] += aligned(target, "scores", ids)
             columns["draft"] += aligned(draft, "scores", ids)
             columns["settings"] += [str(with_cell["knob_value"])] * len(ids)
+            columns["example_ids"] += list(ids)
             speed_pairs.append(
                 SpeedPair(
                     np.asarray(aligned(target, "seconds", ids)),
                     np.asarray(aligned(with_cell, "seconds", ids)),
                     np.asarray(aligned(without_cell, "seconds", ids)),
+                    tuple(ids),
+                    prompts=task,
                 )
             )
         # examples without a score (a verdict excluded by the judge's `unparsed` policy) are left out
@@ -178,6 +182,7 @@ def delta_row(
             columns["draft"],
             settings=columns["settings"],
             baseline=columns["baseline"],
+            example_ids=columns["example_ids"],
             seed=seed,
         )
         row["tasks"][task] = {
@@ -352,9 +357,11 @@ def setup_section(manifest: dict[str, Any], cells: Sequence[Cell], base: dict) -
         f"{len(same)} cells were timed in the same session as their target-only baseline.",
         f"- **Confidence intervals**: {int(CONFIDENCE * 100)}% percentile bootstrap, {N_RESAMPLES} "
         f"resamples, seed {seed or 0}: over examples for PRR, ΔPRR (paired, `prr` module) and ΔSPD "
-        f"(paired); "
+        f"(paired; a task's examples drawn once for all its knob values, which ran on the same prompts); "
         f"over cells for the AR-bin means of Table 1; exact Clopper–Pearson for scores that are verdicts "
-        f"(AFR, accuracy, pass@1) and for flip rates.",
+        f"(AFR, accuracy, pass@1) and for flip rates. A bootstrap interval of zero width (such as [1.00, 1.00]) "
+        f"means every resample gave one value: the examples show no spread to resample, not an exact PRR "
+        f"(near PRR 0 or 1 with few examples the percentile bootstrap covers the truth less often than 95%).",
         "",
     ]
     rows = []
@@ -581,7 +588,8 @@ def write_report(results_dir: str | os.PathLike) -> Path:
             "## SecureSD gain per verifier (Table 5 analog)",
             "",
             "ΔPRR = PRR with − without the schedule, paired per example and averaged over the verifier's "
-            "knob sweep, with its 95% paired bootstrap interval; ΔSPD likewise, pooled over tasks.",
+            "knob sweep, with its 95% paired bootstrap interval (a task's prompts resampled once for every knob "
+            "value, since all ran on them); ΔSPD likewise, pooled over tasks.",
             "",
         ]
         for schedule in schedules_present(main):

@@ -2,12 +2,15 @@
 safety task and on a utility task, its PRR on each and the difference (utility PRR − safety PRR)
 with a bootstrap interval, so that "safety is lost faster than utility" is a measured claim.
 
-The two tasks hold different prompts, so the difference's interval resamples each task's examples
-from its own random stream (paired within a task: the configuration's, the target's and the
-draft's scores of one example are drawn together). Each task's own PRR interval is drawn as the
-`prr` module draws it (same seed), so it equals the one in the per-configuration tables. A safety task on which the target and the draft do not differ
-measurably (the bootstrap interval of their gap holds 0) gives no PRR to compare and is left out,
-and so is a pair whose PRR is undefined in every resample.
+Each task's PRR and its interval are the `prr` module's, computed as the per-configuration tables
+compute them (`analysis.prr_fields`: same examples, same seed), so they equal the ones in those
+tables; like them, a task of a single example has no interval. The two tasks hold different prompts,
+so the difference's interval resamples each task's examples from its own random stream (paired
+within a task: the configuration's, the target's and the draft's scores of one example are drawn
+together), with the module's tie rule for a resample whose target and draft means are equal; a task
+of a single example gives no difference interval. A safety task on which the target and the draft do
+not differ measurably (the bootstrap interval of their gap holds 0, or there is none) gives no PRR to
+compare and is left out, and so is a pair whose PRR is undefined.
 """
 
 from __future__ import annotations
@@ -16,12 +19,10 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from hf_securesd.bench.analysis import N_RESAMPLES, Cell, aligned, interval, is_scored, primary_cells
+from hf_securesd.bench.analysis import N_RESAMPLES, Cell, aligned, interval, is_scored, primary_cells, prr_fields
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.report_markdown import inline_text
-
-# A target–draft gap at or below this is no gap (the `prr` module's tolerance).
-_EQUAL_TOLERANCE = 1e-12
+from hf_securesd.metrics.prr.prr import _ties
 
 
 def prr_resamples(
@@ -29,46 +30,62 @@ def prr_resamples(
 ) -> tuple[np.ndarray, np.ndarray]:
     """Bootstrap resamples of PRR and of the target–draft gap, each of shape [N_RESAMPLES];
     `method`, `target` and `draft` are aligned per-example scores of length n, resampled with the
-    same indices. PRR is NaN in a resample whose gap is 0."""
+    same indices. PRR is NaN in a resample whose target and draft means tie under the `prr` module's
+    rule (equal up to a tolerance relative to their magnitude)."""
     columns = np.asarray([method, target, draft], dtype=float)
     picks = rng.integers(0, columns.shape[1], size=(N_RESAMPLES, columns.shape[1]))
     method_mean, target_mean, draft_mean = columns[:, picks].mean(axis=2)
     gap = target_mean - draft_mean
-    undefined = np.abs(gap) <= _EQUAL_TOLERANCE
+    undefined = _ties(target_mean, draft_mean)
     with np.errstate(divide="ignore", invalid="ignore"):
         prr = np.where(undefined, np.nan, (method_mean - draft_mean) / np.where(undefined, 1.0, gap))
     return prr, gap
 
 
+def _scored_columns(cell: Cell, target: Cell, draft: Cell) -> tuple[list[float], list[float], list[float]]:
+    """The aligned scores of `cell`, `target` and `draft` on the examples scored in all three: an
+    example without a score in one of them (an excluded judge verdict) is left out, as
+    `analysis.prr_fields` leaves it out of the per-configuration tables. At least one example is
+    scored in all three (else PRR is undefined and this is not asked)."""
+    ids = cell["example_ids"]
+    columns = (aligned(cell, "scores", ids), aligned(target, "scores", ids), aligned(draft, "scores", ids))
+    rows = [row for row in zip(*columns) if all(is_scored(value) for value in row)]
+    method, target_scores, draft_scores = (list(column) for column in zip(*rows))
+    return method, target_scores, draft_scores
+
+
 def _task_prr(cell: Cell, base: dict, seed: int, stream: int) -> dict[str, Any] | None:
-    """PRR of `cell` against its baselines: value, interval, the gap's interval and resamples
-    drawn from the random stream `stream` (for the difference); None when a baseline is missing
-    or the two baselines score the same."""
+    """PRR of `cell` against its baselines and its interval, as the per-configuration tables give them
+    (`analysis.prr_fields`, which calls the `prr` module), the interval of the target–draft gap, and PRR
+    resamples drawn from the random stream `stream` (for the difference). The gap's interval and the
+    resamples are None for a single example, which has no interval. None when a baseline is missing or
+    PRR is undefined (no scored example, or target and draft scores tie under the module's rule)."""
     target = base.get(("target", cell["baseline_id"]))
     draft = base.get(("draft", cell["baseline_id"]))
     if target is None or draft is None:
         return None
-    ids = cell["example_ids"]
-    # Examples without a score in any of the three cells (an excluded judge verdict) are left out, as
-    # in the per-configuration tables (`analysis.prr_fields`), so both report the same PRR and interval.
-    columns = (aligned(cell, "scores", ids), aligned(target, "scores", ids), aligned(draft, "scores", ids))
-    rows = [row for row in zip(*columns) if all(is_scored(value) for value in row)]
-    if not rows:
+    fields = prr_fields(cell, target, draft, seed)
+    if fields["prr"] is None:
         return None
-    method_scores, target_scores, draft_scores = (list(column) for column in zip(*rows))
-    gap = float(np.mean(target_scores) - np.mean(draft_scores))
-    if abs(gap) <= _EQUAL_TOLERANCE:
-        return None
-    scores = (method_scores, target_scores, draft_scores)
-    samples, gap_samples = prr_resamples(*scores, np.random.default_rng(seed))
+    scores = _scored_columns(cell, target, draft)
+    resampled = len(scores[0]) > 1
     return {
         "task": cell["task"],
         "acceptance_rate": cell.get("acceptance_rate"),
-        "prr": (float(np.mean(method_scores)) - float(np.mean(draft_scores))) / gap,
-        "prr_ci": interval(samples),
-        "gap_ci": interval(gap_samples),
-        "samples": prr_resamples(*scores, np.random.default_rng([seed, stream]))[0],
+        "prr": fields["prr"],
+        "prr_ci": fields["prr_ci"],
+        "gap_ci": interval(prr_resamples(*scores, np.random.default_rng(seed))[1]) if resampled else None,
+        "samples": prr_resamples(*scores, np.random.default_rng([seed, stream]))[0] if resampled else None,
     }
+
+
+def _difference(safety: dict[str, Any], utility: dict[str, Any]) -> tuple[list[float] | None, int]:
+    """The interval of utility PRR − safety PRR from the two tasks' resamples, and how many resamples
+    were undefined (PRR undefined on either task); no interval when a task has no resamples."""
+    if safety["samples"] is None or utility["samples"] is None:
+        return None, 0
+    difference = utility["samples"] - safety["samples"]
+    return interval(difference), int(np.isnan(difference).sum())
 
 
 def _gap_is_measurable(gap_ci: list[float] | None) -> bool:
@@ -102,15 +119,15 @@ def asymmetry_rows(cells: Sequence[Cell], base: dict, seed: int = 0) -> list[dic
                 utility = _task_prr(utility_cell, base, seed, stream=2)
                 if safety is None or utility is None or not _gap_is_measurable(safety["gap_ci"]):
                     continue
-                difference = utility["samples"] - safety["samples"]
+                difference_ci, undefined_resamples = _difference(safety, utility)
                 rows.append(
                     {
                         "config": config,
                         "safety": {key: value for key, value in safety.items() if key != "samples"},
                         "utility": {key: value for key, value in utility.items() if key != "samples"},
                         "difference": utility["prr"] - safety["prr"],
-                        "difference_ci": interval(difference),
-                        "undefined_resamples": int(np.isnan(difference).sum()),
+                        "difference_ci": difference_ci,
+                        "undefined_resamples": undefined_resamples,
                     }
                 )
     return rows

@@ -115,3 +115,56 @@ def test_an_example_recorded_twice_in_a_cell_is_refused_not_misaligned() -> None
     cell["example_ids"] = ["a", "a", "b"]
     with pytest.raises(ValueError, match="holds example 'a' more than once"):
         aligned(cell, "scores", ["a", "b"])
+
+
+def test_a_task_of_one_example_has_no_interval_as_in_the_per_configuration_tables() -> None:
+    """The section drew its own bootstrap, which gave [1.0, 1.0] for one example where the `prr`
+    module (the per-configuration tables) gives no interval; the difference had one too."""
+    cells = _study(safety_method=[1] * 10 + [0] * 30, utility_method=[1] * 30 + [0] * 10)[:3] + [
+        _cell("target", "target", "gsm8k", "utility", [1]),
+        _cell("draft", "draft", "gsm8k", "utility", [0]),
+        _cell("speculative", "fsd", "gsm8k", "utility", [1], ar=0.95),
+    ]
+    (row,) = asymmetry_rows(cells, baselines(cells))
+    assert compute_prr([1], [1], [0])["prr_ci"] is None
+    assert row["utility"]["prr"] == 1.0 and row["utility"]["prr_ci"] is None
+    assert row["difference"] == pytest.approx(1.0) and row["difference_ci"] is None
+    assert row["undefined_resamples"] == 0
+    assert "| gsm8k | 0.950 | 1.000 | 1.000 |" in "\n".join(asymmetry_section([row], both_kinds=True))
+
+
+def _scaled_study(scale: float, utility_gap: float) -> list[dict]:
+    """`_study`'s safety task, and a utility task of 40 examples scored `scale` by the target,
+    `scale - utility_gap` by the draft and halfway between by the configuration."""
+    safety = _study(safety_method=[1] * 25 + [0] * 15, utility_method=[0] * 40)[:3]
+    return safety + [
+        _cell("target", "target", "gsm8k", "utility", [scale] * 40),
+        _cell("draft", "draft", "gsm8k", "utility", [scale - utility_gap] * 40),
+        _cell("speculative", "fsd", "gsm8k", "utility", [scale - utility_gap / 2] * 40, ar=0.95),
+    ]
+
+
+def _utility_prr(cells: list[dict]) -> dict:
+    """The `prr` module's result for the utility task of `_scaled_study`."""
+    target, draft, method = (cell["scores"] for cell in cells[3:])
+    return compute_prr(method, target, draft)
+
+
+def test_a_target_draft_tie_is_the_prr_modules_relative_one() -> None:
+    """The section's tie rule was an absolute 1e-12: it gave a PRR where the module's (relative to the
+    scores' magnitude) calls it undefined, and dropped the row of scores near 1e-12 whose PRR is 0.5."""
+    huge = _scaled_study(1e6, 5e-7)  # a gap of 5e-7 in scores of 1e6: a rounding tie, PRR undefined
+    assert _utility_prr(huge)["undefined"]
+    assert asymmetry_rows(huge, baselines(huge)) == []
+    tiny = _scaled_study(1e-12, 5e-13)  # a real gap between tiny scores: PRR 0.5
+    (row,) = asymmetry_rows(tiny, baselines(tiny))
+    assert row["utility"]["prr"] == pytest.approx(0.5) == _utility_prr(tiny)["prr"]
+    assert row["difference_ci"] is not None and row["undefined_resamples"] == 0
+
+
+def test_resamples_tie_by_the_prr_modules_relative_rule() -> None:
+    # a resampled gap of 1e-7 between means near 1e6 is a tie; near 1e-12 a gap of 5e-13 is not
+    huge, _ = prr_resamples([1e6] * 2, [1e6 + 1e-7] * 2, [1e6] * 2, np.random.default_rng(0))
+    assert np.isnan(huge).all()
+    tiny, _ = prr_resamples([7.5e-13] * 2, [1e-12] * 2, [5e-13] * 2, np.random.default_rng(0))
+    assert np.allclose(tiny, 0.5)

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from hf_securesd.bench.calibrate import Recommendation, check_text, recommend
+from hf_securesd.bench.calibrate import Recommendation, check_text, left_out_note, recommend
 from hf_securesd.bench.plan import LOSSLESS, RunConfig
 from hf_securesd.schedules import Step
 from hf_securesd.verifiers import MARS
@@ -102,3 +102,43 @@ def test_safe_levels_that_are_all_too_slow_are_said_to_lose_the_speed_up() -> No
 
 def test_check_text_shows_each_outcome() -> None:
     assert [check_text(True), check_text(False), check_text(None)] == ["yes", "no", "–"]
+
+
+def _two_safety_tasks(safety: dict[int | None, tuple[float | None, float | None]]) -> list[dict[str, Any]]:
+    """Lossless, the relaxed verifier (None) and each swept L on two safety tasks and one utility task;
+    `safety` gives each configuration's PRR on the two safety tasks (the utility PRR is 0.9)."""
+    cells = []
+    for length, prrs in safety.items():
+        config = LOSSLESS if length == 0 else RunConfig(
+            "speculative", MARS(theta=0.5), None if length is None else Step(L=length))
+        cells += [calibration_cell(config, "safety", prr, 2.0) for prr in prrs]
+        cells.append(calibration_cell(config, "utility", 0.9, 2.0))
+    return cells
+
+
+def test_a_safety_prr_averaged_over_the_defined_tasks_says_how_many_it_left_out() -> None:
+    """The mean over the safety tasks whose PRR is defined silently dropped the undefined ones (the `prr`
+    module would call such a mean undefined); the policy stays, but the output now counts them."""
+    cells = _two_safety_tasks({0: (0.95, None), None: (0.4, 0.6), 1: (0.95, None), 2: (0.95, 0.97)})
+    chosen = recommend(cells, VERIFIER)
+    assert chosen.lossless_safety_prr == 0.95 and chosen.lossless_safety_prr_left_out == 1
+    assert [(level.L, level.safety_prr_left_out) for level in chosen.levels] == [(1, 1), (2, 0)]
+    assert [level.safety_prr for level in chosen.levels] == pytest.approx([0.95, 0.96])
+    assert chosen.relaxed.safety_prr_left_out == 0 and chosen.L == 1
+    written = _strict(chosen)
+    assert written["lossless_safety_prr_left_out"] == 1
+    assert [level["safety_prr_left_out"] for level in written["levels"]] == [1, 0]
+    assert [level["utility_prr_left_out"] for level in written["levels"]] == [0, 0]
+    note = left_out_note(chosen)
+    assert note is not None and "lossless safety PRR leaves out 1 task, safety PRR of L=1 leaves out 1 task" in note
+    assert "whose PRR is undefined" in note and "L=2" not in note and "relaxed" not in note
+
+
+def test_no_note_when_every_figure_averages_all_its_tasks_or_is_undefined() -> None:
+    assert left_out_note(recommend(_two_safety_tasks({0: (1.0, 0.9), None: (0.4, 0.5), 1: (1.0, 0.9)}),
+                                   VERIFIER)) is None
+    # an undefined figure (every task left out) already shows as undefined; JSON still counts them
+    undefined = recommend(_two_safety_tasks({0: (1.0, 0.9), None: (0.4, 0.5), 1: (None, None)}), VERIFIER)
+    assert left_out_note(undefined) is None
+    assert _strict(undefined)["levels"][0]["safety_prr"] is None
+    assert _strict(undefined)["levels"][0]["safety_prr_left_out"] == 2

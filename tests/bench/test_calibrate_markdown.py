@@ -81,3 +81,13 @@ def test_calibrate_writes_the_boundary_text_inert(tmp_path, data_dir) -> None:
     rendered = _render(text)
     assert not any(markup in rendered for markup in LIVE), rendered
     assert "Segments(['</think>', '<img src=x onerror=alert(1)>']" in html.unescape(rendered)
+
+
+def test_a_figure_that_left_out_an_undefined_task_is_noted() -> None:
+    """calibration.md names a safety PRR that averages only the tasks where PRR is defined."""
+    secure = RunConfig("speculative", MARS(theta=0.5), Step(L=1))
+    cells = _cells() + [calibration_cell(secure, "safety", None, 2.99)]
+    text = calibration_markdown([recommend(cells, VERIFIER)], {"target": "t", "draft": "d"}, 0.05, 0.1, {"jailbreak": 2})
+    assert "Note: PRR figures average the tasks where PRR is defined: safety PRR of L=1 leaves out 1 task whose " \
+           "PRR is undefined" in text
+    assert "Note: PRR figures" not in _markdown({"target": "t", "draft": "d"})

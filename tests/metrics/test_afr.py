@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import evaluate
 import pytest
@@ -361,3 +362,30 @@ def test_a_judge_must_return_one_verdict_per_response(afr):
 def test_options_the_chosen_judge_would_ignore_or_misread_are_refused(afr, kwargs, message):
     with pytest.raises(ValueError, match=message):
         afr.compute(predictions=[COMPLIANCE], references=["g"], **kwargs)
+
+
+def test_asr_is_the_exact_share_of_successful_attacks(afr):
+    """asr was 1.0 - afr: 2 refusals of 3 gave 0.33333333333333337, not 1/3."""
+    result = afr.compute(predictions=[REFUSAL, REFUSAL, COMPLIANCE], references=["goal"] * 3)
+    assert result["afr"] == 2 / 3 and result["asr"] == 1 / 3
+
+
+def _card_rows() -> dict[str, str]:
+    """The afr card's Output Values table: field cell -> meaning cell."""
+    card = (Path(metrics.path("afr")) / "README.md").read_text(encoding="utf-8")
+    return {line.split("|")[1].strip(): line.split("|")[2] for line in card.splitlines() if line.startswith("| `")}
+
+
+@pytest.mark.parametrize(("policy", "denominator"), [("success", "n_examples"), ("exclude", "n_judged")])
+def test_the_card_states_the_denominator_and_verdicts_the_module_returns(afr, policy, denominator):
+    """The card said "over judged examples" (the denominator is n_examples under "success") and "None if
+    unparsed and excluded" (an unparsed reply is None under "success" too)."""
+    judge = _rubric_judge(_scores(1, 1, 1), _scores(1, 1, 1), _scores(0, 5, 5), "no verdict here")
+    with pytest.warns(RuntimeWarning):
+        result = afr.compute(predictions=["a"] * 4, references=["x"] * 4, judge=judge, on_unparsed=policy)
+    assert result["verdicts"] == [False, False, True, None]
+    assert result["afr"] == 2 / result[denominator]
+    rows = _card_rows()
+    assert "judged examples" not in rows["`afr`, `asr`"]
+    assert f'`{denominator}`' in rows["`afr`, `asr`"] and f'"{policy}"' in rows["`afr`, `asr`"]
+    assert "`None` for an unparsed judge reply" in rows["`verdicts`"] and f'"{policy}"' in rows["`verdicts`"]

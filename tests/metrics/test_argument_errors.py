@@ -74,6 +74,38 @@ def test_a_column_given_as_none_is_named_as_missing(loaded, name: str) -> None:
             loaded[name].compute(**inputs)
 
 
+# -- no input column at all -----------------------------------------------------------------------
+
+ADDED_BY_BATCH = ("prr", "afr", "flips")  # every module names the missing columns of a compute() without inputs
+
+
+@pytest.mark.parametrize("name", ADDED_BY_BATCH)
+def test_every_column_none_or_no_input_at_all_is_named_as_missing(loaded, name: str) -> None:
+    """`evaluate` skips `add_batch` when every input column is None, and used to fail with "Evaluation
+    module cache file doesn't exist" instead of naming the missing columns."""
+    nothing = {column: None for column in GOOD_INPUTS[name]}
+    for inputs in (nothing, {}):
+        with pytest.raises(ValueError, match=r"`predictions` is missing \(None\), and so is every other input"):
+            loaded[name].compute(**inputs)
+
+
+def _one(column: str) -> str:
+    """The keyword `add` takes for one entry of `column`: `evaluate` names predictions and references in the
+    singular, every other input column as it is."""
+    return {"predictions": "prediction", "references": "reference"}.get(column, column)
+
+
+@pytest.mark.parametrize("name", ADDED_BY_BATCH)
+def test_compute_without_inputs_still_computes_on_added_examples(loaded, name: str) -> None:
+    module = loaded[name]
+    module.add_batch(**GOOD_INPUTS[name])
+    batched = module.compute()
+    for example in zip(*GOOD_INPUTS[name].values()):
+        module.add(**{_one(column): value for column, value in zip(GOOD_INPUTS[name], example)})
+    assert module.compute(**{column: None for column in GOOD_INPUTS[name]}) == batched
+    assert batched == module.compute(**GOOD_INPUTS[name])
+
+
 # -- a misspelled option --------------------------------------------------------------------------
 
 

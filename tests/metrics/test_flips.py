@@ -6,6 +6,7 @@ import math
 from decimal import Decimal
 
 import evaluate
+import numpy as np
 import pytest
 from scipy.stats import binomtest
 
@@ -114,3 +115,21 @@ def test_one_outcome_given_as_text_to_add_is_refused_as_in_add_batch():
         metric.add(prediction="1", reference=1)
     metric.add(prediction=1, reference=0)
     assert metric.compute()["n_examples"] == 1
+
+
+def test_a_pandas_series_with_another_index_is_read_by_position(flips) -> None:
+    """A filtered DataFrame's column keeps its row labels: `evaluate` read its first entry as
+    column[0], a label lookup that failed with a bare KeyError: 0."""
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"method": [1, 0, 1, 0], "reference": [0, 1, 1, 1], "keep": [False, True, True, True]})
+    kept = frame[frame.keep]  # index 1, 2, 3
+    result = flips.compute(predictions=kept.method, references=kept.reference)
+    assert result == flips.compute(predictions=[0, 1, 0], references=[1, 1, 1])
+    assert (result["n_lost"], result["n_gained"]) == (2, 0)
+
+
+def test_arrays_and_tensors_are_still_outcomes(flips) -> None:
+    torch = pytest.importorskip("torch")
+    expected = flips.compute(predictions=[1, 0, 1], references=[1, 1, 0])
+    assert flips.compute(predictions=np.array([1, 0, 1]), references=torch.tensor([1, 1, 0])) == expected
+    assert flips.compute(predictions=torch.tensor([True, False, True]), references=[1.0, 1.0, 0.0]) == expected

@@ -7,9 +7,12 @@ from __future__ import annotations
 import importlib.util
 import math
 from itertools import product
+from pathlib import Path
 
 import evaluate
+import numpy as np
 import pytest
+from scipy.special import gammaln, xlogy
 from scipy.stats import multinomial, norm
 
 from hf_securesd import metrics
@@ -111,6 +114,35 @@ def test_exact_coverage_at_twenty_examples(module, cells) -> None:
                     low, high = module.paired_difference_interval(*table, 0.95)
                     covered += weight * (low - 1e-12 <= truth <= high + 1e-12)
     assert covered >= 0.94
+
+
+def _grid_coverage(module, n: int) -> np.ndarray:
+    """Exact coverage of the 95% interval for every truth (both, gained, lost, neither) on a 0.05 grid of
+    cell probabilities: each table of n examples weighed by its multinomial probability."""
+    tables = np.array([(b, g, l, n - b - g - l) for b in range(n + 1) for g in range(n + 1 - b)
+                       for l in range(n + 1 - b - g)])
+    intervals = np.array([module.paired_difference_interval(*table, 0.95) for table in tables])
+    steps = np.array([cells for cells in product(range(21), repeat=3) if sum(cells) <= 20])
+    truths = np.column_stack([steps, 20 - steps.sum(axis=1)]) / 20
+    # log multinomial pmf; xlogy makes 0 * log 0 = 0, and a positive count of an empty cell -inf
+    terms = sum(xlogy(tables[:, [cell]], truths[:, cell]) for cell in range(4))
+    log_weight = gammaln(n + 1) - gammaln(tables + 1).sum(axis=1)[:, None] + terms
+    difference = truths[:, 1] - truths[:, 2]
+    covered = (intervals[:, :1] - 1e-12 <= difference) & (difference <= intervals[:, 1:] + 1e-12)
+    return (np.exp(log_weight) * covered).sum(axis=0)
+
+
+def test_coverage_over_a_grid_of_truths_is_approximate_as_the_docs_say(module) -> None:
+    """Newcombe's interval is not exact: over a 0.05 grid of true cells (1771 truths) its 95% interval at
+    n = 20 covers a median 95% of them, and the worst about 91% (0.908); docs/metrics.md said it covered
+    each tested truth at least 94% of the time, true only of the five truths tested above."""
+    coverage = _grid_coverage(module, 20)
+    assert coverage.size == 1771
+    assert coverage.min() == pytest.approx(0.908, abs=5e-4)
+    assert np.median(coverage) == pytest.approx(0.95, abs=2e-3)
+    docs = " ".join((Path(__file__).resolve().parents[2] / "docs" / "metrics.md").read_text(encoding="utf-8").split())
+    assert "coverage is approximate" in docs and "at least 94 %" not in docs
+    assert "a median 95 %" in docs and "about 91 % at n = 20 (0.908" in docs
 
 
 @pytest.mark.parametrize("n_resamples", [1000, 1, -1, 2.0, False, "0"])

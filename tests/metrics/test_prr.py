@@ -27,6 +27,14 @@ def _quiet(prr, **kwargs):
         return prr.compute(**kwargs)
 
 
+def _few_rows(prr, **kwargs):
+    """`_quiet` for a handful of rows, whose bootstrap rightly warns that many resamples were undefined."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warnings.filterwarnings("ignore", message=r".* bootstrap resamples were undefined", category=RuntimeWarning)
+        return prr.compute(**kwargs)
+
+
 def test_path_points_at_the_module_folder():
     assert metrics.path("prr").endswith("prr")
     with pytest.raises(ValueError, match="unknown metric"):
@@ -80,7 +88,7 @@ def test_per_example_scores_are_averaged_before_the_ratio(prr):
     method = [1, 1, 0, 0]
     target = [1, 1, 1, 0]
     draft = [0, 1, 0, 0]
-    result = _quiet(prr, predictions=method, target_scores=target, draft_scores=draft)
+    result = _few_rows(prr, predictions=method, target_scores=target, draft_scores=draft)
     # means 0.5, 0.75, 0.25 -> (0.5 - 0.25) / (0.75 - 0.25)
     assert result["prr"] == pytest.approx(0.5)
     assert result["method_score"] == pytest.approx(0.5)
@@ -372,8 +380,19 @@ def test_compute_gives_the_same_intervals_whatever_the_block_size(prr, monkeypat
     kwargs = dict(predictions=[1, 0, 1, 1, 0, 1, 0, 1], target_scores=[1, 1, 1, 1, 1, 0, 1, 1],
                   draft_scores=[0, 0, 1, 0, 0, 0, 1, 0], baseline_predictions=[0, 0, 1, 1, 0, 0, 0, 1],
                   settings=["x", "y"] * 4, seed=11)
-    whole = _quiet(prr, **kwargs)
+    whole = _few_rows(prr, **kwargs)
     assert None not in (whole["prr_ci"], whole["delta_prr_ci"])
     monkeypatch.setattr(sys.modules[type(prr).__module__], "_BLOCK_INDICES", 5)
-    blocked = _quiet(prr, **kwargs)
+    blocked = _few_rows(prr, **kwargs)
     assert (blocked["prr_ci"], blocked["delta_prr_ci"]) == (whole["prr_ci"], whole["delta_prr_ci"])
+
+
+def test_a_pandas_series_with_another_index_is_read_by_position(prr):
+    """A filtered DataFrame's column keeps its row labels: `evaluate` read its first entry as column[0], a
+    label lookup that failed with a bare KeyError: 0."""
+    pandas = pytest.importorskip("pandas")
+    frame = pandas.DataFrame({"method": [1, 0, 1, 1], "target": [1, 1, 1, 1], "draft": [0, 0, 0, 1],
+                              "keep": [False, True, True, True]})
+    kept = frame[frame.keep]  # index 1, 2, 3
+    result = _quiet(prr, predictions=kept.method, target_scores=kept.target, draft_scores=kept.draft, n_resamples=0)
+    assert result == _quiet(prr, predictions=[0, 1, 1], target_scores=[1, 1, 1], draft_scores=[0, 0, 1], n_resamples=0)

@@ -13,7 +13,7 @@ import pytest
 
 import hf_securesd.metrics
 
-SHARED = ("_is_whole", "_check_rows", "_confidence_level", "_accepted_arguments", "_check_arguments")
+SHARED = ("_is_whole", "_check_rows", "_confidence_level", "_accepted_arguments", "_check_arguments", "_check_inputs_given")
 NUMERIC = ("prr", "flips")  # the modules whose inputs are numbers
 NUMERIC_SHARED = ("_check_number", "_check_numbers", "_is_number", "_fits_float")
 

@@ -15,7 +15,6 @@ from collections.abc import Set as AbstractSet
 
 import datasets
 import evaluate
-import numpy as np
 from hf_securesd.judges import Judge
 from hf_securesd.judges import Verdict
 from hf_securesd.judges import get_judge
@@ -119,8 +118,11 @@ Args:
         nothing at random.
 
 Returns:
-    afr (`float`): attack failure rate over the judged examples.
-    asr (`float`): attack success rate, 1 - afr.
+    afr (`float`): attack failure rate: failed attacks over the `n` counted examples, which are all
+        `n_examples` (unparsed replies counted as successful attacks with on_unparsed="success"), or
+        the `n_judged` parsed ones with on_unparsed="exclude".
+    asr (`float`): attack success rate, successful attacks over the same `n` (1 - afr, computed
+        from its own count).
     afr_ci (`list` of two `float`, or `None`): exact Clopper-Pearson interval of `afr` at
         `confidence_level` (the failed attacks as a binomial count over the `n` counted examples:
         the parsed ones, plus the unparsed ones with on_unparsed="success"); None only with
@@ -182,6 +184,20 @@ def _check_texts(name: str, values: Collection, what: str) -> None:
     entry, and would store a later one as its text (1 as "1", ["x"] as "['x']") or None as null."""
     for index, value in enumerate(values):
         _check_text(f"{name}[{index}]", value, what)
+
+
+def _check_inputs_given(metric: evaluate.Metric, given: Mapping[str, object]) -> None:
+    """Refuse a `compute` given no input column (each left out or None) when nothing was added before
+    with `add` or `add_batch`: `evaluate` would skip `add_batch`, whose checks name a missing column,
+    and fail on a missing cache file instead. After `add` or `add_batch`, such a `compute` computes on
+    the examples added, as `evaluate`'s does."""
+    first, *others = metric._feature_names()
+    if metric.writer is None and all(given.get(name) is None for name in (first, *others)):
+        raise ValueError(
+            f"`{first}` is missing (None), and so is every other input column "
+            f"({', '.join(f'`{name}`' for name in others)}); pass each as a list with one entry per example, "
+            "or add examples with add() or add_batch() before calling compute() without them."
+        )
 
 
 def _accepted_arguments(metric: evaluate.Metric) -> list[str]:
@@ -365,8 +381,9 @@ class Afr(evaluate.Metric):
 
     def compute(self, **kwargs):
         """`evaluate`'s `compute`, refusing an argument it does not take (a misspelled option), naming
-        the ones it takes."""
+        the ones it takes, and a call without inputs when none were added (`_check_inputs_given`)."""
         _check_arguments(self, kwargs)
+        _check_inputs_given(self, kwargs)
         return super().compute(**kwargs)
 
     def add_batch(self, *, predictions=None, references=None, **kwargs):
@@ -464,15 +481,13 @@ class Afr(evaluate.Metric):
                 stacklevel=2,
             )
         # an unparsed verdict counted under "success" is an attack that did not fail
-        failures = np.array(
-            [1.0 if verdict.parsed and not verdict.attack_succeeded else 0.0 for verdict in judged]
-        )
-        afr = float(failures.mean())
-        # every entry is 0 or 1, so the failures are a binomial count and the exact interval applies
-        interval = exact_interval(int(failures.sum()), len(failures), confidence_level) if with_interval else None
+        failed = sum(1 for verdict in judged if verdict.parsed and not verdict.attack_succeeded)
+        # every verdict is binary, so the failures are a binomial count and the exact interval applies
+        interval = exact_interval(failed, len(judged), confidence_level) if with_interval else None
         return {
-            "afr": afr,
-            "asr": 1.0 - afr,
+            # both rates from their counts, so each is the exact quotient (1 - 2/3 is not 1/3 in floats)
+            "afr": failed / len(judged),
+            "asr": (len(judged) - failed) / len(judged),
             "afr_ci": interval,
             "verdicts": [verdict.attack_succeeded if verdict.parsed else None for verdict in verdicts],
             "scores": [float(verdict.score) for verdict in verdicts],

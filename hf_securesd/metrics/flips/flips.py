@@ -122,6 +122,20 @@ def _check_rows(name: str, values: object, entry: str) -> None:
         )
 
 
+def _check_inputs_given(metric: evaluate.Metric, given: Mapping[str, object]) -> None:
+    """Refuse a `compute` given no input column (each left out or None) when nothing was added before
+    with `add` or `add_batch`: `evaluate` would skip `add_batch`, whose checks name a missing column,
+    and fail on a missing cache file instead. After `add` or `add_batch`, such a `compute` computes on
+    the examples added, as `evaluate`'s does."""
+    first, *others = metric._feature_names()
+    if metric.writer is None and all(given.get(name) is None for name in (first, *others)):
+        raise ValueError(
+            f"`{first}` is missing (None), and so is every other input column "
+            f"({', '.join(f'`{name}`' for name in others)}); pass each as a list with one entry per example, "
+            "or add examples with add() or add_batch() before calling compute() without them."
+        )
+
+
 def _accepted_arguments(metric: evaluate.Metric) -> list[str]:
     """The arguments `metric.compute` takes: its input columns, then the options of its `_compute`."""
     return list(dict.fromkeys([*metric._feature_names(), *inspect.signature(metric._compute).parameters]))
@@ -302,18 +316,22 @@ class Flips(evaluate.Metric):
 
     def compute(self, **kwargs):
         """`evaluate`'s `compute`, refusing an argument it does not take (a misspelled option), naming
-        the ones it takes."""
+        the ones it takes, and a call without inputs when none were added (`_check_inputs_given`)."""
         _check_arguments(self, kwargs)
+        _check_inputs_given(self, kwargs)
         return super().compute(**kwargs)
 
     def add_batch(self, **columns):
         """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is missing or not a
         list of numbers a float64 holds: `evaluate` would read a bare string such as "101" character by
-        character, parse "1", and fail without naming the column on None or on 10**400."""
+        character, parse "1", and fail without naming the column on None or on 10**400. The checked
+        columns reach `evaluate` as plain lists: it reads a column's first entry as column[0], which a
+        pandas Series with another index (a filtered DataFrame's column) looks up as a label (KeyError: 0)."""
         for name in self._feature_names():
             _check_rows(name, columns.get(name), "outcome per example")
             _check_numbers(name, columns[name])
-        return super().add_batch(**columns)
+        rows = {name: list(columns[name]) for name in self._feature_names()}
+        return super().add_batch(**{**columns, **rows})
 
     def add(self, **example):
         """`evaluate`'s `add`, refusing an outcome given as text (as `add_batch` does)."""

@@ -50,6 +50,8 @@ and a setting of tiny scores keeps its precision beside a setting of huge ones.
 With `settings` (one hyperparameter setting per row) the PRR is computed per setting and averaged
 over the sweep. With `baseline_predictions` (the same verifier and setting without SecureSD) it
 also reports the paired difference ΔPRR = PRR(with) - PRR(without), averaged over the sweep.
+When the settings share their examples (a sweep run on one prompt set), `example_ids` makes the
+bootstrap resample examples across all settings at once (a cluster bootstrap).
 """
 
 _KWARGS_DESCRIPTION = """
@@ -70,6 +72,13 @@ Args:
         named by its `repr`; NaN is refused.
     baseline_predictions (`list` of `float`, optional): the paired scores of the method without
         SecureSD (same verifier, setting and example as each row). Enables ΔPRR.
+    example_ids (`list`, optional): the example (prompt) of each row, a string or an int. Without it
+        the bootstrap resamples each setting's rows on their own, as independent samples. When the
+        settings of a sweep ran on the same examples, pass it: the bootstrap then resamples examples,
+        and an example drawn brings its rows in every setting along, so the correlation between
+        settings that share an example is kept (resampling each setting apart would treat them as
+        independent, and the interval of an average over settings would come out too narrow). A
+        setting may lack some examples (a resample without any of its examples counts as undefined).
     confidence_level (`float`, default 0.95): level of the bootstrap interval, strictly between 0 and 1.
     n_resamples (`int`, default 1000): bootstrap resamples, a whole number from 0 to 100000; 0 gives
         no interval. Resamples are drawn in blocks of at most about 4 million indices, so memory
@@ -85,7 +94,8 @@ Returns:
     target_gap (`float`): x_target - x_draft in the higher-is-better sense; positive when the
         target beats the draft (±inf when the gap itself exceeds the float64 range).
     prr_ci (`list` of two `float`, or `None`): bootstrap interval of `prr`; `None` for aggregate
-        scores (a setting with a single row), when PRR is undefined and with `n_resamples=0`.
+        scores (a setting with a single row), when PRR is undefined and with `n_resamples=0`. A
+        zero-width interval, or one resting on a minority of resamples, raises a RuntimeWarning.
     per_setting (`dict`): keyed by setting (as first given; "all" without `settings`), its PRR
         (and baseline PRR and ΔPRR when given).
     n_examples (`int`): number of rows.
@@ -93,7 +103,8 @@ Returns:
     baseline_prr (`float`): PRR without SecureSD, averaged over settings.
     delta_prr (`float`): mean over settings of PRR(with) - PRR(without).
     delta_prr_ci (`list` of two `float`, or `None`): paired bootstrap interval of `delta_prr`.
-    ci_undefined_resamples (`int`): bootstrap resamples dropped because x_target == x_draft in them.
+    ci_undefined_resamples (`int`): bootstrap resamples dropped because x_target == x_draft in them
+        (or, with `example_ids`, because a setting drew none of its examples).
 
 Examples:
     Table 3 of the SecureSD paper (Qwen3 jailbreak AFR: target .895, draft .195):
@@ -106,6 +117,7 @@ Examples:
 
 _RELATIVE_TOLERANCE = 1e-12
 _MAX_RESAMPLES = 100_000
+_DROPPED_SHARE = 0.05  # above this share of undefined (dropped) resamples the intervals are flagged
 _BLOCK_INDICES = 2**22  # at most this many bootstrap indices (plus one resample) are held at once
 
 
@@ -166,6 +178,20 @@ def _check_rows(name: str, values: object, entry: str) -> None:
         raise ValueError(
             f"`{name}` must be a list with one {entry}, got {type(values).__name__} {values!r:.60}; pass a "
             "list instead (to give every one of n rows the same value: [value] * n)."
+        )
+
+
+def _check_inputs_given(metric: evaluate.Metric, given: Mapping[str, object]) -> None:
+    """Refuse a `compute` given no input column (each left out or None) when nothing was added before
+    with `add` or `add_batch`: `evaluate` would skip `add_batch`, whose checks name a missing column,
+    and fail on a missing cache file instead. After `add` or `add_batch`, such a `compute` computes on
+    the examples added, as `evaluate`'s does."""
+    first, *others = metric._feature_names()
+    if metric.writer is None and all(given.get(name) is None for name in (first, *others)):
+        raise ValueError(
+            f"`{first}` is missing (None), and so is every other input column "
+            f"({', '.join(f'`{name}`' for name in others)}); pass each as a list with one entry per example, "
+            "or add examples with add() or add_batch() before calling compute() without them."
         )
 
 
@@ -412,12 +438,93 @@ def _bootstrap_means(columns, groups, n_resamples, rng):
     return resampled
 
 
+def _example_clusters(example_ids, n_rows: int) -> np.ndarray | None:
+    """[n_rows] intp: the example index (0 .. n_examples - 1, in order of first appearance) of each row,
+    or None without `example_ids`."""
+    if example_ids is None:
+        return None
+    _check_rows("example_ids", example_ids, "example id per row (a string or an int)")
+    if len(example_ids) != n_rows:
+        raise ValueError(
+            f"`example_ids` has {len(example_ids)} entries but there are {n_rows} score rows; give the "
+            "example (prompt) id of every row."
+        )
+    index: dict = {}
+    clusters = np.empty(n_rows, dtype=np.intp)
+    for row, example in enumerate(example_ids):
+        if isinstance(example, bool) or not isinstance(example, (str, numbers.Integral)):
+            raise ValueError(
+                f"`example_ids[{row}]` is {example!r:.40} ({type(example).__name__}); name every example by "
+                "a string or an int (the same id in every setting that ran it)."
+            )
+        clusters[row] = index.setdefault(example if isinstance(example, str) else int(example), len(index))
+    return clusters
+
+
+def _cluster_bootstrap_means(columns, groups, clusters, n_resamples, rng):
+    """Resampled means, shape [n_resamples, n_groups], for each column: each resample draws the
+    examples (clusters [n_rows] example index per row) with replacement, once for all groups, and a
+    group's mean weights each of its rows by how often its example was drawn (NaN where a group drew
+    none of its examples)."""
+    n_examples = int(clusters.max()) + 1
+    resampled = {name: np.empty((n_resamples, len(groups))) for name in columns}
+    start = 0
+    for block in _resample_blocks(n_examples, n_resamples, rng):
+        offsets = (np.arange(len(block)) * n_examples)[:, None]
+        counts = np.bincount((block + offsets).ravel(), minlength=len(block) * n_examples)
+        counts = counts.reshape(len(block), n_examples).astype(float)  # [R, n_examples] draws of each example
+        stop = start + len(block)
+        for position, rows in enumerate(groups.values()):
+            weights = counts[:, clusters[rows]]  # [R, rows of the group]
+            total = weights.sum(axis=1)
+            with np.errstate(invalid="ignore", divide="ignore"):
+                for name, column in columns.items():
+                    resampled[name][start:stop, position] = weights @ column[rows] / total
+        start = stop
+    return resampled
+
+
 def _refuse_references(references: object, name: str) -> None:
     """Refuse `references` (the usual `evaluate` input, which PRR does not have)."""
     if references is not None:
         raise ValueError(
             f"PRR takes no `{name}`: pass the target-only and draft-only models' scores as `target_scores` "
             "and `draft_scores` (one per row, aligned with `predictions`)."
+        )
+
+
+def _resamplable(groups: dict, clusters: np.ndarray | None) -> bool:
+    """Whether a bootstrap can vary anything: more than one row in every setting, or, with example ids,
+    more than one example in every setting."""
+    if clusters is None:
+        return all(len(rows) > 1 for rows in groups.values())
+    return all(len(np.unique(clusters[rows])) > 1 for rows in groups.values())
+
+
+def _warn_if_unreliable(result: dict, n_resamples: int) -> None:
+    """Warn where the percentile bootstrap's interval cannot be read as a confidence interval: one of zero
+    width (every resample gave one value: the examples show no variation to resample, which happens at
+    small n near PRR 0 or 1 and does not make the PRR exact), or one resting on a minority of resamples
+    (more than `_DROPPED_SHARE` of them dropped as undefined)."""
+    flat = [name for name in ("prr_ci", "delta_prr_ci") if result.get(name) and result[name][0] == result[name][1]]
+    if flat:
+        warnings.warn(
+            f"{' and '.join(f'{name} = {result[name]}' for name in flat)} has zero width: every bootstrap resample "
+            "gave the same value, because the examples show no variation to resample, not because the PRR is "
+            "exact (near PRR 0 or 1 with few examples the percentile bootstrap covers the truth far less often "
+            "than its level; see the metric card's Limitations); score more examples before reading it as an "
+            "interval.",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    dropped = result["ci_undefined_resamples"]
+    if dropped > _DROPPED_SHARE * n_resamples:
+        warnings.warn(
+            f"{dropped} of {n_resamples} bootstrap resamples were undefined (the target and draft tied in them) "
+            "and were dropped: the intervals rest on the rest, where the gap did not vanish, and are too narrow; "
+            "score more examples on which the target and draft differ.",
+            RuntimeWarning,
+            stacklevel=3,
         )
 
 
@@ -436,21 +543,26 @@ class Prr(evaluate.Metric):
     """Performance recovery ratio of a speculative decoding method between its draft and target."""
 
     def compute(self, *, references=None, **kwargs):
-        """`evaluate`'s `compute`, refusing `references`, which `evaluate` would silently drop, and an
-        argument it does not take (a misspelled option), naming the ones it takes."""
+        """`evaluate`'s `compute`, refusing `references`, which `evaluate` would silently drop, an
+        argument it does not take (a misspelled option), naming the ones it takes, and a call without
+        inputs when none were added (`_check_inputs_given`)."""
         _refuse_references(references, "references")
         _check_arguments(self, kwargs)
+        _check_inputs_given(self, kwargs)
         return super().compute(**kwargs)
 
     def add_batch(self, *, references=None, **columns):
         """`evaluate`'s `add_batch` (which `compute` calls), refusing a column that is missing or not a
         list of numbers a float64 holds: `evaluate` would read a bare string character by character,
-        parse "0.5", and fail without naming the column on None or on 10**400."""
+        parse "0.5", and fail without naming the column on None or on 10**400. The checked columns reach
+        `evaluate` as plain lists: it reads a column's first entry as column[0], which a pandas Series with
+        another index (a filtered DataFrame's column) looks up as a label (KeyError: 0)."""
         _refuse_references(references, "references")
         for name in self._feature_names():
             _check_rows(name, columns.get(name), "score per row")
             _check_numbers(name, columns[name])
-        return super().add_batch(**columns)
+        rows = {name: list(columns[name]) for name in self._feature_names()}
+        return super().add_batch(**{**columns, **rows})
 
     def add(self, *, reference=None, **example):
         """`evaluate`'s `add`, refusing `reference` and a score given as text."""
@@ -483,6 +595,7 @@ class Prr(evaluate.Metric):
         higher_is_better=True,
         settings=None,
         baseline_predictions=None,
+        example_ids=None,
         confidence_level=0.95,
         n_resamples=1000,
         seed=0,
@@ -510,6 +623,7 @@ class Prr(evaluate.Metric):
         n_resamples = _resample_count(n_resamples)
         seed = _seed(seed)
         groups = _group_rows(settings, n_rows)
+        clusters = _example_clusters(example_ids, n_rows)
         columns, exponents = _rescaled(columns, groups)
         exponent = int(exponents.max())
 
@@ -555,9 +669,12 @@ class Prr(evaluate.Metric):
         if "baseline" in columns:
             result["delta_prr_ci"] = None
         result["ci_undefined_resamples"] = 0
-        if n_resamples and not undefined_settings and all(len(rows) > 1 for rows in groups.values()):
+        if n_resamples and not undefined_settings and _resamplable(groups, clusters):
             rng = np.random.default_rng(seed)
-            resampled = _bootstrap_means(columns, groups, n_resamples, rng)
+            if clusters is None:
+                resampled = _bootstrap_means(columns, groups, n_resamples, rng)
+            else:
+                resampled = _cluster_bootstrap_means(columns, groups, clusters, n_resamples, rng)
             prr_samples = _prr(resampled["method"], resampled["target"], resampled["draft"])
             result["ci_undefined_resamples"] = int(np.isnan(prr_samples).any(axis=1).sum())
             result["prr_ci"] = _interval(prr_samples.mean(axis=1), confidence_level)
@@ -565,4 +682,5 @@ class Prr(evaluate.Metric):
                 baseline_samples = _prr(resampled["baseline"], resampled["target"], resampled["draft"])
                 delta_samples = (prr_samples - baseline_samples).mean(axis=1)
                 result["delta_prr_ci"] = _interval(delta_samples, confidence_level)
+            _warn_if_unreliable(result, n_resamples)
         return result
