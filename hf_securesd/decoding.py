@@ -34,7 +34,7 @@ from transformers import DynamicCache, LogitsProcessorList, PreTrainedModel, Sto
 from .draft_length import DraftLength, DraftLengthController
 from .host_values import long_tensor
 from .model_runner import ModelRunner
-from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores, without_invalid_values
+from .prefixes import SCORE_PROBLEMS, Health, RowProcessing, TokenBuffer, usable_scores, without_invalid_values
 from .proposers import DraftModelProposer, PromptLookupProposer, Proposal, Proposer, RoundState
 from .schedules import Schedule
 from .stats import RoundRecorder, SpeculativeStats
@@ -101,10 +101,12 @@ class DecodeResult:
 
 @dataclass
 class Scored:
-    """The target's verdict material for a round: raw and processed logits [A, k+1, V]."""
+    """The target's verdict material for a round: raw and processed logits [A, k+1, V], and what the
+    processors left wrong at each position ([A, k+1] `prefixes.usable_scores` codes; None: nothing)."""
 
     raw: torch.Tensor
     processed: torch.Tensor
+    problems: torch.Tensor | None = None
 
 
 @dataclass
@@ -118,16 +120,26 @@ class Committed:
 
 
 def _read_back(
-    accepted: torch.Tensor, count: torch.Tensor, finished: torch.Tensor, deviation: torch.Tensor | None
+    accepted: torch.Tensor, count: torch.Tensor, finished: torch.Tensor, deviation: torch.Tensor | None,
+    problems: torch.Tensor | None,
 ) -> Committed:
-    """A round's outcome on the host in one transfer: accepted, count, finished [A] and deviation [A, k]."""
-    outcome = torch.stack([accepted, count, finished])  # [3, A] long
+    """A round's outcome on the host in one transfer: accepted, count, finished [A], deviation [A, k] and
+    the problem each row reached ([A] `usable_scores` code), raised here as NonFiniteLogitsError."""
+    rows = [accepted, count, finished] + ([] if problems is None else [problems])
+    outcome = torch.stack(rows)  # [3 or 4, A] long
     if deviation is None:
-        return Committed(*outcome.tolist(), None)
-    active, k = deviation.shape
-    values = torch.cat([outcome.flatten().double(), deviation.flatten().double()]).tolist()
-    counts = ([int(v) for v in values[i * active : (i + 1) * active]] for i in range(3))
-    return Committed(*counts, [values[3 * active + a * k : 3 * active + (a + 1) * k] for a in range(active)])
+        values = outcome.tolist()
+    else:
+        active, k = deviation.shape
+        flat = torch.cat([outcome.flatten().double(), deviation.flatten().double()]).tolist()
+        values = [[int(v) for v in flat[i * active : (i + 1) * active]] for i in range(len(rows))]
+        values.append([flat[len(rows) * active + a * k : len(rows) * active + (a + 1) * k] for a in range(active)])
+    if problems is not None:
+        reached = set(values.pop(3))
+        for code, name in SCORE_PROBLEMS.items():
+            if code in reached:
+                raise NonFiniteLogitsError(Health.MESSAGES[name])
+    return Committed(*values[:3], values[3] if deviation is not None else None)
 
 
 class SpeculativeLoop:
@@ -209,14 +221,17 @@ class SpeculativeLoop:
         if not self.processing.cleans_invalid:
             self.health.flag_nonfinite("target_model", raw)
         processed = self.processing(raw, self.rows, self.host_rows, offset=0)
+        problems = None
         if self.processing.processors:
             vocab = raw.shape[-1]
-            flat = checked_scores(processed.reshape(-1, vocab), self.settings.do_sample, self.health, "target")
+            flat, problems = usable_scores(processed.reshape(-1, vocab), self.settings.do_sample)
             processed = flat.reshape(active, k + 1, vocab)
+            if problems is not None:  # a position is a problem only if the round reaches it (`commit`)
+                problems = problems.reshape(active, k + 1)
         problem = self.health.problem()
         if problem is not None:
             raise NonFiniteLogitsError(problem)
-        return Scored(raw, processed), first_kept
+        return Scored(raw, processed, problems), first_kept
 
     def verify(self, proposal: Proposal, scored: Scored) -> StepOutput:
         schedule = self.settings.schedule
@@ -263,7 +278,13 @@ class SpeculativeLoop:
             count = torch.where(hit, hits.long().argmax(dim=-1) + 1, count)
             finished |= hit
         self.buffer.write(self.rows, 0, new_tokens, every_row=active == self.batch)
-        done = _read_back(accepted, count, finished, outcome.deviation)
+        reached = None
+        if scored.problems is not None:
+            # Position i of a row is read when its first i drafts were accepted (to verify draft i + 1 or to
+            # draw the next token); a position after a rejection, or past the row's drafts, never is.
+            used = torch.arange(k + 1, device=self.device)[None] <= accepted[:, None]
+            reached = torch.where(used, scored.problems, 0).amax(dim=-1)
+        done = _read_back(accepted, count, finished, outcome.deviation, reached)
         if self.check_each_token:
             stops = stopping.first_stops(
                 self.settings.stopping_criteria, self.buffer, self.host_rows, done.count,

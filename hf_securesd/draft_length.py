@@ -176,12 +176,22 @@ def resolve_prompt_lookup(
     GenerationConfig), or a field of another kind of drafting (`_UNSUPPORTED`) anywhere, alongside it would
     be ignored or change the drafting, so they are refused. `num_assistant_tokens` and the threshold saved
     in the target's own generation_config configure draft-model drafting and are ignored, as in HF."""
+    places = [(explicit, "in the call")] + [
+        (_explicit_fields(config), where) for config, where in (
+            (passed_config, "in the GenerationConfig passed to generate"),
+            (target_config, "saved in the model's own generation_config"),
+        ) if config is not None
+    ]
+    sources = [fields for fields, _ in places]
     if draft is not None:
+        value, where = next((fields["prompt_lookup_num_tokens"], where) for fields, where in places
+                            if fields.get("prompt_lookup_num_tokens") is not None)
         raise DraftLengthError(
-            "prompt_lookup_num_tokens selects prompt lookup drafting, but a draft model (assistant_model= or "
-            "draft=) was given too; transformers would silently use prompt lookup only. Pass one of them"
+            f"prompt_lookup_num_tokens={value!r} ({where}) selects prompt lookup drafting, but a draft model "
+            "(assistant_model= or draft=) was given too; transformers would silently use prompt lookup only. "
+            "Pass one of them: to draft with the model, pass prompt_lookup_num_tokens=None in the call (or remove "
+            "it from where it is set); to use prompt lookup, drop the draft model"
         )
-    sources = [explicit] + [_explicit_fields(config) for config in (passed_config, target_config) if config is not None]
 
     def pick(name: str) -> Any:
         return next((source[name] for source in sources if source.get(name) is not None), None)

@@ -9,7 +9,7 @@ float64 rounding; a token of probability 0 is never drawn (its cumulative value 
 predecessor's, so a smaller index is found first).
 
 Every row must have a positive, finite total: the callers guarantee it without a check here, which would
-cost a read on the host at every draft step. Drafting draws from scores `prefixes.checked_scores` made
+cost a read on the host at every draft step. Drafting draws from scores `prefixes.usable_scores` made
 safe, and verification from q (checked where it is computed, `RoundInputs.target_probs`) or from a
 recovery distribution that falls back to q wherever it has no mass.
 """

@@ -236,8 +236,6 @@ class Health:
         "and its weights, "
         "or pass remove_invalid_values=True to generate (NaN scores become 0 and infinite ones the largest or "
         "smallest finite value, as in plain transformers decoding).",
-        "draft_processors": "the logits processors left the draft with NaN scores or no allowed token; check the "
-        "processors passed to generate (e.g. conflicting bad_words_ids / top_k / top_p settings)",
         "target_processors": "the logits processors left the target with NaN scores or no allowed token; check the "
         "processors passed to generate (e.g. conflicting bad_words_ids / top_k / top_p settings)",
         "several_infinite": "after the logits processors several tokens score +inf, so the sampling distribution is "
@@ -302,26 +300,36 @@ def all_finite(values: torch.Tensor) -> torch.Tensor:
     return marker == marker
 
 
-def checked_scores(scores: torch.Tensor, do_sample: bool, health: Health, who: str) -> torch.Tensor:
-    """Validate processed scores [N, V] on the device and make them safe to sample from.
+# What `usable_scores` found wrong with a row of processed scores (0: nothing), in the order their
+# messages (`Health.MESSAGES`) take precedence.
+NO_DISTRIBUTION, SEVERAL_INFINITE = 1, 2
+SCORE_PROBLEMS = {NO_DISTRIBUTION: "target_processors", SEVERAL_INFINITE: "several_infinite"}
 
-    When sampling, a row with one +inf score puts all its mass on that token (the limit of the
-    softmax); a row with several is flagged. Rows with a NaN or no finite maximum are flagged and,
-    for sampling, replaced by zeros so that drawing cannot fail before the round's check raises."""
+
+def usable_scores(scores: torch.Tensor, do_sample: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Processed scores [N, V] made safe to read at every row, and what was wrong with each row.
+
+    -> (scores [N, V], problems [N] long, or None where no row can have one): 0 for a row with a
+    distribution; NO_DISTRIBUTION for a row holding NaN or no finite maximum (every token banned),
+    replaced by zeros; SEVERAL_INFINITE, when sampling, for a row where several tokens score +inf (the
+    sampling distribution is undefined), which keeps those tokens with equal weight. When sampling, a row
+    with one +inf score puts all its mass on that token (the limit of the softmax). Nothing is raised
+    here: a row is a problem only if the round reaches it (a draft's state, or a target position after a
+    rejected draft, is never committed), which the caller decides."""
     peak = scores.amax(dim=-1, keepdim=True)
     if scores.device.type == "cpu" and math.isfinite(float(peak.sum())):
         # Every row's peak is finite (a sum that overflows only takes the careful path below). Reading a
-        # CPU tensor costs no synchronisation: nothing to flag or repair.
-        return scores
-    broken = peak.isnan() | (peak == float("-inf"))
-    health.flag(f"{who}_processors", broken.any())
+        # CPU tensor costs no synchronisation: nothing to repair.
+        return scores, None
+    broken = peak.isnan() | (peak == float("-inf"))  # [N, 1]
+    problems = broken[:, 0].long() * NO_DISTRIBUTION
     if not do_sample:
-        return scores
+        return torch.where(broken, 0.0, scores), problems
     infinite = peak == float("inf")
     on_peak = scores == peak
-    health.flag("several_infinite", (infinite[:, 0] & (on_peak.sum(dim=-1) > 1)).any())
+    several = infinite[:, 0] & (on_peak.sum(dim=-1) > 1)  # a +inf peak: never a broken row
     forced = torch.where(on_peak, 0.0, float("-inf"))
-    return torch.where(infinite, forced, torch.where(broken, 0.0, scores))
+    return torch.where(infinite, forced, torch.where(broken, 0.0, scores)), problems + several.long() * SEVERAL_INFINITE
 
 
 class RowProcessing:

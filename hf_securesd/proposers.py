@@ -27,7 +27,7 @@ from .draft_length import DraftLengthController
 from .model_runner import ModelRunner
 from .draws import draw_rows
 from .host_values import long_tensor
-from .prefixes import Health, RowProcessing, TokenBuffer, checked_scores
+from .prefixes import Health, RowProcessing, TokenBuffer, usable_scores
 
 
 @dataclass
@@ -138,7 +138,9 @@ class DraftModelProposer:
             if self.processing.processors:
                 scores = self.processing(logits, state.rows, state.host_rows, offset=step)[:, 0]
             if self.processing.processors or self.do_sample:
-                scores = checked_scores(scores, self.do_sample, self.health, "draft")
+                # A draft state the processors leave without a distribution only spoils this proposal: the
+                # target's check decides whether the round reaches that state.
+                scores, _ = usable_scores(scores, self.do_sample)
             probabilities = scores.softmax(-1) if self.do_sample or controller.early_stop else None
             if self.do_sample:
                 token = draw_rows(probabilities)[:, None]
@@ -201,6 +203,16 @@ class DraftModelProposer:
         self.runner.select_rows(keep)
 
 
+def _shown_prompts(tokens: torch.Tensor, prompt_mask: torch.Tensor) -> dict[int, np.ndarray]:
+    """Row -> the prompt tokens its mask shows ([shown] int64), for the rows of prompt_mask [B, P] (bool)
+    that hide a position after the first one they show; tokens [B, >= P] holds the prompts."""
+    mask = prompt_mask.cpu().numpy()
+    shown_before = np.cumsum(mask, axis=1) > 0  # [B, P]: at or after the row's first shown position
+    holes = np.flatnonzero((shown_before & ~mask).any(axis=1))
+    prompts = tokens[:, : mask.shape[1]].cpu().numpy()
+    return {int(row): prompts[row][mask[row]] for row in holes}
+
+
 class PromptLookupProposer:
     """n-gram lookup in each row's own tokens (HF's `PromptLookupCandidateGenerator`, per row).
 
@@ -222,6 +234,10 @@ class PromptLookupProposer:
         self.writes_drafts = writes_drafts
         self.max_ngram = max_ngram
         self.padding = [0] * buffer.tokens.shape[0] if prompt_mask is None else (~prompt_mask).sum(-1).tolist()
+        # Rows whose prompt mask hides positions after its first shown one (not only left padding): the
+        # prompt tokens the model reads, the only ones looked up in.
+        self.shown_prompt = {} if prompt_mask is None else _shown_prompts(buffer.tokens, prompt_mask)
+        self.prompt_length = 0 if prompt_mask is None else prompt_mask.shape[1]
         self.eos = set(eos_token_id.reshape(-1).tolist()) if eos_token_id is not None else set()
 
     def lookup(self, tokens: Sequence[int] | np.ndarray, limit: int) -> list[int]:
@@ -252,10 +268,7 @@ class PromptLookupProposer:
         buffer = self.buffer
         width = max(buffer.host_lengths[row] for row in state.host_rows)
         host = buffer.tokens[:, :width].cpu().numpy()  # one transfer per round off a CPU
-        found = [
-            self.lookup(host[row, self.padding[row] : buffer.host_lengths[row]], limit)
-            for row, limit in zip(state.host_rows, state.limits)
-        ]
+        found = [self.lookup(self._row_tokens(host, row), limit) for row, limit in zip(state.host_rows, state.limits)]
         k = max((len(drafts) for drafts in found), default=0)
         device = state.rows.device
         host_counts = [len(drafts) for drafts in found]
@@ -265,6 +278,15 @@ class PromptLookupProposer:
             buffer.write(state.rows, 0, tokens, every_row=len(found) == buffer.tokens.shape[0])
         counts = long_tensor(host_counts, device) if min(host_counts, default=k) < k else None
         return Proposal(tokens, counts, None, None, None, host_counts)
+
+    def _row_tokens(self, host: np.ndarray, row: int) -> np.ndarray:
+        """The tokens batch row `row` has read so far ([L]: its prompt without the masked positions, then its
+        generated tokens), from host [B, W] (the buffer's tokens)."""
+        end = self.buffer.host_lengths[row]
+        shown = self.shown_prompt.get(row)
+        if shown is None:
+            return host[row, self.padding[row] : end]
+        return np.concatenate([shown, host[row, self.prompt_length : end]])
 
     def after_round(self, accepted: torch.Tensor, host_accepted: list[int], still: list[int], proposal: Proposal) -> None:
         """Nothing to keep: every round looks up afresh."""

@@ -132,8 +132,21 @@ def test_a_draft_that_cannot_embed_every_scored_token_is_refused(llama_pair, for
 
 def test_prompt_lookup_with_a_draft_model_is_rejected(llama_pair, forward_calls):
     draft, target = llama_pair
-    expect_error(target, forward_calls, "was given too; transformers would silently use prompt lookup", assistant_model=draft,
-                 verifier="mars", prompt_lookup_num_tokens=3)
+    expect_error(target, forward_calls, r"prompt_lookup_num_tokens=3 \(in the call\) .* was given too; transformers "
+                 "would silently use prompt lookup", assistant_model=draft, verifier="mars", prompt_lookup_num_tokens=3)
+
+
+def test_prompt_lookup_saved_in_the_models_config_with_a_draft_model_names_where_and_the_fix(
+    llama_pair, forward_calls, monkeypatch
+):
+    """The saved field is named as the source, with the call's way out; that way out then drafts with the model."""
+    draft, target = llama_pair
+    monkeypatch.setattr(target.generation_config, "prompt_lookup_num_tokens", 3)
+    expect_error(target, forward_calls, r"prompt_lookup_num_tokens=3 \(saved in the model's own generation_config\) .* "
+                 r"pass prompt_lookup_num_tokens=None in the call", assistant_model=draft, verifier="mars")
+    out = target.generate(PROMPT, max_new_tokens=4, assistant_model=draft, verifier="lossless", do_sample=False,
+                          prompt_lookup_num_tokens=None)
+    assert out.shape[1] == PROMPT.shape[1] + 4
 
 
 @pytest.mark.parametrize("verifier", [FSD(tau=0.3), BiLD(tau_rb=2.0, tau_fb=0.5), SpecCascade(a=0.3, rule="chow")])

@@ -304,3 +304,69 @@ def test_a_window_too_long_for_k_names_prompt_lookups_own_field(llama_pair, veri
     with pytest.raises(SecureSDConfigError, match=r"k is prompt_lookup_num_tokens=3 here: set prompt_lookup_num_tokens=4"):
         target.generate(REPEATING[0], max_new_tokens=4, verifier=verifier, prompt_lookup_num_tokens=3)
     assert target.generate(REPEATING[0], max_new_tokens=4, verifier=verifier, prompt_lookup_num_tokens=4).shape[1] > 0
+
+
+def _digits_only(vocab: int = 259) -> list[int]:
+    return [token for token in range(vocab) if not 48 <= token <= 57]
+
+
+def test_a_state_only_a_rejected_draft_leads_to_does_not_stop_decoding():
+    """Digits only and no repeated bigram: lookup drafts copy earlier bigrams, and after the rejected draft
+    "401" the target's scores at a later position ban every digit. Plain decoding never reaches that state,
+    so it is no error: the call decodes as plain greedy (it raised NonFiniteLogitsError)."""
+    _, target = tiny_pair()
+    ids = byte_tokenizer()("4754018", return_tensors="pt").input_ids
+    options = dict(max_new_tokens=40, do_sample=False, eos_token_id=None, suppress_tokens=_digits_only(),
+                   no_repeat_ngram_size=2)
+    expected = target.generate(ids, **options)
+    wrapped = hf_securesd.wrap(copy.deepcopy(target))
+    assert torch.equal(wrapped.generate(ids, prompt_lookup_num_tokens=8, verifier="lossless", **options), expected)
+
+
+def test_a_batch_row_behind_a_state_no_row_reaches_decodes_as_alone():
+    """Rows whose rejected drafts (or padding drafts past a row's own count) lead to positions with every
+    token banned decode as plain greedy decodes the batch."""
+    _, target = tiny_pair()
+    rows = [[98], [97, 98, 100, 97], [98, 98, 97, 32, 100, 32, 97, 98, 32, 97, 98, 99, 100, 100]]
+    width = max(map(len, rows))
+    batch = torch.tensor([[258] * (width - len(row)) + row for row in rows])
+    mask = torch.tensor([[0] * (width - len(row)) + [1] * len(row) for row in rows])
+    allowed = [97, 98, 99, 100, 32, 256, 258]
+    options = dict(max_new_tokens=20, do_sample=False, pad_token_id=258, eos_token_id=None, attention_mask=mask,
+                   suppress_tokens=[token for token in range(259) if token not in allowed], no_repeat_ngram_size=2,
+                   bad_words_ids=[[32], [98, 99]])
+    expected = target.generate(batch, **options)
+    wrapped = hf_securesd.wrap(copy.deepcopy(target))
+    got = wrapped.generate(batch, prompt_lookup_num_tokens=10, max_matching_ngram_size=5, verifier="lossless", **options)
+    assert torch.equal(got, expected)
+
+
+def test_a_committed_state_with_every_token_banned_is_still_an_error():
+    """Where plain decoding itself reaches a state with no allowed token, the round reaches it too: refused."""
+    _, target = tiny_pair()
+    ids = byte_tokenizer()("11", return_tensors="pt").input_ids
+    wrapped = hf_securesd.wrap(target)
+    with pytest.raises(hf_securesd.NonFiniteLogitsError, match="no allowed token"):
+        wrapped.generate(ids, max_new_tokens=20, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3,
+                         verifier="lossless", suppress_tokens=[token for token in range(259) if token not in (49, 50)],
+                         no_repeat_ngram_size=1)
+
+
+def test_a_prompt_mask_with_a_hole_is_looked_up_in_the_tokens_the_model_reads(monkeypatch):
+    """A masked position inside the prompt is not read by the model, nor by the lookup; the row's real first
+    token is (the lookup used to skip as many leading tokens as were masked, as for left padding)."""
+    seen = []
+    lookup = PromptLookupProposer.lookup
+    monkeypatch.setattr(PromptLookupProposer, "lookup",
+                        lambda self, tokens, limit: seen.append([int(t) for t in tokens]) or lookup(self, tokens, limit))
+    _, target = tiny_pair()
+    ids = torch.tensor([[7, 98, 99, 97, 98, 99, 97, 98]])
+    mask = torch.tensor([[1, 1, 0, 1, 1, 1, 1, 1]])
+    expected = target.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    got = hf_securesd.wrap(copy.deepcopy(target)).generate(
+        ids, attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None, prompt_lookup_num_tokens=3,
+        verifier="lossless")
+    assert torch.equal(got, expected)
+    assert seen[0] == [7, 98, 97, 98, 99, 97, 98]
+    generated = got[0, ids.shape[1]:].tolist()
+    assert seen[-1][:7] == [7, 98, 97, 98, 99, 97, 98] and seen[-1][7:] == generated[: len(seen[-1]) - 7]
