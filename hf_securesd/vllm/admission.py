@@ -11,7 +11,9 @@ where vLLM's OpenAI server turns the request body into engine parameters (`to_sa
 * a top-level `"securesd"` field (or a close misspelling): the server keeps unknown body fields on the
   request object and never passes them on, so the request would run as plain vLLM;
 * `use_beam_search` on a request that asks for SecureSD (itself or through the server-wide default):
-  vLLM's beam search builds its own parameters without `vllm_xargs` and drafts nothing to verify.
+  vLLM's beam search builds its own parameters without `vllm_xargs` and drafts nothing to verify;
+* `best_of` > 1 on a request that asks for SecureSD: vLLM 0.32 keeps the field aside and returns one
+  completion, so the request would not get what it asked for.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..segments import Segments, check_boundary_ids
 from ..validation import SecureSDConfigError
@@ -209,6 +211,35 @@ def check_http_body(request: Any) -> None:
     check_body_fields(getattr(request, "model_extra", None) or {})
 
 
+def check_best_of(request: Any) -> None:
+    """Raise SecureSDConfigError when an OpenAI request that asks for SecureSD (its vllm_xargs, or the
+    server-wide default it did not opt out of) sends `best_of` > 1: vLLM 0.32 has no best_of in its
+    SamplingParams, keeps the field aside (a declared field of some request classes, an unknown one of
+    others) and returns one completion, so the request would silently not get the best of anything."""
+    best_of = getattr(request, "best_of", None)
+    extra = getattr(request, "model_extra", None)
+    if best_of is None and isinstance(extra, Mapping):
+        best_of = extra.get("best_of")
+    if isinstance(best_of, bool) or not isinstance(best_of, (int, float)) or not best_of > 1:
+        return
+    try:  # the engine's tokenizer resolves a text boundary later: a text boundary asks for SecureSD too
+        asks = request_for(getattr(request, "vllm_xargs", None)) is not None
+    except TextBoundaryNeedsTokenizer:
+        asks = True
+    if asks:
+        raise SecureSDConfigError(
+            f"best_of={best_of} cannot run with SecureSD: vLLM 0.32 accepts best_of and ignores it (it returns "
+            "one completion from one sequence), so the request would not get the best of several; drop "
+            "best_of (or send 1), or ask for n completions and choose among them"
+        )
+
+
+def check_http_request(request: Any) -> None:
+    """The checks of an OpenAI request that builds engine parameters: `check_http_body`, `check_best_of`."""
+    check_http_body(request)
+    check_best_of(request)
+
+
 def check_body_fields(fields: Any) -> None:
     """Raise SecureSDConfigError when the top-level fields of a request body (a mapping; anything else is
     left to the route) hold "securesd" or a close misspelling, which vLLM's server ignores there."""
@@ -288,49 +319,160 @@ def resolve_text_boundaries(params: Any, tokenizer: Any) -> None:
         params.extra_args = {**extra_args, EXTRA_ARGS_KEY: resolved}
 
 
-def check_some_token_allowed(params: Any, tokenizer: Any) -> None:
-    """Raise SecureSDConfigError when a SecureSD request's `allowed_token_ids` leave it no token to emit:
-    every allowed id is a bad word of one token (banned at every position), or, with `min_tokens` > 0, a
-    bad word or a stop id (banned until min_tokens tokens are out, EOS included unless `ignore_eos`). The
-    target's distribution is then empty and no rule defines the next token. `tokenizer` None: bad words are
-    not tokenized here (vLLM refuses them without a tokenizer itself)."""
+def engine_stop_ids(input_processor: Any) -> set[int]:
+    """The ids vLLM 0.32 puts in every request's stop set (`SamplingParams.all_stop_token_ids`) besides
+    the request's own stop_token_ids, read from its `InputProcessor` (`input_processor`): the renderer's
+    EOS id and every id of the generation config's `eos_token_id` (an int or a list).
+    `update_from_generation_config` adds them after admission, whatever `ignore_eos`, and the min-tokens
+    processor bans them until `min_tokens` tokens are out. Anything unreadable is left out."""
+    ids: set[int] = set()
+    renderer = getattr(input_processor, "renderer", None)
+    try:
+        eos = renderer.get_eos_token_id() if renderer is not None else None
+    except Exception:  # noqa: BLE001 - no tokenizer: vLLM has no EOS id either
+        eos = None
+    if isinstance(eos, int) and not isinstance(eos, bool):
+        ids.add(eos)
+    fields = getattr(input_processor, "generation_config_fields", None)
+    configured = fields.get("eos_token_id") if isinstance(fields, Mapping) else None
+    configured = [configured] if isinstance(configured, int) else configured
+    if isinstance(configured, (list, tuple, set)):
+        ids.update(token for token in configured if isinstance(token, int) and not isinstance(token, bool))
+    return ids
+
+
+def check_some_token_allowed(params: Any, tokenizer: Any, engine_stops: Iterable[int] = ()) -> None:
+    """Raise SecureSDConfigError when a SecureSD request's `allowed_token_ids` leave it no token to emit
+    after some response it can reach; the target's distribution is then empty and no rule defines the
+    next token. Plain requests are vLLM's business.
+
+    What vLLM 0.32 bans: a bad word's last token whenever the response ends with the word's other tokens
+    (`apply_bad_words`; a one-token word at every position), and, while fewer than `min_tokens` tokens are
+    out, every stop id: the request's `stop_token_ids` and `engine_stops`, the engine's EOS ids
+    (`engine_stop_ids`, banned whatever `ignore_eos`). The bad words are tokenized as vLLM does
+    (`SamplingParams.update_from_tokenizer`). What is banned after a response depends only on the longest
+    bad-word prefix (a word less its last token, the empty prefix included) that the response ends with,
+    so each prefix P is checked as a response's tail. P counts when its tokens are allowed, it holds no
+    token that ends a response (a stop id; an EOS id unless `ignore_eos`) and no whole bad word (whose last
+    token vLLM would have banned on the way); it leaves nothing when every allowed token is the last token
+    of a bad word whose prefix ends P, or a stop id when P, as the whole response, is shorter than
+    min_tokens. A P of `max_tokens` tokens or more is never followed by a token. `tokenizer` None: bad
+    words are not tokenized here (vLLM refuses them without one)."""
     allowed = getattr(params, "allowed_token_ids", None)
     if not allowed or request_for(getattr(params, "extra_args", None)) is None:
         return
-    banned = _single_token_bad_words(getattr(params, "bad_words", None) or (), tokenizer)
-    if set(allowed) <= banned:
-        raise SecureSDConfigError(
-            f"allowed_token_ids {sorted(set(allowed))[:8]} are all banned by bad_words, so no token may ever be "
-            "emitted and the next token is undefined; allow a token that bad_words does not ban"
-        )
-    if getattr(params, "min_tokens", 0) > 0:
-        stops = set(getattr(params, "stop_token_ids", None) or ())
-        eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-        if eos is not None and not getattr(params, "ignore_eos", False):
-            stops.add(eos)
-        if set(allowed) <= banned | stops:
+    allowed = set(allowed)
+    # None: bad words vLLM refuses itself, or that fail to tokenize; the stop ids are still checked
+    words = _bad_words_token_ids(getattr(params, "bad_words", None) or (), tokenizer) or []
+    min_tokens = getattr(params, "min_tokens", 0) or 0
+    own_stops = set(getattr(params, "stop_token_ids", None) or ())
+    engine_stops = set(engine_stops)
+    stops = own_stops | engine_stops
+    ends = own_stops if getattr(params, "ignore_eos", False) else stops
+    max_tokens = getattr(params, "max_tokens", None)
+    # One character per token, so that "ends with" and "holds" are string operations.
+    texts = [(word, _as_text(tokens)) for word, tokens in words]
+    prefixes: dict[str, str] = {"": ""}
+    for word, text in texts:
+        prefixes.setdefault(text[:-1], word)
+    for tail, word in sorted(prefixes.items(), key=lambda item: len(item[0])):
+        tokens = [ord(char) for char in tail]
+        if isinstance(max_tokens, int) and len(tokens) >= max_tokens:
+            break  # the response ends before a token follows P (prefixes come shortest first)
+        if not allowed.issuperset(tokens) or ends.intersection(tokens):
+            continue
+        if any(text in tail for _, text in texts):
+            continue  # vLLM bans a bad word's last token, so no response ends with P
+        banned = {ord(text[-1]) for _, text in texts if tail.endswith(text[:-1])}
+        early = len(tokens) < min_tokens and not stops.intersection(tokens)
+        by_words = allowed <= banned
+        if not by_words and not (early and allowed <= banned | stops):
+            continue
+        shown = sorted(allowed)[:8]
+        if not tokens and by_words:
             raise SecureSDConfigError(
-                f"allowed_token_ids {sorted(set(allowed))[:8]} hold only stop tokens and bad words, which "
-                f"min_tokens={params.min_tokens} bans until that many tokens are out, so the first token is "
-                "undefined; allow a token that is neither, or drop min_tokens"
+                f"allowed_token_ids {shown} are all banned by bad_words, so no token may ever be emitted and "
+                "the next token is undefined; allow a token that bad_words does not ban"
             )
+        if not tokens:
+            eos = f" and the model's EOS ids {sorted(engine_stops)[:8]}, whatever ignore_eos" if engine_stops else ""
+            raise SecureSDConfigError(
+                f"allowed_token_ids {shown} hold only stop tokens (stop_token_ids{eos}) and bad words, which "
+                f"min_tokens={min_tokens} bans until that many tokens are out, so the first token is undefined; "
+                "allow a token that is neither, or drop min_tokens"
+            )
+        what, fix = "bad_words ban", ""
+        if not by_words:
+            what, fix = f"bad_words and min_tokens={min_tokens} (stop ids) ban", ", or lower min_tokens"
+        raise SecureSDConfigError(
+            f"allowed_token_ids {shown} leave no token after the response tokens {_listed(tokens)}"
+            f"{_decoded(tokenizer, tokens)}, the start of bad word {_short(word)}: {what} every allowed token "
+            "there, so the next token is undefined; allow a token that is not banned after those tokens, "
+            f"drop the bad word {_short(word)}{fix}"
+        )
 
 
-def _single_token_bad_words(bad_words: Any, tokenizer: Any) -> set[int]:
-    """The ids vLLM bans at every position for `bad_words`: a word that is one token, and its form with a
-    leading space when that is one other token (`SamplingParams.update_from_tokenizer` keeps the spaced
-    form only at the unspaced form's length)."""
+def _bad_words_token_ids(bad_words: Any, tokenizer: Any) -> list[tuple[str, list[int]]] | None:
+    """(word, token ids) for each form vLLM bans for `bad_words`, tokenized as vLLM 0.32's
+    `SamplingParams.update_from_tokenizer` does: the word without leading spaces, then with one leading
+    space when that form's first token differs and its length is the same. An empty list without a
+    tokenizer; None for words vLLM refuses itself (a word with no tokens, more forms than
+    VLLM_MAX_NUM_BAD_WORDS, ids no string can hold) or that fail to tokenize: vLLM answers those."""
     if tokenizer is None:
-        return set()
-    banned = set()
-    for word in bad_words:
-        plain = tokenizer.encode(word.lstrip(), add_special_tokens=False)
-        if len(plain) == 1:
-            banned.add(plain[0])
-            spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-            if len(spaced) == 1:
-                banned.add(spaced[0])
-    return banned
+        return []
+    forms: list[tuple[str, list[int]]] = []
+    limit = _max_bad_words()
+    try:
+        for word in bad_words:
+            if not isinstance(word, str):
+                return None
+            plain = [int(token) for token in tokenizer.encode(word.lstrip(), add_special_tokens=False)]
+            if not plain:
+                return None
+            forms.append((word, plain))
+            spaced = [int(token) for token in tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)]
+            if spaced and spaced[0] != plain[0] and len(spaced) == len(plain):
+                forms.append((word, spaced))
+            if len(forms) > limit:
+                return None
+    except Exception:  # noqa: BLE001 - vLLM tokenizes them again and answers the failure itself
+        return None
+    if any(not 0 <= token <= _LAST_CHAR for _, ids in forms for token in ids):
+        return None
+    return forms
+
+
+_LAST_CHAR = 0x10FFFF
+
+
+def _as_text(tokens: list[int]) -> str:
+    return "".join(map(chr, tokens))
+
+
+def _max_bad_words() -> int:
+    """vLLM's VLLM_MAX_NUM_BAD_WORDS (its default 128): beyond it vLLM refuses the request itself."""
+    try:
+        return int(os.environ.get("VLLM_MAX_NUM_BAD_WORDS", "128"))
+    except ValueError:
+        return 128
+
+
+def _decoded(tokenizer: Any, tokens: list[int]) -> str:
+    """` ('text')` for `tokens` decoded by `tokenizer` (shortened), or nothing when that fails."""
+    try:
+        return f" ({_short(tokenizer.decode(tokens))})"
+    except Exception:  # noqa: BLE001 - the ids alone still name the place
+        return ""
+
+
+def _short(text: Any, limit: int = 60) -> str:
+    """`text`'s repr, cut to about `limit` characters for a message."""
+    shown = repr(text)
+    return shown if len(shown) <= limit else f"{shown[:limit]}... ({len(str(text))} characters)"
+
+
+def _listed(tokens: list[int], limit: int = 8) -> str:
+    return str(tokens) if len(tokens) <= limit else f"{str(tokens[:limit])[:-1]}, ...] ({len(tokens)} tokens)"
 
 
 def patch_admission(
@@ -348,7 +490,7 @@ def patch_admission(
                 tokenizer = getattr(self, "tokenizer", None)
                 resolve_text_boundaries(params, tokenizer)
                 check_request(params, self.vllm_config)
-                check_some_token_allowed(params, tokenizer)
+                check_some_token_allowed(params, tokenizer, engine_stop_ids(self))
             except SecureSDConfigError as error:
                 raise error_class(str(error), parameter="extra_args.securesd") from None
         return result
@@ -439,7 +581,8 @@ def patch_http_requests(
     """Wrap the methods of each class that build a request's parameters so a check's SecureSDConfigError
     surfaces as `error_class(message, parameter=...)` (HTTP 400); returns a function that undoes it.
     `checks`: method name -> check of the request object; by default `to_sampling_params` gets the
-    top-level field check and `to_beam_search_params` the beam search check."""
+    top-level field and best_of checks (`check_http_request`) and `to_beam_search_params` the beam
+    search check."""
     originals: list[tuple[type, str, Any]] = []
 
     def wrap(cls: type, name: str, check: Callable[[Any], None]) -> None:
@@ -457,7 +600,7 @@ def patch_http_requests(
         originals.append((cls, name, original))
         setattr(cls, name, checked)
 
-    checks = checks if checks is not None else {"to_sampling_params": check_http_body,
+    checks = checks if checks is not None else {"to_sampling_params": check_http_request,
                                                 "to_beam_search_params": check_beam_search}
     for cls in request_classes:
         for name, check in checks.items():

@@ -18,7 +18,8 @@ A failure while verifying (a rule raising on some logits, a schedule failing at 
 leaves this module: the round is verified again row by row, and a row that still fails gets its token
 from the target alone, as if every draft were rejected (`target_only_token`). That is lossless (the
 token follows q exactly), so the request goes on with a correct, if slower, answer, and the engine and
-every other request are untouched; the error is logged with the row. Failing the request instead is
+every other request are untouched; the error is logged with the row, once per request (`FailureLog`: a
+request whose every step fails cannot flood the server's log). Failing the request instead is
 not possible from here: vLLM 0.32's runner has no per-request abort, and an exception in the sampler
 stops the engine core with every request on it.
 Nothing here imports vLLM.
@@ -27,10 +28,12 @@ Nothing here imports vLLM.
 from __future__ import annotations
 
 import logging
+import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from functools import lru_cache
 from itertools import accumulate
-from typing import NamedTuple, Sequence, overload
+from typing import Callable, NamedTuple, Sequence, overload
 
 import numpy as np
 import torch
@@ -44,6 +47,67 @@ from .request import SecureSDRequest
 
 PLACEHOLDER = -1
 logger = logging.getLogger(__name__)
+
+
+class FailureLog:
+    """The log of verification failures, bounded per request: a client whose request fails every step
+    (constraints or penalties that leave the target no distribution) must not write a line per token.
+
+    A request's first failure is logged in full (ERROR: the row, its configuration, the error); its later
+    failures are counted, and the counts come out as one WARNING line at most every `interval_s` seconds
+    (at the first step that verifies SecureSD rows once that time has passed), naming the requests that
+    failed most. A failure without a request id (a row outside an engine) is logged in full every time.
+    `remember` bounds the request ids kept (the oldest are forgotten; one failing again is logged again)."""
+
+    def __init__(
+        self, interval_s: float = 60.0, remember: int = 4096, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.interval_s = interval_s
+        self.remember = remember
+        self.clock = clock
+        self._logged: OrderedDict[str, None] = OrderedDict()
+        self._counts: dict[str, int] = {}
+        self._pending = 0
+        self._since = clock()
+
+    def failed(self, plan: RowPlan, error: BaseException) -> None:
+        """Record that `plan`'s row failed with `error` and fell back to the target alone."""
+        key = plan.req_id
+        if key is None or key not in self._logged:
+            logger.error(
+                "SecureSD verification of batch row %d (%s%s) failed: %r; its token comes from the target "
+                "alone (lossless) this step%s", plan.row, plan.request.to_dict(),
+                "" if key is None else f", request {key}", error,
+                "" if key is None else "; this request's further failures are only counted",
+            )
+            if key is not None:
+                self._logged[key] = None
+                if len(self._logged) > self.remember:
+                    self._logged.popitem(last=False)
+        else:
+            self._logged.move_to_end(key)
+            if key in self._counts or len(self._counts) < self.remember:
+                self._counts[key] = self._counts.get(key, 0) + 1
+            self._pending += 1
+        self.report()
+
+    def report(self) -> None:
+        """Log the failures counted since the last report, if any, once `interval_s` has passed."""
+        if not self._pending:
+            return
+        now = self.clock()
+        if now - self._since < self.interval_s:
+            return
+        top = sorted(self._counts.items(), key=lambda item: -item[1])[:3]
+        logger.warning(
+            "SecureSD: %d more verification failures in the last %.0f s, of %d request(s) whose first failure "
+            "was logged (most: %s); each of those tokens came from the target alone (lossless)",
+            self._pending, now - self._since, len(self._counts), ", ".join(f"{key} {count}" for key, count in top),
+        )
+        self._pending, self._counts, self._since = 0, {}, now
+
+
+FAILURES = FailureLog()
 
 
 @dataclass(eq=False, slots=True)
@@ -65,6 +129,8 @@ class RowPlan:
         proposed: for a round that reads no draft logits (`reads_draft_logits` false), the proposals the
             drafter recorded for the row, given instead of its logits (which are then not stacked); None:
             the rows of `draft_raw_logits`.
+        req_id: vLLM's request id, which bounds the failures logged for the request (`FailureLog`); None
+            outside an engine.
     """
 
     row: int
@@ -76,6 +142,7 @@ class RowPlan:
     response: Sequence[int] | None = None
     one_hot: bool = False
     proposed: int | None = None
+    req_id: str | None = None
 
     @property
     def recorded(self) -> int:
@@ -167,6 +234,7 @@ def verify_rows(
     """
     if not plans:
         return []
+    FAILURES.report()
     layout = _Layout(num_draft_tokens)
     counts = _usable_counts(plans, draft_token_ids, layout)
     round_ = _round(
@@ -579,15 +647,12 @@ def fall_back_rows(
     bonus_logits: torch.Tensor | None = None,
 ) -> list[RowResult]:
     """Every row in `plans` takes `target_only_token` (see the module doc), the failure `error` logged
-    with each row; shapes as in `verify_rows`."""
+    with each row (`FAILURES`: in full once per request); shapes as in `verify_rows`."""
     layout = _Layout(num_draft_tokens)
     results = []
     for plan in plans:
         if error is not None:
-            logger.error(
-                "SecureSD verification of batch row %d (%s) failed: %r; its token comes from the target "
-                "alone (lossless) this step", plan.row, plan.request.to_dict(), error,
-            )
+            FAILURES.failed(plan, error)
         token = target_only_token(
             plan, layout, target_logits, bonus_token_ids, bool(greedy[plan.row]), bonus_logits
         )

@@ -194,7 +194,9 @@ def _row_plans(
         generator = generators.get(row) if generators else None
         if generator is None:
             generator = seeded_generator(states[req_id], device)
-        plans.append(sampler.RowPlan(row, request, position, raw, processed, generator, response, one_hot, proposed))
+        plans.append(sampler.RowPlan(
+            row, request, position, raw, processed, generator, response, one_hot, proposed, req_id=req_id
+        ))
     return plans
 
 

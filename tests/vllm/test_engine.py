@@ -316,6 +316,30 @@ def test_logprob_token_ids_are_refused_and_the_engine_keeps_serving(engine):
     assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
 
 
+def test_constraints_that_leave_no_token_are_refused_with_the_engines_eos_ids(engine, monkeypatch):
+    """Admission reads the engine's stop ids from its InputProcessor: an extra EOS id of the generation
+    config (257 here, beside the tokenizer's 258) is banned under min_tokens whatever ignore_eos, so
+    allowed_token_ids=[257] with min_tokens is refused (vLLM emitted token 0 for it); a two-token bad word
+    that leaves no allowed token after its first token is refused too. The engine keeps serving."""
+    from vllm.exceptions import VLLMValidationError
+
+    processor = engine.llm.llm_engine.input_processor
+    fields = dict(processor.generation_config_fields or {})
+    monkeypatch.setattr(processor, "generation_config_fields", {**fields, "eos_token_id": [EOS, 257]})
+    mars = securesd(MARS(theta=0.5))
+    for constraints, message in (
+        (dict(allowed_token_ids=[257], min_tokens=3), r"EOS ids \[257, 258\].*min_tokens=3 bans"),
+        (dict(allowed_token_ids=[257, EOS], min_tokens=3, ignore_eos=True), "min_tokens=3 bans"),
+        (dict(allowed_token_ids=[97], bad_words=["aa"]), r"after the response tokens \[97\]"),
+    ):
+        with pytest.raises(VLLMValidationError, match=message):
+            generate(engine, PROMPTS[:1], max_tokens=6, extra_args=mars, **constraints)
+    allowed = tokens(generate(engine, PROMPTS[:1], max_tokens=6, extra_args=mars, allowed_token_ids=[97, 98],
+                              bad_words=["aa"]))[0]
+    assert allowed and set(allowed) <= {97, 98} and "aa" not in bytes(allowed).decode()
+    assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
+
+
 def test_server_wide_default_and_opt_out(engine, trace, monkeypatch):
     monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": {"verifier": "mars", "theta": 0.5}}))
     defaulted = tokens(generate(engine, PROMPTS[:1]))
@@ -334,11 +358,16 @@ def test_step_of_two_to_the_63_is_lossless_for_ever(engine, hf_models):
     assert got == [cut(hf_generate(hf_models, p, NEW_TOKENS), NEW_TOKENS) for p in PROMPTS]
 
 
-def test_a_failing_verification_spares_the_engine_and_the_other_requests(engine, hf_models, monkeypatch):
+def test_a_failing_verification_spares_the_engine_and_the_other_requests(engine, hf_models, monkeypatch, caplog):
     """A rule that raises inside the engine for one request's configuration: that request is verified
     losslessly (its tokens come from the target alone: target greedy at T = 0), the plain, lossless and
-    other relaxed requests of the same steps are untouched, and the engine keeps serving."""
+    other relaxed requests of the same steps are untouched, and the engine keeps serving. The failure is
+    logged once for the request (as ERROR), not once per step."""
+    import logging
+
     from vllm import SamplingParams
+
+    caplog.set_level(logging.INFO, logger="hf_securesd.vllm.sampler")
 
     poisoned = MARS(theta=0.37)
     original = MARS.acceptance
@@ -358,6 +387,8 @@ def test_a_failing_verification_spares_the_engine_and_the_other_requests(engine,
     greedy = cut(hf_generate(hf_models, prompt, NEW_TOKENS), NEW_TOKENS)
     assert plain == engine.plain_first[1] and lossless == greedy and failed == greedy
     assert mars == generate_path_reference(hf_models, prompt, relaxed, None) != greedy
+    errors = [r for r in caplog.records if r.name == "hf_securesd.vllm.sampler" and r.levelno == logging.ERROR]
+    assert len(errors) == 1 and "a rule failing inside the engine" in errors[0].getMessage()
     assert tokens(generate(engine, PROMPTS[:1], max_tokens=4)) == [engine.plain_first[0][:4]]
 
 

@@ -449,6 +449,27 @@ def test_beam_search_under_a_server_wide_default_is_refused(monkeypatch) -> None
     check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "null"}))
 
 
+def test_best_of_on_a_securesd_request_is_refused(monkeypatch) -> None:
+    """vLLM 0.32 has no best_of in SamplingParams: /v1/completions keeps it as an unknown body field, the
+    batch chat request declares and ignores it, and one completion comes back. A SecureSD request (its
+    own vllm_xargs or the server-wide default) with best_of > 1 is refused; best_of <= 1, anything vLLM
+    itself ignores and plain requests are left alone."""
+    from hf_securesd.vllm.admission import check_http_request
+
+    securesd = {"securesd": "mars"}
+    for body in (SimpleNamespace(model_extra={"best_of": 3}, vllm_xargs=securesd),
+                 SimpleNamespace(model_extra={}, best_of=1_000_000, vllm_xargs=securesd)):
+        with pytest.raises(SecureSDConfigError, match=r"best_of=\d+ cannot run with SecureSD.*drop best_of"):
+            check_http_request(body)
+    for best_of in (None, 1, 0, True, "3", float("nan")):
+        check_http_request(SimpleNamespace(model_extra={"best_of": best_of}, vllm_xargs=securesd))
+    check_http_request(SimpleNamespace(model_extra={"best_of": 3}, vllm_xargs=None))  # plain: vLLM's business
+    monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": "mars"}))
+    with pytest.raises(SecureSDConfigError, match="best_of=3 cannot run with SecureSD"):
+        check_http_request(SimpleNamespace(model_extra={"best_of": 3}, vllm_xargs=None))
+    check_http_request(SimpleNamespace(model_extra={"best_of": 3}, vllm_xargs={"securesd": "null"}))
+
+
 def test_a_misspelled_key_beside_securesd_is_refused_too() -> None:
     """The misspelled key would carry a configuration the plugin silently drops."""
     with pytest.raises(SecureSDConfigError, match="'secure_sd', which SecureSD does not read"):
@@ -568,7 +589,8 @@ def _constrained(extra_args, **fields) -> SimpleNamespace:
 
 def test_constraints_that_allow_no_token_are_refused_for_securesd_requests() -> None:
     """allowed_token_ids all banned (by one-token bad words, or by min_tokens on stop ids) leave the target
-    an empty distribution: refused at admission for SecureSD requests, plain requests left to vLLM."""
+    an empty distribution: refused at admission for SecureSD requests, plain requests left to vLLM. vLLM's
+    min-tokens processing bans the engine's EOS ids whatever ignore_eos (they join all_stop_token_ids)."""
     from hf_securesd.tiny import byte_tokenizer
     from hf_securesd.vllm.admission import check_some_token_allowed
 
@@ -576,19 +598,120 @@ def test_constraints_that_allow_no_token_are_refused_for_securesd_requests() -> 
     a, eos = tokenizer.encode("a", add_special_tokens=False)[0], tokenizer.eos_token_id
     securesd = {"securesd": "mars"}
     with pytest.raises(SecureSDConfigError, match="all banned by bad_words"):
-        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[a], bad_words=["a"]), tokenizer)
-    with pytest.raises(SecureSDConfigError, match="min_tokens=5 bans"):
-        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[eos], min_tokens=5), tokenizer)
+        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[a], bad_words=["a"]), tokenizer, [eos])
+    for ignore_eos in (False, True):
+        with pytest.raises(SecureSDConfigError, match="min_tokens=5 bans"):
+            check_some_token_allowed(
+                _constrained(securesd, allowed_token_ids=[eos], min_tokens=5, ignore_eos=ignore_eos), tokenizer, [eos]
+            )
     with pytest.raises(SecureSDConfigError, match="min_tokens=2 bans"):
         check_some_token_allowed(_constrained(securesd, allowed_token_ids=[7], stop_token_ids=[7], min_tokens=2), None)
     for fine in (
         _constrained(securesd, allowed_token_ids=[a, a + 1], bad_words=["a"]),
-        _constrained(securesd, allowed_token_ids=[a], bad_words=["ab"]),  # two tokens: banned only after the first
-        _constrained(securesd, allowed_token_ids=[eos], min_tokens=5, ignore_eos=True),
+        _constrained(securesd, allowed_token_ids=[a, a + 1], bad_words=["ab"]),  # "a" then "a" again
+        _constrained(securesd, allowed_token_ids=[eos, a], min_tokens=5, ignore_eos=True),
         _constrained(securesd, allowed_token_ids=[eos]),
         _constrained(None, allowed_token_ids=[a], bad_words=["a"]),  # plain vLLM: untouched
+        _constrained(None, allowed_token_ids=[eos], min_tokens=5),
     ):
-        check_some_token_allowed(fine, tokenizer)
+        check_some_token_allowed(fine, tokenizer, [eos])
+
+
+def test_every_eos_id_of_the_engine_counts_as_a_stop_id_under_min_tokens() -> None:
+    """vLLM adds the generation config's eos_token_id ids (an int or a list) and the renderer's EOS to
+    every request's stop set after admission; the check reads them from the InputProcessor
+    (`engine_stop_ids`) and refuses allowed_token_ids that hold only those under min_tokens."""
+    from hf_securesd.vllm.admission import check_some_token_allowed, engine_stop_ids
+
+    renderer = SimpleNamespace(get_eos_token_id=lambda: 258)
+    processor = SimpleNamespace(renderer=renderer, generation_config_fields={"eos_token_id": [258, 257]})
+    assert engine_stop_ids(processor) == {257, 258}
+    assert engine_stop_ids(SimpleNamespace(renderer=renderer, generation_config_fields={"eos_token_id": 5})) == {5, 258}
+    assert engine_stop_ids(SimpleNamespace(renderer=None, generation_config_fields={})) == set()
+
+    def no_tokenizer():
+        raise RuntimeError("no tokenizer")
+
+    assert engine_stop_ids(SimpleNamespace(renderer=SimpleNamespace(get_eos_token_id=no_tokenizer))) == set()
+    securesd = {"securesd": "mars"}
+    for allowed in ([257], [257, 258]):
+        for ignore_eos in (False, True):
+            params = _constrained(securesd, allowed_token_ids=allowed, min_tokens=3, ignore_eos=ignore_eos)
+            with pytest.raises(SecureSDConfigError, match=r"EOS ids \[257, 258\].*min_tokens=3 bans"):
+                check_some_token_allowed(params, None, engine_stop_ids(processor))
+    check_some_token_allowed(_constrained(securesd, allowed_token_ids=[257, 7], min_tokens=3), None, [257, 258])
+    check_some_token_allowed(_constrained(securesd, allowed_token_ids=[257]), None, [257, 258])
+
+
+@pytest.mark.parametrize(
+    "fields, tail",
+    [
+        (dict(allowed_token_ids=[97], bad_words=["aa"]), r"\[97\] \('a'\), the start of bad word 'aa': bad_words ban"),
+        (dict(allowed_token_ids=[97, 98], bad_words=["aa", "ab"]), r"\[97\] \('a'\)"),
+        (dict(allowed_token_ids=[97, 98], bad_words=["aba", "abb"]), r"\[97, 98\] \('ab'\).*bad word 'aba'"),
+        (dict(allowed_token_ids=[97, 258], bad_words=["aa"], min_tokens=4), r"\[97\] .*bad_words and min_tokens=4 .*ban"),
+        (dict(allowed_token_ids=[97, 98], bad_words=["aa"], stop_token_ids=[98], min_tokens=2),
+         r"\[97\] \('a'\).*min_tokens=2"),
+        (dict(allowed_token_ids=[97], bad_words=["aaaa"], max_tokens=4), r"\[97, 97, 97\] \('aaa'\)"),
+        (dict(allowed_token_ids=[97], bad_words=["a" * 300]),
+         r"\[97, 97, 97, 97, 97, 97, 97, 97, \.\.\.\] \(299 tokens\) \('aaaa.*\.\.\. \(299 characters\)\)"),
+    ],
+    ids=["aa", "aa-ab", "aba-abb", "aa-min-tokens", "stop-min-tokens", "max-tokens", "long-word"],
+)
+def test_multi_token_bad_words_that_leave_no_token_after_their_start_are_refused(fields, tail) -> None:
+    """A bad word of several tokens bans its last token once the response ends with its other tokens
+    (vLLM's apply_bad_words): allowed_token_ids=[a] with bad_words=["aa"] has no token after the first
+    "a", and vLLM would emit a forbidden token 0 there. Refused, naming the bad word's start."""
+    from hf_securesd.tiny import byte_tokenizer
+    from hf_securesd.vllm.admission import check_some_token_allowed
+
+    with pytest.raises(SecureSDConfigError, match=r"leave no token after the response tokens " + tail):
+        check_some_token_allowed(_constrained({"securesd": "mars"}, **fields), byte_tokenizer(), [258])
+    check_some_token_allowed(_constrained(None, **fields), byte_tokenizer(), [258])  # plain vLLM: untouched
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        dict(allowed_token_ids=[97, 98], bad_words=["aa"]),  # "b" follows "a"
+        dict(allowed_token_ids=[97], bad_words=["ab", "ba"]),  # "aaa..." never starts either
+        dict(allowed_token_ids=[97, 98], bad_words=["aa", "aab"]),  # "aa" is never emitted: "aab" cannot start
+        dict(allowed_token_ids=[97, 258], bad_words=["aa"], min_tokens=1),  # EOS allowed after the first "a"
+        dict(allowed_token_ids=[97, 98], bad_words=["ab"], stop_token_ids=[97], min_tokens=3),  # "a" ends it
+        dict(allowed_token_ids=[98], bad_words=["ab"]),  # "a" is not allowed: "ab" never starts
+        dict(allowed_token_ids=[97], bad_words=["aaaa"], max_tokens=3),  # ends before a fourth token
+    ],
+)
+def test_bad_words_that_always_leave_a_token_are_admitted(fields) -> None:
+    from hf_securesd.tiny import byte_tokenizer
+    from hf_securesd.vllm.admission import check_some_token_allowed
+
+    check_some_token_allowed(_constrained({"securesd": "mars"}, **fields), byte_tokenizer(), [258])
+
+
+def test_bad_words_are_tokenized_as_vllm_does() -> None:
+    """vLLM keeps a bad word's space-prefixed form only when its first token differs from the plain form's
+    and it has the same length; a form it keeps takes part in the check."""
+    from hf_securesd.vllm.admission import _bad_words_token_ids, check_some_token_allowed
+
+    class Words:  # " x" is one other token; " yz" two, as "yz"; " w" two, against "w" one: vLLM drops it
+        table = {"x": [1], " x": [10], "yz": [2, 3], " yz": [20, 20], "w": [4], " w": [30, 30]}
+
+        def encode(self, text, add_special_tokens=False):
+            return self.table[text]
+
+        def decode(self, ids):
+            return "?"
+
+    assert _bad_words_token_ids(["  x", "yz", "w"], Words()) == [
+        ("  x", [1]), ("  x", [10]), ("yz", [2, 3]), ("yz", [20, 20]), ("w", [4]),
+    ]
+    securesd = {"securesd": "mars"}
+    with pytest.raises(SecureSDConfigError, match="all banned by bad_words"):
+        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[1, 10], bad_words=["x"]), Words())
+    with pytest.raises(SecureSDConfigError, match=r"after the response tokens \[20\]"):
+        check_some_token_allowed(_constrained(securesd, allowed_token_ids=[20], bad_words=["yz"]), Words())
+    check_some_token_allowed(_constrained(securesd, allowed_token_ids=[30], bad_words=["w"]), Words())
 
 
 def test_generate_route_bodies_with_securesd_where_the_route_drops_it_are_refused() -> None:

@@ -435,3 +435,70 @@ def test_viewed_and_gathered_layouts_build_the_same_round(verifier) -> None:
         verify_rows(chosen, output, drafts, [K] * rows, target_raw, step[2], step[3], bonus_ids, step[4])
         outputs.append(output)
     assert torch.equal(outputs[0], outputs[1])
+
+
+def test_a_request_failing_every_step_logs_one_error_and_then_counts(caplog, monkeypatch) -> None:
+    """A request whose every step fails verification (a target with no distribution: hostile penalties or
+    constraints) cannot flood the server's log: its first failure is one ERROR line with its
+    configuration, the later ones are counted and reported in one WARNING at most every interval, with
+    the requests that failed most. Each failing step still falls back to the target alone."""
+    import logging
+
+    from hf_securesd.vllm import sampler
+
+    now = [0.0]
+    failures = sampler.FailureLog(interval_s=30.0, clock=lambda: now[0])
+    monkeypatch.setattr(sampler, "FAILURES", failures)
+    caplog.set_level(logging.INFO, logger="hf_securesd.vllm.sampler")
+    vocab, n = 12, 2
+    target = torch.randn(n + 1, vocab, generator=torch.Generator().manual_seed(1))
+    target[1, 4] = float("nan")  # the shared step refuses this target at T = 1
+
+    def step(req_id: str) -> list[int]:
+        plans = [RowPlan(0, SecureSDRequest(MARS(theta=0.5), None), 2, None, None, one_hot=True, req_id=req_id)]
+        output = torch.full((1, n + 1), 99, dtype=torch.int32)
+        results = verify_rows(plans, output, target[:n].argmax(-1).to(torch.int32), [n], target, target[:n],
+                              target[n:], torch.zeros(1, dtype=torch.long), [False])
+        assert results[0].verified == 0  # the fallback: the target's token alone
+        return [t for t in output[0].tolist() if t != PLACEHOLDER]
+
+    def records(level: int) -> list[logging.LogRecord]:
+        return [r for r in caplog.records if r.name == "hf_securesd.vllm.sampler" and r.levelno == level]
+
+    for _ in range(50):
+        assert len(step("hostile")) == 1
+        now[0] += 0.1
+    step("other")
+    errors = records(logging.ERROR)
+    assert len(errors) == 2 and "request hostile" in errors[0].getMessage()
+    assert "further failures are only counted" in errors[0].getMessage()
+    assert not records(logging.WARNING)  # 5 s: no count yet
+    now[0] = 31.0
+    step("other")
+    (count,) = records(logging.WARNING)
+    assert "49 more verification failures" in count.getMessage() and "hostile 49" in count.getMessage()
+    step("hostile")  # counted again, reported no sooner than another interval
+    assert len(records(logging.ERROR)) == 2 and len(records(logging.WARNING)) == 1
+    now[0] = 62.0
+    verify_rows([], torch.zeros((0, 1), dtype=torch.int32), torch.zeros(0), [], target, target, target,
+                torch.zeros(0), [])  # a step with no SecureSD row reports nothing
+    assert len(records(logging.WARNING)) == 1
+    step("fine-later")
+    assert len(records(logging.WARNING)) == 2
+
+
+def test_failure_log_forgets_the_oldest_request_beyond_its_bound(caplog) -> None:
+    import logging
+
+    from hf_securesd.vllm.sampler import FailureLog
+
+    caplog.set_level(logging.INFO, logger="hf_securesd.vllm.sampler")
+    failures = FailureLog(remember=2, clock=lambda: 0.0)
+    for req_id in ("a", "b", "a", "c", "a", "b"):
+        failures.failed(RowPlan(0, SecureSDRequest(MARS(), None), 1, None, None, req_id=req_id), RuntimeError("x"))
+    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
+    assert [m.split("request ")[1][0] for m in logged] == ["a", "b", "c", "b"]
+    unnamed = RowPlan(0, SecureSDRequest(MARS(), None), 1, None, None)
+    failures.failed(unnamed, RuntimeError("x"))
+    failures.failed(unnamed, RuntimeError("x"))
+    assert len([r for r in caplog.records if r.levelno == logging.ERROR]) == 6

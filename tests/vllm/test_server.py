@@ -248,10 +248,20 @@ def test_constraints_that_allow_no_token_are_refused(server, model_name):
     for fields, message in (
         ({"allowed_token_ids": [97], "bad_words": ["a"]}, "all banned by bad_words"),
         ({"allowed_token_ids": [eos], "min_tokens": 5}, "min_tokens=5 bans"),
+        ({"allowed_token_ids": [eos], "min_tokens": 3, "ignore_eos": True}, "min_tokens=3 bans"),
+        ({"allowed_token_ids": [97], "bad_words": ["aa"]}, "leave no token after the response tokens [97]"),
     ):
         refused = complete(server, {"verifier": "mars"}, model_name, temperature=1.0, **fields)
         assert message in error_message(refused)
     assert alive(server, model_name)
+
+
+def test_best_of_on_a_securesd_request_is_refused(server, model_name):
+    """vLLM 0.32 accepts best_of and returns one completion: a 400 for a SecureSD request, plain untouched."""
+    refused = complete(server, {"verifier": "mars"}, model_name, temperature=1.0, best_of=3, max_tokens=2)
+    assert "best_of=3 cannot run with SecureSD" in error_message(refused)
+    assert complete(server, None, model_name, temperature=1.0, best_of=3, max_tokens=2).status_code == 200
+    assert complete(server, {"verifier": "mars"}, model_name, best_of=1, max_tokens=2).status_code == 200
 
 
 def parses(value: object) -> bool:
