@@ -90,7 +90,9 @@ REQUIRED: tuple[Symbol, ...] = (
     Symbol("vllm.exceptions", "VLLMValidationError.__init__", "callable", ("message",), "defaulted",
            keywords=("parameter",)),
     Symbol("vllm.v1.engine.input_processor", "InputProcessor._validate_params", "callable", ("params",)),
-    Symbol("vllm.v1.engine.input_processor", "InputProcessor", "class", fields=("vllm_config",)),
+    # admission.engine_stop_ids: the EOS ids vLLM adds to every request's stop set after admission
+    Symbol("vllm.v1.engine.input_processor", "InputProcessor", "class",
+           fields=("vllm_config", "renderer", "generation_config_fields")),
     Symbol("vllm.config.vllm", "VllmConfig", "class",
            fields=("speculative_config", "use_v2_model_runner", "model_config")),
     Symbol("vllm.config.model", "ModelConfig.get_vocab_size", "callable"),
