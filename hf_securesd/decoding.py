@@ -117,29 +117,31 @@ class Committed:
     count: list[int]
     finished: list[int]
     deviation: list[list[float]] | None
+    # per row, the first position the processors left without a distribution and its `usable_scores` code,
+    # packed as position * PROBLEM_CODES + code (no problem: position k + 1); None when no row can have one
+    first_problems: list[int] | None = None
+
+
+PROBLEM_CODES = 4  # > every `usable_scores` code
 
 
 def _read_back(
     accepted: torch.Tensor, count: torch.Tensor, finished: torch.Tensor, deviation: torch.Tensor | None,
-    problems: torch.Tensor | None,
+    first_problems: torch.Tensor | None,
 ) -> Committed:
     """A round's outcome on the host in one transfer: accepted, count, finished [A], deviation [A, k] and
-    the problem each row reached ([A] `usable_scores` code), raised here as NonFiniteLogitsError."""
-    rows = [accepted, count, finished] + ([] if problems is None else [problems])
+    each row's first problem position ([A], packed as in `Committed.first_problems`)."""
+    rows = [accepted, count, finished] + ([] if first_problems is None else [first_problems])
     outcome = torch.stack(rows)  # [3 or 4, A] long
     if deviation is None:
         values = outcome.tolist()
+        deviations = None
     else:
         active, k = deviation.shape
         flat = torch.cat([outcome.flatten().double(), deviation.flatten().double()]).tolist()
         values = [[int(v) for v in flat[i * active : (i + 1) * active]] for i in range(len(rows))]
-        values.append([flat[len(rows) * active + a * k : len(rows) * active + (a + 1) * k] for a in range(active)])
-    if problems is not None:
-        reached = set(values.pop(3))
-        for code, name in SCORE_PROBLEMS.items():
-            if code in reached:
-                raise NonFiniteLogitsError(Health.MESSAGES[name])
-    return Committed(*values[:3], values[3] if deviation is not None else None)
+        deviations = [flat[len(rows) * active + a * k : len(rows) * active + (a + 1) * k] for a in range(active)]
+    return Committed(*values[:3], deviations, values[3] if first_problems is not None else None)
 
 
 class SpeculativeLoop:
@@ -278,13 +280,13 @@ class SpeculativeLoop:
             count = torch.where(hit, hits.long().argmax(dim=-1) + 1, count)
             finished |= hit
         self.buffer.write(self.rows, 0, new_tokens, every_row=active == self.batch)
-        reached = None
+        first_problems = None
         if scored.problems is not None:
-            # Position i of a row is read when its first i drafts were accepted (to verify draft i + 1 or to
-            # draw the next token); a position after a rejection, or past the row's drafts, never is.
-            used = torch.arange(k + 1, device=self.device)[None] <= accepted[:, None]
-            reached = torch.where(used, scored.problems, 0).amax(dim=-1)
-        done = _read_back(accepted, count, finished, outcome.deviation, reached)
+            positions = torch.arange(k + 1, device=self.device)[None]
+            first = torch.where(scored.problems > 0, positions, k + 1).amin(dim=-1)  # [A]
+            code = scored.problems.gather(1, first.clamp_max(k)[:, None])[:, 0]
+            first_problems = first * PROBLEM_CODES + code
+        done = _read_back(accepted, count, finished, outcome.deviation, first_problems)
         if self.check_each_token:
             stops = stopping.first_stops(
                 self.settings.stopping_criteria, self.buffer, self.host_rows, done.count,
@@ -294,8 +296,25 @@ class SpeculativeLoop:
                 if stop is not None:
                     done.count[a], done.finished[a] = stop, 1
             count = long_tensor(done.count, self.device)
+        self._raise_if_read(done, proposal)
         self.buffer.advance(self.rows, count, self.host_rows, done.count)
         return done, new_tokens
+
+    def _raise_if_read(self, done: Committed, proposal: Proposal) -> None:
+        """Raise NonFiniteLogitsError where a row read a position the processors left without a distribution.
+        Token i of a round comes from position i (draft i + 1 accepted there, or the next token drawn there),
+        so a row reads the positions below its committed count (after EOS and the stopping criteria cut
+        it); a position after a rejection, after the row's last committed token, or past its drafts is never
+        read. A lookahead rule (FLy) decides a position from the later ones of its block: it reads every
+        position up to the row's draft count."""
+        if done.first_problems is None:
+            return
+        ahead = self.settings.verifier.needs().lookahead
+        for a, packed in enumerate(done.first_problems):
+            position, code = divmod(packed, PROBLEM_CODES)
+            read = proposal.host_counts[a] + 1 if ahead else done.count[a]
+            if position < read:
+                raise NonFiniteLogitsError(Health.MESSAGES[SCORE_PROBLEMS[code]])
 
     def _scores_until(self, scored: Scored) -> Callable[[int], tuple[torch.Tensor, ...]]:
         """n -> the processed scores of the committed tokens and of this round's first n (single row)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -288,7 +289,7 @@ def _is_set(value: Any) -> bool:
 def _is_positive(value: Any) -> bool:
     """penalty_alpha's test in transformers (contrastive search needs it > 0); a value that is not a number
     counts as set, so it is refused rather than passed to transformers' comparison."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return value is not None
     return value > 0
 

@@ -6,6 +6,7 @@ import copy
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 from transformers import GenerationConfig, LogitsProcessorList
@@ -312,7 +313,9 @@ def test_fields_that_select_another_method_are_refused(llama_pair, forward_calls
                  assistant_model=draft, verifier="mars", **{option: value})
 
 
-@pytest.mark.parametrize("option, value", [("penalty_alpha", -0.5), ("penalty_alpha", 0.0), ("speculation_type", "")])
+@pytest.mark.parametrize("option, value", [
+    ("penalty_alpha", -0.5), ("penalty_alpha", 0.0), ("penalty_alpha", np.float32(0)), ("speculation_type", ""),
+])
 def test_field_values_transformers_ignores_are_not_refused(llama_pair, option, value):
     """penalty_alpha <= 0 never selects contrastive search and an empty speculation_type selects nothing:
     transformers decodes as without them, and so does the verifier."""
@@ -428,6 +431,16 @@ def test_a_classifier_free_guidance_processor_is_refused(llama_pair, forward_cal
     expect_error(target, forward_calls, "UnbatchedClassifierFreeGuidanceLogitsProcessor .classifier-free guidance. "
                  "runs its own unconditional forward .* not supported with verifier=", verifier="lossless",
                  logits_processor=LogitsProcessorList([guidance]), **drafting)
+
+
+def test_the_batched_classifier_free_guidance_processor_is_refused(llama_pair, forward_calls):
+    """It reads a batch doubled by unconditional rows, which speculative rounds do not build."""
+    from transformers.generation.logits_process import ClassifierFreeGuidanceLogitsProcessor
+
+    draft, target = llama_pair
+    expect_error(target, forward_calls, "ClassifierFreeGuidanceLogitsProcessor .classifier-free guidance. reads scores "
+                 "of a batch doubled .* not supported with verifier=", verifier="lossless", assistant_model=draft,
+                 logits_processor=LogitsProcessorList([ClassifierFreeGuidanceLogitsProcessor(1.5)]))
 
 
 def test_the_hash_watermark_stays_exact(llama_pair):

@@ -370,3 +370,58 @@ def test_a_prompt_mask_with_a_hole_is_looked_up_in_the_tokens_the_model_reads(mo
     assert seen[0] == [7, 98, 97, 98, 99, 97, 98]
     generated = got[0, ids.shape[1]:].tolist()
     assert seen[-1][:7] == [7, 98, 97, 98, 99, 97, 98] and seen[-1][7:] == generated[: len(seen[-1]) - 7]
+
+
+class _NothingAfter:
+    """A row-wise processor that bans every token once `token` is among the generated ones."""
+
+    def __init__(self, token: int, prompt_length: int) -> None:
+        self.token, self.prompt_length = token, prompt_length
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        done = (input_ids[:, self.prompt_length :] == self.token).any(dim=-1)
+        return scores.masked_fill(done[:, None], float("-inf"))
+
+
+@pytest.mark.parametrize("stop", ["eos", "criterion"])
+def test_a_position_after_the_last_committed_token_is_not_read(stop):
+    """A draft that equals the target (it accepts everything) drafts past the row's last token; the
+    positions after it, which the processors leave empty, are cut by EOS or a stopping criterion before
+    anything is committed from them: the call ends as plain generate does (it raised)."""
+    from transformers import LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+
+    _, target = tiny_pair()
+    ids = byte_tokenizer()("hello wor", return_tensors="pt").input_ids
+    last = target.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None)[0, -1].item()
+
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return input_ids[:, -1] == last
+
+    def options() -> dict:
+        ending = (dict(eos_token_id=last) if stop == "eos"
+                  else dict(eos_token_id=None, stopping_criteria=StoppingCriteriaList([StopAt()])))
+        return dict(max_new_tokens=12, do_sample=False, pad_token_id=256,
+                    logits_processor=LogitsProcessorList([_NothingAfter(last, ids.shape[1])]), **ending)
+
+    expected = target.generate(ids, **options())
+    assert expected.shape[1] == ids.shape[1] + 4
+    got = hf_securesd.wrap(copy.deepcopy(target)).generate(
+        ids, assistant_model=copy.deepcopy(target), num_assistant_tokens=5, verifier="lossless", **options())
+    assert torch.equal(got, expected)
+
+
+def test_a_lookahead_rule_reads_every_position_of_its_block():
+    """FLy decides a position from the drafts after it: an empty position inside a row's drafts is read by it,
+    even when the row commits less, and is refused (zeros in its place would decide a draft)."""
+    from transformers import LogitsProcessorList
+
+    _, target = tiny_pair()
+    ids = byte_tokenizer()("hello wor", return_tensors="pt").input_ids
+    last = target.generate(ids, max_new_tokens=4, do_sample=False, eos_token_id=None)[0, -1].item()
+    options = dict(max_new_tokens=12, do_sample=False, pad_token_id=256, eos_token_id=last,
+                   logits_processor=LogitsProcessorList([_NothingAfter(last, ids.shape[1])]))
+    wrapped = hf_securesd.wrap(copy.deepcopy(target))
+    with pytest.raises(hf_securesd.NonFiniteLogitsError, match="no allowed token"):
+        wrapped.generate(ids, assistant_model=copy.deepcopy(target), num_assistant_tokens=5,
+                         verifier=FLy(tau=0.5, window=2), **options)

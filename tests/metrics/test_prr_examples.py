@@ -54,12 +54,16 @@ def test_one_setting_with_example_ids_matches_the_plain_bootstrap():
 
 def test_a_setting_missing_examples_is_resampled_with_the_rest():
     """Examples left out of one setting (no score there) still pair the others: the resamples that draw none
-    of a setting's examples are counted as undefined, never an error."""
-    sweep = _sweep(2, n=6)
-    keep = [row for row in range(12) if not (row >= 6 and row != 6 + 5)]  # the second setting keeps one example
-    result = _compute(**{name: [values[row] for row in keep] for name, values in sweep.items()})
-    assert result["delta_prr_ci"] is None or all(np.isfinite(result["delta_prr_ci"]))
-    assert result["prr_ci"] is None  # a setting with one example: nothing to resample there
+    of a setting's examples are counted as undefined (and warned about), never an error."""
+    sweep = _sweep(2, n=30)
+    keep = list(range(30)) + [30, 31, 32]  # the second setting keeps three of the 30 examples
+    rows = {name: [values[row] for row in keep] for name, values in sweep.items()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = Prr()._compute(n_resamples=500, seed=0, **rows)
+    assert 0 < result["ci_undefined_resamples"] < 500
+    assert all(np.isfinite(result["prr_ci"])) and all(np.isfinite(result["delta_prr_ci"]))
+    assert any("a setting drew none of its examples" in str(warning.message) for warning in caught)
 
 
 @pytest.mark.parametrize("ids, message", [

@@ -519,10 +519,12 @@ def _warn_if_unreliable(result: dict, n_resamples: int) -> None:
         )
     dropped = result["ci_undefined_resamples"]
     if dropped > _DROPPED_SHARE * n_resamples:
+        outcome = ("so there is no interval" if dropped == n_resamples else
+                   "and were dropped: the intervals rest on the rest and are too narrow")
         warnings.warn(
-            f"{dropped} of {n_resamples} bootstrap resamples were undefined (the target and draft tied in them) "
-            "and were dropped: the intervals rest on the rest, where the gap did not vanish, and are too narrow; "
-            "score more examples on which the target and draft differ.",
+            f"{dropped} of {n_resamples} bootstrap resamples were undefined (the target and draft tied in them, "
+            f"or, with example_ids, a setting drew none of its examples), {outcome}; score more examples on "
+            "which the target and draft differ (and run every setting on them).",
             RuntimeWarning,
             stacklevel=3,
         )
