@@ -5,7 +5,7 @@
     securesd bench --profile paper --device cuda --out results/paper
     securesd bench --target qwen-1.5b --draft qwen-0.5b --tasks jailbreak gsm8k \\
         --verifiers mars:0.9,0.5 bild --schedules none step:1 step:4 --limit 50 --out results/mine
-    securesd bench --engine openai --base-url http://127.0.0.1:8000/v1 --tokenizer qwen-8b ...
+    securesd bench --engine openai --base-url http://127.0.0.1:8000/v1 --tokenizer qwen-1.5b ...
 
 `--engine` picks how answers are generated (`bench/cli_engines.py`): `hf` (default), `vllm` or
 `openai`; results and the report are the same for every engine.

@@ -2,7 +2,7 @@
 
     securesd bench --engine hf ...                                   # default: generate in this process
     securesd bench --engine vllm --target DIR --draft DIR ...        # in-process vllm.LLM + the plugin
-    securesd bench --engine openai --base-url http://127.0.0.1:8000/v1 --tokenizer qwen-8b \\
+    securesd bench --engine openai --base-url http://127.0.0.1:8000/v1 --tokenizer qwen-1.5b \\
         --verifiers mars:0.5 --schedules none step:1 ...             # the plugin's request fields
     securesd bench --engine openai --chat --endpoint twin=URL1 --endpoint prod=URL2 --baseline twin \\
         --endpoint-api-key-env prod=PROD_API_KEY ...                 # endpoints as configurations

@@ -319,6 +319,13 @@ def resolve_text_boundaries(params: Any, tokenizer: Any) -> None:
         params.extra_args = {**extra_args, EXTRA_ARGS_KEY: resolved}
 
 
+def _draft_tokens(vllm_config: Any) -> int:
+    """The engine's drafts per step (`num_speculative_tokens`; 0 without speculative decoding)."""
+    speculative = getattr(vllm_config, "speculative_config", None)
+    value = getattr(speculative, "num_speculative_tokens", 0) if speculative is not None else 0
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def engine_stop_ids(input_processor: Any) -> set[int]:
     """The ids vLLM 0.32 puts in every request's stop set (`SamplingParams.all_stop_token_ids`) besides
     the request's own stop_token_ids, read from its `InputProcessor` (`input_processor`): the renderer's
@@ -341,7 +348,9 @@ def engine_stop_ids(input_processor: Any) -> set[int]:
     return ids
 
 
-def check_some_token_allowed(params: Any, tokenizer: Any, engine_stops: Iterable[int] = ()) -> None:
+def check_some_token_allowed(
+    params: Any, tokenizer: Any, engine_stops: Iterable[int] = (), draft_tokens: int = 0
+) -> None:
     """Raise SecureSDConfigError when a SecureSD request's `allowed_token_ids` leave it no token to emit
     after some response it can reach; the target's distribution is then empty and no rule defines the
     next token. Plain requests are vLLM's business.
@@ -356,8 +365,10 @@ def check_some_token_allowed(params: Any, tokenizer: Any, engine_stops: Iterable
     token that ends a response (a stop id; an EOS id unless `ignore_eos`) and no whole bad word (whose last
     token vLLM would have banned on the way); it leaves nothing when every allowed token is the last token
     of a bad word whose prefix ends P, or a stop id when P, as the whole response, is shorter than
-    min_tokens. A P of `max_tokens` tokens or more is never followed by a token. `tokenizer` None: bad
-    words are not tokenized here (vLLM refuses them without one)."""
+    min_tokens + `draft_tokens` (the engine's drafts per step: at the position after a step's last draft
+    vLLM bans the stop ids while the committed response, drafts not counted, is shorter than min_tokens).
+    A P of `max_tokens` tokens or more is never followed by a token. `tokenizer` None: bad words are not
+    tokenized here (vLLM ignores them without one)."""
     allowed = getattr(params, "allowed_token_ids", None)
     if not allowed or request_for(getattr(params, "extra_args", None)) is None:
         return
@@ -384,7 +395,7 @@ def check_some_token_allowed(params: Any, tokenizer: Any, engine_stops: Iterable
         if any(text in tail for _, text in texts):
             continue  # vLLM bans a bad word's last token, so no response ends with P
         banned = {ord(text[-1]) for _, text in texts if tail.endswith(text[:-1])}
-        early = len(tokens) < min_tokens and not stops.intersection(tokens)
+        early = len(tokens) < min_tokens + draft_tokens and not stops.intersection(tokens)
         by_words = allowed <= banned
         if not by_words and not (early and allowed <= banned | stops):
             continue
@@ -407,7 +418,7 @@ def check_some_token_allowed(params: Any, tokenizer: Any, engine_stops: Iterable
         raise SecureSDConfigError(
             f"allowed_token_ids {shown} leave no token after the response tokens {_listed(tokens)}"
             f"{_decoded(tokenizer, tokens)}, the start of bad word {_short(word)}: {what} every allowed token "
-            "there, so the next token is undefined; allow a token that is not banned after those tokens, "
+            "there, so the next token is undefined; allow a token that is not banned after those tokens, or "
             f"drop the bad word {_short(word)}{fix}"
         )
 
@@ -490,7 +501,7 @@ def patch_admission(
                 tokenizer = getattr(self, "tokenizer", None)
                 resolve_text_boundaries(params, tokenizer)
                 check_request(params, self.vllm_config)
-                check_some_token_allowed(params, tokenizer, engine_stop_ids(self))
+                check_some_token_allowed(params, tokenizer, engine_stop_ids(self), _draft_tokens(self.vllm_config))
             except SecureSDConfigError as error:
                 raise error_class(str(error), parameter="extra_args.securesd") from None
         return result

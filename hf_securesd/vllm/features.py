@@ -93,6 +93,7 @@ REQUIRED: tuple[Symbol, ...] = (
     # admission.engine_stop_ids: the EOS ids vLLM adds to every request's stop set after admission
     Symbol("vllm.v1.engine.input_processor", "InputProcessor", "class",
            fields=("vllm_config", "renderer", "generation_config_fields")),
+    Symbol("vllm.renderers.base", "BaseRenderer.get_eos_token_id", "callable", (), "defaulted"),
     Symbol("vllm.config.vllm", "VllmConfig", "class",
            fields=("speculative_config", "use_v2_model_runner", "model_config")),
     Symbol("vllm.config.model", "ModelConfig.get_vocab_size", "callable"),

@@ -778,3 +778,16 @@ def test_window_refusals_speak_of_the_request_and_the_server(verifier, k, fix) -
     message = str(refusal.value)
     assert message.startswith('extra_args["securesd"]["verifier"]: ') and fix in message
     assert "num_assistant_tokens" not in message and "FLy(" not in message
+
+
+def test_stop_ids_count_as_banned_until_min_tokens_plus_the_drafts_of_a_step() -> None:
+    """At the position after a step's last draft, vLLM bans the stop ids while the committed response, drafts
+    not counted, is shorter than min_tokens: after a committed "a" and a drafted "b", "ab" leaves neither
+    a/b (bad words "aba", "abb") nor EOS there, although "ab" already holds min_tokens=2 tokens."""
+    from hf_securesd.tiny import byte_tokenizer
+    from hf_securesd.vllm.admission import check_some_token_allowed
+
+    fields = dict(allowed_token_ids=[97, 98, 258], bad_words=["aba", "abb"], min_tokens=2)
+    check_some_token_allowed(_constrained({"securesd": "mars"}, **fields), byte_tokenizer(), [258], draft_tokens=0)
+    with pytest.raises(SecureSDConfigError, match=r"\[97, 98\] \('ab'\).*bad_words and min_tokens=2 .*ban"):
+        check_some_token_allowed(_constrained({"securesd": "mars"}, **fields), byte_tokenizer(), [258], draft_tokens=3)
