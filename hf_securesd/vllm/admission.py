@@ -211,6 +211,15 @@ def check_http_body(request: Any) -> None:
     check_body_fields(getattr(request, "model_extra", None) or {})
 
 
+def _asks_for_securesd(request: Any) -> bool:
+    """Whether an OpenAI request asks for SecureSD: its vllm_xargs, or the server-wide default it did not opt
+    out of (a text boundary, which the engine's tokenizer resolves later, asks for it too)."""
+    try:
+        return request_for(getattr(request, "vllm_xargs", None)) is not None
+    except TextBoundaryNeedsTokenizer:
+        return True
+
+
 def check_best_of(request: Any) -> None:
     """Raise SecureSDConfigError when an OpenAI request that asks for SecureSD (its vllm_xargs, or the
     server-wide default it did not opt out of) sends `best_of` > 1: vLLM 0.32 has no best_of in its
@@ -222,11 +231,7 @@ def check_best_of(request: Any) -> None:
         best_of = extra.get("best_of")
     if isinstance(best_of, bool) or not isinstance(best_of, (int, float)) or not best_of > 1:
         return
-    try:  # the engine's tokenizer resolves a text boundary later: a text boundary asks for SecureSD too
-        asks = request_for(getattr(request, "vllm_xargs", None)) is not None
-    except TextBoundaryNeedsTokenizer:
-        asks = True
-    if asks:
+    if _asks_for_securesd(request):
         raise SecureSDConfigError(
             f"best_of={best_of} cannot run with SecureSD: vLLM 0.32 accepts best_of and ignores it (it returns "
             "one completion from one sequence), so the request would not get the best of several; drop "
@@ -281,11 +286,7 @@ def check_beam_search(request: Any) -> None:
     """Raise SecureSDConfigError when a beam search request asks for SecureSD (its vllm_xargs, or the
     server-wide default it did not opt out of): beam search drafts nothing, so nothing would be verified."""
     check_http_body(request)
-    try:  # the engine's tokenizer resolves a text boundary later: a text boundary asks for SecureSD too
-        asks = request_for(getattr(request, "vllm_xargs", None)) is not None
-    except TextBoundaryNeedsTokenizer:
-        asks = True
-    if asks:
+    if _asks_for_securesd(request):
         raise SecureSDConfigError(
             "use_beam_search cannot run with SecureSD: vLLM's beam search neither drafts nor forwards "
             "vllm_xargs, so the request would be served as plain beam search. Drop use_beam_search, or send "
