@@ -30,7 +30,13 @@ from .config_keys import misspelt_fields, refuse_misspelt_fields
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
 from .positions import check_positions
-from .segments import BoundaryResolutionError, Segments, check_boundary_ids, resolve_boundaries
+from .segments import (
+    BoundaryResolutionError,
+    Segments,
+    check_boundary_ids,
+    resolve_boundaries,
+    warn_if_continuing_segments,
+)
 from . import stopping
 from .stats import SegmentStats, SpeculativeStats, segment_statistics
 from .validation import (
@@ -404,6 +410,8 @@ def _run_speculative(
         output_logits=bool(return_dict and generation_config.output_logits),
         collect_stats=bool(return_dict),
     )
+    if target_cache is not None:
+        warn_if_continuing_segments(settings.schedule, input_ids, model_kwargs.get("attention_mask"))
     lookup = None
     if draft is None:
         lookup = PromptLookup(

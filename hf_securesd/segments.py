@@ -36,6 +36,7 @@ tensor([[1., 1., 0., 0.]])
 from __future__ import annotations
 
 import numbers
+import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, ClassVar, Sequence, Union
@@ -102,6 +103,8 @@ def _one_boundary(value: Any) -> Boundary:
     ids = _token_ids(value)
     if ids is None:
         _refuse_non_integer_ids(value)
+        if isinstance(value, (list, tuple)) and not value:
+            raise ValueError(f"Segments boundary {short_repr(value)} is empty; give it one token id or more")
         raise ValueError(f"Segments boundary {short_repr(value)} is not a boundary; {_BOUNDARY_HELP}")
     negative = [token for token in ids if token < 0]
     if negative:
@@ -297,8 +300,9 @@ class Segments(Schedule):
         if self.token_boundaries is None:
             raise BoundaryResolutionError(
                 f"Segments boundary {', '.join(map(repr, self.text_boundaries))} is text and needs the "
-                "model's tokenizer: pass tokenizer=<the target's tokenizer> to generate (or resolve it "
-                "once with schedule.with_tokenizer(tokenizer)), or give the boundary as token ids, e.g. "
+                "model's tokenizer: pass tokenizer=<the target's tokenizer> to generate (a pipeline needs it "
+                "in its call too: transformers' pipelines do not pass their own on), or resolve it once with "
+                "schedule.with_tokenizer(tokenizer), or give the boundary as token ids, e.g. "
                 "Segments([151668], ...)",
                 unresolved=tuple(self.text_boundaries),
             )
@@ -386,6 +390,40 @@ class Segments(Schedule):
             "before": _segment_dict(self.before),
             "after": _segment_dict(self.after),
         }
+
+
+def warn_if_continuing_segments(
+    schedule: Schedule | None, input_ids: torch.Tensor, attention_mask: torch.Tensor | None
+) -> None:
+    """Warn when a call that continues from a cache (`past_key_values`) holds a `Segments` boundary in its
+    input [B, P] (attention_mask [B, P], 0 on padding, or None).
+
+    A continued call is a new response for the schedule: its positions and segments count from its first
+    new token and a boundary in the input starts nothing, so a reply whose answer began in an earlier call
+    continues in the `before` segment. That is the documented rule (boundaries are looked for in the
+    response only), but here it relaxes the part of a reply that `after` protects: say so, and how to keep
+    it."""
+    if not isinstance(schedule, Segments) or schedule.token_boundaries is None:
+        return
+    matcher = schedule.matcher()
+    for row, tokens in enumerate(input_ids.tolist()):
+        if attention_mask is not None:
+            tokens = [token for token, shown in zip(tokens, attention_mask[row].tolist()) if shown]
+        found = matcher.last_segment_start(tokens)
+        if found is None:
+            continue
+        warnings.warn(
+            f"secure_schedule {schedule.to_dict()}: this call continues from a cache (past_key_values) and its input "
+            f"holds a segment boundary (row {row}, ending at input token {found - 1}). A continued call is a "
+            "new response for the schedule: positions and segments count from its first new token and "
+            "boundaries in the input start nothing, so this reply continues in the `before` segment. To "
+            "continue an answer that already began, pass Segments(boundary, before=<the after schedule>, "
+            "after=<the after schedule>) for this call, or generate the reply in one call "
+            "(docs/segments.md, *Continuing a reply*).",
+            UserWarning,
+            stacklevel=2,
+        )
+        return
 
 
 @lru_cache(maxsize=256)

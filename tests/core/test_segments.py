@@ -308,6 +308,8 @@ def test_a_text_boundary_whose_split_does_not_decode_back_is_refused():
         (dict(boundary=[1, "a"]), ValueError, "mixes token ids"),
         (dict(boundary=[-3]), ValueError, "negative token id"),
         (dict(boundary=[[1], 2.5]), ValueError, "is not a boundary"),
+        (dict(boundary=[[]]), ValueError, r"boundary \[\] is empty; give it one token id or more"),
+        (dict(boundary=[[5], ()]), ValueError, r"boundary \(\) is empty"),
         (dict(boundary=[True]), ValueError, "is not a boundary"),
         (dict(boundary=torch.ones(2, 2, dtype=torch.long)), ValueError, "is not a boundary"),
         (dict(boundary=3.0), ValueError, "is not a boundary"),

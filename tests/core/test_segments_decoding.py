@@ -16,6 +16,9 @@ bonus token, split over two tokens or over two rounds. Each check is against
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 from test_segments import reference_eta
@@ -73,7 +76,7 @@ def run(pair, prompt_ids: torch.Tensor, schedule, attention_mask=None, verifier=
         verifier=verifier,
         secure_schedule=schedule,
         num_assistant_tokens=K,
-        max_new_tokens=NEW_TOKENS,
+        max_new_tokens=kwargs.pop("max_new_tokens", NEW_TOKENS),
         do_sample=kwargs.pop("do_sample", False),
         return_dict_in_generate=True,
         **kwargs,
@@ -299,7 +302,7 @@ def test_text_boundary_through_generate_tokenizer(pair, tokenizer):
 
 def test_text_boundary_without_tokenizer_is_refused_before_decoding(pair, tokenizer):
     prompt = torch.tensor([prompt_of(tokenizer, "hi")])
-    with pytest.raises(BoundaryResolutionError, match="pass tokenizer=<the target's tokenizer> to generate"):
+    with pytest.raises(BoundaryResolutionError, match="pass tokenizer=<the target's tokenizer> to generate .a pipeline"):
         run(pair, prompt, Segments("</think>"))
 
 
@@ -363,3 +366,37 @@ def test_custom_generate_route_takes_resolved_boundaries(pair, tokenizer):
 def test_statistics_are_absent_without_a_segment_schedule(pair, tokenizer):
     out = run(pair, torch.tensor([prompt_of(tokenizer, "hi")]), Step(L=1))
     assert out.segment_stats is None and out.segment_stats_per_row is None
+
+
+def test_continuing_a_reply_past_its_boundary_warns_and_the_documented_way_keeps_the_answer_exact(pair, tokenizer):
+    """A call that continues from a cache is a new response for the schedule (docs/segments.md, *Continuing a
+    reply*): when its input already holds the boundary it warns, and continuing with `before` set to the
+    `after` schedule keeps the answer the target's choice."""
+    _, target = pair
+    prompt, boundary, base = find_case(pair, tokenizer, PLACEMENTS["mid_round"])
+    schedule = Segments([list(boundary)], before=None, after="lossless")
+    start = PLACEMENTS["mid_round"][-1] + 1
+    first = run(pair, torch.tensor([prompt]), schedule, max_new_tokens=start + 2)
+    assert first.segment_stats.segment_starts == [[start]]
+    new_tokens = NEW_TOKENS - start - 2
+    shown = torch.ones_like(first.sequences)  # the tiny vocabulary's pad id may be a generated token: show it
+    with pytest.warns(UserWarning, match="continues from a cache .past_key_values. and its input holds a segment boundary"):
+        run(pair, first.sequences, schedule, shown, max_new_tokens=new_tokens,
+            past_key_values=copy.deepcopy(first.cache))
+    kept = Segments([list(boundary)], before="lossless", after="lossless")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # before="lossless": no answer is relaxed, but the input still holds it
+        warnings.filterwarnings("ignore", message=".*continues from a cache.*")
+        second = run(pair, first.sequences, kept, shown, max_new_tokens=new_tokens, past_key_values=first.cache)
+    reply = first.sequences[0, len(prompt):].tolist() + second.sequences[0, first.sequences.shape[1]:].tolist()
+    assert reply[start:] == target_choices(target, prompt, reply)[start:]
+
+
+def test_continuing_without_a_boundary_in_the_input_does_not_warn(pair, tokenizer):
+    prompt = prompt_of(tokenizer, "Once upon a time")
+    first = run(pair, torch.tensor([prompt]), None, max_new_tokens=6)
+    token = absent_token(first.sequences[0].tolist())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run(pair, first.sequences, Segments([token], after="lossless"), max_new_tokens=4,
+            past_key_values=first.cache)
