@@ -14,8 +14,6 @@ from __future__ import annotations
 import copy
 import functools
 import inspect
-import json
-import logging
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -23,13 +21,13 @@ from typing import Any, Callable
 import torch
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.generation.utils import GenerateDecoderOnlyOutput
-from transformers.utils import GENERATION_CONFIG_NAME, cached_file
 
 from .cache_support import check_cache_layers, check_cache_support
-from .config_keys import misspelt_fields, refuse_misspelt_fields
+from .config_keys import refuse_misspelt_fields
 from .decoding import DecodeSettings, PromptLookup, speculative_decode
 from .draft_length import DEFAULT_MAX_MATCHING_NGRAM_SIZE, DraftLength, resolve_draft_length, resolve_prompt_lookup
 from .positions import check_positions
+from .saved_fields import CONFIG_FIELDS, restore_saved_fields
 from .segments import (
     BoundaryResolutionError,
     Segments,
@@ -60,12 +58,9 @@ from .validation import (
 from .schedules import Schedule, resolve_schedule
 from .verifiers import Verifier, resolve_verifier
 
-logger = logging.getLogger(__name__)
-
 _ORIGINAL_GENERATE = GenerationMixin.generate
 _ORIGINAL_ASSISTED_DECODING = GenerationMixin._assisted_decoding
 _GENERATE_SIGNATURE = inspect.signature(_ORIGINAL_GENERATE)
-_CONFIG_FIELDS = ("verifier", "secure_schedule", "output_deviation")
 CALLABLE_DEFAULT_VERIFIER = "lossless"  # custom_generate=securesd_generate with no verifier anywhere
 _CHECKED_OPTIONS = (
     "prompt_lookup_num_tokens",
@@ -333,7 +328,7 @@ def _check_positions(
 
 def _stripped(args: tuple, kwargs: dict[str, Any]) -> tuple[tuple, dict[str, Any]]:
     """The call without our fields, for plain transformers decoding."""
-    return args, {key: value for key, value in kwargs.items() if key not in _CONFIG_FIELDS}
+    return args, {key: value for key, value in kwargs.items() if key not in CONFIG_FIELDS}
 
 
 def _as_int(token: torch.Tensor | int | None) -> int | None:
@@ -619,60 +614,9 @@ def _loads_back(value: Verifier | Schedule, resolve: Callable[[Any], Any]) -> bo
 
 def _register_config_fields(generation_config: GenerationConfig) -> None:
     """Make `generate(verifier=..., secure_schedule=...)` accepted by HF's config update."""
-    for name in _CONFIG_FIELDS:
+    for name in CONFIG_FIELDS:
         if not hasattr(generation_config, name):
             setattr(generation_config, name, None)
-
-
-def restore_saved_fields(model: PreTrainedModel) -> None:
-    """Put back `verifier` / `secure_schedule` that transformers dropped on load.
-
-    A generation_config.json marked `"_from_model_config": true` (most Hub checkpoints) is loaded
-    without its non-standard keys. This reads them from the model's saved file once per model
-    instance (at `wrap`, or at the first `generate` of a patched model); fields already set on the
-    config win, an explicit None included. transformers does not record the file, so it is found again
-    from `name_or_path` (for a `subfolder=` load too: transformers reads the generation config from
-    that root folder); its fields are taken only when the rest of it is what the config was loaded
-    from (transformers' hash of the loaded config), else a warning says they were not restored (a
-    folder changed since the load)."""
-    if not getattr(model.generation_config, "_from_model_config", False) or getattr(model, "_securesd_fields_read", False):
-        return
-    model._securesd_fields_read = True
-    source = getattr(model, "name_or_path", "") or ""
-    if not source:
-        return
-    try:
-        path = cached_file(source, GENERATION_CONFIG_NAME, local_files_only=True, _raise_exceptions_for_missing_entries=False)
-    except OSError:
-        return
-    if path is None:
-        return
-    with open(path, encoding="utf-8") as handle:
-        saved = json.load(handle)
-    misspelt = [key for key, _ in misspelt_fields(saved)]  # restored too, so a speculative call refuses them
-    wanted = [name for name in (*_CONFIG_FIELDS, *misspelt)
-              if saved.get(name) is not None and name not in vars(model.generation_config)]
-    if not wanted:
-        return
-    if not _loaded_from(model.generation_config, saved):
-        logger.warning(
-            "SecureSD: %s holds %s, but it is not the generation_config.json this model's config was loaded "
-            "from (the folder changed since the load); they were not restored. Set them on "
-            "model.generation_config (or pass them to generate)", path, " and ".join(wanted),
-        )
-        return
-    for name in wanted:
-        setattr(model.generation_config, name, saved[name])
-
-
-def _loaded_from(config: GenerationConfig, saved: dict[str, Any]) -> bool:
-    """Whether `saved` (a generation_config.json) is, but for SecureSD's fields, the file `config` was
-    loaded from: the hash transformers took of the config it loaded equals that of one loaded from it."""
-    original = getattr(config, "_original_object_hash", None)
-    if original is None:
-        return False
-    standard = {key: value for key, value in saved.items() if key not in _CONFIG_FIELDS}
-    return hash(GenerationConfig.from_dict(standard)) == original
 
 
 def wrap(model: PreTrainedModel) -> PreTrainedModel:
@@ -699,11 +643,20 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
 
     transformers calls it with every `generate` argument (`assistant_model=` included) when a call
     passes `custom_generate="<repo or folder>"`, or on every call of a model loaded with
-    `trust_remote_code=True` from a folder that holds `custom_generate/`. It wraps the model instance
-    (as `wrap()` does) and runs its generate: SecureSD with a draft and a verifier, plain
-    transformers otherwise. The draft may be passed as `draft=` too, as to `securesd_generate`."""
+    `trust_remote_code=True` from a folder that holds `custom_generate/`. It runs the call as a wrapped
+    model's (as `wrap()` does): SecureSD with a draft and a verifier, plain transformers otherwise. A model
+    that was not wrapped is wrapped for this call only, so its later calls without `custom_generate` stay
+    plain transformers (its saved verifier is read back onto its generation config, which plain
+    transformers does not read). The draft may be passed as `draft=` too, as to `securesd_generate`."""
+    kwargs = _draft_as_assistant_model(kwargs)
+    if isinstance(model, SecureSDMixin):
+        return type(model).generate(model, *args, **kwargs)
+    original = type(model)
     wrap(model)
-    return type(model).generate(model, *args, **_draft_as_assistant_model(kwargs))
+    try:
+        return type(model).generate(model, *args, **kwargs)
+    finally:
+        model.__class__ = original
 
 
 def _patched_generate(self, *args, **kwargs):
@@ -819,7 +772,7 @@ def patch() -> None:
             continue  # ours is installed already, or reached through a wrapper of it
         _patching.saved[(owner, name)] = current
         setattr(owner, name, ours)
-    for name in _CONFIG_FIELDS:
+    for name in CONFIG_FIELDS:
         setattr(GenerationConfig, name, None)
     _patching.active = True
 
@@ -837,7 +790,7 @@ def unpatch() -> None:
     for owner, name, ours in _PATCHED_ATTRIBUTES:
         if getattr(owner, name) is ours:
             setattr(owner, name, _patching.saved[(owner, name)])
-    for name in _CONFIG_FIELDS:
+    for name in CONFIG_FIELDS:
         if name in vars(GenerationConfig):
             delattr(GenerationConfig, name)
 

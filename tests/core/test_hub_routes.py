@@ -79,6 +79,22 @@ def test_custom_generate_folder_takes_the_draft_as_draft_too(hub_repo):
                         draft=draft, assistant_model=other, verifier="lossless")
 
 
+def test_custom_generate_folder_leaves_the_instance_plain_transformers(hub_repo, tmp_path):
+    """README: the Hub route needs no wrapping; after a call through it, a call without custom_generate is
+    transformers' own assisted decoding again (it ran the saved relaxed verifier once the folder had
+    wrapped the instance for good) and save_pretrained writes no custom_generate/."""
+    draft, _ = _saved_with_verifier(tmp_path / "saved")  # MARS + Power saved as the defaults
+    target = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+    plain_class = type(target)
+    greedy = target.generate(PROMPT, max_new_tokens=16, do_sample=False)
+    target.generate(PROMPT, max_new_tokens=16, do_sample=False, custom_generate=str(hub_repo),
+                    trust_remote_code=True, assistant_model=draft, verifier="lossless")
+    assert type(target) is plain_class
+    assert torch.equal(target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=draft), greedy)
+    target.save_pretrained(tmp_path / "again")
+    assert not (tmp_path / "again" / "custom_generate").exists()
+
+
 def test_custom_generate_folder_needs_trust_remote_code(hub_repo):
     draft, target = tiny_pair(SPEC)
     with pytest.raises(ValueError, match="trust_remote_code"):
@@ -302,7 +318,7 @@ def test_fields_of_a_file_the_config_was_not_loaded_from_are_not_restored(tmp_pa
     path = tmp_path / "a" / "generation_config.json"
     path.write_text(json.dumps({**json.loads(path.read_text()), "max_length": 77,
                                 "verifier": {"verifier": "lossysd", "epsilon": 1.0}}))
-    with caplog.at_level("WARNING", logger="hf_securesd.integration"):
+    with caplog.at_level("WARNING", logger="hf_securesd.saved_fields"):
         model = hf_securesd.wrap(loaded)
     assert getattr(model.generation_config, "verifier", None) is None
     assert "it is not the generation_config.json this model's config was loaded from" in caplog.text
@@ -326,3 +342,8 @@ def test_the_hub_folder_is_reachable_after_importing_the_package():
     code = "import hf_securesd; print(hf_securesd.hub.path())"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert Path(result.stdout.strip(), "custom_generate", "generate.py").is_file()
+
+
+def test_the_hub_card_lists_every_registered_verifier(hub_repo):
+    row = next(line for line in (hub_repo / "README.md").read_text().splitlines() if line.startswith("| `verifier` |"))
+    assert [name for name in hf_securesd.VERIFIERS if f'`"{name}"`' not in row] == []
