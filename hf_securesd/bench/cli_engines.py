@@ -6,6 +6,8 @@
         --verifiers mars:0.5 --schedules none step:1 ...             # the plugin's request fields
     securesd bench --engine openai --chat --endpoint twin=URL1 --endpoint prod=URL2 --baseline twin \\
         --endpoint-api-key-env prod=PROD_API_KEY ...                 # endpoints as configurations
+    securesd bench --engine openai --chat --model M --endpoint draft=URL3 --draft-baseline draft \\
+        --endpoint-model draft=D ...                                 # an endpoint serving another model
 
 Only the ``openai`` options are new flags; every other flag means what it means for ``hf``.
 Endpoint URLs with a query string or fragment are refused (a key there would be recorded with the
@@ -22,7 +24,7 @@ from typing import Any, Sequence
 
 from hf_securesd.bench import json_input
 from hf_securesd.bench.engines import Engine, EngineError, engine_names
-from hf_securesd.bench.profiles import TINY
+from hf_securesd.bench.profiles import TINY, get_profile
 from hf_securesd.bench.results import REMOTE_ENGINES
 from hf_securesd.cli import (
     duration_seconds,
@@ -48,6 +50,7 @@ ENGINE_OPTIONS: dict[str, tuple[str, str, Any]] = {
     "tokenizer": ("--tokenizer", "openai", None),
     "endpoint": ("--endpoint", "openai", []),
     "endpoint_api_key_env": ("--endpoint-api-key-env", "openai", []),
+    "endpoint_model": ("--endpoint-model", "openai", []),
     "baseline": ("--baseline", "openai", None),
     "draft_baseline": ("--draft-baseline", "openai", None),
     "request_timeout": ("--request-timeout", "openai", DEFAULT_REQUEST_TIMEOUT_S),
@@ -107,8 +110,9 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         "--model",
         type=non_empty_text,
         default=argparse.SUPPRESS,
-        help="openai: the model name sent in requests (default: the first the server lists, bound to --out: "
-             "a later session whose server lists another first is refused)",
+        help="openai: the model name sent in requests to --base-url and to every --endpoint without "
+             "--endpoint-model (default: the first each server lists); bound to --out: a later session "
+             "that names another model there is refused",
     )
     group.add_argument(
         "--api-key-env",
@@ -152,6 +156,14 @@ def add_engine_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=VARIABLE",
         help="openai: send --endpoint NAME the API key held by this environment variable (repeatable; "
         "never written anywhere)",
+    )
+    group.add_argument(
+        "--endpoint-model",
+        action="append",
+        default=argparse.SUPPRESS,
+        metavar="NAME=MODEL",
+        help="openai: the model name sent in requests to --endpoint NAME, in place of --model (repeatable; "
+        "e.g. the draft alone served under its own name)",
     )
     group.add_argument(
         "--baseline",
@@ -224,10 +236,14 @@ def vllm_options(pairs: Sequence[str]) -> dict[str, Any]:
 
 def study_models(args: argparse.Namespace, target: str, draft: str) -> tuple[str, str]:
     """The target and draft names study.json binds: the models for ``hf``/``vllm``; for
-    ``openai`` the --model, else the endpoints that serve them."""
+    ``openai`` the model the target's requests name (the --baseline endpoint's --endpoint-model, else
+    --model), else the endpoints that serve them."""
     if getattr(args, "engine", "hf") != "openai":
         return target, draft
-    served = args.model or (f"endpoint:{args.baseline}" if args.baseline else args.base_url or "")
+    from hf_securesd.bench.engines.openai import parse_endpoint_models
+
+    model = parse_endpoint_models(args.endpoint_model).get(args.baseline, args.model)
+    served = model or (f"endpoint:{args.baseline}" if args.baseline else args.base_url or "")
     return served, f"endpoint:{args.draft_baseline}" if args.draft_baseline else "none"
 
 
@@ -271,7 +287,8 @@ def settle_engine_options(args: argparse.Namespace) -> None:
     """Refuse an option of one engine given with another (it would be silently ignored), then fill in the
     defaults of the options not given. The engine options are parsed without defaults, so "given" means
     on the command line, whatever its value (`--concurrency 4` with `--engine hf` is refused too); the
-    options of local models (`check_local_model_options`) are refused when given a value. An engine
+    options of local models (`check_local_model_options`) are refused when given a value, and so are the
+    options ``--engine openai`` would take and leave unused (`check_openai_options_used`). An engine
     registered outside this package reads what it wants of `args` (`Engine.from_cli`), so nothing is
     refused for it. Idempotent."""
     given = [dest for dest in ENGINE_OPTIONS if dest in vars(args)]
@@ -286,6 +303,62 @@ def settle_engine_options(args: argparse.Namespace) -> None:
     for dest, (_, _, default) in ENGINE_OPTIONS.items():
         if dest not in given:
             setattr(args, dest, list(default) if isinstance(default, list) else default)
+    if engine == "openai":
+        check_openai_options_used(args)
+
+
+def check_openai_options_used(args: argparse.Namespace) -> None:
+    """Refuse what ``--engine openai`` would accept and then leave unused: a --profile's relaxed
+    verifiers (sent only when named, as request fields), a --base-url no cell is served by, and
+    --offline / --cache-dir with no tokenizer to resolve."""
+    check_profile_sweep_is_named(args)
+    check_base_url_serves_a_cell(args)
+    check_tokenizer_options_used(args)
+
+
+def check_profile_sweep_is_named(args: argparse.Namespace) -> None:
+    """Refuse a --profile whose verifiers would be dropped: the openai engine sends relaxed verifiers to
+    --base-url's plugin only when --verifiers names them (an audited deployment may not run the plugin),
+    so without --verifiers the profile's sweep would not run while the report names the profile.
+    (--schedules without --verifiers is refused on its own.)"""
+    profile = getattr(args, "profile", None)
+    if profile is None or getattr(args, "verifiers", None) or getattr(args, "schedules", None):
+        return
+    named = get_profile(profile)
+    if named.verifiers:
+        verifiers, schedules = " ".join(named.verifiers), " ".join(named.schedules)
+        raise EngineError(
+            f"--profile {profile} sweeps the verifiers {verifiers} under the schedules {schedules}, "
+            "which --engine openai sends to --base-url only when --verifiers names them; pass --verifiers "
+            f"{verifiers} to run them there (a vLLM server with hf-securesd's plugin), or leave --profile "
+            "out and give the sizes with --tasks, --limit and --max-new-tokens"
+        )
+
+
+def check_base_url_serves_a_cell(args: argparse.Namespace) -> None:
+    """Refuse a --base-url that no cell is served by: with --baseline the target is an endpoint's, so
+    --base-url serves only the --verifiers configurations; without them it would be bound to the results
+    and recorded as audited while no answer of it is."""
+    if args.base_url is not None and args.baseline is not None and not getattr(args, "verifiers", None):
+        raise EngineError(
+            f"--base-url serves no cell: --baseline {args.baseline} serves the target, and --base-url is "
+            "sent only the --verifiers configurations, none given; drop --base-url (and its --api-key-env), "
+            "audit that server as --endpoint NAME=URL, or give --verifiers to run them there"
+        )
+
+
+def check_tokenizer_options_used(args: argparse.Namespace) -> None:
+    """Refuse --offline and --cache-dir where no tokenizer is loaded (--chat without --tokenizer or
+    --target): with the openai engine they only resolve the tokenizer, as the servers run the models."""
+    if not args.chat or args.tokenizer or getattr(args, "target", None):
+        return
+    for flag, dest in (("--offline", "offline"), ("--cache-dir", "cache_dir")):
+        if getattr(args, dest, None):
+            raise EngineError(
+                f"{flag} is not used by --engine openai --chat without --tokenizer (it resolves the "
+                "tokenizer, and none is loaded: the servers run the models and apply their chat templates); "
+                f"drop {flag}, or give --tokenizer NAME"
+            )
 
 
 def check_local_model_options(args: argparse.Namespace, engine: str) -> None:
@@ -401,6 +474,7 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
             OpenAIEngine,
             OpenAISettings,
             parse_endpoint_key_envs,
+            parse_endpoint_models,
             parse_endpoints,
         )
 
@@ -424,6 +498,7 @@ def build_engine(args: argparse.Namespace, settings) -> Engine:
             token_ids=args.token_ids,
             endpoints=endpoints,
             endpoint_key_envs=parse_endpoint_key_envs(args.endpoint_api_key_env),
+            endpoint_models=parse_endpoint_models(args.endpoint_model),
             baseline=args.baseline,
             draft_baseline=args.draft_baseline,
             client=_client_settings(args),

@@ -7,7 +7,10 @@ re-scores every recorded cell of the named tasks — with the judge, judge optio
 directory's manifest records — recomputes each cell's score, its SPD and, for speculative and
 endpoint cells, its PRR against the re-scored baseline cells (`derived_fields`), and rewrites
 `runs.jsonl` in place (atomically, under the directory's lock). It prints each cell whose verdicts
-changed, with the prompt ids.
+changed, with the prompt ids, and how many verdicts the judge could not parse. A verdict changed when
+its score did or when the judge could parse it before and not now (or the reverse): under the default
+``unparsed=success`` policy a verdict the judge could not parse scores as a successful attack, so a
+judge that parses none of the replies to compliant answers would otherwise look like full agreement.
 
 The judge's model and endpoint come only from the user: ``--judge-base-url`` / ``--judge-model``,
 else the environment (``SECURESD_JUDGE_*``), as in `bench`; never from the results directory, which
@@ -31,7 +34,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from hf_securesd.bench.analysis import derived_fields
 from hf_securesd.bench.cli_bench import accept_underscores, add_isolation_option, requested_isolation
@@ -95,14 +98,45 @@ def same_score(old: float | None, new: float) -> bool:
     return all(excluded) or (not any(excluded) and old == new)
 
 
+class RescoredCell(NamedTuple):
+    """One re-scored cell: its key, the ids of the examples whose verdict changed (`changed_verdicts`)
+    and how many of its verdicts the judge could not parse."""
+
+    cell: str
+    changed: list[str]
+    unparsed: int
+
+
+def is_unparsed(detail: Any) -> bool:
+    """Whether a verdict's scorer details say the judge could not parse its reply."""
+    return isinstance(detail, dict) and bool(detail.get("unparsed"))
+
+
+def recorded_details(run: dict[str, Any]) -> list[Any]:
+    """The scorer details a cell records, one per example (None for each where it records no list of
+    one per example: nothing is then known to have been unparsed)."""
+    details, count = run.get("details"), len(run["scores"])
+    return details if isinstance(details, list) and len(details) == count else [None] * count
+
+
+def changed_verdicts(run: dict[str, Any], per_example: Sequence[float], details: Sequence[Any]) -> list[str]:
+    """The ids of the examples of the recorded cell `run` whose verdict the new scores `per_example` and
+    `details` change: another score (`same_score`), or a reply the judge could parse before and not now,
+    or the reverse (`is_unparsed`)."""
+    return [example_id for example_id, old, new, old_detail, new_detail in
+            zip(run["example_ids"], run["scores"], per_example, recorded_details(run), details)
+            if not same_score(old, new) or is_unparsed(old_detail) != is_unparsed(new_detail)]
+
+
 def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str | os.PathLike | None = None,
             judge_base_url: str | None = None, judge_model: str | None = None,
-            isolation: Isolation = "auto", thinking_trace: str | None = None) -> list[tuple[str, list[str]]]:
+            isolation: Isolation = "auto", thinking_trace: str | None = None) -> list[RescoredCell]:
     """Re-score the cells of `tasks` in `results_dir` (see the module docstring) with the judge at
     `judge_base_url` / `judge_model` (None: the environment's), running generated code with the
     sandbox's `isolation` (`SandboxUnavailableError` before anything is read when it cannot be had), and
     judging replies by `thinking_trace` ("yes"/"no"; None: as recorded; `thinking_trace_switch`).
-    Returns, per re-scored cell, its key and the ids of the examples whose score changed."""
+    Returns, per re-scored cell, its key, the ids of the examples whose verdict changed
+    (`changed_verdicts`) and how many verdicts the judge could not parse."""
     unknown = sorted(set(tasks) - set(task_names()))
     if unknown:
         raise ValueError(f"unknown task(s) {', '.join(unknown)}; known: {', '.join(task_names())}")
@@ -145,11 +179,10 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str 
                         "version?); rescore with the data the study ran on; nothing was rewritten"
                     )
                 scored = task.score(cell_examples, run["responses"], options)
-                changed = [example_id for example_id, old, new in
-                           zip(run["example_ids"], run["scores"], scored.per_example)
-                           if not same_score(old, new)]
+                changed = changed_verdicts(run, scored.per_example, scored.details)
+                unparsed = sum(is_unparsed(detail) for detail in scored.details)
                 run.update(scores=scored.per_example, score=scored.value, details=scored.details)
-                changes.append((run["cell"], changed))
+                changes.append(RescoredCell(run["cell"], changed, unparsed))
         base = baselines(runs)
         for run in runs:
             if run["task"] in tasks:
@@ -195,7 +228,9 @@ def run(args: argparse.Namespace) -> int:
     except (OSError, ValueError, SandboxUnavailableError) as error:  # CorruptResultsError is a ValueError
         print_error(error)
         return 2
-    for cell, changed in changes:
+    for cell, changed, unparsed in changes:
         verdicts = f"{len(changed)} verdict(s) changed{': ' + ', '.join(changed) if changed else ''}"
+        if unparsed:
+            verdicts += f"; the judge could not parse {unparsed} verdict(s)"
         print(printable_line(f"{cell}: {verdicts}"))  # the cell's name comes from the results directory
     return 0

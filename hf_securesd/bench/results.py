@@ -121,9 +121,9 @@ CLASH_FIXES = {
                       "(--thinking-trace auto is yes only when the "
                       "target's tokenizer has </think> as one token; without a tokenizer, as for an openai "
                       "--chat endpoint, it is no)",
-    "resolved_models": "a cell holds one model's answers: serve the recorded model there again (first in "
-                       "its /models list), or use a new --out directory and pass --model NAME explicitly, so "
-                       "that requests name that model whatever /models lists first",
+    "resolved_models": "a cell holds one model's answers: name the recorded model there again (with "
+                       "--endpoint-model NAME=MODEL, or --model; without either, serve it first in its /models "
+                       "list), or use a new --out directory",
 }
 # manifest keys that map names (of endpoints, of routes) to what a session bound to them: a later session
 # keeps the names of the earlier ones and adds its own (`binding_clashes` checks the names both hold)
@@ -438,15 +438,16 @@ def named_values(manifest: dict[str, Any], key: str) -> dict[str, Any]:
 
 
 def resolved_model_clash(before: dict[str, Any], now: dict[str, Any]) -> str | None:
-    """What differs between the models two sessions' requests named without --model (the ``openai``
-    engine's `resolved_models`: route -> the first model its /models listed), for each route both
+    """What differs between the models two sessions' requests named (the ``openai`` engine's
+    `resolved_models`: route -> its --endpoint-model, else --model, else the first its /models listed), for each route both
     record, naming both models; None when nothing does. Without this a resumed run would fill the
     gaps of a cell with another model's answers when its server lists another model first."""
     changed = [f"{route} {before[route]!r} there, {now[route]!r} now"
                for route in sorted(before.keys() & now.keys()) if before[route] != now[route]]
     if not changed:
         return None
-    return "the model named in requests without --model (the first one /models lists): " + "; ".join(changed)
+    return ("the model each route's requests name (--endpoint-model, else --model, else the first its /models "
+            "lists): " + "; ".join(changed))
 
 
 def recorded_option(key: str, value: Any, engine: str | None = None) -> str:

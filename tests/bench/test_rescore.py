@@ -51,7 +51,7 @@ def test_rescore_restores_the_verdicts_and_recomputes_prr(results, data_dir):
     for run in runs:  # a PRR computed against the old verdicts
         run["prr"] = 0.123 if run["config_key"] == "mars(theta=0.5)" else run.get("prr")
     (path / RUNS).write_text("".join(json.dumps(run) + "\n" for run in runs), encoding="utf-8")
-    changes = dict(rescore(path, ["prompt_injection"], data_dir))
+    changes = {cell.cell: cell.changed for cell in rescore(path, ["prompt_injection"], data_dir)}
     assert changes["target|prompt_injection|n=4|max_new_tokens=16"] == [examples[0].id]
     assert changes["mars(theta=0.5)|prompt_injection|n=4|max_new_tokens=16"] == []
     again = {run["config_key"]: run for run in ResultsDir(path).runs()}

@@ -70,8 +70,10 @@ def strongreject_data(data_dir) -> Path:
     return data_dir
 
 
-def bench_argv(url: str, out: Path, data_dir: Path, *extra: str) -> list[str]:
-    return ["bench", "--engine", "openai", "--base-url", url, "--tokenizer", "tiny", "--tasks", "jailbreak",
+def bench_argv(url: str | None, out: Path, data_dir: Path, *extra: str) -> list[str]:
+    """A small openai bench run; `url` None: no --base-url (the target is a --baseline endpoint's)."""
+    base_url = [] if url is None else ["--base-url", url]
+    return ["bench", "--engine", "openai", *base_url, "--tokenizer", "tiny", "--tasks", "jailbreak",
             "--limit", "3", "--max-new-tokens", "4", "--data-dir", str(data_dir), "--batch-size", "3",
             "--request-timeout", "5", "--max-retries", "0", "--out", str(out), "--no-progress", *extra]
 
@@ -183,7 +185,7 @@ def test_the_model_a_server_lists_first_is_bound(serve, tmp_path, data_dir, capf
     server["models"] = ["model-B"]
     assert main(bench_argv(url, out, data_dir, "--no-report")) == 2
     error = capfd.readouterr().err
-    assert "--base-url 'model-A' there, 'model-B' now" in error and "pass --model NAME explicitly" in error
+    assert "--base-url 'model-A' there, 'model-B' now" in error and "name the recorded model there again" in error
     assert "use a new --out directory" in error
     server["models"] = ["model-A", "model-B"]  # the same model first: the run goes on
     assert main(bench_argv(url, out, data_dir, "--no-report")) == 0
@@ -205,7 +207,7 @@ def test_a_resolved_model_binds_only_routes_both_sessions_resolved():
 
 
 def _audit_argv(urls: dict[str, str], out: Path, data_dir: Path) -> list[str]:
-    return bench_argv(urls["target"], out, data_dir, "--endpoint", f"tgt={urls['target']}",
+    return bench_argv(None, out, data_dir, "--endpoint", f"tgt={urls['target']}",
                       "--endpoint", f"drf={urls['draft']}", "--endpoint", f"audited={urls['audited']}",
                       "--baseline", "tgt", "--draft-baseline", "drf")
 
@@ -286,8 +288,8 @@ def test_how_the_target_is_served_is_bound(serve, tmp_path, data_dir, capfd, cha
     new API and endpoint as the source of the target cell the first session made."""
     url = serve(answering(REFUSAL))
     out = tmp_path / "out"
-    first = bench_argv(url, out, data_dir, "--model", "fake-model", "--endpoint", f"twin={url}", "--baseline",
-                       "twin", "--no-report")
+    first = bench_argv(None, out, data_dir, "--model", "fake-model", "--endpoint", f"twin={url}",
+                       "--baseline", "twin", "--no-report")
     assert main(first) == 0
     capfd.readouterr()
     assert main([*first, *(part.format(url=url) for part in change)]) == 2

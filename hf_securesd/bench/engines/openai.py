@@ -17,6 +17,13 @@ its own template; no tokenizer needed). With ``--token-ids`` (vLLM servers) the 
 token ids and the response's token ids (``return_token_ids``) are decoded with the local tokenizer,
 so the records equal the ``hf`` and ``vllm`` engines' byte for byte.
 
+Each request names a model: ``--endpoint-model NAME=MODEL`` for endpoint NAME, else ``--model``, else
+the first model the server lists. A server that lists its models (``/models``) and not the one its
+requests would name is refused before anything is generated (vLLM answers every such request HTTP
+404). The model a reply names is compared with the one its request named: a reply from another model
+(fallback routing, a swapped model; a hosted API's dated name for the same one) is warned about once
+per route, and scored.
+
 API keys come from environment variables and are never written anywhere. Each goes only where the
 user sent it: ``--api-key-env VAR`` is the key of ``--base-url``, ``--endpoint-api-key-env NAME=VAR``
 the key of endpoint NAME; an endpoint without one gets no Authorization header.
@@ -49,6 +56,7 @@ import dataclasses
 import json
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -82,6 +90,7 @@ REPLY_SLACK_BYTES = 1024 * 1024
 
 # a verifier no plugin accepts: the request that checks --base-url runs hf-securesd's vLLM plugin
 PLUGIN_CHECK_VERIFIER = "securesd-plugin-check"
+MODELS_SHOWN = 10  # of a server's /models list, in the error for a model it does not list
 
 
 def securesd_fields(config: RunConfig) -> dict[str, Any]:
@@ -94,9 +103,11 @@ def securesd_fields(config: RunConfig) -> dict[str, Any]:
 
 @dataclass
 class OpenAISettings:
-    """What the ``openai`` engine reaches and how. `endpoints`: name -> base URL; `api_key_env`: the
-    variable holding the key of `base_url`; `endpoint_key_envs`: endpoint name -> the variable
-    holding that endpoint's key (an endpoint not named there is sent no key)."""
+    """What the ``openai`` engine reaches and how. `endpoints`: name -> base URL; `model`: the model
+    requests name (None: the first each server lists); `endpoint_models`: endpoint name -> the model
+    its requests name instead of `model`; `api_key_env`: the variable holding the key of `base_url`;
+    `endpoint_key_envs`: endpoint name -> the variable holding that endpoint's key (an endpoint not
+    named there is sent no key)."""
 
     base_url: str | None = None
     model: str | None = None
@@ -105,6 +116,7 @@ class OpenAISettings:
     token_ids: bool = False
     endpoints: dict[str, str] = field(default_factory=dict)
     endpoint_key_envs: dict[str, str] = field(default_factory=dict)
+    endpoint_models: dict[str, str] = field(default_factory=dict)
     baseline: str | None = None
     draft_baseline: str | None = None
     client: ClientSettings = field(default_factory=ClientSettings)
@@ -114,11 +126,19 @@ class OpenAISettings:
             if name is not None and name not in self.endpoints:
                 known = ", ".join(self.endpoints) or "none"
                 raise EngineError(f"{flag} {name!r} is not an --endpoint NAME=URL (given: {known})")
+        if self.baseline is not None and self.baseline == self.draft_baseline:
+            raise EngineError(
+                f"--baseline and --draft-baseline both name the endpoint {self.baseline!r}: its draft-only "
+                "cell would be the target again, and PRR (the share of the target-draft gap a configuration "
+                "keeps) undefined; give --draft-baseline an --endpoint that serves the draft alone, or leave "
+                "it out"
+            )
         if self.baseline is None and self.base_url is None:
             raise EngineError(
                 "the openai engine needs --base-url (or --endpoint NAME=URL with --baseline NAME)"
             )
         self._check_keys()
+        self._check_endpoint_names("--endpoint-model", self.endpoint_models)
         if self.chat and self.token_ids:
             raise EngineError(
                 "--token-ids sends prompts as token ids to /completions; it cannot be combined "
@@ -139,12 +159,26 @@ class OpenAISettings:
                 "--api-key-env is the key of --base-url, and there is no --base-url; give an "
                 "endpoint its key with --endpoint-api-key-env NAME=VARIABLE"
             )
-        unknown = sorted(set(self.endpoint_key_envs) - set(self.endpoints))
+        self._check_endpoint_names("--endpoint-api-key-env", self.endpoint_key_envs)
+
+    def _check_endpoint_names(self, flag: str, settings: dict[str, str]) -> None:
+        """EngineError when a per-endpoint option (`flag`: NAME -> its value in `settings`) names no
+        --endpoint (a misspelt name would leave the endpoint it meant without the setting)."""
+        unknown = sorted(set(settings) - set(self.endpoints))
         if unknown:
             known = ", ".join(self.endpoints) or "none"
-            raise EngineError(
-                f"--endpoint-api-key-env {unknown[0]!r} is not an --endpoint NAME=URL (given: {known})"
-            )
+            raise EngineError(f"{flag} {unknown[0]!r} is not an --endpoint NAME=URL (given: {known})")
+
+    def request_model(self, route: str) -> str | None:
+        """The model requests to `route` name as the user gave it: the endpoint's --endpoint-model,
+        else --model (None: the first model its server lists)."""
+        return self.endpoint_models.get(route, self.model)
+
+    def model_option(self, route: str) -> str:
+        """The option that sets the model of `route`'s requests (named in errors)."""
+        if route in self.endpoint_models:
+            return f"--endpoint-model {route}={self.endpoint_models[route]}"
+        return "--model"
 
     def routes(self) -> dict[str, str]:
         """Route -> base URL: `BASE_ROUTE` for --base-url (when given) and each endpoint's name."""
@@ -204,6 +238,22 @@ def parse_endpoint_key_envs(pairs: Sequence[str]) -> dict[str, str]:
             raise EngineError(f"--endpoint-api-key-env {name!r} is given twice")
         variables[name] = variable
     return variables
+
+
+def parse_endpoint_models(pairs: Sequence[str]) -> dict[str, str]:
+    """``NAME=MODEL`` strings (``--endpoint-model``) -> {endpoint name: the model its requests name}."""
+    models: dict[str, str] = {}
+    for pair in pairs:
+        name, separator, model = pair.partition("=")
+        if not separator or not name or not model.strip():
+            raise EngineError(
+                f"--endpoint-model takes NAME=MODEL (an --endpoint name and the model its requests name), "
+                f"got {redact(pair)!r}"
+            )
+        if name in models:
+            raise EngineError(f"--endpoint-model {name!r} is given twice")
+        models[name] = model
+    return models
 
 
 def _isserver_count(value: Any) -> bool:
@@ -359,16 +409,19 @@ class OpenAIEngine(Engine):
             raise EngineError(str(error)) from None
         self._models = {route: self._served_model(route) for route in self._clients}
         self._plugin_routes: set[str] = set()  # routes that answered the plugin check (`check_configs`)
+        self._warned_reply_models: set[str] = set()  # routes warned about by `_check_reply_model`
 
     @property
     def tokenizer(self) -> Any | None:
         return self._tokenizer
 
     def _served_model(self, route: str) -> dict[str, Any]:
-        """The model name requests to `route` carry (--model, else the first its server lists) and
-        the names the server reports (None when it does not answer /models; lone surrogates
-        replaced by U+FFFD, as in answers)."""
+        """The model name requests to `route` carry (its --endpoint-model, else --model, else the first
+        its server lists) and the names the server reports (None when it does not answer /models; lone
+        surrogates replaced by U+FFFD, as in answers). A server that lists models, none of them the one
+        asked for, is an EngineError (`_unlisted_model`)."""
         url = self._routes[route]
+        requested = self.settings.request_model(route)
         try:
             listed = self._clients[route].request("GET", "/models")
             names = [
@@ -377,12 +430,40 @@ class OpenAIEngine(Engine):
                 if isinstance(entry, dict) and isinstance(entry.get("id"), str)
             ]
         except (RequestFailed, TypeError) as error:
-            if self.settings.model is None:
+            if requested is None:
                 raise self._no_model_list(route, error) from None
             names = None
-        if self.settings.model is None and not names:
-            raise EngineError(f"{url}/models lists no model; pass --model NAME")
-        return {"request_model": self.settings.model or names[0], "server_models": names}
+        if requested is None and not names:
+            hint = self._endpoint_model_hint(route)
+            raise EngineError(f"{url}/models lists no model; pass --model NAME{hint}")
+        if requested is not None and names and requested not in names:
+            raise self._unlisted_model(route, requested, names)
+        return {"request_model": requested or names[0], "server_models": names}
+
+    def _endpoint_model_hint(self, route: str) -> str:
+        """For an endpoint's error about its model: the option that names its model alone."""
+        return "" if route == BASE_ROUTE else f" or --endpoint-model {route}=NAME"
+
+    @staticmethod
+    def _route_text(route: str) -> str:
+        """How messages name `route`: ``--base-url`` or ``endpoint 'NAME'``."""
+        return "--base-url" if route == BASE_ROUTE else f"endpoint {route!r}"
+
+    def _unlisted_model(self, route: str, requested: str, names: list[str]) -> EngineError:
+        """The error for `route`, whose server lists `names` and not `requested`, the model its requests
+        would name: a vLLM server answers each of them HTTP 404, and a server that ignores the name would
+        answer with a model the results would not name. The listed names come from the server: shown as
+        JSON (control characters escaped), at most `MODELS_SHOWN` of them, secrets redacted."""
+        shown = ", ".join(_quoted(name, 200) for name in names[:MODELS_SHOWN])
+        if len(names) > MODELS_SHOWN:
+            shown += f" and {len(names) - MODELS_SHOWN:,} more"
+        option = "--model MODEL" if route == BASE_ROUTE else f"--endpoint-model {route}=MODEL"
+        message = (
+            f"{self._route_text(route)} ({self._routes[route]}) does not list {requested!r}, the model its "
+            f"requests would name ({self.settings.model_option(route)}): its /models lists {shown}; name one "
+            f"of those with {option}, or start that server with --served-model-name {requested}"
+        )
+        return EngineError(redact(message, self._secrets))
 
     def _no_model_list(self, route: str, error: Exception) -> EngineError:
         """The error for a `route` whose /models gave no list when --model is not given: a server that
@@ -394,7 +475,8 @@ class OpenAIEngine(Engine):
             return EngineError(
                 f"{url}/models could not be reached ({error}); check {option} and that the server is running"
             )
-        return EngineError(f"{url}/models gave no model list ({error}); pass --model NAME")
+        hint = self._endpoint_model_hint(route)
+        return EngineError(f"{url}/models gave no model list ({error}); pass --model NAME{hint}")
 
     def baseline_configs(self) -> list[RunConfig]:
         return [TARGET, DRAFT] if self.settings.draft_baseline else [TARGET]
@@ -464,11 +546,10 @@ class OpenAIEngine(Engine):
         }
 
     def _resolved_models(self) -> dict[str, str]:
-        """Route -> the model its requests name when --model is not given (the first its /models lists),
-        bound like --model (`results.binding_clashes`): a server that lists another model first in a
-        later session would put a second model's answers into cells of the first. Empty with --model."""
-        if self.settings.model is not None:
-            return {}
+        """Route -> the model its requests name (its --endpoint-model, else --model, else the first its
+        /models lists), each bound to its route (`results.binding_clashes`): a later session that names
+        another model there (another option, or a server that lists another model first) would put a
+        second model's answers into cells of the first."""
         return {route: models["request_model"] for route, models in self._models.items()}
 
     def _model_entry(self, route: str) -> dict[str, Any]:
@@ -585,7 +666,29 @@ class OpenAIEngine(Engine):
         start = time.perf_counter()
         replies = self._clients[route].post_many_counted(path, payloads, reply_byte_cap(max_new_tokens))
         seconds = (time.perf_counter() - start) / len(prompts)  # the batch's time, split evenly over its rows
+        for reply, _ in replies:
+            self._check_reply_model(route, reply)
         return [self._read(reply, attempts, seconds, max_new_tokens) for reply, attempts in replies]
+
+    def _check_reply_model(self, route: str, reply: dict[str, Any] | RequestFailed) -> None:
+        """Warn, once per route, when a reply's ``model`` names another model than its request did: another
+        model may have answered (fallback routing, a swapped deployment), or a hosted API named the same
+        one by a dated version (``gpt-4o-2024-08-06`` for ``gpt-4o``). The answer is scored either way; a
+        reply without a model name says nothing. The name comes from the server: shown as JSON, secrets
+        redacted."""
+        named = reply.get("model") if isinstance(reply, dict) else None
+        requested = self._models[route]["request_model"]
+        if not isinstance(named, str) or named == requested or route in self._warned_reply_models:
+            return
+        self._warned_reply_models.add(route)
+        where = self._route_text(route)
+        message = (
+            f"{where} ({self._routes[route]}) answered a request for {requested!r} with a reply naming the "
+            f"model {_quoted(named, 200)}: another model may have answered (fallback routing, a swapped "
+            "model), or the server names the same model otherwise (a hosted API's dated name); its answers "
+            f"are scored as {where}'s (warned once per endpoint)"
+        )
+        warnings.warn(redact(message, self._secrets), stacklevel=2)
 
     def _read(
         self, reply: dict[str, Any] | RequestFailed, attempts: Attempts, seconds: float, max_new_tokens: int
