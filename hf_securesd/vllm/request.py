@@ -216,7 +216,8 @@ def _check_size(value: Mapping, origin: str) -> None:
         seen += 1
         if seen > MAX_VALUES:
             raise SecureSDConfigError(
-                f"{origin} holds more than {MAX_VALUES} values; a request is small: {_EXAMPLE}"
+                f"{origin} holds more than {MAX_VALUES} values (each key, value and list entry counts, each "
+                f"token id of a segments boundary too); a request is small: {_EXAMPLE}"
             )
         if isinstance(item, str) and len(item) > MAX_STRING_CHARS:
             raise SecureSDConfigError(

@@ -791,3 +791,11 @@ def test_stop_ids_count_as_banned_until_min_tokens_plus_the_drafts_of_a_step() -
     check_some_token_allowed(_constrained({"securesd": "mars"}, **fields), byte_tokenizer(), [258], draft_tokens=0)
     with pytest.raises(SecureSDConfigError, match=r"\[97, 98\] \('ab'\).*bad_words and min_tokens=2 .*ban"):
         check_some_token_allowed(_constrained({"securesd": "mars"}, **fields), byte_tokenizer(), [258], draft_tokens=3)
+
+
+def test_a_boundary_list_over_the_value_bound_is_refused_naming_what_counts():
+    """A long segments boundary list is refused by the size bound; its message says token ids count (it
+    named only extra_args with a step example)."""
+    request = {"verifier": "mars", "secure_schedule": {"schedule": "segments", "boundary": [[i] for i in range(40)]}}
+    with pytest.raises(SecureSDConfigError, match="each token id of a segments boundary too"):
+        parse_request(request)
