@@ -183,3 +183,11 @@ def test_only_what_uploads_skip_or_a_repos_own_gitattributes_file_is_allowed_bes
         (folder / entry).write_text("TOKEN=x\n")
     with pytest.raises(FileExistsError, match="not part of the export"):
         hf_securesd.metrics.export("prr", folder)
+
+
+def test_the_saved_requirement_is_the_installed_release():
+    """A folder saved by this release asks for this release or a later one: a config written by a newer
+    release (a verifier or schedule this one does not know) then meets transformers' requirement check,
+    which names the release to install, instead of an unknown-verifier error."""
+    requirement = (Path(hf_securesd.hub.path()) / "custom_generate" / "requirements.txt").read_text().split()
+    assert requirement == [f"hf-securesd>={hf_securesd.__version__}"]
