@@ -547,6 +547,8 @@ def run_study(
                         "attempts": answer.attempts,
                         "retry_wait_seconds": answer.retry_wait_seconds,
                     }
+                    if answer.reply_model is not None:
+                        record["reply_model"] = answer.reply_model
                     done[example.id] = results.add_generation(record)
                 outcome.generated += sum(isinstance(answer, Generation) for answer in answers)
                 bar.update(len(batch))

@@ -21,7 +21,7 @@ from hf_securesd.bench.engines.base import EngineError, Generation, Prompt
 from hf_securesd.bench.engines.client import ClientSettings
 from hf_securesd.bench.engines.openai import OpenAIEngine, OpenAISettings, parse_endpoint_models
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
-from hf_securesd.bench.results import FAILURES, MANIFEST, ResultsDir, read_jsonl
+from hf_securesd.bench.results import FAILURES, GENERATIONS, MANIFEST, ResultsDir, read_jsonl
 from hf_securesd.cli import main
 
 TARGET_MODEL = "Qwen/Qwen3-8B"
@@ -95,6 +95,7 @@ def test_the_documented_audit_names_the_drafts_own_model(serve, tmp_path, data_d
     assert manifest["models"]["target"]["name"] == TARGET_MODEL
     report = (out / "report" / "report.md").read_text()
     assert f"- **draft**: `{DRAFT_MODEL}`" in report and f"- **target**: `{TARGET_MODEL}`" in report
+    assert {row["reply_model"] for row in read_jsonl(out / GENERATIONS)} == {TARGET_MODEL, DRAFT_MODEL}
     assert main(argv) == 0  # the same command resumes: nothing is sent again
     assert len(seen_draft["bodies"]) == 2
 
@@ -204,3 +205,22 @@ def test_a_reply_naming_another_model_is_warned_about_once_per_endpoint_and_scor
                                   'with a reply naming the model "totally-different-model"')
     assert messages[1].startswith(f"endpoint 'draft' ({hostile}) answered a request for '{DRAFT_MODEL}'")
     assert '"\\u001b[2Jswapped"' in messages[1] and "\x1b" not in messages[1]
+    # every generation records the model its reply named (none: None)
+    assert [answer.reply_model for answer in answers[:6]] == [TARGET_MODEL] * 2 + [None] * 2 + ["totally-different-model"] * 2
+    assert answers[-1].reply_model == "\x1b[2Jswapped"  # recorded as JSON by the results writer
+
+
+def test_a_reply_model_name_is_cut_and_redacted_when_recorded(serve, monkeypatch):
+    monkeypatch.setenv("SECURESD_TEST_KEY", "sk-secret-key-123456")
+    url, _ = serve([TARGET_MODEL], replied_model="x" * 300 + "sk-secret-key-123456")
+    engine = OpenAIEngine(OpenAISettings(base_url=url, chat=True, api_key_env="SECURESD_TEST_KEY",
+                                         client=ClientSettings(request_timeout_s=5, max_retries=0)))
+    with pytest.warns(UserWarning):
+        (answer,) = engine.generate(TARGET, [PROMPT], 8, 0)
+    assert answer.reply_model == "x" * 200
+    url, _ = serve([TARGET_MODEL], replied_model="model-sk-secret-key-123456")
+    engine = OpenAIEngine(OpenAISettings(base_url=url, chat=True, api_key_env="SECURESD_TEST_KEY",
+                                         client=ClientSettings(request_timeout_s=5, max_retries=0)))
+    with pytest.warns(UserWarning):
+        (answer,) = engine.generate(TARGET, [PROMPT], 8, 0)
+    assert "sk-secret-key-123456" not in answer.reply_model

@@ -34,7 +34,9 @@ class Generation:
     the server said it; None where the engine does not say). An engine that retries requests says
     how often it tried (`attempts`) and how long it slept between this request's tries
     (`retry_wait_seconds`: the batch's time, and so `seconds`, holds the sleeps of all its requests, so
-    this row's own cannot be subtracted from its share); None where it does not say."""
+    this row's own cannot be subtracted from its share); None where it does not say. An engine that
+    reads a server's replies records the model the reply named (`reply_model`, at most
+    `REPLY_MODEL_CHARS` characters; None where the reply named none or the engine runs the model itself)."""
 
     response: str
     new_tokens: int
@@ -44,6 +46,10 @@ class Generation:
     finish_reason: str | None = None
     attempts: int | None = None
     retry_wait_seconds: float | None = None
+    reply_model: str | None = None
+
+
+REPLY_MODEL_CHARS = 200  # of a reply's model name, as recorded
 
 
 @dataclass(frozen=True)

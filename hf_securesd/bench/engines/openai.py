@@ -61,7 +61,15 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from hf_securesd.bench.engines import register_engine
-from hf_securesd.bench.engines.base import Answer, Engine, EngineError, Generation, GenerationFailure, Prompt
+from hf_securesd.bench.engines.base import (
+    REPLY_MODEL_CHARS,
+    Answer,
+    Engine,
+    EngineError,
+    Generation,
+    GenerationFailure,
+    Prompt,
+)
 from hf_securesd.bench.engines.client import Attempts, ClientSettings, OpenAIClient, RequestFailed
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.http_deadline import server_count, valid_unicode
@@ -686,7 +694,8 @@ class OpenAIEngine(Engine):
             f"{where} ({self._routes[route]}) answered a request for {requested!r} with a reply naming the "
             f"model {_quoted(named, 200)}: another model may have answered (fallback routing, a swapped "
             "model), or the server names the same model otherwise (a hosted API's dated name); its answers "
-            f"are scored as {where}'s (warned once per endpoint)"
+            f"are scored as {where}'s, each generation recording the model its reply named (reply_model; "
+            "warned once per endpoint)"
         )
         warnings.warn(redact(message, self._secrets), stacklevel=2)
 
@@ -711,7 +720,16 @@ class OpenAIEngine(Engine):
             )
         if isinstance(answer, GenerationFailure):
             return dataclasses.replace(answer, attempts=attempts.count)
-        return dataclasses.replace(answer, attempts=attempts.count, retry_wait_seconds=attempts.waited_s)
+        return dataclasses.replace(answer, attempts=attempts.count, retry_wait_seconds=attempts.waited_s,
+                                   reply_model=self._reply_model(reply))
+
+    def _reply_model(self, reply: dict[str, Any]) -> str | None:
+        """The model a reply names, as recorded: valid Unicode, at most `REPLY_MODEL_CHARS` characters,
+        secrets redacted (it comes from the server); None when it names none."""
+        named = reply.get("model")
+        if not isinstance(named, str):
+            return None
+        return redact(valid_unicode(named[:REPLY_MODEL_CHARS]), self._secrets)
 
     def _reply_excerpt(self, reply: dict[str, Any]) -> str:
         """A redacted excerpt of `reply` for an error message: its JSON, or what it is when it is nested
