@@ -405,7 +405,7 @@ def _run_speculative(
         output_logits=bool(return_dict and generation_config.output_logits),
         collect_stats=bool(return_dict),
     )
-    if target_cache is not None:
+    if target_cache is not None and target_cache.get_seq_length() > 0:  # transformers' fresh cache is empty
         warn_if_continuing_segments(settings.schedule, input_ids, model_kwargs.get("attention_mask"))
     lookup = None
     if draft is None:
@@ -645,18 +645,24 @@ def hub_generate(model: PreTrainedModel, *args, **kwargs):
     passes `custom_generate="<repo or folder>"`, or on every call of a model loaded with
     `trust_remote_code=True` from a folder that holds `custom_generate/`. It runs the call as a wrapped
     model's (as `wrap()` does): SecureSD with a draft and a verifier, plain transformers otherwise. A model
-    that was not wrapped is wrapped for this call only, so its later calls without `custom_generate` stay
-    plain transformers (its saved verifier is read back onto its generation config, which plain
-    transformers does not read). The draft may be passed as `draft=` too, as to `securesd_generate`."""
+    that is not wrapped stays so (the call runs on `_wrapped_view`), and its calls without
+    `custom_generate`, in this thread or another, stay plain transformers (its saved verifier is read
+    back onto its generation config, which plain transformers does not read). The draft may be passed as
+    `draft=` too, as to `securesd_generate`."""
     kwargs = _draft_as_assistant_model(kwargs)
     if isinstance(model, SecureSDMixin):
         return type(model).generate(model, *args, **kwargs)
-    original = type(model)
-    wrap(model)
-    try:
-        return type(model).generate(model, *args, **kwargs)
-    finally:
-        model.__class__ = original
+    view = _wrapped_view(model)
+    return type(view).generate(view, *args, **kwargs)
+
+
+def _wrapped_view(model: PreTrainedModel) -> PreTrainedModel:
+    """`model` seen as its wrapped class: a new instance that shares the model's state (its `__dict__`:
+    parameters, submodules, configs, hooks), so a call on it runs as a wrapped model's while `model` keeps
+    its own class, for this thread and every other (`wrap` reads the saved fields back as it does)."""
+    view = object.__new__(_wrapped_class(type(model)))
+    view.__dict__ = model.__dict__
+    return wrap(view)
 
 
 def _patched_generate(self, *args, **kwargs):

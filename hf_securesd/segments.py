@@ -403,8 +403,8 @@ def warn_if_continuing_segments(
     continues in the `before` segment. That is the documented rule (boundaries are looked for in the
     response only), but here it relaxes the part of a reply that `after` protects: say so, and how to keep
     it."""
-    if not isinstance(schedule, Segments) or schedule.token_boundaries is None:
-        return
+    if not isinstance(schedule, Segments) or schedule.token_boundaries is None or schedule.before == schedule.after:
+        return  # `before` equal to `after` (the way to keep an answer begun earlier): the input changes nothing
     matcher = schedule.matcher()
     for row, tokens in enumerate(input_ids.tolist()):
         if attention_mask is not None:
@@ -414,8 +414,8 @@ def warn_if_continuing_segments(
             continue
         warnings.warn(
             f"secure_schedule {schedule.to_dict()}: this call continues from a cache (past_key_values) and its input "
-            f"holds a segment boundary (row {row}, ending at input token {found - 1}). A continued call is a "
-            "new response for the schedule: positions and segments count from its first new token and "
+            f"holds a segment boundary (row {row}). A continued call is a new response for the schedule: "
+            "positions and segments count from its first new token and "
             "boundaries in the input start nothing, so this reply continues in the `before` segment. To "
             "continue an answer that already began, pass Segments(boundary, before=<the after schedule>, "
             "after=<the after schedule>) for this call, or generate the reply in one call "

@@ -319,11 +319,12 @@ def check_openai_options_used(args: argparse.Namespace) -> None:
 def check_profile_sweep_is_named(args: argparse.Namespace) -> None:
     """Refuse a --profile whose verifiers would be dropped: the openai engine sends relaxed verifiers to
     --base-url's plugin only when --verifiers names them (an audited deployment may not run the plugin),
-    so without --verifiers the profile's sweep would not run while the report names the profile.
+    so with a --base-url and no --verifiers the profile's sweep would not run while the report names the
+    profile. Without --base-url nothing could run a sweep, and the profile sets the sizes only.
     (--schedules without --verifiers is refused on its own.)"""
     profile = getattr(args, "profile", None)
-    if profile is None or getattr(args, "verifiers", None) or getattr(args, "schedules", None):
-        return
+    if profile is None or args.base_url is None or getattr(args, "verifiers", None) or getattr(args, "schedules", None):
+        return  # (an audit of --endpoint servers alone has no sweep to run: the profile gives its sizes)
     named = get_profile(profile)
     if named.verifiers:
         verifiers, schedules = " ".join(named.verifiers), " ".join(named.schedules)

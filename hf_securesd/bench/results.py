@@ -97,7 +97,8 @@ BINDING_FLAGS = {"target": "--target", "draft": "--draft", "device": "--device",
 # binding settings an on/off option sets: key -> the value the option records (else it was left out)
 SWITCH_VALUES = {"api": "chat/completions", "token_ids": True}
 # what sets the target and draft an engine that generates on servers records
-REMOTE_MODEL_FLAGS = {"target": "set by --model, else --baseline NAME as endpoint:NAME, else --base-url",
+REMOTE_MODEL_FLAGS = {"target": "set by the --baseline endpoint's --endpoint-model, else --model, else --baseline "
+                                "NAME as endpoint:NAME, else --base-url",
                       "draft": "set by --draft-baseline NAME as endpoint:NAME, else none"}
 # bound only where both manifests record them (a manifest written before they were is not checked):
 # the judge's model, and how the openai engine sends prompts (the tokenizer whose chat template builds

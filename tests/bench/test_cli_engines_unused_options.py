@@ -47,6 +47,15 @@ def test_a_profiles_sweep_the_openai_engine_would_drop_is_refused(
     assert state["headers"] == [] and not (tmp_path / "out").exists()
 
 
+def test_a_profile_gives_an_endpoint_only_audit_its_sizes(tmp_path, data_dir, server):
+    """Without --base-url no sweep could run: the profile sets the sizes (an audit directory written with
+    --profile resumes with the same command)."""
+    url, _ = server
+    argv = bench_argv(tmp_path, data_dir, "--endpoint", f"twin={url}", "--baseline", "twin", "--profile", "smoke")
+    assert main(argv) == 0
+    assert main(argv) == 0
+
+
 def test_a_base_url_no_cell_is_served_by_is_refused(capsys, tmp_path, data_dir, server):
     url, state = server
     endpoint_only = bench_argv(tmp_path, data_dir, "--endpoint", f"twin={url}", "--baseline", "twin")

@@ -19,7 +19,7 @@ from support import recording_handler, send_reply as send, serve_locally, stop_s
 from hf_securesd.bench.cli_engines import study_models
 from hf_securesd.bench.engines.base import EngineError, Generation, Prompt
 from hf_securesd.bench.engines.client import ClientSettings
-from hf_securesd.bench.engines.openai import OpenAIEngine, OpenAISettings, parse_endpoint_models
+from hf_securesd.bench.engines.openai import BASE_ROUTE, OpenAIEngine, OpenAISettings, parse_endpoint_models
 from hf_securesd.bench.plan import DRAFT, TARGET, RunConfig
 from hf_securesd.bench.results import FAILURES, GENERATIONS, MANIFEST, ResultsDir, read_jsonl
 from hf_securesd.cli import main
@@ -100,26 +100,32 @@ def test_the_documented_audit_names_the_drafts_own_model(serve, tmp_path, data_d
     assert len(seen_draft["bodies"]) == 2
 
 
-def test_a_model_an_endpoint_does_not_list_is_refused_before_anything_is_generated(serve, tmp_path, data_dir,
-                                                                                   capsys):
+def test_a_model_an_endpoint_does_not_list_is_warned_about_before_anything_is_generated(serve, tmp_path, data_dir):
+    """The draft server lists only its own model: warned about first, naming both fixes; a vLLM-like server
+    then answers every request for the unlisted model HTTP 404, recorded as failed prompts."""
     servers = {name: serve(models) for name, models in
                (("prod", [TARGET_MODEL]), ("twin", [TARGET_MODEL]), ("draft", [DRAFT_MODEL]))}
     out = tmp_path / "audit"
-    assert main(audit_argv({name: url for name, (url, _) in servers.items()}, out, data_dir)) == 2
-    error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith(f"error: endpoint 'draft' ({servers['draft'][0]}) does not list '{TARGET_MODEL}'")
-    assert f'its /models lists "{DRAFT_MODEL}"' in error and "(--model)" in error
-    assert "--endpoint-model draft=MODEL" in error and f"--served-model-name {TARGET_MODEL}" in error
-    assert all(state["bodies"] == [] for _, state in servers.values()) and not out.exists()
+    with pytest.warns(UserWarning, match="does not list") as caught:
+        assert main(audit_argv({name: url for name, (url, _) in servers.items()}, out, data_dir)) == 1
+    (warning,) = [str(item.message) for item in caught if "does not list" in str(item.message)]
+    assert warning.startswith(f"endpoint 'draft' ({servers['draft'][0]}) does not list '{TARGET_MODEL}'")
+    assert f'its /models lists "{DRAFT_MODEL}"' in warning and "(--model)" in warning
+    assert "--endpoint-model draft=MODEL" in warning and f"--served-model-name {TARGET_MODEL}" in warning
+    failed = read_jsonl(out / FAILURES)
+    assert failed and {row["cell"].split("|")[0] for row in failed} == {"draft"}
 
 
-def test_a_base_url_that_does_not_list_the_model_is_refused(serve):
-    url, _ = serve([TARGET_MODEL, *(f"other-{index}" for index in range(12))])
+def test_a_base_url_that_does_not_list_the_model_is_warned_about(serve):
+    """Servers that accept names they do not list (aliases, tags, gateways) are still sent the model."""
+    url, state = serve([TARGET_MODEL, *(f"other-{index}" for index in range(12))])
     settings = OpenAISettings(base_url=url, model=DRAFT_MODEL, chat=True)
-    with pytest.raises(EngineError, match=r"--base-url .* does not list 'Qwen/Qwen3-0.6B'.* and 3 more; name "
-                                          r"one of those with --model MODEL, or start that server with "
-                                          r"--served-model-name Qwen/Qwen3-0.6B"):
-        OpenAIEngine(settings)
+    with pytest.warns(UserWarning, match=r"--base-url .* does not list 'Qwen/Qwen3-0.6B'.* and 3 more\. A server "
+                                         r"that serves only what it lists \(vLLM\) fails every such request; name "
+                                         r"one of those with --model MODEL, or start that server with "
+                                         r"--served-model-name Qwen/Qwen3-0.6B"):
+        engine = OpenAIEngine(settings)
+    assert engine._models[BASE_ROUTE]["request_model"] == DRAFT_MODEL
 
 
 def test_a_server_without_a_model_list_is_sent_the_model_asked_for(serve):
@@ -224,3 +230,9 @@ def test_a_reply_model_name_is_cut_and_redacted_when_recorded(serve, monkeypatch
     with pytest.warns(UserWarning):
         (answer,) = engine.generate(TARGET, [PROMPT], 8, 0)
     assert "sk-secret-key-123456" not in answer.reply_model
+    url, _ = serve([TARGET_MODEL], replied_model="x" * 190 + "sk-secret-key-123456")  # a key across the cut
+    engine = OpenAIEngine(OpenAISettings(base_url=url, chat=True, api_key_env="SECURESD_TEST_KEY",
+                                         client=ClientSettings(request_timeout_s=5, max_retries=0)))
+    with pytest.warns(UserWarning):
+        (answer,) = engine.generate(TARGET, [PROMPT], 8, 0)
+    assert answer.reply_model.startswith("x" * 190) and "sk-secr" not in answer.reply_model

@@ -86,4 +86,5 @@ def test_an_openai_study_binds_its_server_with_or_without_a_trailing_slash():
 def test_an_openai_target_clash_names_the_server_options_not_target(tmp_path):
     clashes = binding_clashes(REMOTE, {**REMOTE, "target": "endpoint:prod"})
     fixes = "; ".join(clash_fixes(clashes, REMOTE, tmp_path))
-    assert "--target" not in fixes and "set by --model, else --baseline NAME as endpoint:NAME, else --base-url" in fixes
+    assert "--target" not in fixes and ("set by the --baseline endpoint's --endpoint-model, else --model, else --baseline NAME as endpoint:NAME, "
+                                        "else --base-url") in fixes

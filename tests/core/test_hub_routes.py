@@ -15,7 +15,7 @@ import evaluate
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 from transformers.dynamic_module_utils import split_package_version
 
 import hf_securesd
@@ -91,6 +91,16 @@ def test_custom_generate_folder_leaves_the_instance_plain_transformers(hub_repo,
                     trust_remote_code=True, assistant_model=draft, verifier="lossless")
     assert type(target) is plain_class
     assert torch.equal(target.generate(PROMPT, max_new_tokens=16, do_sample=False, assistant_model=draft), greedy)
+    seen = []  # the instance's class while the Hub call runs (another thread's plain call would see it)
+
+    class Record(LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            seen.append(type(target))
+            return scores
+
+    target.generate(PROMPT, max_new_tokens=4, do_sample=False, custom_generate=str(hub_repo), trust_remote_code=True,
+                    assistant_model=draft, logits_processor=LogitsProcessorList([Record()]))
+    assert seen and set(seen) == {plain_class}
     target.save_pretrained(tmp_path / "again")
     assert not (tmp_path / "again" / "custom_generate").exists()
 

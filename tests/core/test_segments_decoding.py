@@ -385,8 +385,7 @@ def test_continuing_a_reply_past_its_boundary_warns_and_the_documented_way_keeps
             past_key_values=copy.deepcopy(first.cache))
     kept = Segments([list(boundary)], before="lossless", after="lossless")
     with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)  # before="lossless": no answer is relaxed, but the input still holds it
-        warnings.filterwarnings("ignore", message=".*continues from a cache.*")
+        warnings.simplefilter("error", UserWarning)  # the documented way: before = after, nothing to warn about
         second = run(pair, first.sequences, kept, shown, max_new_tokens=new_tokens, past_key_values=first.cache)
     reply = first.sequences[0, len(prompt):].tolist() + second.sequences[0, first.sequences.shape[1]:].tolist()
     assert reply[start:] == target_choices(target, prompt, reply)[start:]
@@ -400,3 +399,13 @@ def test_continuing_without_a_boundary_in_the_input_does_not_warn(pair, tokenize
         warnings.simplefilter("error", UserWarning)
         run(pair, first.sequences, Segments([token], after="lossless"), max_new_tokens=4,
             past_key_values=first.cache)
+
+
+def test_a_first_call_whose_prompt_holds_the_boundary_does_not_warn(pair, tokenizer):
+    """transformers hands every call a cache (an empty one on a first call): only a call that continues a
+    cached conversation is warned about (a prompt holding the boundary, such as a chat template that closes
+    the thinking, is the documented rule's first case)."""
+    prompt = prompt_of(tokenizer, "Once upon a time")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        run(pair, torch.tensor([prompt]), Segments([prompt[-1]], after="lossless"), max_new_tokens=4)

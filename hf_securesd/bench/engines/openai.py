@@ -19,8 +19,8 @@ so the records equal the ``hf`` and ``vllm`` engines' byte for byte.
 
 Each request names a model: ``--endpoint-model NAME=MODEL`` for endpoint NAME, else ``--model``, else
 the first model the server lists. A server that lists its models (``/models``) and not the one its
-requests would name is refused before anything is generated (vLLM answers every such request HTTP
-404). The model a reply names is compared with the one its request named: a reply from another model
+requests name is warned about before anything is generated (vLLM answers every such request HTTP 404;
+other servers accept names they do not list). The model a reply names is compared with the one its request named: a reply from another model
 (fallback routing, a swapped model; a hosted API's dated name for the same one) is warned about once
 per route, and scored.
 
@@ -427,7 +427,7 @@ class OpenAIEngine(Engine):
         """The model name requests to `route` carry (its --endpoint-model, else --model, else the first
         its server lists) and the names the server reports (None when it does not answer /models; lone
         surrogates replaced by U+FFFD, as in answers). A server that lists models, none of them the one
-        asked for, is an EngineError (`_unlisted_model`)."""
+        asked for, is warned about (`_warn_unlisted_model`)."""
         url = self._routes[route]
         requested = self.settings.request_model(route)
         try:
@@ -445,7 +445,7 @@ class OpenAIEngine(Engine):
             hint = self._endpoint_model_hint(route)
             raise EngineError(f"{url}/models lists no model; pass --model NAME{hint}")
         if requested is not None and names and requested not in names:
-            raise self._unlisted_model(route, requested, names)
+            self._warn_unlisted_model(route, requested, names)
         return {"request_model": requested or names[0], "server_models": names}
 
     def _endpoint_model_hint(self, route: str) -> str:
@@ -457,10 +457,11 @@ class OpenAIEngine(Engine):
         """How messages name `route`: ``--base-url`` or ``endpoint 'NAME'``."""
         return "--base-url" if route == BASE_ROUTE else f"endpoint {route!r}"
 
-    def _unlisted_model(self, route: str, requested: str, names: list[str]) -> EngineError:
-        """The error for `route`, whose server lists `names` and not `requested`, the model its requests
-        would name: a vLLM server answers each of them HTTP 404, and a server that ignores the name would
-        answer with a model the results would not name. The listed names come from the server: shown as
+    def _warn_unlisted_model(self, route: str, requested: str, names: list[str]) -> None:
+        """Warn, before anything is generated, that `route`'s server lists `names` and not `requested`, the
+        model its requests name: a vLLM server answers each of them HTTP 404 (every prompt then fails,
+        recorded as such), while servers that accept names they do not list (aliases, tags such as Ollama's
+        ``llama3`` for ``llama3:latest``, gateways) answer. The listed names come from the server: shown as
         JSON (control characters escaped), at most `MODELS_SHOWN` of them, secrets redacted."""
         shown = ", ".join(_quoted(name, 200) for name in names[:MODELS_SHOWN])
         if len(names) > MODELS_SHOWN:
@@ -468,10 +469,11 @@ class OpenAIEngine(Engine):
         option = "--model MODEL" if route == BASE_ROUTE else f"--endpoint-model {route}=MODEL"
         message = (
             f"{self._route_text(route)} ({self._routes[route]}) does not list {requested!r}, the model its "
-            f"requests would name ({self.settings.model_option(route)}): its /models lists {shown}; name one "
-            f"of those with {option}, or start that server with --served-model-name {requested}"
+            f"requests name ({self.settings.model_option(route)}): its /models lists {shown}. A server that "
+            f"serves only what it lists (vLLM) fails every such request; name one of those with {option}, "
+            f"or start that server with --served-model-name {requested}"
         )
-        return EngineError(redact(message, self._secrets))
+        warnings.warn(redact(message, self._secrets), stacklevel=2)
 
     def _no_model_list(self, route: str, error: Exception) -> EngineError:
         """The error for a `route` whose /models gave no list when --model is not given: a server that
@@ -729,7 +731,7 @@ class OpenAIEngine(Engine):
         named = reply.get("model")
         if not isinstance(named, str):
             return None
-        return redact(valid_unicode(named[:REPLY_MODEL_CHARS]), self._secrets)
+        return redact(valid_unicode(named), self._secrets)[:REPLY_MODEL_CHARS]  # redacted whole, then cut
 
     def _reply_excerpt(self, reply: dict[str, Any]) -> str:
         """A redacted excerpt of `reply` for an error message: its JSON, or what it is when it is nested
