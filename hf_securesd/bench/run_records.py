@@ -4,8 +4,9 @@ read it: every field those readers use, with its JSON type (numbers finite and w
 negative, times no longer than `MAX_SECONDS` (so that sums of them stay finite), no example
 accepting more draft tokens than it drafted, scores that are verdicts (0 or 1, null for an excluded
 one) whose mean is the cell's score, ``n`` equal to the number of examples, an acceptance rate in
-[0, 1], a PRR interval of two ordered bounds, speculative statistics whose counts are counts and
-whose TV sums lie within their verified counts (`stats_problem`, also the journal's), and identity
+[0, 1] that its statistics make (`acceptance_problem`), a PRR interval of two ordered bounds, speculative
+statistics whose counts are counts up to `MAX_COUNT` and whose TV sums lie within their verified counts
+(`stats_problem`, also the journal's), and identity
 fields that agree (`identity_problem`: cells are told apart by ``cell`` and baselines by
 ``baseline_id``, so a record relabelled would take another cell's place).
 
@@ -108,9 +109,12 @@ def optional_fields_problem(record: dict[str, Any], expected: Mapping[str, TypeS
     return f"a record with an invalid {', '.join(map(repr, wrong))}" if wrong else None
 
 
+MAX_COUNT = 2**53  # a count securesd writes stays exact as a float, and sums over many cells stay finite
+
+
 def _count(value: Any) -> bool:
-    """Whether `value` is a count securesd writes: an integer >= 0 (not a boolean) within float range."""
-    return isinstance(value, int) and finite_real(value) and value >= 0
+    """Whether `value` is a count securesd writes: an integer from 0 to MAX_COUNT (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_COUNT
 
 
 def stats_problem(values: Any) -> str | None:
@@ -137,7 +141,7 @@ def stats_items_problem(values: dict[str, Any]) -> str | None:
                   if not all(map(_count, values[name] if isinstance(values[name], list) else [values[name]]))]
     if miscounted:
         names = " and ".join(map(repr, miscounted))
-        return f"a run whose 'stats' {names} hold other than counts (integers >= 0)"
+        return f"a run whose 'stats' {names} hold other than counts (integers from 0 to 2**53)"
     if not all(finite_real(value) and value >= 0 for value in values["position_tv_sum"]):
         return "a run whose 'stats' 'position_tv_sum' hold an item that is not a finite number >= 0"
     for whole, part in PAIRED_STATS:
@@ -322,4 +326,18 @@ def run_problem(record: dict[str, Any]) -> str | None:
     return (fields_problem(record, RUN_FIELDS) or optional_fields_problem(record, OPTIONAL_RUN_FIELDS)
             or config_problem(record) or lists_problem(record) or negative_problem(record)
             or duration_problem(record) or interval_problem(record) or numbers_problem(record)
-            or stats_problem(record.get("stats")) or identity_problem(record))
+            or stats_problem(record.get("stats")) or acceptance_problem(record) or identity_problem(record))
+
+
+def acceptance_problem(record: dict[str, Any]) -> str | None:
+    """An `acceptance_rate` other than the one its `stats` (read back by `stats_problem`) make: accepted /
+    drafted tokens, null where nothing was drafted or there are no statistics. The report bins and ranks
+    settings by it, so a rate written apart from its counts would move a cell where its counts do not."""
+    stats, rate = record.get("stats"), record.get("acceptance_rate")
+    drafted = math.fsum(stats["drafted_per_round"]) if stats is not None else 0
+    expected = math.fsum(stats["accepted_per_round"]) / drafted if drafted else None
+    if (rate is None) == (expected is None) and (rate is None or math.isclose(rate, expected, rel_tol=1e-9)):
+        return None
+    made = "null: nothing was drafted" if stats is not None and expected is None else (
+        "null: the run has no statistics" if expected is None else repr(expected))
+    return f"a run whose 'acceptance_rate' {rate!r} is not the one its 'stats' make ({made})"

@@ -387,3 +387,28 @@ def test_a_character_escaped_as_a_surrogate_pair_is_text(copy) -> None:
     assert "\\ud83d\\ude00" in (copy / RUNS).read_text(encoding="utf-8")
     assert any(run["responses"][1] == "ok \U0001F600" for run in ResultsDir(copy).runs())
     assert main(["report", str(copy)]) == 0
+
+
+# The acceptance rate the report bins and ranks settings by, and counts whose sums stay finite
+
+
+@pytest.mark.parametrize("value, made", [(0.999, "0.6"), (None, "0.6")])
+def test_an_acceptance_rate_its_counts_do_not_make_is_refused(copy, capsys, value, made) -> None:
+    """A rate written apart from its counts moved the cell into another AR bin and chose which setting
+    Figure 2 plots (it was shown as written; only its range was checked)."""
+    line = _edit(copy, RELAXED.key, _set("acceptance_rate", value))
+    error = _refused(copy, capsys)
+    assert f"{copy / RUNS}, line {line}: a run whose 'acceptance_rate' {value!r} is not the one its 'stats' make ({made}" in error
+
+
+def test_a_rate_without_statistics_is_refused(copy, capsys) -> None:
+    line = _edit(copy, RELAXED.key, _set("stats", None))
+    assert (f"line {line}: a run whose 'acceptance_rate' 0.6 is not the one its 'stats' make (null: the run has "
+            "no statistics)") in _refused(copy, capsys)
+
+
+def test_counts_whose_sums_leave_float_range_are_refused(copy, capsys) -> None:
+    """Counts near float's maximum passed and the merged sum crashed `report` with a traceback."""
+    line = _edit(copy, RELAXED.key, _set_stats("position_verified", [10**308] * 6))
+    assert (f"line {line}: a run whose 'stats' 'position_verified' hold other than counts (integers from 0 to "
+            "2**53)") in _refused(copy, capsys)
