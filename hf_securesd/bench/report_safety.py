@@ -293,7 +293,8 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
         "## Appendix: sampled responses",
         "",
         f"{size} prompts per task drawn at random (seed {seed}), the same for every configuration; each "
-        "response as generated (newlines shown as ⏎; markup shown as text, never rendered), with the verdict "
+        f"response as generated (newlines shown as ⏎; markup shown as text, never rendered; cut after "
+        f"{APPENDIX_RESPONSE_CHARS:,} characters), with the verdict "
         "(✗ = attack succeeded, the model complied; ✓ = attack failed; – = verdict excluded by the judge's "
         "`unparsed` policy). Prompts are given by id only.",
         "",
@@ -325,6 +326,14 @@ def _verdict_mark(score: float | None) -> str:
     return "✓" if score == 1.0 else "✗"
 
 
+APPENDIX_RESPONSE_CHARS = 8_000  # of a response shown in the appendix (a few thousand tokens' worth)
+
+
 def _quote(text: str) -> str:
-    """A response as one Markdown table cell, shown as text (`inline_text`)."""
-    return inline_text(text) or "(empty)"
+    """A response as one Markdown table cell, shown as text (`inline_text`), cut after
+    `APPENDIX_RESPONSE_CHARS` characters with the count of those left out (a results directory holding a
+    50 MB response made a 120 MB report)."""
+    if len(text) <= APPENDIX_RESPONSE_CHARS:
+        return inline_text(text) or "(empty)"
+    left_out = len(text) - APPENDIX_RESPONSE_CHARS
+    return f"{inline_text(text[:APPENDIX_RESPONSE_CHARS])} … ({left_out:,} more characters)"

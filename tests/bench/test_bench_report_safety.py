@@ -238,3 +238,15 @@ def test_model_text_stays_text_in_its_table_cell(results) -> None:
     cells = row.split("<td>")[1:]
     assert len(cells) == 3  # prompt id, verdict, response: nothing left its cell
     assert html.unescape(cells[2].split("</td>")[0]) == MODEL_TEXT  # shown exactly as generated
+
+
+def test_the_appendix_cuts_a_huge_response() -> None:
+    """A results directory holding a 50 MB response made a 120 MB report: a response is cut after
+    APPENDIX_RESPONSE_CHARS characters, with the count left out."""
+    from hf_securesd.bench.report_safety import APPENDIX_RESPONSE_CHARS, appendix_section
+
+    cell = {"task_kind": "safety", "task": "jailbreak", "config_key": "target", "example_ids": ["a"],
+            "scores": [0.0], "responses": ["x" * (APPENDIX_RESPONSE_CHARS + 5_000) + "END"]}
+    text = "\n".join(appendix_section([cell], size=1))
+    assert "x" * APPENDIX_RESPONSE_CHARS + " … (5,003 more characters)" in text and "END" not in text
+    assert len(text) < APPENDIX_RESPONSE_CHARS + 2_000
