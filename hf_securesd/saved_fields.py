@@ -46,7 +46,8 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
     source = getattr(model, "name_or_path", "") or ""
     if not source:
         return
-    candidates = [(path, saved, _securesd_fields(saved)) for path, saved in _saved_configs(str(source))]
+    candidates = [(path, saved, _securesd_fields(saved, unset_in=config))
+                  for path, saved in _saved_configs(str(source))]
     if not any(fields for _, _, fields in candidates):
         return
     loaded = [(path, fields) for path, saved, fields in candidates if _loaded_from(config, saved)]
@@ -66,8 +67,7 @@ def restore_saved_fields(model: PreTrainedModel) -> None:
         )
         return
     for name, value in loaded[0][1].items():
-        if name not in vars(config):
-            setattr(config, name, value)
+        setattr(config, name, value)
 
 
 def _saved_configs(source: str) -> list[tuple[str, dict[str, Any]]]:
@@ -94,10 +94,11 @@ def _saved_configs(source: str) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-def _securesd_fields(saved: dict[str, Any]) -> dict[str, Any]:
-    """The SecureSD fields (and misspellings of them) that a saved generation config sets (not None)."""
+def _securesd_fields(saved: dict[str, Any], unset_in: GenerationConfig) -> dict[str, Any]:
+    """The SecureSD fields (and misspellings of them) that a saved generation config sets (not None) and
+    `unset_in` does not (a field set on the loaded config, an explicit None included, wins)."""
     names = (*CONFIG_FIELDS, *(key for key, _ in misspelt_fields(saved)))
-    return {name: saved[name] for name in names if saved.get(name) is not None}
+    return {name: saved[name] for name in names if saved.get(name) is not None and name not in vars(unset_in)}
 
 
 def _loaded_from(config: GenerationConfig, saved: dict[str, Any]) -> bool:

@@ -81,3 +81,15 @@ def test_revisions_that_agree_restore_their_fields(hub_cache, plain_folder, capl
     with caplog.at_level("WARNING", logger="hf_securesd.saved_fields"):
         assert hf_securesd.wrap(_load(hub_cache, FIRST)).generation_config.verifier == LOSSY
     assert not caplog.text
+
+
+def test_a_field_set_on_the_loaded_config_wins_without_a_warning(hub_cache, plain_folder, caplog):
+    """An explicit None set before wrap is kept, and the disagreeing revisions then restore nothing to
+    warn about."""
+    _revision(hub_cache, plain_folder, FIRST, LOSSLESS, {})
+    _revision(hub_cache, plain_folder, SECOND, LOSSY, {"main": SECOND})
+    model = _load(hub_cache, FIRST)
+    model.generation_config.verifier = None
+    with caplog.at_level("WARNING", logger="hf_securesd.saved_fields"):
+        assert hf_securesd.wrap(model).generation_config.verifier is None
+    assert not caplog.text
