@@ -179,6 +179,18 @@ def serve_locally(handler: type[BaseHTTPRequestHandler]) -> tuple[ThreadingHTTPS
     return server, f"http://127.0.0.1:{server.server_address[1]}/v1"
 
 
+def serve_model_list(servers: list[ThreadingHTTPServer], respond: Callable[[BaseHTTPRequestHandler, dict], None],
+                     models: bytes) -> tuple[str, dict]:
+    """Start a `recording_handler` server whose POSTs `respond` answers and whose GET answers the model
+    list `models` (JSON bytes); it is appended to `servers` (for `stop_servers`). Returns its /v1 URL and
+    its state."""
+    Handler, state = recording_handler(respond)
+    state["get"] = lambda handler, _: send_reply(handler, 200, models)
+    server, url = serve_locally(Handler)
+    servers.append(server)
+    return url, state
+
+
 def stop_servers(servers: list[ThreadingHTTPServer]) -> None:
     for server in servers:
         server.shutdown()

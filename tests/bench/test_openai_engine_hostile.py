@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 import pytest
-from support import recording_handler, send_reply as send, serve_locally, stop_servers
+from support import send_reply as send, serve_model_list, stop_servers
 
 from hf_securesd.bench.engines.base import EngineError, Generation, GenerationFailure, Prompt
 from hf_securesd.bench.engines.client import ClientSettings, OpenAIClient, RequestFailed
@@ -44,11 +44,7 @@ def serve():
     servers: list = []
 
     def start(respond: Respond, models: bytes = b'{"data": [{"id": "fake-model"}]}') -> tuple[str, dict]:
-        Handler, state = recording_handler(respond)
-        state["get"] = lambda handler, _: send(handler, 200, models)
-        server, url = serve_locally(Handler)
-        servers.append(server)
-        return url, state
+        return serve_model_list(servers, respond, models)
 
     yield start
     stop_servers(servers)

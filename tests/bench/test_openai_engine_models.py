@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 import pytest
-from support import recording_handler, send_reply as send, serve_locally, stop_servers
+from support import send_reply as send, serve_model_list, stop_servers
 
 from hf_securesd.bench.cli_engines import study_models
 from hf_securesd.bench.engines.base import EngineError, Generation, Prompt
@@ -54,12 +54,8 @@ def serve():
     servers: list = []
 
     def start(models: list[str], replied_model: str | None = "requested") -> tuple[str, dict]:
-        Handler, state = recording_handler(vllm_like(models, replied_model))
         listed = json.dumps({"object": "list", "data": [{"id": name} for name in models]}).encode()
-        state["get"] = lambda handler, _: send(handler, 200, listed)
-        server, url = serve_locally(Handler)
-        servers.append(server)
-        return url, state
+        return serve_model_list(servers, vllm_like(models, replied_model), listed)
 
     yield start
     stop_servers(servers)
