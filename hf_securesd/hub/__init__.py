@@ -12,7 +12,9 @@ for `model.generate(..., custom_generate="<repo id or folder>", trust_remote_cod
 
 `export_repo`, `export_custom_generate` and `hf_securesd.metrics.export` write with `export_files`:
 each file through a new temporary file renamed into place, so a symbolic link at a file's name is
-replaced, never written through, and nothing is written outside the folder. They refuse a folder
+replaced, never written through, and nothing is written outside the folder; the files are renamed
+only once all are written, so a failed export (a read-only subfolder, a full disk) leaves the old
+files as they were, and its error names the file it could not write. They refuse a folder
 that already holds other files or different versions of theirs unless `overwrite=True`.
 """
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from pathlib import Path, PurePosixPath
 
-from ..models.partials import write_file
+from ..models.partials import write_files
 
 _ROOT = Path(__file__).resolve().parent
 REPO_FILES: tuple[str, ...] = ("README.md", "custom_generate/generate.py", "custom_generate/requirements.txt")
@@ -105,7 +107,8 @@ def export_files(directory: str | Path, files: Mapping[str, Path], *, overwrite:
     `directory`, creating it and the folders the names need, and return `directory`.
 
     Each file is written through a new temporary file in its folder, then renamed over its name, so
-    a symbolic link there is replaced, never written through. Before anything is written, a folder
+    a symbolic link there is replaced, never written through; the renames start once every file is
+    written (`write_files`: a failure to write one leaves every file of `directory` as it was). Before anything is written, a folder
     of the export that is a link or a file is refused, and so, unless `overwrite` is True, is a
     destination that already holds any of the files in another form (different content, a link) or
     entries that are not part of the export (which an upload of the folder would include). Only the
@@ -132,11 +135,10 @@ def export_files(directory: str | Path, files: Mapping[str, Path], *, overwrite:
                 "folder would include them)."
             )
     directory.mkdir(parents=True, exist_ok=True)
-    real = directory.resolve()  # no link below the folder is followed (`_check_writable`, `write_file`)
-    for name, source in files.items():
-        target = real / name
-        target.parent.mkdir(parents=True, exist_ok=True)
-        write_file(target, source.read_bytes())
+    real = directory.resolve()  # no link below the folder is followed (`_check_writable`, `write_files`)
+    for name in files:
+        (real / name).parent.mkdir(parents=True, exist_ok=True)
+    write_files({real / name: source.read_bytes() for name, source in files.items()})
     return given
 
 

@@ -43,7 +43,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -204,20 +204,42 @@ def open_folder(folder: Path) -> int:
 def write_file(path: Path, data: bytes) -> None:
     """Write `data` as the file `path`, never through a symbolic link (see the module docstring).
     The file gets the permissions a new file normally has (0o666 less the umask)."""
-    folder = open_folder(path.parent)
+    write_files({path: data})
+
+
+def write_files(contents: Mapping[Path, bytes]) -> None:
+    """Write each file of `contents` (path -> bytes) as `write_file` does, all or nothing: every file
+    is first written to a new partial in its folder, and only when all are written are they renamed
+    into place. A failure before that removes the partials written so far and renames nothing; its
+    OSError names the file that could not be written, not its partial."""
+    folders: list[int] = []
+    written: list[tuple[int, str, Path]] = []  # (folder descriptor, partial name, final path), not yet renamed
     try:
-        name = f"{_prefix(path)}{secrets.token_hex(8)}{SUFFIX}"
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
+        for path, data in contents.items():
+            folders.append(folder := open_folder(path.parent))
+            name = f"{_prefix(path)}{secrets.token_hex(8)}{SUFFIX}"
+            try:
+                fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=folder)
+                written.append((folder, name, path))
+                with os.fdopen(fd, "wb") as handle:
+                    handle.write(data)
+            except OSError as error:
+                raise _naming(error, path) from error
+        while written:
+            folder, name, path = written[0]
             os.replace(name, path.name, src_dir_fd=folder, dst_dir_fd=folder)
-        except BaseException:
+            written.pop(0)
+    finally:
+        for folder, name, _ in written:
             with contextlib.suppress(OSError):
                 os.unlink(name, dir_fd=folder)
-            raise
-    finally:
-        os.close(folder)
+        for folder in folders:
+            os.close(folder)
+
+
+def _naming(error: OSError, path: Path) -> OSError:
+    """`error` (raised for a partial of `path`) as the same error about `path`."""
+    return type(error)(error.errno, error.strerror or str(error), str(path))
 
 
 def _writer_pid(name: str, finals: Iterable[str]) -> int | None:

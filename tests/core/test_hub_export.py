@@ -191,3 +191,25 @@ def test_the_saved_requirement_is_the_installed_release():
     which names the release to install, instead of an unknown-verifier error."""
     requirement = (Path(hf_securesd.hub.path()) / "custom_generate" / "requirements.txt").read_text().split()
     assert requirement == [f"hf-securesd>={hf_securesd.__version__}"]
+
+
+def test_a_file_that_cannot_be_written_leaves_every_file_as_it_was(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    hf_securesd.hub.export_repo(out)
+    (out / "README.md").write_text("an older card\n")
+    (out / "custom_generate" / "generate.py").write_text("an older generate.py\n")
+    real_open = os.open
+
+    def refusing_open(path, flags, *args, **kwargs):
+        if str(path).startswith(".generate.py.") and flags & os.O_CREAT:
+            raise PermissionError(13, "Permission denied", path)  # as a read-only custom_generate/ would
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", refusing_open)
+    with pytest.raises(PermissionError) as caught:
+        hf_securesd.hub.export_repo(out, overwrite=True)
+    monkeypatch.undo()
+    assert caught.value.filename == str((out / "custom_generate" / "generate.py").resolve())
+    assert (out / "README.md").read_text() == "an older card\n"  # not renamed in before the failure
+    assert (out / "custom_generate" / "generate.py").read_text() == "an older generate.py\n"
+    assert sorted(path.name for path in out.rglob("*")) == ["README.md", "custom_generate", "generate.py", "requirements.txt"]
