@@ -29,9 +29,10 @@ WORD_JOINER = "\u2060"
 
 
 def one_line(text: str) -> str:
-    """`text` with every line break (\\r\\n, \\r, \\n) shown as ⏎ and every other control character and
-    bidirectional override as its escape (`terminal.readable`: ``\\x1b``), stripped."""
-    return readable(re.sub(r"\r\n|\r|\n", LINE_BREAK, text).strip())
+    """`text` with every line break (\\r\\n, \\r, \\n, and the Unicode line and paragraph separators
+    U+2028 and U+2029, which editors and `str.splitlines` read as line ends) shown as ⏎ and every other
+    control character and bidirectional override as its escape (`terminal.readable`: ``\\x1b``), stripped."""
+    return readable(re.sub("\r\n|[\r\n\u2028\u2029]", LINE_BREAK, text).strip())
 
 
 def inline_text(text: str) -> str:

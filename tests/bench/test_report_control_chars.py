@@ -129,6 +129,16 @@ def test_bidirectional_overrides_and_isolates_are_escaped():
     assert inline_text("abc\u202edef\u2066x\u2069") == "abc\\\\u202edef\\\\u2066x\\\\u2069"
 
 
+@pytest.mark.parametrize("separator", ["\u2028", "\u2029", "\r\n", "\r", "\n"])
+def test_every_line_break_of_a_response_is_shown_as_a_mark_on_one_line(separator):
+    """A response's line and paragraph separators (U+2028, U+2029) end lines for editors and
+    `str.splitlines`: in a report they are shown as line breaks are, so a table row stays one line."""
+    from hf_securesd.bench.report_markdown import LINE_BREAK, inline_text
+
+    shown = inline_text(f"first{separator}| second |")
+    assert shown == f"first{LINE_BREAK}\\| second \\|" and len(f"| {shown} |".splitlines()) == 1
+
+
 @pytest.mark.parametrize("report", ["setup_error", "study_exit_code"])
 def test_bench_errors_quoting_a_results_file_print_its_control_characters_as_escapes(report, capsys):
     """A clash message quotes study.json's values: an edited one must not drive the terminal."""
