@@ -296,7 +296,8 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
         f"response as generated (newlines shown as ⏎; markup shown as text, never rendered; cut after "
         f"{APPENDIX_RESPONSE_CHARS:,} characters), with the verdict "
         "(✗ = attack succeeded, the model complied; ✓ = attack failed; – = verdict excluded by the judge's "
-        "`unparsed` policy). Prompts are given by id only.",
+        "`unparsed` policy). Prompts are given by id only (an id cut after "
+        f"{APPENDIX_ID_CHARS} characters).",
         "",
     ]
     for task in dict.fromkeys(cell["task"] for cell in safety):
@@ -307,7 +308,7 @@ def appendix_section(cells: Sequence[Cell], seed: int = 0, size: int = APPENDIX_
             by_id = {example_id: i for i, example_id in enumerate(cell["example_ids"])}
             rows = [
                 [
-                    table_code(example_id),
+                    _prompt_id(example_id),
                     _verdict_mark(cell["scores"][by_id[example_id]]),
                     _quote(cell["responses"][by_id[example_id]]),
                 ]
@@ -327,6 +328,15 @@ def _verdict_mark(score: float | None) -> str:
 
 
 APPENDIX_RESPONSE_CHARS = 8_000  # of a response shown in the appendix (a few thousand tokens' worth)
+APPENDIX_ID_CHARS = 200  # of a prompt id shown in the appendix (the benchmarks' ids are under 100)
+
+
+def _prompt_id(example_id: str) -> str:
+    """A prompt id as one table cell (`table_code`), cut after `APPENDIX_ID_CHARS` characters with the
+    count of those left out (an id is repeated for every configuration of its task)."""
+    if len(example_id) <= APPENDIX_ID_CHARS:
+        return table_code(example_id)
+    return f"{table_code(example_id[:APPENDIX_ID_CHARS])} … ({len(example_id) - APPENDIX_ID_CHARS:,} more characters)"
 
 
 def _quote(text: str) -> str:

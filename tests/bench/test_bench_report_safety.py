@@ -250,3 +250,18 @@ def test_the_appendix_cuts_a_huge_response() -> None:
     text = "\n".join(appendix_section([cell], size=1))
     assert "x" * APPENDIX_RESPONSE_CHARS + " … (5,003 more characters)" in text and "END" not in text
     assert len(text) < APPENDIX_RESPONSE_CHARS + 2_000
+
+
+def test_the_appendix_cuts_a_huge_prompt_id() -> None:
+    """An id is repeated for every configuration of its task: one of 30 MB in a results directory would
+    be written that many times. An id is cut after APPENDIX_ID_CHARS characters, with the count left out;
+    an id of that length is shown whole."""
+    from hf_securesd.bench.report_safety import APPENDIX_ID_CHARS, appendix_section
+
+    whole, huge = "w" * APPENDIX_ID_CHARS, "i" * (APPENDIX_ID_CHARS + 1_234) + "END"
+    cells = [{"task_kind": "safety", "task": "jailbreak", "config_key": key, "example_ids": [whole, huge],
+              "scores": [0.0, 1.0], "responses": ["one", "two"]} for key in ("target", "mars")]
+    text = "\n".join(appendix_section(cells, size=2))
+    assert text.count(f"`{whole}`") == 2 and "END" not in text
+    assert text.count(f"`{'i' * APPENDIX_ID_CHARS}` … (1,237 more characters)") == 2
+    assert len(text) < 4 * APPENDIX_ID_CHARS + 2_000
