@@ -58,7 +58,7 @@ def serve():
 def answer(url: str, max_new_tokens: int = MAX_TOKENS, **settings) -> Generation | GenerationFailure:
     """The completions engine's answer to one prompt (the byte tokenizer: ids 0-258)."""
     engine = OpenAIEngine(OpenAISettings(base_url=url, **settings,
-                                         client=ClientSettings(request_timeout_s=5, max_retries=0)),
+                                         client=ClientSettings(request_timeout_s=30, max_retries=0)),
                           tokenizer=byte_tokenizer())
     try:
         return engine.generate(TARGET, [PROMPT], max_new_tokens, 0)[0]
@@ -73,7 +73,7 @@ def answering(body: bytes) -> Respond:
 def bench_argv(url: str, out: Path, data_dir: Path, *extra: str) -> list[str]:
     return ["bench", "--engine", "openai", "--base-url", url, "--tokenizer", "tiny", "--tasks", "jailbreak",
             "--limit", "3", "--max-new-tokens", str(MAX_TOKENS), "--data-dir", str(data_dir),
-            "--batch-size", "3", "--concurrency", "1", "--request-timeout", "5", "--max-retries", "0",
+            "--batch-size", "3", "--concurrency", "1", "--request-timeout", "30", "--max-retries", "0",
             "--out", str(out), "--no-progress", "--no-report", *extra]
 
 
