@@ -222,21 +222,28 @@ def _asks_for_securesd(request: Any) -> bool:
 
 def check_best_of(request: Any) -> None:
     """Raise SecureSDConfigError when an OpenAI request that asks for SecureSD (its vllm_xargs, or the
-    server-wide default it did not opt out of) sends `best_of` > 1: vLLM 0.32 has no best_of in its
-    SamplingParams, keeps the field aside (a declared field of some request classes, an unknown one of
-    others) and returns one completion, so the request would silently not get the best of anything."""
+    server-wide default it did not opt out of) sends a `best_of` other than a number up to 1: vLLM 0.32
+    has no best_of in its SamplingParams, keeps the field aside (a declared field of some request classes,
+    an unknown one of others, in any JSON form: "3", [2], true) and returns one completion, so the request
+    would silently not get the best of anything."""
     best_of = getattr(request, "best_of", None)
     extra = getattr(request, "model_extra", None)
     if best_of is None and isinstance(extra, Mapping):
         best_of = extra.get("best_of")
-    if isinstance(best_of, bool) or not isinstance(best_of, (int, float)) or not best_of > 1:
+    number = isinstance(best_of, (int, float)) and not isinstance(best_of, bool)
+    if best_of is None or (number and best_of <= 1) or not _asks_for_securesd(request):
         return
-    if _asks_for_securesd(request):
+    if number:
         raise SecureSDConfigError(
             f"best_of={best_of} cannot run with SecureSD: vLLM 0.32 accepts best_of and ignores it (it returns "
             "one completion from one sequence), so the request would not get the best of several; drop "
             "best_of (or send 1), or ask for n completions and choose among them"
         )
+    raise SecureSDConfigError(
+        f"best_of={_short(best_of)} cannot run with SecureSD: best_of is a number of completions, and vLLM 0.32 "
+        "ignores it in any form (it returns one completion), so the request would not get what it asked for; "
+        "drop best_of (or send 1), or ask for n completions and choose among them"
+    )
 
 
 def check_http_request(request: Any) -> None:
@@ -247,16 +254,50 @@ def check_http_request(request: Any) -> None:
 
 def check_body_fields(fields: Any) -> None:
     """Raise SecureSDConfigError when the top-level fields of a request body (a mapping; anything else is
-    left to the route) hold "securesd" or a close misspelling, which vLLM's server ignores there."""
+    left to the route) hold "securesd" or a close misspelling, which vLLM's server ignores there, or hold
+    one nested in another field (up to `NESTED_SEARCH_DEPTH` levels): `"extra_body": {"vllm_xargs":
+    {"securesd": ...}}` (the OpenAI Python client's argument written into the JSON), `"extra_args":
+    {"securesd": ...}` (the SamplingParams name), which it ignores as well. A `vllm_xargs` field (in the raw
+    body of a route whose schema declares it) is where SecureSD belongs: not searched."""
     if not isinstance(fields, Mapping):
         return
-    for key in fields:
+    for key, value in fields.items():
         if key == EXTRA_ARGS_KEY or looks_like_securesd(key):
             raise SecureSDConfigError(
-                f"the request body has a top-level field {key!r}, which vLLM's server ignores; SecureSD is "
-                f'selected inside vllm_xargs: "vllm_xargs": {{"securesd": "{{\\"verifier\\": \\"mars\\"}}"}} '
-                "(a JSON string)"
+                f"the request body has a top-level field {_short(key)}, which vLLM's server ignores; SecureSD is "
+                f"selected inside vllm_xargs: {XARGS_EXAMPLE} (a JSON string)"
             )
+        path = None if key == "vllm_xargs" else _nested_securesd(value, NESTED_SEARCH_DEPTH)
+        if path is not None:
+            where = ".".join(name if _plain_name(name) else _short(name, 30) for name in (key, *path))
+            raise SecureSDConfigError(
+                f"the request body's field {where} is not read: vLLM's server reads SecureSD only from a "
+                "top-level vllm_xargs and ignores it elsewhere (an OpenAI client's extra_body goes at the top "
+                f"level of the JSON body); select it with {XARGS_EXAMPLE} (a JSON string)"
+            )
+
+
+XARGS_EXAMPLE = '"vllm_xargs": {"securesd": "{\\"verifier\\": \\"mars\\"}"}'
+NESTED_SEARCH_DEPTH = 3  # levels of an unknown field searched for a SecureSD key (extra_body.vllm_xargs.securesd)
+
+
+def _plain_name(name: Any) -> bool:
+    """Whether a body key can be shown as it is in a message: a short identifier."""
+    return isinstance(name, str) and name.isidentifier() and name.isascii() and len(name) <= 30
+
+
+def _nested_securesd(value: Any, depth: int) -> tuple[str, ...] | None:
+    """The keys leading to "securesd" (or a close misspelling) inside `value` (mappings nested up to
+    `depth` levels), or None when there is none."""
+    if depth <= 0 or not isinstance(value, Mapping):
+        return None
+    for key, inner in value.items():
+        if key == EXTRA_ARGS_KEY or looks_like_securesd(key):
+            return (key,)
+        found = _nested_securesd(inner, depth - 1)
+        if found is not None:
+            return (key, *found)
+    return None
 
 
 def check_generate_body(body: Any) -> None:
@@ -534,15 +575,16 @@ def patch_generate_route(handler_classes: list[type]) -> Callable[[], None]:
 def patch_body_route(
     handler_classes: list[type], method: str, check: Callable[[Any], None], parameter: str
 ) -> Callable[[], None]:
-    """Wrap the async `method(request, raw_request, ...)` of each handler class so that a JSON body that
-    `check` refuses (SecureSDConfigError) gets the handler's own error response, HTTP 400, naming
+    """Wrap the async `method(request, raw_request, ...)` of each handler class so that a JSON body whose
+    fields the request's schema does not declare (its pydantic `model_fields`), which `check` is given,
+    are refused by `check` (SecureSDConfigError) gets the handler's own error response, HTTP 400, naming
     `parameter`; returns a function that undoes it."""
     originals = [(cls, cls.__dict__[method]) for cls in handler_classes if method in cls.__dict__]
 
     def wrapped(original: Callable) -> Callable:
         async def checked(self, request: Any, raw_request: Any = None, *args: Any, **kwargs: Any):
             try:
-                check(await _json_body(raw_request))
+                check(_undeclared_fields(await _json_body(raw_request), type(request)))
             except SecureSDConfigError as error:
                 return self.create_error_response(str(error), param=parameter)
             return await original(self, request, raw_request, *args, **kwargs)
@@ -557,6 +599,15 @@ def patch_body_route(
             setattr(cls, method, original)
 
     return undo
+
+
+def _undeclared_fields(body: Any, request_class: type) -> Any:
+    """The fields of a JSON body (a mapping; anything else is returned as it is) that `request_class`
+    (a pydantic model) does not declare: those its schema drops."""
+    if not isinstance(body, Mapping):
+        return body
+    declared = getattr(request_class, "model_fields", None) or {}
+    return {key: value for key, value in body.items() if key not in declared}
 
 
 async def _json_body(raw_request: Any) -> Any:

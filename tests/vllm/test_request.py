@@ -6,6 +6,7 @@ engine's configuration, the refusal of SecureSD requests, and statistics from vL
 from __future__ import annotations
 
 import json
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -433,6 +434,17 @@ def test_http_body_checks() -> None:
     for key in ("securesd", "secure_sd"):
         with pytest.raises(SecureSDConfigError, match=rf"top-level field '{key}'.*inside vllm_xargs"):
             check_http_body(SimpleNamespace(model_extra={key: "mars"}))
+    for extra, shown in (({"extra_body": {"vllm_xargs": {"securesd": "mars"}}}, "extra_body.vllm_xargs.securesd"),
+                         ({"extra_args": {"Secure_SD": "mars"}}, "extra_args.Secure_SD"),
+                         ({"sampling_params": {"extra_args": {"securesd": {}}}}, "sampling_params.extra_args.securesd"),
+                         ({"x\x1b": {"securesd": 1}}, "'x\\x1b'.securesd")):
+        with pytest.raises(SecureSDConfigError, match=rf"^the request body's field {re.escape(shown)} is not read"):
+            check_http_body(SimpleNamespace(model_extra=extra))
+    deep = {"securesd": "mars"}
+    for level in range(4):
+        deep = {f"level{level}": deep}  # deeper than the search goes, and lists, are left to vLLM
+    for extra in (deep, {"x": [{"securesd": "mars"}]}, {"other": {"secure": 1, "sd": 2}}):
+        check_http_body(SimpleNamespace(model_extra=extra))
     check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs=None))
     check_beam_search(SimpleNamespace(model_extra={}, vllm_xargs={"securesd": "null"}))
     with pytest.raises(SecureSDConfigError, match="use_beam_search cannot run with SecureSD"):
@@ -452,8 +464,8 @@ def test_beam_search_under_a_server_wide_default_is_refused(monkeypatch) -> None
 def test_best_of_on_a_securesd_request_is_refused(monkeypatch) -> None:
     """vLLM 0.32 has no best_of in SamplingParams: /v1/completions keeps it as an unknown body field, the
     batch chat request declares and ignores it, and one completion comes back. A SecureSD request (its
-    own vllm_xargs or the server-wide default) with best_of > 1 is refused; best_of <= 1, anything vLLM
-    itself ignores and plain requests are left alone."""
+    own vllm_xargs or the server-wide default) with best_of > 1 is refused, and so is a best_of that is no
+    number (vLLM ignores "3", [2] and true alike); best_of <= 1 and plain requests are left alone."""
     from hf_securesd.vllm.admission import check_http_request
 
     securesd = {"securesd": "mars"}
@@ -461,8 +473,17 @@ def test_best_of_on_a_securesd_request_is_refused(monkeypatch) -> None:
                  SimpleNamespace(model_extra={}, best_of=1_000_000, vllm_xargs=securesd)):
         with pytest.raises(SecureSDConfigError, match=r"best_of=\d+ cannot run with SecureSD.*drop best_of"):
             check_http_request(body)
-    for best_of in (None, 1, 0, True, "3", float("nan")):
+    for best_of in (None, 1, 0, 1.0, -2):
         check_http_request(SimpleNamespace(model_extra={"best_of": best_of}, vllm_xargs=securesd))
+    not_a_number = "cannot run with SecureSD: best_of is a number of completions"
+    for best_of, start in ((True, f"best_of=True {not_a_number}"), ("3", f"best_of='3' {not_a_number}"),
+                           ([2], f"best_of=[2] {not_a_number}"),
+                           ("x" * 10**5, f"best_of='{'x' * 59}... (100000 characters) {not_a_number}"),
+                           (float("nan"), "best_of=nan cannot run with SecureSD: vLLM 0.32 accepts best_of and ignores")):
+        with pytest.raises(SecureSDConfigError) as refused:
+            check_http_request(SimpleNamespace(model_extra={"best_of": best_of}, vllm_xargs=securesd))
+        assert str(refused.value).startswith(start)
+        check_http_request(SimpleNamespace(model_extra={"best_of": best_of}, vllm_xargs=None))  # plain: vLLM's
     check_http_request(SimpleNamespace(model_extra={"best_of": 3}, vllm_xargs=None))  # plain: vLLM's business
     monkeypatch.setenv(DEFAULT_ENV, json.dumps({"verifier": "mars"}))
     with pytest.raises(SecureSDConfigError, match="best_of=3 cannot run with SecureSD"):

@@ -231,6 +231,16 @@ def test_securesd_where_vllm_would_drop_it_is_refused(server, model_name):
         messages = server.post("/v1/messages", json={**plain_messages, key: "mars"})
         assert messages.status_code == 400 and f"top-level field '{key}'" in messages.text
     assert server.post("/v1/messages", json=plain_messages).status_code == 200
+    # nested in a field the server ignores: an OpenAI client's extra_body written into the JSON, the
+    # SamplingParams name; on the messages route a declared vllm_xargs is where SecureSD belongs
+    for nested, shown in (({"extra_body": {"vllm_xargs": {"securesd": "mars"}}}, "extra_body.vllm_xargs.securesd"),
+                          ({"extra_args": {"securesd": {"verifier": "mars"}}}, "extra_args.securesd")):
+        for route, fields in (("/v1/completions", body), ("/v1/chat/completions", plain_messages),
+                              ("/v1/messages", plain_messages)):
+            refused = server.post(route, json={**fields, **nested})
+            assert refused.status_code == 400 and f"field {shown} is not read" in refused.text, (route, refused.text)
+    served = server.post("/v1/messages", json={**plain_messages, "vllm_xargs": {"securesd": "lossless"}})
+    assert served.status_code == 200, served.text
     beam = {**body, "use_beam_search": True, "n": 1, "max_tokens": 2}
     refused = server.post("/v1/completions", json={**beam, "vllm_xargs": {"securesd": "mars"}})
     assert "use_beam_search cannot run with SecureSD" in error_message(refused)
@@ -262,6 +272,9 @@ def test_best_of_on_a_securesd_request_is_refused(server, model_name):
     assert "best_of=3 cannot run with SecureSD" in error_message(refused)
     assert complete(server, None, model_name, temperature=1.0, best_of=3, max_tokens=2).status_code == 200
     assert complete(server, {"verifier": "mars"}, model_name, best_of=1, max_tokens=2).status_code == 200
+    for best_of in ("3", [2]):  # vLLM ignores best_of in any JSON form
+        refused = complete(server, {"verifier": "mars"}, model_name, best_of=best_of, max_tokens=2)
+        assert "best_of is a number of completions" in error_message(refused)
 
 
 def parses(value: object) -> bool:
