@@ -63,13 +63,7 @@ class DraftLength:
             raise DraftLengthError(
                 f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {', '.join(map(repr, SCHEDULES))}"
             )
-        threshold = as_real(self.confidence_threshold)  # a Python, NumPy or 0-d tensor real number
-        if threshold is None or not 0.0 <= threshold <= 1.0:
-            raise DraftLengthError(
-                "assistant_confidence_threshold must be a probability in [0, 1] (a Python, NumPy or 0-d tensor "
-                f"real number; 0 switches the early stop off), got {short_repr(self.confidence_threshold)}"
-            )
-        object.__setattr__(self, "confidence_threshold", float(threshold))
+        object.__setattr__(self, "confidence_threshold", checked_threshold(self.confidence_threshold))
 
     def generation_fields(self) -> dict[str, Any]:
         """The `GenerationConfig` fields that carry this setting into the decoding loop."""
@@ -207,14 +201,33 @@ def resolve_prompt_lookup(
     # the model's own generation_config they configure draft-model drafting, and are ignored as HF does.
     # Any num_assistant_tokens is refused (0 is no draft length either); a threshold of 0 is the early stop off.
     asked = sources[: 2 if passed_config is not None else 1]
-    for name, why, off in (
-        ("num_assistant_tokens", "prompt lookup drafts prompt_lookup_num_tokens tokens; set that instead", None),
-        ("assistant_confidence_threshold", "prompt lookup has no draft probabilities to stop on", 0),
-    ):
-        value = next((source[name] for source in asked if source.get(name) is not None), None)
-        if value is not None and not (off is not None and not isinstance(value, bool) and value == off):
-            raise DraftLengthError(f"{name}={value!r} does not apply to prompt lookup: {why}")
+
+    def asked_for(name: str) -> Any:
+        return next((source[name] for source in asked if source.get(name) is not None), None)
+
+    if (value := asked_for("num_assistant_tokens")) is not None:
+        raise DraftLengthError(
+            f"num_assistant_tokens={value!r} does not apply to prompt lookup: prompt lookup drafts "
+            "prompt_lookup_num_tokens tokens; set that instead"
+        )
+    if (value := asked_for("assistant_confidence_threshold")) is not None and checked_threshold(value) != 0:
+        raise DraftLengthError(
+            f"assistant_confidence_threshold={value!r} does not apply to prompt lookup: prompt lookup has no draft "
+            "probabilities to stop on"
+        )
     return DraftLength(num_tokens=int(k), schedule=pick("num_assistant_tokens_schedule") or "constant")
+
+
+def checked_threshold(value: Any) -> float:
+    """`assistant_confidence_threshold` as a float; DraftLengthError unless it is a probability in [0, 1]
+    (a Python, NumPy or 0-d tensor real number, not a bool)."""
+    threshold = as_real(value)
+    if threshold is None or not 0.0 <= threshold <= 1.0:
+        raise DraftLengthError(
+            "assistant_confidence_threshold must be a probability in [0, 1] (a Python, NumPy or 0-d tensor "
+            f"real number; 0 switches the early stop off), got {short_repr(value)}"
+        )
+    return float(threshold)
 
 
 def _refuse_unsupported(sources: list[Mapping[str, Any]]) -> None:

@@ -239,6 +239,8 @@ def _securesd_fields(
     if draft is None and lookup is None and "verifier" not in arguments:
         return None  # a configured verifier without a proposer: plain decoding
     _refuse_misspelt_fields(model, generation_config)  # SecureSD runs: a misspelt field may not be ignored
+    if draft is None and lookup is None:
+        check_models(model, None)  # no proposer: said before a draft-length field is blamed on a draft model
     draft_length = _draft_length(model, arguments, generation_config, lookup is not None)
     check_model_inputs(arguments, _effective("cache_implementation", arguments, generation_config, model))
     resolved, schedule, _ = resolve_request(

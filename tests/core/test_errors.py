@@ -110,6 +110,14 @@ def test_verifier_without_draft(llama_pair, forward_calls):
                  verifier="mars")
 
 
+@pytest.mark.parametrize("field", [dict(max_matching_ngram_size=3), dict(num_assistant_tokens=4),
+                                   dict(prompt_lookup_num_tokens=None, max_matching_ngram_size=2)])
+def test_a_draft_length_field_without_any_proposer_is_told_the_proposer_is_missing(llama_pair, forward_calls, field):
+    """max_matching_ngram_size without prompt_lookup_num_tokens was blamed on a draft model never passed."""
+    _, target = llama_pair
+    expect_error(target, forward_calls, "verifier= needs a proposer: pass assistant_model=", verifier="mars", **field)
+
+
 def test_vocabulary_mismatch(llama_pair, forward_calls):
     _, target = llama_pair
     other_draft, _ = tiny_pair(TinyPairSpec(vocab_size=300))
