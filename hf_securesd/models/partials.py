@@ -91,8 +91,7 @@ def exclusive(path: Path, on_wait: Callable[[], None]) -> Iterator[None]:
         yield
     finally:
         try:
-            if locked:
-                path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         finally:
             os.close(fd)
 
