@@ -182,7 +182,10 @@ class SpeculativeLoop:
         drafts_at_most = min(settings.draft_length.num_tokens, max(settings.max_length - self.prompt_length, 0))
         self.buffer = TokenBuffer(input_ids, room=drafts_at_most + 1)
         self.processing = RowProcessing(settings.logits_processor, self.buffer)
-        self.controller = DraftLengthController(settings.draft_length, batch, self.device, empty_rounds_grow)
+        self.controller = DraftLengthController(
+            settings.draft_length, batch, self.device, empty_rounds_grow,
+            smallest_k=settings.verifier.needs().min_draft_tokens,
+        )
         self.recorder = RoundRecorder(batch) if settings.collect_stats else None
         self.health = Health()
         self.check_each_token = not stopping.only_length_and_eos(settings.stopping_criteria)

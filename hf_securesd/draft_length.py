@@ -22,6 +22,7 @@ changes only how many tokens are proposed, never how they are verified.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import weakref
 from dataclasses import dataclass
@@ -56,6 +57,9 @@ class DraftLength:
     num_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     schedule: str = "constant"
     confidence_threshold: float = 0.0
+    # k is the one a heuristic schedule stored in the draft's generation_config (`DraftLengthController.finish`),
+    # not one a user set: a starting point the next call may raise to its verifier's smallest k (`at_least`)
+    written_back: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "num_tokens", _checked_k(self.num_tokens))
@@ -64,6 +68,13 @@ class DraftLength:
                 f"num_assistant_tokens_schedule={self.schedule!r} is not supported; use one of {', '.join(map(repr, SCHEDULES))}"
             )
         object.__setattr__(self, "confidence_threshold", checked_threshold(self.confidence_threshold))
+
+    def at_least(self, smallest_k: int) -> "DraftLength":
+        """This setting with a written-back k raised to `smallest_k` (a verifier's `Needs.min_draft_tokens`:
+        a heuristic call with another verifier may have stored less); a k a user set is kept as it is."""
+        if not self.written_back or self.num_tokens >= smallest_k:
+            return self
+        return dataclasses.replace(self, num_tokens=smallest_k)
 
     def generation_fields(self) -> dict[str, Any]:
         """The `GenerationConfig` fields that carry this setting into the decoding loop."""
@@ -90,6 +101,9 @@ PASSED_CONFIG = (" (in the call's GenerationConfig: one passed to generate, or t
                  "that transformers passes to custom_generate=securesd_generate)")
 
 
+DRAFT_CONFIG = " (in the draft model's generation_config)"  # where a value of the draft's own config comes from
+
+
 def resolve_draft_length(
     explicit: Mapping[str, Any],
     passed_config: GenerationConfig | None,
@@ -107,7 +121,7 @@ def resolve_draft_length(
     if passed_config is not None:
         places.append((_explicit_fields(passed_config), PASSED_CONFIG))
     if draft_config is not None:
-        places.append((_draft_fields(draft_config), " (in the draft model's generation_config)"))
+        places.append((_draft_fields(draft_config), DRAFT_CONFIG))
     sources = [source for source, _ in places]
 
     def pick(name: str) -> tuple[Any, str]:
@@ -132,7 +146,10 @@ def resolve_draft_length(
         "schedule": pick("num_assistant_tokens_schedule")[0],
         "confidence_threshold": pick("assistant_confidence_threshold")[0],
     }
-    return DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+    setting = DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
+    if k is not None and where == DRAFT_CONFIG and _is_written_back(draft_config):
+        setting = dataclasses.replace(setting, written_back=True)
+    return setting
 
 
 def _checked_k(k: Any, where: str = "") -> int:
@@ -249,10 +266,15 @@ def _draft_fields(config: GenerationConfig) -> dict[str, Any]:
     """`_explicit_fields` of the draft's config, where a k this module wrote back ("heuristic") counts as
     set even when it equals transformers' global default (20): the next call starts from it, as in HF."""
     fields = _explicit_fields(config)
-    reference, written = _WRITTEN_BACK.get(id(config), (None, None))
-    if reference is not None and reference() is config and config.num_assistant_tokens == written:
-        fields["num_assistant_tokens"] = written
+    if _is_written_back(config):
+        fields["num_assistant_tokens"] = config.num_assistant_tokens
     return fields
+
+
+def _is_written_back(config: GenerationConfig) -> bool:
+    """Whether the draft config's num_assistant_tokens is the k this module stored there last."""
+    reference, written = _WRITTEN_BACK.get(id(config), (None, None))
+    return reference is not None and reference() is config and config.num_assistant_tokens == written
 
 
 def _remember_written_back(config: GenerationConfig, k: int) -> None:
@@ -325,14 +347,18 @@ class DraftLengthController:
     schedule and the threshold history from the round's outcome."""
 
     def __init__(
-        self, setting: DraftLength, batch: int, device: torch.device, empty_rounds_grow: bool = True
+        self, setting: DraftLength, batch: int, device: torch.device, empty_rounds_grow: bool = True,
+        smallest_k: int = 1,
     ) -> None:
         """empty_rounds_grow: whether a round in which a row drafted nothing counts as all accepted under a
         heuristic schedule (HF's rule for a draft model, whose rows draft nothing only once their token
         budget is spent). False for prompt lookup: there an empty round means the lookup found no match,
-        which says nothing of the drafts, so k stays."""
+        which says nothing of the drafts, so k stays. smallest_k: the smallest k the call's verifier is
+        defined for (`Needs.min_draft_tokens`): the k a heuristic schedule stores for the next call is
+        never below it, so that call's check accepts it (within a call k may shrink further, as in HF)."""
         self.setting = setting
         self.empty_rounds_grow = empty_rounds_grow
+        self.smallest_k = smallest_k
         self.k = [setting.num_tokens] * batch
         self.thresholds = torch.full((batch,), float(setting.confidence_threshold), device=device)
         self.early_stop = setting.confidence_threshold > 0
@@ -372,7 +398,8 @@ class DraftLengthController:
         self.thresholds = tuned_thresholds(torch.cat(self._confidence, 1), torch.cat(self._outcome, 1), self.thresholds)
 
     def finish(self, draft_config: GenerationConfig) -> None:
-        """`"heuristic"`: store the final k for the next call (the rounded mean over the batch's rows)."""
+        """`"heuristic"`: store the final k for the next call (the rounded mean over the batch's rows, at
+        least `smallest_k`)."""
         if self.setting.schedule == "heuristic":
-            draft_config.num_assistant_tokens = max(1, round(sum(self.k) / len(self.k)))
+            draft_config.num_assistant_tokens = max(self.smallest_k, round(sum(self.k) / len(self.k)))
             _remember_written_back(draft_config, draft_config.num_assistant_tokens)

@@ -242,6 +242,8 @@ def _securesd_fields(
     if draft is None and lookup is None:
         check_models(model, None)  # no proposer: said before a draft-length field is blamed on a draft model
     draft_length = _draft_length(model, arguments, generation_config, lookup is not None)
+    if draft_length.written_back:  # a heuristic call (maybe with another verifier) stored it, not the user
+        draft_length = draft_length.at_least(_smallest_k(verifier))
     check_model_inputs(arguments, _effective("cache_implementation", arguments, generation_config, model))
     resolved, schedule, _ = resolve_request(
         verifier, _effective("secure_schedule", arguments, generation_config, model), draft_length.num_tokens,
@@ -258,6 +260,15 @@ def _securesd_fields(
         ),
         **draft_length.generation_fields(),
     }
+
+
+def _smallest_k(verifier: Any) -> int:
+    """The smallest draft length `verifier` (as the call gives it) is defined for; 1 when it does not
+    resolve (`resolve_request` then says why)."""
+    try:
+        return resolve_verifier(verifier).needs().min_draft_tokens
+    except (TypeError, ValueError):
+        return 1
 
 
 def _refuse_misspelt_fields(model: PreTrainedModel, generation_config: GenerationConfig | None) -> None:

@@ -10,7 +10,7 @@ import torch
 from support import random_prompts
 from transformers import GenerationConfig
 
-from hf_securesd import MARS, SecureSDConfigError, Step
+from hf_securesd import FLy, MARS, SecureSDConfigError, Step
 from hf_securesd.draft_length import DraftLength, DraftLengthController, resolve_draft_length, tuned_thresholds
 from hf_securesd.tiny import byte_tokenizer
 
@@ -172,6 +172,33 @@ def test_a_heuristic_k_written_back_equal_to_transformers_default_is_kept():
     DraftLengthController(DraftLength(num_tokens=20, schedule="heuristic"), 1, torch.device("cpu")).finish(draft_config)
     assert draft_config.num_assistant_tokens == 20
     assert resolve_draft_length({}, None, draft_config).num_tokens == 20
+
+
+def test_a_written_back_k_is_at_least_the_verifiers_smallest_k(llama_pair, draft_settings):
+    """FLy (window 3) needs k >= 4. A heuristic FLy call whose k shrank stored 3 for the next call, which
+    the identical next call then refused ("k is num_assistant_tokens=3"), though the user never set k; and
+    a heuristic lossless call that stored k = 1 made the next FLy call on the same draft fail the same way.
+    The stored k is at least the call's verifier's smallest k, and a stored k below the next call's is
+    raised to it; a k the user set stays refused."""
+    draft, target = llama_pair
+
+    def heuristic_call_ending_at_k_1(smallest_k: int) -> int:
+        controller = DraftLengthController(DraftLength(num_tokens=5, schedule="heuristic"), 1, torch.device("cpu"),
+                                           smallest_k=smallest_k)
+        controller.k = [1]  # every draft rejected: HF's rule shrinks k to 1 within the call
+        controller.finish(draft.generation_config)
+        return draft.generation_config.num_assistant_tokens
+
+    assert heuristic_call_ending_at_k_1(FLy().needs().min_draft_tokens) == 4  # a FLy call stores at least 4
+    assert heuristic_call_ending_at_k_1(1) == 1  # a lossless call stores 1
+    calls = dict(do_sample=False, max_new_tokens=12, num_assistant_tokens_schedule="heuristic", assistant_model=draft)
+    for _ in range(3):
+        out = target.generate(PROMPT, verifier="fly", return_dict_in_generate=True, **calls)
+        assert out.sequences.shape[1] == PROMPT.shape[1] + 12
+        assert draft.generation_config.num_assistant_tokens >= 4
+    draft_settings(num_assistant_tokens=3)  # set by hand: FLy's refusal names it
+    with pytest.raises(SecureSDConfigError, match="k is num_assistant_tokens=3 here"):
+        target.generate(PROMPT, verifier="fly", **calls)
 
 
 DYNAMIC = [
