@@ -22,7 +22,8 @@ A batch of several rows leaves masked slots (holes) where one row rejected draft
 sliding window counts cache slots, so a row whose window holds holes would attend to fewer of its own
 tokens than plain decoding does. Holes are harmless while no row can reach the window: a batch is
 admitted when the prompt plus every slot the loop can add fits in the smallest window
-(`check_cache_support`), and refused otherwise with the fix named. A model whose attention reads a key's
+(`check_cache_support`), and refused otherwise with the fix named. GPT-Neo's "local" layers count slots
+the same way in their mask while their cache keeps every slot (`mask_window`). A model whose attention reads a key's
 distance from its slot number (`SLOT_POSITIONED`: MPT's ALiBi) is admitted one row at a time.
 """
 
@@ -80,6 +81,16 @@ def smallest_window(layers: list) -> int | None:
     """The smallest window among dynamic sliding-window layers, None when none of them slides."""
     windows = [int(layer.sliding_window) for layer in layers if isinstance(layer, DynamicSlidingWindowLayer)]
     return min(windows) if windows else None
+
+
+def mask_window(config: object) -> int | None:
+    """The window of attention layers that apply it in their mask over cache slots while their cache
+    keeps every slot (plain `DynamicLayer`s): GPT-Neo's "local" layers (`attention_layers`, `window_size`:
+    a token attends to the slots less than window_size before its own). None when the model has none."""
+    layers, size = getattr(config, "attention_layers", None), getattr(config, "window_size", None)
+    if isinstance(layers, (list, tuple)) and "local" in layers and isinstance(size, int) and not isinstance(size, bool):
+        return size
+    return None
 
 
 def _croppable(layer: object) -> bool:
@@ -161,7 +172,8 @@ def check_cache_support(
             "different numbers of drafts leave masked slots, which would change the distances it sees. Pass one "
             "row per generate call"
         )
-    window = smallest_window(layers)
+    windows = [window for window in (smallest_window(layers), mask_window(model.config)) if window is not None]
+    window = min(windows) if windows else None
     if window is None or batch == 1 or reach <= window:
         return
     raise SecureSDConfigError(

@@ -292,3 +292,51 @@ def test_a_batch_is_refused_where_a_cache_layer_cannot_drop_rows(llama_pair):
     ours = target.generate(input_ids=ids[:1], max_new_tokens=8, do_sample=False, assistant_model=draft,
                            verifier="lossless", cache=one_row)
     assert torch.equal(ours, expected)
+
+
+def _gpt_neo(noise: float = 0.0):
+    """GPT-Neo with one global and one "local" layer: the local window is applied in the attention mask
+    over cache slots, while its cache keeps every slot (plain DynamicLayers). noise > 0: a draft, the same
+    weights perturbed, which agrees with the target on some tokens only (rows keep different numbers of
+    drafts)."""
+    config = transformers.GPTNeoConfig(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
+                                       window_size=WINDOW, vocab_size=VOCAB, max_position_embeddings=256,
+                                       bos_token_id=256, eos_token_id=None, pad_token_id=256)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(3.0)
+            if noise and parameter.ndim > 1:
+                parameter.add_(noise * torch.randn(parameter.shape, generator=generator) * parameter.std())
+    model.generation_config.eos_token_id, model.generation_config.pad_token_id = None, 256
+    return model
+
+
+def test_gpt_neo_local_attention_bounds_a_batch_as_a_sliding_window_does():
+    """GPT-Neo's local layers went unnoticed (no sliding-window cache layer): a left-padded batch decoded
+    other tokens than its rows one at a time. It is refused past the window, admitted within it, and the
+    refusal guards a real difference (lifted, rows drift)."""
+    from hf_securesd import cache_support
+
+    draft, target = _gpt_neo(noise=0.05), hf_securesd.wrap(_gpt_neo())
+    assert not any(isinstance(layer, DynamicSlidingWindowLayer) for layer in transformers.DynamicCache(config=target.config).layers)
+    rows = [[72, 101, 108, 108, 111, 32, 119, 33], [97, 98, 99, 100, 101], [10, 20, 30]]
+    prompts = torch.tensor([[256] * (8 - len(row)) + row for row in rows])
+    mask = (prompts != 256).long()
+    lossless = dict(attention_mask=mask, assistant_model=draft, verifier="lossless", do_sample=False)
+    with pytest.raises(SecureSDConfigError, match=r"attention \(window 8\).*could fill 41 .*one row per generate call"):
+        target.generate(prompts, max_new_tokens=12, **lossless)
+    short = torch.tensor([[256, 72], [97, 98]])
+    within = target.generate(short, attention_mask=(short != 256).long(), assistant_model=draft, verifier="lossless",
+                             max_new_tokens=4, do_sample=False)
+    assert torch.equal(within, target.generate(short, attention_mask=(short != 256).long(), max_new_tokens=4, do_sample=False))
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    original = cache_support.mask_window
+    try:
+        cache_support.mask_window = lambda config: None
+        unguarded = target.generate(prompts, max_new_tokens=12, **lossless)
+    finally:
+        cache_support.mask_window = original
+    assert not torch.equal(unguarded, expected)
