@@ -726,11 +726,15 @@ _TRANSFORMERS_METHODS: dict[tuple[type, str], Callable] = {
 class _Patching:
     """Process-wide state of `patch()`: how many `patch()` calls are not yet undone, what each patched
     attribute held when ours was installed over it (`saved`), and which of them this thread is calling
-    from ours right now, for which model (`_calling`)."""
+    from ours right now, for which model (`_calling`). `patch()` and `unpatch()` hold `lock` while they
+    change it, so that threads patching and unpatching at once keep the count and what is installed
+    together (a thread's `patch()` could otherwise return while another thread's last `unpatch()` took
+    ours away)."""
 
     count: int = 0
     active: bool = False
     saved: dict[tuple[type, str], Callable] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
     _calling: threading.local = field(default_factory=threading.local)
 
     def call_before(self, key: tuple[type, str], model: Any, *args: Any, **kwargs: Any) -> Any:
@@ -781,37 +785,40 @@ def patch() -> None:
     that patches and unpatches around its own work does not turn off a caller's patch. Whatever another
     library installed before (a wrapper of `generate` or `save_pretrained`) is called by ours and put back
     by the last `unpatch()`; a wrapper of ours (`functools.wraps`) that it installed after is kept and
-    used."""
-    _patching.count += 1
-    if _patching.count > 1:
-        return
-    for owner, name, ours in _PATCHED_ATTRIBUTES:
-        current = getattr(owner, name)
-        if _reaches(current, ours):
-            continue  # ours is installed already, or reached through a wrapper of it
-        _patching.saved[(owner, name)] = current
-        setattr(owner, name, ours)
-    for name in CONFIG_FIELDS:
-        setattr(GenerationConfig, name, None)
-    _patching.active = True
+    used. Safe to call from several threads."""
+    with _patching.lock:
+        _patching.count += 1
+        if _patching.count > 1:
+            return
+        for owner, name, ours in _PATCHED_ATTRIBUTES:
+            current = getattr(owner, name)
+            if _reaches(current, ours):
+                continue  # ours is installed already, or reached through a wrapper of it
+            _patching.saved[(owner, name)] = current
+            setattr(owner, name, ours)
+        for name in CONFIG_FIELDS:
+            setattr(GenerationConfig, name, None)
+        _patching.active = True
 
 
 def unpatch() -> None:
     """Undo one `patch()` (nothing without one); the last one puts back what each patched method held
     before ours. A method someone else installed over ours after `patch()` is left in place; ours,
-    reached through it, then passes every call straight on: SecureSD is off either way."""
-    if not _patching.count:
-        return
-    _patching.count -= 1
-    if _patching.count:
-        return
-    _patching.active = False
-    for owner, name, ours in _PATCHED_ATTRIBUTES:
-        if getattr(owner, name) is ours:
-            setattr(owner, name, _patching.saved[(owner, name)])
-    for name in CONFIG_FIELDS:
-        if name in vars(GenerationConfig):
-            delattr(GenerationConfig, name)
+    reached through it, then passes every call straight on: SecureSD is off either way. Safe to call from
+    several threads."""
+    with _patching.lock:
+        if not _patching.count:
+            return
+        _patching.count -= 1
+        if _patching.count:
+            return
+        _patching.active = False
+        for owner, name, ours in _PATCHED_ATTRIBUTES:
+            if getattr(owner, name) is ours:
+                setattr(owner, name, _patching.saved[(owner, name)])
+        for name in CONFIG_FIELDS:
+            if name in vars(GenerationConfig):
+                delattr(GenerationConfig, name)
 
 
 class _Unset:

@@ -161,3 +161,40 @@ def test_a_securesd_call_nested_in_a_patched_generate_runs_as_securesd(pair):
 
     target.generate(PROMPT, max_new_tokens=2, do_sample=False, stopping_criteria=StoppingCriteriaList([Guard()]))
     assert nested and nested[0].speculative_stats.rounds > 0
+
+
+def test_a_patch_racing_another_threads_last_unpatch_stays_installed(pair, monkeypatch):
+    """A thread's last unpatch() had counted down to 0 and not yet put transformers' methods back when
+    another thread's patch() found ours installed and returned; the unpatch then took ours away under the
+    second thread (a speculative call then failed deep inside). Slowed down here at that point, the two
+    calls follow each other: what patch() returns to stays installed until its own unpatch()."""
+    import threading
+    import time
+
+    from hf_securesd import integration
+
+    draft, target = pair
+    attributes = integration._PATCHED_ATTRIBUTES
+
+    reads: list[int] = []
+
+    class SlowToRead(tuple):
+        def __iter__(self):
+            reads.append(1)
+            if len(reads) == 2:  # the unpatch below, between counting down and putting methods back
+                time.sleep(0.1)
+            return super().__iter__()
+
+    monkeypatch.setattr(integration, "_PATCHED_ATTRIBUTES", SlowToRead(attributes))
+    hf_securesd.patch()
+    last_unpatch = threading.Thread(target=hf_securesd.unpatch)
+    last_unpatch.start()
+    time.sleep(0.02)  # the unpatch has counted down and is about to put transformers' methods back
+    hf_securesd.patch()
+    last_unpatch.join()
+    try:
+        assert GenerationMixin.generate is integration._patched_generate and integration._patching.active
+        assert torch.equal(_speculative(target, draft), target.generate(PROMPT, max_new_tokens=8, do_sample=False))
+    finally:
+        hf_securesd.unpatch()
+    assert GenerationMixin.generate is not integration._patched_generate and integration._patching.count == 0
