@@ -5,7 +5,9 @@ modules are imported only when their subcommand runs, so `securesd --help` stays
 Exit statuses shared by the subcommands that write a results directory (`bench`, `rescore`): 0
 done; 1 prompts left without an answer (`bench`; the same command again completes them); 2 bad
 options or settings, nothing run; `EXIT_JUDGE_FAILED` the judge could not score (what was journaled
-is kept); `EXIT_IN_USE` another run holds the results directory."""
+is kept); `EXIT_IN_USE` another run holds the results directory. Every subcommand interrupted by Ctrl-C
+prints ``interrupted`` and exits with `EXIT_INTERRUPTED` (130, the shell's convention); a results
+directory keeps what was journaled, and the same command again resumes it."""
 
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ import math
 import os
 import re
 import sys
-from typing import NoReturn
+from typing import Any, NoReturn
 
 DESCRIPTION = (
     "hf-securesd: safe lossy speculative decoding. Run the demo, fetch the models, and benchmark, report, "
@@ -24,6 +26,7 @@ DESCRIPTION = (
 )
 EXIT_JUDGE_FAILED = 3
 EXIT_IN_USE = 4
+EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), the shell's 128 + 2
 MAX_DURATION_S = 7 * 24 * 3600  # the longest timeout or deadline an option takes: 7 days
 LONG_VALUE_CHARS = 200  # an echoed value longer than this is shown as its head … its tail (`shorten_long_values`)
 _LONG_VALUE = re.compile(rf"\S{{{LONG_VALUE_CHARS + 1},}}")
@@ -148,6 +151,18 @@ def _shortened(word: str) -> str:
     return f"{word[:start]}{value[:120]}…[{len(value):,} characters]…{value[-60:]}{word[end:]}"
 
 
+class Accumulate(argparse.Action):
+    """A list option (``nargs="+"``) that keeps the values of every occurrence: ``--L 1 --L 2`` is
+    ``--L 1 2``, where argparse alone keeps only the last occurrence, and its ``action="extend"`` would add
+    them to the default list. The first occurrence replaces the default."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        given = getattr(namespace, self.dest, None)
+        earlier = [] if given is None or given is self.default else list(given)
+        setattr(namespace, self.dest, [*earlier, *values])
+
+
 class Parser(argparse.ArgumentParser):
     """The `securesd` parser: its usage errors shorten the long values they echo (`shorten_long_values`);
     its subcommands' parsers are Parsers too."""
@@ -173,8 +188,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
-    args = build_parser().parse_args(sys.argv[1:])
-    return int(importlib.import_module(args._module).run(args) or 0)
+    try:
+        args = build_parser().parse_args(sys.argv[1:])
+        return int(importlib.import_module(args._module).run(args) or 0)
+    except KeyboardInterrupt:  # Ctrl-C: one line, not a traceback; what was journaled is kept
+        print("interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -349,8 +349,9 @@ def _speed_reason(
             f"{within} its SPD ({fmt(first.spd, 2)}) or the relaxed verifier's ({fmt(relaxed_spd, 2)}) is "
             "undefined, so whether it keeps the speed-up was not checked; rerun with more examples"
         )
-    slow = (f"{within} its SPD {first.spd:.2f} is below {kept_percent(spd_tolerance)} of the relaxed "
-            f"verifier's {relaxed_spd:.2f}")
+    digits = _distinct_digits(first.spd, (1.0 - spd_tolerance) * relaxed_spd)
+    slow = (f"{within} its SPD {first.spd:.{digits}f} is below {kept_percent(spd_tolerance)} of the relaxed "
+            f"verifier's {relaxed_spd:.{digits}f}")
     unchecked = [schedule_name(level.L, segments) for level in larger if level.fast is None]
     if unchecked:
         return (
@@ -358,6 +359,13 @@ def _speed_reason(
             "undefined, so whether the speed-up is kept there was not checked; rerun with more examples"
         )
     return f"{slow}; no L keeps the speed-up"
+
+
+def _distinct_digits(value: float, bound: float, fewest: int = 2, most: int = 6) -> int:
+    """The fewest decimals, from `fewest` up to `most`, that show `value` and `bound` as different
+    numbers: an SPD just below its bound must not read as equal to it ("0.46 is below 100% of 0.46")."""
+    differ = (digits for digits in range(fewest, most + 1) if f"{value:.{digits}f}" != f"{bound:.{digits}f}")
+    return next(differ, most)
 
 
 def _named_levels(recommendation: Recommendation) -> list[tuple[str, LevelResult]]:

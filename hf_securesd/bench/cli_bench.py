@@ -51,13 +51,14 @@ from hf_securesd.bench.terminal import print_error, printable
 from hf_securesd.cli import (
     EXIT_IN_USE,
     EXIT_JUDGE_FAILED,
+    Accumulate,
     non_empty_text,
     non_negative_int,
     positive_int,
     thread_count,
 )
 from hf_securesd.models.pypi_assembly import AssemblyError
-from hf_securesd.paths import path_kind, too_long_path
+from hf_securesd.paths import broken_link, broken_link_text, nearest_existing, path_kind, too_long_path
 
 # what refuses options or a setup before anything is generated (exit 2): DeviceError and EngineError
 # are ValueErrors; KeyError: an unknown task or profile; SandboxUnavailableError: HumanEval without
@@ -87,7 +88,8 @@ def add_common_options(parser: argparse.ArgumentParser, default_profile: str, *,
         "--target", type=non_empty_text, default=None, help="target model: registry name, Hub id, folder, or 'tiny'"
     )
     parser.add_argument("--draft", type=non_empty_text, default=None, help="draft model: registry name, Hub id, folder, or 'tiny'")
-    parser.add_argument("--tasks", nargs="+", default=None, help="benchmark tasks (default: the profile's)")
+    parser.add_argument("--tasks", nargs="+", action=Accumulate, default=None,
+                        help="benchmark tasks, the values of every --tasks together (default: the profile's)")
     parser.add_argument(
         "--limit",
         type=parse_limit,
@@ -217,19 +219,25 @@ def out_path(text: str) -> Path:
 
 
 def check_out_dir(out: Path) -> None:
-    """Refuse, before any model is loaded, an --out that is a file or cannot be created. Nothing is
-    created or removed here: a missing --out needs its nearest existing folder to be a writable
-    directory, and no ``..`` below it (it would step out of a folder the run would have to create)."""
+    """Refuse, before any model is loaded, an --out that is a file, a folder that cannot be written, or
+    cannot be created. Nothing is created or removed here: a missing --out needs its nearest existing
+    folder to be a writable directory, no symbolic link that leads nowhere at or above it (dangling, or a
+    loop of links: `broken_link`), and no ``..`` below it (it would step out of a folder the run would have
+    to create)."""
     kind = path_kind(out)
     if kind == "too long":
         raise ValueError(too_long_path("--out", out))
     if kind == "file":
         raise ValueError(f"--out {out} is a file; give a directory (created if missing)")
     if kind == "folder":
+        if not os.access(out, os.W_OK | os.X_OK):
+            raise ValueError(f"--out {out} is a folder that cannot be written; give a writable directory")
         return
-    absolute = out.absolute()
-    existing = next(parent for parent in absolute.parents if parent.exists())
-    missing = absolute.relative_to(existing).parts
+    link = broken_link(out)
+    if link is not None:
+        raise ValueError(broken_link_text("--out", out, link))
+    existing = nearest_existing(out)
+    missing = out.absolute().relative_to(existing).parts
     if ".." in missing:
         raise ValueError(f"--out {out} steps out ('..') of a folder that does not exist; give the path without '..'")
     if not existing.is_dir():
@@ -261,12 +269,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verifiers",
         nargs="+",
+        action=Accumulate,
         default=None,
         help="verifier specs: NAME (its sweep, Verifier.sweep()) or NAME:V1,V2 (those knob values)",
     )
     parser.add_argument(
         "--schedules",
         nargs="+",
+        action=Accumulate,
         default=None,
         help="schedules: none, step:L, linear:L, power:L:GAMMA, or a JSON object such as "
         '\'{"schedule": "segments", "boundary": "</think>", "before": null, "after": "lossless"}\' '

@@ -13,14 +13,27 @@ Segments(boundary, before=--segment-before, after=Step(L)); a boundary written `
 `ids:1,2` for several tokens) is token ids, any other value is text resolved with the target tokenizer.
 
 Runs are recorded like `securesd bench` (resumable); the recommendation is printed and written to
-RESULTS/calibration.json and RESULTS/calibration.md. It weighs only this run's --L, even when --out
+RESULTS/calibration.json and RESULTS/calibration.md, both or neither (`write_together`), replacing
+those of an earlier calibrate into the same --out. It weighs only this run's --L, even when --out
 holds cells of other L from an earlier run; an SPD timed in another session than its target-only
-baseline (a resumed or extended --out) is marked * and named in a note.
+baseline (a resumed or extended --out) is marked * and named in a note. A repeated list option adds
+its values to the earlier ones (`--L 1 --L 2` is `--L 1 2`).
+
+Exit status: 0 the recommendation was written; 1 the calibration files could not be written at the end
+(the recorded cells are kept: the same command again writes them); 2 bad options or settings, nothing
+generated (also an --out that cannot be created or written, that holds results of other settings, or
+that holds a calibration.json or calibration.md but is no results directory, no study.json: a file
+of the user's own); 3 the judge could not score a finished cell (`EXIT_JUDGE_FAILED`); 4 another run
+holds --out (`EXIT_IN_USE`); 130 interrupted (Ctrl-C; the same command again resumes).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import stat
+from contextlib import ExitStack
+from pathlib import Path
 from typing import Sequence
 
 from hf_securesd.bench.calibrate import (
@@ -40,15 +53,27 @@ from hf_securesd.bench.cli_bench import (
     accept_underscores,
     add_common_options,
     check_out_dir,
+    chosen_profile,
     prepare,
     setup_error,
     study_exit_code,
 )
-from hf_securesd.bench.plan import check_no_repeats, refuse_zero_length, resolve_text_boundaries, short_schedule
-from hf_securesd.cli import non_negative_float
+from hf_securesd.bench.plan import (
+    RunConfig,
+    check_no_repeats,
+    refuse_zero_length,
+    resolve_text_boundaries,
+    short_schedule,
+    verifier_label,
+)
+from hf_securesd.bench.report_files import replacing
+from hf_securesd.bench.results import MANIFEST
+from hf_securesd.bench.terminal import print_error
+from hf_securesd.cli import Accumulate, non_negative_float
 from hf_securesd.segments import LOSSLESS, Segments, SegmentSchedule
 
 DEFAULT_VERIFIER = "mars:0.5"
+CALIBRATION_FILES = ("calibration.json", "calibration.md")
 
 
 def configure(parser: argparse.ArgumentParser) -> None:
@@ -57,6 +82,7 @@ def configure(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--verifier",
         nargs="+",
+        action=Accumulate,
         default=[DEFAULT_VERIFIER],
         help=f"relaxed verifier setting(s) to calibrate for, NAME:VALUE (default: {DEFAULT_VERIFIER})",
     )
@@ -65,12 +91,14 @@ def configure(parser: argparse.ArgumentParser) -> None:
         dest="lengths",
         type=int,
         nargs="+",
+        action=Accumulate,
         default=list(DEFAULT_LENGTHS),
         help=f"Step(L) lengths to try (default: {' '.join(map(str, DEFAULT_LENGTHS))})",
     )
     parser.add_argument(
         "--segment-boundary",
         nargs="+",
+        action=Accumulate,
         default=None,
         help="sweep L of the answer segment after this boundary (text such as '</think>', or ids:151668)",
     )
@@ -103,6 +131,67 @@ def check_swept_lengths(lengths: Sequence[int]) -> None:
         raise ValueError("--L 0: Step(L=0) verifies no token losslessly, so it is the relaxed verifier alone, "
                          "which calibrate runs anyway (the 'none (relaxed)' row); give each L >= 1")
     check_no_repeats("--L", lengths, lambda length: (f"L={length}",))
+
+
+def check_draft_lengths(configs: Sequence[RunConfig], num_draft_tokens: int) -> None:
+    """Refuse, before any model is loaded, a relaxed verifier that cannot work with the draft length k
+    (`num_draft_tokens`: --num-assistant-tokens, else the profile's), such as FLy, whose window needs k >= 2."""
+    for config in configs:
+        if config.verifier is None:
+            continue
+        try:
+            config.verifier.check_draft_length(num_draft_tokens)
+        except ValueError as error:
+            raise ValueError(f"--verifier {verifier_label(config.verifier)} with --num-assistant-tokens "
+                             f"{num_draft_tokens}: {error}") from None
+
+
+def check_calibration_files(out: Path) -> None:
+    """Refuse, before any model is loaded, an existing --out whose calibration files calibrate could not
+    or should not replace at the end: one of them is a folder, or the folder is no results directory (no
+    study.json), so that files of those names are the user's own, not an earlier calibration's."""
+    if not out.is_dir():
+        return
+    present = [out / name for name in CALIBRATION_FILES if os.path.lexists(out / name)]
+    for path in present:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            raise ValueError(f"--out {out}: {path} is a folder, where calibrate writes its recommendation; "
+                             "move it away or give another --out")
+    if present and not (out / MANIFEST).is_file():
+        names, them = " and ".join(path.name for path in present), "them" if len(present) > 1 else "it"
+        raise ValueError(f"--out {out} holds {names} but is no results directory (no {MANIFEST}), so not an "
+                         f"earlier calibration's, and calibrate would replace {them}; move {them} away or give "
+                         "another --out")
+
+
+def write_together(files: dict[Path, str]) -> None:
+    """Write each file of `files` (path -> text) through a temporary file beside it (`replacing`: a link
+    at its name is replaced, never followed), renaming them into place only once every one is written,
+    so that a failure to write one leaves the earlier files as they were. An OSError names the file it
+    failed on (its ``filename``)."""
+    with ExitStack() as renames:
+        for path, text in files.items():
+            try:
+                renames.enter_context(replacing(path)).write_text(text, encoding="utf-8")
+            except OSError as error:
+                raise OSError(error.errno, error.strerror or str(error), str(path)) from None
+
+
+def write_calibration(out: Path, texts: Sequence[str]) -> int:
+    """Write `texts` as calibration.json and calibration.md of `out`, both or neither (`write_together`), and
+    say where, and whether they replaced an earlier calibration's: 0; a file that cannot be written is one
+    line naming it, and 1."""
+    paths = [out / name for name in CALIBRATION_FILES]
+    replaced = any(os.path.lexists(path) for path in paths)
+    try:
+        write_together(dict(zip(paths, texts)))
+    except OSError as error:
+        print_error(f"cannot write {error.filename2 or error.filename}: {error.strerror or error}; the earlier "
+                    f"calibration files of {out} (if any) are left as they were, and the recorded cells are "
+                    "kept: fix the cause and run the same command again")
+        return 1
+    print(f"calibration: {paths[0]}, {paths[1]}" + (" (replaced an earlier calibration's)" if replaced else ""))
+    return 0
 
 
 def segments_template(boundaries: list[str] | None, before: str) -> Segments | None:
@@ -246,7 +335,8 @@ def run(args: argparse.Namespace) -> int:
         recommend,
         verifier_labels,
     )
-    from hf_securesd.bench.results import ResultsDir, json_text, write_text_atomic
+    from hf_securesd.bench.data import resolve_data_dir
+    from hf_securesd.bench.results import ResultsDir, json_text
     from hf_securesd.bench.runner import run_study
 
     try:
@@ -256,7 +346,10 @@ def run(args: argparse.Namespace) -> int:
         check_fraction("--spd-tolerance", args.spd_tolerance)
         segments = segments_template(args.segment_boundary, args.segment_before)
         configs = calibration_configs(args.verifier, args.lengths, segments)
+        check_draft_lengths(configs, args.num_assistant_tokens or chosen_profile(args).num_assistant_tokens)
         check_out_dir(args.out)
+        check_calibration_files(args.out)
+        resolve_data_dir(args.data_dir)
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
         check_boundaries_in_vocabulary(configs, engine)
@@ -278,21 +371,17 @@ def run(args: argparse.Namespace) -> int:
         for label in verifier_labels(args.verifier)
     ]
     calibration = json_text([rec.to_dict() for rec in recommendations], indent=2)
-    write_text_atomic(results.path / "calibration.json", calibration + "\n")
-    write_text_atomic(
-        results.path / "calibration.md",
-        calibration_markdown(
-            recommendations,
-            results.read_manifest(),
-            args.tolerance,
-            args.spd_tolerance,
-            {task_run.task.name: len(task_run.examples) for task_run in tasks},
-            segments,
-        ),
+    markdown = calibration_markdown(
+        recommendations,
+        results.read_manifest(),
+        args.tolerance,
+        args.spd_tolerance,
+        {task_run.task.name: len(task_run.examples) for task_run in tasks},
+        segments,
     )
     for rec in recommendations:
         print(f"{rec.verifier}: {'L=%d' % rec.L if rec.L is not None else 'no L'} - {rec.reason}")
         for note in (session_note(rec), left_out_note(rec)):
             if note:
                 print(f"note: {note}")
-    return 0
+    return write_calibration(results.path, [calibration + "\n", markdown])

@@ -43,7 +43,7 @@ from hf_securesd.bench.results import ResultsDir, ResultsDirInUseError, baseline
 from hf_securesd.bench.sandbox import Isolation, SandboxUnavailableError
 from hf_securesd.bench.tasks import ScoreOptions, check_isolation, examples_digest, get_task, task_names
 from hf_securesd.bench.terminal import print_error, printable_line
-from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, non_empty_text
+from hf_securesd.cli import EXIT_IN_USE, EXIT_JUDGE_FAILED, Accumulate, non_empty_text
 from hf_securesd.judges import JudgeError, describe_judge
 
 
@@ -198,7 +198,8 @@ def rescore(results_dir: str | os.PathLike, tasks: Sequence[str], data_dir: str 
 def configure(parser: argparse.ArgumentParser) -> None:
     """Options of ``securesd rescore``."""
     parser.add_argument("results", type=results_path, help="results directory written by `securesd bench`")
-    parser.add_argument("--tasks", nargs="+", required=True, help="tasks whose cells are re-scored")
+    parser.add_argument("--tasks", nargs="+", action=Accumulate, required=True,
+                        help="tasks whose cells are re-scored (the values of every --tasks together)")
     parser.add_argument("--data-dir", default=os.environ.get("SECURESD_DATA_DIR"),
                         help="local benchmark data (default: $SECURESD_DATA_DIR, else the Hub)")
     parser.add_argument("--judge-base-url", type=non_empty_text, default=None,

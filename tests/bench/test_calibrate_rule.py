@@ -97,6 +97,20 @@ def test_a_tight_spd_tolerance_is_not_printed_as_100_percent() -> None:
     assert "100%" not in chosen.reason + slow.reason
 
 
+@pytest.mark.parametrize("spd_tolerance, relaxed, slow, shown", [
+    (0.0, 0.4649, 0.4612, "its SPD 0.461 is below 100% of the relaxed verifier's 0.465"),
+    (0.0, 0.46, 0.459999, "its SPD 0.459999 is below 100% of the relaxed verifier's 0.460000"),
+    (0.1, 0.5, 0.449, "its SPD 0.449 is below 90% of the relaxed verifier's 0.500"),
+    (0.1, 3.0, 2.5, "its SPD 2.50 is below 90% of the relaxed verifier's 3.00"),
+])
+def test_a_too_slow_spd_is_shown_with_the_digits_that_tell_it_from_its_bound(spd_tolerance, relaxed, slow,
+                                                                               shown) -> None:
+    """Rounded to two decimals, 0.4612 against 0.4649 read "its SPD 0.46 is below 100% of ... 0.46"."""
+    chosen = recommend(_cells(1.0, {None: 0.5, 1: 1.0}, {None: relaxed, 1: slow}), VERIFIER,
+                       spd_tolerance=spd_tolerance)
+    assert chosen.L is None and shown in chosen.reason
+
+
 def test_an_spd_from_another_session_is_flagged() -> None:
     cells = _cells(1.0, {None: 0.5, 1: 1.0, 4: 1.0}, {None: 2.0, 1: 2.0, 4: 2.0}, other_session=(4,))
     chosen = recommend(cells, VERIFIER)

@@ -83,6 +83,10 @@ def test_the_demo_judge_reads_refusal_openings(answer, refused) -> None:
         (("--device", "tpu9"), "tpu9"),
         (("--verifier", "fly", "--num-assistant-tokens", "2"), "FLy window W=3 needs W <= k-1"),
         (("--verifier", "MARS"), "verifier names are lower case; use 'mars'"),
+        (("--verifier", "mars:0.5"), "--verifier 'mars:0.5': give the verifier's name alone and its value with "
+                                     "--strength (--verifier mars --strength 0.5)"),
+        (("--target", "/no/such/folder"), "--target /no/such/folder: no such folder"),
+        (("--draft", "./missing-draft"), "--draft ./missing-draft: no such folder"),
     ],
 )
 def test_bad_options_are_refused_before_loading(options, message, loads, tmp_path, capsys) -> None:
@@ -98,9 +102,9 @@ def test_a_pair_that_cannot_be_loaded_is_a_one_line_error(monkeypatch, capsys) -
         raise OSError("We couldn't connect to 'https://huggingface.co'")
 
     monkeypatch.setattr(models_package, "load_pair", unreachable)
-    assert demo.run(parse("--target", "/no/such/folder")) == 2
+    assert demo.run(parse("--target", "org/unreachable")) == 2
     error = capsys.readouterr().err.splitlines()[-1]  # after the device and loading lines
-    assert error.startswith("error: could not load the pair (--draft qwen-0.5b, --target /no/such/folder)")
+    assert error.startswith("error: could not load the pair (--draft qwen-0.5b, --target org/unreachable)")
     assert "a known name" in error
 
 
@@ -111,3 +115,60 @@ def test_an_empty_option_is_refused_not_taken_as_not_given(option, capsys):
     with pytest.raises(SystemExit) as exited:
         main(["demo", option, ""])
     assert exited.value.code == 2 and "expected a non-empty value" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("target", ["loop", "missing"], ids=["loop-of-links", "dangling"])
+def test_a_json_path_that_is_a_broken_link_is_refused_before_loading(target, loads, tmp_path, capsys) -> None:
+    """pathlib calls a loop of links or a dangling link "not there", so it passed the check and the write
+    failed with a traceback after every answer was generated."""
+    link = tmp_path / "out.json"
+    link.symlink_to(tmp_path / ("out.json" if target == "loop" else "nowhere/x"))
+    assert demo.run(parse("--json", str(link))) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"error: --json {link} is a symbolic link that leads nowhere") and loads == []
+    assert len(error.splitlines()) == 1
+
+
+def test_json_replaces_a_link_instead_of_writing_through_it_and_says_so(loads, tmp_path, capsys) -> None:
+    precious = tmp_path / "user.json"
+    precious.write_text("precious user data")
+    link = tmp_path / "answers.json"
+    link.symlink_to(precious)
+    assert demo.run(parse("--json", str(link))) == 0
+    assert precious.read_text() == "precious user data" and not link.is_symlink()
+    assert len(json.loads(link.read_text())) == 3
+    assert f"wrote {link} (replaced the symbolic link that was there; the file it led to is unchanged)" in \
+        capsys.readouterr().err
+    assert demo.run(parse("--json", str(link))) == 0
+    assert f"wrote {link} (replaced the existing file)" in capsys.readouterr().err
+
+
+def test_json_is_strict_an_undefined_acceptance_rate_is_null(loads, tmp_path, capsys) -> None:
+    """With one new token nothing drafted is verified: the acceptance rate is undefined (NaN), which was
+    written as the NaN token, not JSON; it is null, and shown as "-"."""
+    out = tmp_path / "answers.json"
+    assert demo.run(parse("--max-new-tokens", "1", "--json", str(out))) == 0
+
+    def refuse(token: str) -> None:
+        raise ValueError(f"non-standard JSON token {token}")
+
+    rows = json.loads(out.read_text(), parse_constant=refuse)
+    assert [row["acceptance_rate"] for row in rows] == [None, None, None]
+    assert "nan" not in capsys.readouterr().err.lower()
+
+
+def test_answers_are_printed_with_control_characters_escaped() -> None:
+    """A model's raw bytes (NUL, BEL, backspace, ESC) could drive the terminal; they are shown escaped."""
+    line = demo.show(demo.Answer("custom", "p", "c", "a\x00b\x07c\x08d\x1b[2Je\nf", 5, 1.0, None, False), 120)
+    assert not any(ord(char) < 32 for char in line)
+    assert line.endswith("a\\x00b\\x07c\\x08d\\x1b[2Je f")
+
+
+def test_help_gives_the_defaults_of_l_and_max_new_tokens(capsys) -> None:
+    parser = argparse.ArgumentParser()
+    demo.configure(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "lossless response prefix length (default: 1)" in text
+    assert "--max-new-tokens MAX_NEW_TOKENS new tokens per answer at most (default: 40)" in text

@@ -149,3 +149,27 @@ def test_an_empty_cache_dir_is_a_usage_error(capsys: pytest.CaptureFixture[str],
         with pytest.raises(SystemExit) as exit_:
             parse(action, "--cache-dir", value)
         assert exit_.value.code == 2 and "empty path" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("action", ["fetch", "where"])
+@pytest.mark.parametrize("below", [False, True], ids=["the-link", "below-the-link"])
+@pytest.mark.parametrize("target", ["loop", "missing"], ids=["loop-of-links", "dangling"])
+def test_a_cache_folder_that_is_a_broken_link_is_a_usage_error(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path, action: str, below: bool, target: str) -> None:
+    """A symbolic link that leads nowhere (a loop, ELOOP; or dangling) used to exit 1 with a bare
+    "[Errno 40] ..."; it is refused like a cache folder that is a file: exit 2, the option and the fix."""
+    link = tmp_path / "cache"
+    link.symlink_to(tmp_path / ("cache" if target == "loop" else "nowhere"))
+    cache = link / "sub" if below else link
+    assert run(parse(action, "--cache-dir", str(cache))) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --cache-dir {cache} ") and "symbolic link that leads nowhere" in err
+    assert f"rm {link}" in err and len(err.splitlines()) == 1 and "Errno" not in err
+
+
+def test_fetch_help_says_it_takes_registry_models_only(capsys: pytest.CaptureFixture[str]) -> None:
+    """fetch refuses a Hub id outside the registry, so its help must not offer "Hub ids" as such."""
+    with pytest.raises(SystemExit):
+        parse("fetch", "--help")
+    text = " ".join(capsys.readouterr().out.split())
+    assert "registry keys or Hub ids" not in text and "the Hub ids of registry models" in text
