@@ -14,7 +14,8 @@ included) is undone here with the cap on every layer's output, so a few kilobyte
 gigabytes are refused after `max_bytes`; other encodings (br, zstd, ...) are refused.
 `json_body` reads a reply's JSON, turning input nested too deeply for the parser, or holding more
 values than `MAX_JSON_VALUES` (counted before parsing, so a reply of millions of ``{}`` is refused
-before it becomes millions of dicts), into a `ValueError` like any other malformed reply.
+before it becomes millions of dicts), into a `ValueError` like any other malformed reply; an object
+that gives a key twice is one too (`RepeatedKey`, a `ValueError`: the reply is ambiguous).
 
     >>> client = DeadlineClient("http://127.0.0.1:8000/v1")                          # doctest: +SKIP
     >>> reply = client.exchange("POST", "/completions", {"prompt": "hi"}, deadline_s=30,
@@ -32,6 +33,7 @@ import sys
 import threading
 import time
 import zlib
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +50,11 @@ class ReplyTooLarge(Exception):
 
 class UndecodableReply(Exception):
     """The reply's Content-Encoding is one this client does not decode, or its body does not decode."""
+
+
+class RepeatedKey(ValueError):
+    """The reply's JSON has an object that gives one key twice: which value counts is up to the parser
+    (Python's keeps the last, others the first), so the reply is ambiguous and is not read."""
 
 
 MAX_CONTENT_CODINGS = 4
@@ -280,11 +287,26 @@ def json_value_bound(body: bytes) -> int:
     return body.count(b",") + body.count(b"{") + body.count(b"[") + 1
 
 
+def json_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """`json.loads`'s ``object_pairs_hook``: the object's pairs as a dict; `RepeatedKey` naming a key the
+    object gives twice (a reply with two ``content`` or two ``choices`` keys would otherwise be read by its
+    last one, silently)."""
+    value = dict(pairs)
+    if len(value) != len(pairs):
+        counts = Counter(key for key, _ in pairs)
+        repeated = next(key for key, _ in pairs if counts[key] > 1)
+        shown = repr(repeated) if len(repeated) <= 40 else f"{repeated[:40]!r}..."
+        raise RepeatedKey(f"the reply's JSON gives the key {shown} twice in one object (a parser reads "
+                          "only one of them, so the reply is ambiguous); it is not read")
+    return value
+
+
 def json_body(body: bytes) -> Any:
     """The reply body parsed as JSON. `ValueError` when it is not: invalid JSON or UTF-8, more than
     `MAX_JSON_VALUES` values (checked before parsing: 15 MiB of ``{},`` took ~380 MiB to parse),
     nested too deeply for the parser (its RecursionError: 200 KB of ``[`` is enough) or its
-    memory, or holding an integer longer than Python converts (`json_integer`)."""
+    memory, or holding an integer longer than Python converts (`json_integer`); its subclass
+    `RepeatedKey` when an object gives a key twice (`json_object`), anywhere in the reply."""
     values = json_value_bound(body)
     if values > MAX_JSON_VALUES:
         raise ValueError(
@@ -292,11 +314,13 @@ def json_body(body: bytes) -> Any:
             f"{MAX_JSON_VALUES:,} a reply may hold; it is not parsed"
         )
     try:
-        return json.loads(body, parse_int=json_integer)
+        return json.loads(body, parse_int=json_integer, object_pairs_hook=json_object)
     except (json.JSONDecodeError, UnicodeDecodeError) as error:
         raise ValueError(f"the reply is not complete JSON ({error})") from None
     except (RecursionError, MemoryError):
         raise ValueError("the reply is JSON nested too deeply (or too large) to parse") from None
+    except RepeatedKey:
+        raise
     except ValueError as error:  # `json_integer`'s
         raise ValueError(f"the reply holds {error}; it is not read") from None
 

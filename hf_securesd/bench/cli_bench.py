@@ -288,8 +288,8 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def judge_options(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE strings -> dict; numbers are parsed, and a VALUE in brackets is a JSON list
-    (``prefixes=["I cannot", "I won't"]``)."""
+    """KEY=VALUE strings -> dict; numbers are parsed, a VALUE in brackets is a JSON list
+    (``prefixes=["I cannot", "I won't"]``) and one in braces a JSON object (``backend_kwargs={"timeout": 5}``)."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, separator, value = pair.partition("=")
@@ -297,8 +297,8 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
             raise ValueError(f"--judge-option takes KEY=VALUE, got {pair!r}")
         if key in options:
             raise ValueError(f"--judge-option {key!r} is given twice; give each judge option once")
-        if value.lstrip().startswith("["):
-            options[key] = _json_list(key, value)
+        if value.lstrip()[:1] in ("[", "{"):
+            options[key] = _json_value(key, value)
             continue
         try:
             options[key] = int(value)
@@ -310,15 +310,19 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def _json_list(key: str, value: str) -> list[Any]:
-    """--judge-option KEY=[...]: the JSON list, else a ValueError naming the option."""
+def _json_value(key: str, value: str) -> list[Any] | dict[str, Any]:
+    """--judge-option KEY=[...] or KEY={...}: the JSON list or object, else a ValueError naming the option."""
+    bracketed = value.lstrip().startswith("[")
     try:
         parsed = json_input.loads(value)
     except ValueError:
         parsed = None
-    if not isinstance(parsed, list):
+    if bracketed and not isinstance(parsed, list):
         raise ValueError(f"--judge-option {key}={value}: a value in brackets must be a JSON list, e.g. "
                          f"{key}='[\"I cannot\", \"I won\'t\"]'")
+    if not bracketed and not isinstance(parsed, dict):
+        raise ValueError(f"--judge-option {key}={value}: a value in braces must be a JSON object, e.g. "
+                         f"{key}='{{\"timeout\": 30}}'")
     return parsed
 
 

@@ -11,11 +11,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Mapping
 
-from hf_securesd.judges.backends import endpoint_settings
+from hf_securesd.judges.backends import endpoint_settings, settings_dict
 from hf_securesd.judges.base import Judge, JudgeError, Verdict
 from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
 from hf_securesd.judges.secrets import public_url
-from hf_securesd.judges.strongreject import DEFAULT_THRESHOLD, StrongRejectJudge, check_threshold
+from hf_securesd.judges.strongreject import StrongRejectJudge
 
 JUDGES: dict[str, type[Judge]] = {
     RefusalPrefixJudge.name: RefusalPrefixJudge,
@@ -45,14 +45,15 @@ def get_judge(name: str, **kwargs: object) -> Judge:
 
 def check_judge_options(name: str, options: Mapping[str, object]) -> None:
     """ValueError, naming the option and the valid ones, when judge `name` does not take
-    `options`; then the judge is built once to check the values, except a StrongREJECT judge with
-    the ``transformers`` backend (building it loads the judge model; only its `threshold` is checked
-    here, its other values when it is first used). Run this before any generation, so a mistyped
-    option fails at once."""
+    `options`; then the values are checked as building the judge checks them: the judge is built once,
+    except a StrongREJECT judge with the ``transformers`` backend, whose every option is checked without
+    loading the judge model (`StrongRejectJudge.check_options`: its threshold, unparsed policy, rubric
+    and data folder, backend settings). Run this before any generation, so a mistyped option fails at
+    once, not after hours of generation."""
     _check_option_names(name, options, " (--judge-option KEY=VALUE)")
     try:
         if name == StrongRejectJudge.name and options.get("backend") == "transformers":
-            check_threshold(options.get("threshold", DEFAULT_THRESHOLD))
+            StrongRejectJudge.check_options(**options)
         else:
             get_judge(name, **dict(options))
     except (TypeError, ValueError) as error:
@@ -68,8 +69,10 @@ def describe_judge(name: str, options: Mapping[str, object]) -> dict[str, object
     if name != StrongRejectJudge.name:
         return None
     backend = options.get("backend", "openai")
-    settings = options.get("backend_kwargs")
-    settings = settings if isinstance(settings, Mapping) else {}
+    try:
+        settings = settings_dict(options.get("backend_kwargs"))
+    except ValueError:  # the judge refuses such options; nothing more is known of its model
+        settings = {}
     if backend == "openai":
         url, model = endpoint_settings(settings.get("base_url"), settings.get("model"))
         return {"kind": "openai", "model": model, "endpoint": public_url(url)}

@@ -13,6 +13,8 @@ judge as for its engine).
 from __future__ import annotations
 
 import base64
+import difflib
+import inspect
 import os
 import time
 from abc import ABC, abstractmethod
@@ -33,6 +35,7 @@ from hf_securesd.http_deadline import (
     DeadlineClient,
     DeadlineExceeded,
     Reply,
+    RepeatedKey,
     ReplyTooLarge,
     UndecodableReply,
     json_body,
@@ -139,8 +142,9 @@ def endpoint_settings(base_url: str | None = None, model: str | None = None) -> 
 
 @dataclass(frozen=True)
 class JudgeReply:
-    """One judge reply: its `text`, and `problem`, why it is not a whole answer (it was cut off
-    before it ended), or None."""
+    """One judge reply: its `text`, and `problem`, why it is not a whole answer of its own (it was cut
+    off before it ended, the endpoint withheld it, or its JSON was ambiguous), or None; a judge counts a
+    reply with a problem as unparsed."""
 
     text: str
     problem: str | None = None
@@ -453,10 +457,16 @@ class OpenAIChatBackend(ChatBackend):
         )
 
     def _judge_reply(self, body: bytes) -> JudgeReply:
-        """The reply text of a chat-completions body (`_reply_parts`) and why it was cut off
-        (`cut_off_problem`, redacted); `ValueError` when malformed."""
-        text, choice, usage = _reply_parts(body)
-        problem = cut_off_problem(choice.get("finish_reason"), usage, self.max_tokens)
+        """The reply text of a chat-completions body (`_reply_parts`) and why it is not a whole answer
+        (redacted): its JSON gives a key twice (`RepeatedKey`: the text is then an excerpt of the body),
+        the judge model refused (`refusal_problem`) or it was cut off (`cut_off_problem`); `ValueError`
+        when malformed."""
+        try:
+            text, choice, usage = _reply_parts(body)
+        except RepeatedKey as error:  # the same body again would be as ambiguous: not retried
+            return JudgeReply(self._excerpt(body), self._redact(str(error)))
+        problem = (refusal_problem(choice.get("message"))
+                   or cut_off_problem(choice.get("finish_reason"), usage, self.max_tokens))
         # an endpoint may echo the request's key in its answer: verdicts keep the text as `raw`
         return JudgeReply(self._redact(text), None if problem is None else self._redact(problem))
 
@@ -482,6 +492,61 @@ class OpenAIChatBackend(ChatBackend):
         }.get(status, "only HTTP 200 is an answer (redirects are not followed); check the endpoint "
                       "settings" if status < 400 else "check the request settings")
         return f"judge endpoint {self.base_url} answered HTTP {status}: {text!r}; {hint}."
+
+
+# how each backend named by a string is built from its settings (`make_backend`)
+BACKEND_BUILDERS: Mapping[str, Any] = {"openai": OpenAIChatBackend,
+                                       "transformers": TransformersChatBackend.from_pretrained}
+# how backend settings are written on the command line: a JSON list of [name, value] pairs
+_PAIRS_EXAMPLE = "--judge-option 'backend_kwargs=[[\"timeout\", 60]]'"
+
+
+def settings_dict(backend_kwargs: Any) -> dict[str, Any]:
+    """`backend_kwargs` as a dict of setting names to values: a mapping with string keys, a list of
+    ``[name, value]`` pairs (as ``--judge-option backend_kwargs=[...]`` gives them, each name once) or
+    None (no settings); anything else (text such as ``'{"timeout": 5}'`` included) is a ValueError naming
+    the forms."""
+    if backend_kwargs is None:
+        return {}
+    if isinstance(backend_kwargs, Mapping):
+        pairs = list(backend_kwargs.items())
+    elif isinstance(backend_kwargs, (list, tuple)) and all(
+            isinstance(pair, (list, tuple)) and len(pair) == 2 for pair in backend_kwargs):
+        pairs = [tuple(pair) for pair in backend_kwargs]
+    else:
+        raise ValueError(f"backend_kwargs must be a dict of judge backend settings (e.g. {{'timeout': 60}}; "
+                         f"on the command line {_PAIRS_EXAMPLE}), got {type(backend_kwargs).__name__} "
+                         f"{backend_kwargs!r:.60}")
+    names = [name for name, _ in pairs]
+    wrong = next((name for name in names if not isinstance(name, str)), None)
+    if wrong is not None or len(set(names)) != len(names):
+        problem = f"a name {wrong!r} that is not text" if wrong is not None else "a setting given twice"
+        raise ValueError(f"backend_kwargs has {problem}; give each setting once, by name "
+                         f"(e.g. {_PAIRS_EXAMPLE})")
+    return dict(pairs)
+
+
+def check_backend_settings(backend: str, settings: Mapping[str, Any]) -> None:
+    """ValueError when backend `backend` cannot be built from `settings`, found without building it (no
+    model is loaded, no request made): a name other than those of `BACKEND_BUILDERS`, a setting the
+    backend does not take (naming the ones it takes), a ``transformers`` backend without its ``model``, a
+    numeric setting outside its range (`checked_settings`)."""
+    if backend not in BACKEND_BUILDERS:
+        raise ValueError(f"unknown judge backend {backend!r}; use {' or '.join(map(repr, BACKEND_BUILDERS))} "
+                         "(or pass a ChatBackend object).")
+    taken = list(inspect.signature(BACKEND_BUILDERS[backend]).parameters)
+    unknown = next((name for name in settings if name not in taken), None)
+    if unknown is not None:
+        close = difflib.get_close_matches(unknown, taken, n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"the {backend} judge backend takes no setting {unknown!r}{hint}; its settings are "
+                         f"{', '.join(taken)}.")
+    model = settings.get("model")
+    if backend == "transformers" and not (isinstance(model, str) and model):
+        raise ValueError(f"the transformers judge backend needs model=<hub id or local folder> in "
+                         f"backend_kwargs, got {model!r:.60}.")
+    numeric = BACKEND_SETTINGS[backend]
+    checked_settings(backend, {name: value for name, value in settings.items() if name in numeric})
 
 
 def _checked_key(api_key: str | None) -> str | None:
@@ -511,10 +576,25 @@ def retry_after(value: str | None, default: float) -> float:
     return retry_after_seconds(value, default, MAX_RETRY_AFTER_S)
 
 
+def refusal_problem(message: Any) -> str | None:
+    """Why a judge reply whose assistant `message` sets ``refusal`` (OpenAI's shape when the judge model
+    declines: ``content`` null, ``refusal`` its text, ``finish_reason`` "stop") is not an answer, or None
+    when it sets none (absent, null or empty)."""
+    refusal = message.get("refusal") if isinstance(message, dict) else None
+    if refusal is None or refusal == "":
+        return None
+    shown = repr(refusal)
+    shown = shown if len(shown) <= 120 else f"{shown[:117]}..."
+    return (f"the endpoint withheld the reply: the judge model refused to grade (message.refusal is "
+            f"{shown}); a judge model that refuses to grade a response cannot be read as scoring it")
+
+
 def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | None:
     """Why a judge reply with this `finish_reason` and `usage` did not end on its own, or None: its
     finish_reason is not one of `FINISHED_REASONS`, or it has none and its
-    ``usage.completion_tokens`` reach the request's `max_tokens`."""
+    ``usage.completion_tokens`` reach the request's `max_tokens`. A reply with no finish_reason whose
+    ``completion_tokens`` is not a token count (negative, NaN, infinite, fractional, not a number) is
+    a `ValueError`, a malformed reply: nothing says whether it was cut off."""
     if finish_reason is not None:
         if isinstance(finish_reason, str) and finish_reason in FINISHED_REASONS:
             return None
@@ -523,7 +603,11 @@ def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | No
         return (f"the reply's finish_reason is {shown}: the endpoint cut it off or withheld it (a finished "
                 f"reply says {', '.join(sorted(FINISHED_REASONS))}); give the backend a larger max_tokens "
                 "if it is 'length'")
-    tokens = _count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+    given = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    tokens = _count(given)
+    if given is not None and tokens is None:
+        raise ValueError(f"reply JSON has no finish_reason and its usage.completion_tokens is {given!r:.40}, "
+                         "not a count of tokens")
     if tokens is not None and tokens >= max_tokens:
         return (f"the reply has no finish_reason and used {server_count(tokens)} completion tokens, the "
                 f"request's max_tokens {max_tokens:,}: it may have been cut off")
@@ -531,20 +615,23 @@ def cut_off_problem(finish_reason: Any, usage: Any, max_tokens: int) -> str | No
 
 
 def _count(value: Any) -> int | None:
-    """A token count as servers write it: an integer, an integral float (``1024.0``) or a string of
-    digits (``"1024"``); None for anything else."""
-    if isinstance(value, str) and value.strip().isdecimal() and len(value) <= 30:
+    """A token count as servers write it: a non-negative integer, an integral float (``1024.0``) or a
+    string of digits (``"1024"``); None for anything else (-1, NaN, infinity, 1.5, true, a list)."""
+    if isinstance(value, str) and value.strip().isascii() and value.strip().isdecimal() and len(value) <= 30:
         return int(value)
-    if isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer() and value >= 0:
         return int(value)
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 def _reply_parts(body: bytes) -> tuple[str, dict[str, Any], Any]:
     """The assistant message of a chat-completions reply (lone surrogates replaced by U+FFFD), its
     choice and its usage; `ValueError` saying what is wrong when malformed (without the body: the
     caller adds a redacted excerpt), or when its answer is ambiguous: more than one choice, or one
-    whose ``index`` is not 0 (the request asks for one)."""
+    whose ``index`` is not 0 (the request asks for one); its subclass `RepeatedKey` when an object of
+    the reply gives a key twice (`json_body`). A message whose ``content`` is null because the endpoint
+    withheld it (a ``finish_reason`` that is not a normal stop, or a ``refusal``) has the text "" (the
+    reply's problem says why: `refusal_problem`, `cut_off_problem`)."""
     parsed = json_body(body)
     choices = parsed.get("choices") if isinstance(parsed, dict) else None
     choices = choices if isinstance(choices, list) else []
@@ -560,8 +647,9 @@ def _reply_parts(body: bytes) -> tuple[str, dict[str, Any], Any]:
     except (KeyError, IndexError, TypeError):
         raise ValueError("reply JSON has no choices[0].message.content") from None
     reason = choice.get("finish_reason") if isinstance(choice, dict) else None
-    if content is None and isinstance(reason, str) and reason not in FINISHED_REASONS:
-        content = ""  # withheld (a content filter): the reply's problem says so (`cut_off_problem`)
+    cut_off = isinstance(reason, str) and reason not in FINISHED_REASONS
+    if content is None and (cut_off or refusal_problem(choice["message"]) is not None):
+        content = ""  # withheld (a content filter, a refusal): the reply's problem says so
     if not isinstance(content, str):
         raise ValueError(f"reply content is {type(content).__name__}, not text")
     return valid_unicode(content), choice, parsed.get("usage") if isinstance(parsed, dict) else None

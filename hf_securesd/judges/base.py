@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,7 +37,8 @@ class Verdict:
     `outcome` is "succeeded" (the attack worked: the response complies), "failed" (refusal or
     harmless answer) or "unparsed" (the judge's output had no valid structured answer; `error`
     says why). An unparsed verdict is never read as safe: `attack_succeeded` raises on it.
-    `score` lies in [0, 1], higher meaning more harmful (NaN when unparsed); `raw` is the judge's
+    `score` lies in [0, 1], higher meaning more harmful (NaN exactly when unparsed; any other score is a
+    ValueError when the verdict is built, so a judge's bad score cannot reach a rate); `raw` is the judge's
     raw text (for string judges, the matched refusal string); `fields` holds parsed rubric fields.
     """
 
@@ -51,6 +53,9 @@ class Verdict:
             raise ValueError(f"unknown verdict outcome {self.outcome!r}")
         if self.outcome == "unparsed" and not self.error:
             raise ValueError("an unparsed verdict must say why in `error`")
+        problem = _score_problem(self.outcome, self.score)
+        if problem is not None:
+            raise ValueError(f"{problem}; fix the judge that built it.")
 
     @classmethod
     def unparsed(cls, raw: str, error: str) -> Verdict:
@@ -68,6 +73,20 @@ class Verdict:
         if not self.parsed:
             raise JudgeError(f"the judge output could not be parsed ({self.error}); no verdict to read")
         return self.outcome == "succeeded"
+
+
+def _score_problem(outcome: str, score: object) -> str | None:
+    """Why `score` cannot be the score of a verdict with `outcome`, or None: a parsed verdict's score is
+    a real number in [0, 1] (not a bool), an unparsed verdict's is NaN."""
+    if isinstance(score, bool) or not isinstance(score, numbers.Real):
+        return (f"a Verdict's score must be a number (in [0, 1]; NaN when unparsed), got {score!r:.40} "
+                f"({type(score).__name__})")
+    if outcome == "unparsed":
+        return None if math.isnan(score) else (f"an unparsed Verdict's score must be NaN (it has none), got "
+                                               f"{score!r}; build it with Verdict.unparsed(raw, error)")
+    if not 0.0 <= score <= 1.0:  # NaN fails this too
+        return f"a {outcome!r} Verdict's score must lie in [0, 1] (higher: more harmful), got {score!r}"
+    return None
 
 
 class Judge(ABC):

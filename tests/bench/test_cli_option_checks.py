@@ -172,6 +172,18 @@ def test_a_judge_option_in_brackets_is_a_json_list():
         judge_options(["prefixes=[oops"])
 
 
+def test_a_judge_option_in_braces_is_a_json_object():
+    """backend_kwargs={"timeout": 5} reached the judge as text (a dict update error)."""
+    from hf_securesd.bench.cli_bench import judge_options
+    from hf_securesd.judges import check_judge_options
+
+    options = judge_options(['backend_kwargs={"timeout": 5}'])
+    assert options == {"backend_kwargs": {"timeout": 5}}
+    check_judge_options("strongreject", options)
+    with pytest.raises(ValueError, match=r"--judge-option backend_kwargs=\{timeout: 5\}: a value in braces must be a JSON object"):
+        judge_options(["backend_kwargs={timeout: 5}"])
+
+
 def test_a_single_string_of_prefixes_is_refused_not_read_letter_by_letter():
     from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
 

@@ -39,7 +39,9 @@ def test_judge_option_threshold_text_is_refused_before_generation(backend: str) 
     the option and its range, also for the transformers backend, whose judge is not built here."""
     with pytest.raises(ValueError, match=r"judge 'strongreject' options .*threshold must be a number in \[0, 1\)"):
         check_judge_options("strongreject", {"backend": backend, "rubric": RUBRIC, "threshold": "abc"})
-    check_judge_options("strongreject", {"backend": "transformers", "threshold": 0.25})
+    # a transformers judge needs its model named (checked before generation too, without loading it)
+    check_judge_options("strongreject", {"backend": "transformers", "threshold": 0.25,
+                                         "backend_kwargs": {"model": "org/judge"}})
 
 
 def test_get_judge_names_an_option_the_judge_does_not_take() -> None:

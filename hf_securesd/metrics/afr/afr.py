@@ -92,8 +92,10 @@ Args:
         entry that is not a string (None, a number, a list) is refused, naming it (`predictions[3]`);
         a lone surrogate (what an endpoint's JSON "\\ud800" parses to) is replaced by U+FFFD, as
         `securesd bench` does, before `evaluate` stores the inputs.
-    judge (`str` or `Judge`, optional): "refusal_prefix" (default), "strongreject", or a judge
-        object from `hf_securesd.judges`.
+    judge (`str` or `Judge`, optional): "refusal_prefix" (default, also for None), "refusal_prefix_exact",
+        "strongreject", or a judge object from `hf_securesd.judges`; anything else ("", 0, False) is
+        refused. A judge whose verdict has a score outside [0, 1] (or, unparsed, other than NaN) fails
+        when it builds that verdict (`Verdict`), so no such score reaches the rates.
     judge_kwargs (`dict`, optional): arguments for a judge given by name, e.g.
         `{"backend": "openai", "data_dir": "/data"}` for "strongreject". Refused with a judge
         object (build it with its options) and with `injected_outputs`.
@@ -322,9 +324,20 @@ def _check_success_checker(success_checker: object, injected_outputs: object) ->
 _UNPARSED_CHOICES = ("raise", "success", "exclude")
 
 
+def _check_judge(judge) -> None:
+    """Refuse a `judge` that is neither None (the default judge), a judge name nor a `Judge` object: a
+    falsy value (0, False) is not read as "the default"."""
+    if judge is not None and not isinstance(judge, (str, Judge)):
+        raise ValueError(
+            f"`judge` must be a judge name (e.g. 'refusal_prefix', 'strongreject') or a Judge object, got "
+            f"{judge!r:.60} ({type(judge).__name__}); leave it out (None) for the default, 'refusal_prefix'."
+        )
+
+
 def _check_judge_options(judge, judge_kwargs, injected_outputs, success_checker) -> None:
-    """Refuse `judge_kwargs` that is not a mapping of argument names to values, a `success_checker`
-    that is not callable, and options that the chosen way of judging would ignore."""
+    """Refuse a `judge` of the wrong type, `judge_kwargs` that is not a mapping of argument names to values,
+    a `success_checker` that is not callable, and options that the chosen way of judging would ignore."""
+    _check_judge(judge)
     if judge_kwargs is not None and not isinstance(judge_kwargs, Mapping):
         raise ValueError(
             f"`judge_kwargs` must be a dict of the judge's arguments, got {type(judge_kwargs).__name__} "
@@ -456,7 +469,7 @@ class Afr(evaluate.Metric):
             if isinstance(judge, Judge):
                 chosen = judge
             else:
-                chosen = get_judge(judge or "refusal_prefix", **dict(judge_kwargs or {}))
+                chosen = get_judge("refusal_prefix" if judge is None else judge, **dict(judge_kwargs or {}))
             judge_name = chosen.name
             verdicts = _judged(chosen, references, answers)
 
