@@ -23,27 +23,31 @@ def test_a_second_fetch_waits_and_uses_the_first_ones_copy(published, tmp_path: 
 
     def slow_downloader(chunk, dest):
         started.set()
-        release.wait(10)
+        release.wait(60)
         return index(chunk, dest)
 
     def counting_converter(gguf, out, dtype):
         conversions.append(out.name)
         fake_converter(gguf, out, dtype)
 
-    results: dict[str, Path] = {}
+    results: dict[str, Path | BaseException] = {}
 
     def run(name: str) -> None:
-        results[name] = pypi_assembly.fetch(spec, tmp_path, downloader=slow_downloader, converter=counting_converter)
+        try:
+            results[name] = pypi_assembly.fetch(spec, tmp_path, downloader=slow_downloader, converter=counting_converter)
+        except BaseException as error:  # shown by the assertions below, not lost in the thread
+            results[name] = error
 
     first = threading.Thread(target=run, args=("first",))
     first.start()
     assert started.wait(10)
     second = threading.Thread(target=run, args=("second",))
     second.start()
-    deadline = time.monotonic() + 10
-    while "waiting for it to finish" not in (seen := capfd.readouterr().err) and time.monotonic() < deadline:
+    deadline, seen = time.monotonic() + 30, ""
+    while "waiting for it to finish" not in seen and "second" not in results and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert f"{spec.key}: another fetch of this model into {tmp_path} is running" in seen
+        seen += capfd.readouterr().err
+    assert f"{spec.key}: another fetch of this model into {tmp_path} is running" in seen, (results, seen)
     release.set()
     first.join(10)
     second.join(10)
