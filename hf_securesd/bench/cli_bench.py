@@ -405,7 +405,7 @@ def machine_settings(args: argparse.Namespace, profile: Profile) -> dict[str, An
 def prepare(args: argparse.Namespace):
     """Settings, the engine (its models loaded) and prepared tasks for `args` (shared with
     `calibrate`, which has no --engine and runs `hf`)."""
-    from hf_securesd.bench.runner import StudySettings, prepare_tasks
+    from hf_securesd.bench.runner import StudySettings, prepare_tasks, with_prompts
 
     from hf_securesd.bench.loading import check_model_folders
     from hf_securesd.bench.plan import check_no_repeats
@@ -417,6 +417,17 @@ def prepare(args: argparse.Namespace):
     models = {"--target": args.target or profile.target, "--draft": args.draft or profile.draft}
     if getattr(args, "engine", "hf") in MODEL_FOLDER_ENGINES:
         check_model_folders(models)
+    # The examples before any model: a data problem (folder, file, --limit) is found in seconds
+    tasks = prepare_tasks(
+        args.tasks or profile.tasks,
+        None,
+        data_dir=args.data_dir,
+        limit=args.limit if args.limit is not None else profile.limit,
+        seed=args.seed,
+        max_new_tokens=lambda task: profile.max_new_tokens_for(
+            task.kind, task.max_new_tokens, args.max_new_tokens
+        ),
+    )
     machine = machine_settings(args, profile)
     target, draft = study_models(args, models["--target"], models["--draft"])
     settings = StudySettings(
@@ -437,17 +448,7 @@ def prepare(args: argparse.Namespace):
     )
     engine = build_engine(args, settings)
     settings = replace(settings, thinking_trace=thinking_trace(args.thinking_trace, engine.tokenizer))
-    tasks = prepare_tasks(
-        args.tasks or profile.tasks,
-        engine.tokenizer,
-        data_dir=args.data_dir,
-        limit=args.limit if args.limit is not None else profile.limit,
-        seed=args.seed,
-        max_new_tokens=lambda task: profile.max_new_tokens_for(
-            task.kind, task.max_new_tokens, args.max_new_tokens
-        ),
-    )
-    return settings, engine, tasks
+    return settings, engine, with_prompts(tasks, engine.tokenizer)
 
 
 def write_report_if_any(out: Path) -> None:
@@ -566,8 +567,14 @@ def run(args: argparse.Namespace) -> int:
             print_error(error)
             return 2
     if outcome.failed:
-        print(f"{outcome.failed} prompts got no answer (each with its error in failures.jsonl); the first: "
-              f"{first_error_line(outcome.first_error)}. Once its cause is fixed (or "
-              "for a passing fault such as a timeout), rerun the same command to retry them", file=sys.stderr)
+        report_failed_prompts(outcome)
         return 1
     return 0
+
+
+def report_failed_prompts(outcome, consequence: str = "") -> None:
+    """Say on stderr how many prompts of `outcome` (a `StudyOutcome` with failures) got no answer, the
+    first one's error, `consequence` (a sentence, or nothing) and how to retry them."""
+    print(f"{outcome.failed} prompts got no answer (each with its error in failures.jsonl); the first: "
+          f"{first_error_line(outcome.first_error)}. {consequence}Once its cause is fixed (or "
+          "for a passing fault such as a timeout), rerun the same command to retry them", file=sys.stderr)

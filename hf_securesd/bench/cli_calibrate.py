@@ -20,7 +20,8 @@ baseline (a resumed or extended --out) is marked * and named in a note. A repeat
 its values to the earlier ones (`--L 1 --L 2` is `--L 1 2`).
 
 Exit status: 0 the recommendation was written; 1 the calibration files could not be written at the end
-(the recorded cells are kept: the same command again writes them); 2 bad options or settings, nothing
+(the recorded cells are kept: the same command again writes them), or prompts got no answer (recorded in
+failures.jsonl; no calibration is written without every cell, and the same command retries them); 2 bad options or settings, nothing
 generated (also an --out that cannot be created or written, that holds results of other settings, or
 that holds a calibration.json or calibration.md but is no results directory, no study.json: a file
 of the user's own); 3 the judge could not score a finished cell (`EXIT_JUDGE_FAILED`); 4 another run
@@ -55,6 +56,7 @@ from hf_securesd.bench.cli_bench import (
     check_out_dir,
     chosen_profile,
     prepare,
+    report_failed_prompts,
     setup_error,
     study_exit_code,
 )
@@ -335,7 +337,6 @@ def run(args: argparse.Namespace) -> int:
         recommend,
         verifier_labels,
     )
-    from hf_securesd.bench.data import resolve_data_dir
     from hf_securesd.bench.results import ResultsDir, json_text
     from hf_securesd.bench.runner import run_study
 
@@ -349,16 +350,20 @@ def run(args: argparse.Namespace) -> int:
         check_draft_lengths(configs, args.num_assistant_tokens or chosen_profile(args).num_assistant_tokens)
         check_out_dir(args.out)
         check_calibration_files(args.out)
-        resolve_data_dir(args.data_dir)
         settings, engine, tasks = prepare(args)
         configs = resolve_text_boundaries(configs, engine.tokenizer)
         check_boundaries_in_vocabulary(configs, engine)
     except SETUP_ERRORS as error:
         return setup_error(error)
     try:
-        run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
+        outcome = run_study(settings, engine, tasks, configs, args.out, progress=not args.no_progress)
     except Exception as error:  # noqa: BLE001 - study_exit_code re-raises what is not a one-line error
         return study_exit_code(error)
+    if outcome.failed:
+        # A cell with an unanswered prompt is not recorded: a recommendation without it would name a larger
+        # "smallest L" than the one measured later, or none, as if the sweep had been complete.
+        report_failed_prompts(outcome, "No calibration was written: it needs every cell of the sweep. ")
+        return 1
     from hf_securesd.bench.report import rederived
 
     results = ResultsDir(args.out)

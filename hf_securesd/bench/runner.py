@@ -42,7 +42,7 @@ import subprocess
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -63,7 +63,7 @@ from hf_securesd.judges.secrets import redact_command, reject_secret_options
 from hf_securesd.stats import SpeculativeStats
 
 __all__ = ["Answer", "Generation", "GenerationFailure", "JudgeFailedError", "StudySettings", "TaskRun",
-           "finish_cell", "prepare_tasks", "run_study"]
+           "finish_cell", "prepare_tasks", "run_study", "with_prompts"]
 
 # manifest entries an engine reports that describe one session (`engines.openai`: whether the target's
 # requests switched the plugin off, and each server's /models answer): recorded in each session too
@@ -235,10 +235,19 @@ def prepare_tasks(
             if max_new_tokens is None
             else max_new_tokens if isinstance(max_new_tokens, int) else max_new_tokens(task)
         )
-        prompts = [None if tokenizer is None else chat_prompt(tokenizer, task.build_prompt(example))
-                   for example in examples]
-        runs.append(TaskRun(task, examples, prompts, length))
-    return runs
+        runs.append(TaskRun(task, examples, [None] * len(examples), length))
+    return with_prompts(runs, tokenizer)
+
+
+def with_prompts(runs: Sequence[TaskRun], tokenizer: Any | None) -> list[TaskRun]:
+    """`runs` with each example's prompt text built by `tokenizer`'s chat template (None without a
+    tokenizer). Loading the examples first (`prepare_tasks` without a tokenizer) finds a data problem
+    before any model is loaded; the prompts follow once the engine's tokenizer is at hand."""
+    return [
+        replace(run, prompts=[None if tokenizer is None else chat_prompt(tokenizer, run.task.build_prompt(example))
+                              for example in run.examples])
+        for run in runs
+    ]
 
 
 def git_revision(path: str | os.PathLike | None = None) -> str | None:

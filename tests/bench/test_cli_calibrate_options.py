@@ -15,6 +15,7 @@ import pytest
 from support import SMOKE_CLI, cli_refusal
 
 from hf_securesd.bench import cli_bench, cli_calibrate
+from hf_securesd.bench.engines.base import GenerationFailure
 from hf_securesd.bench.engines.hf import HFEngine
 from hf_securesd.cli import EXIT_INTERRUPTED, main
 
@@ -143,3 +144,27 @@ def test_ctrl_c_is_one_line_and_the_same_command_resumes(capsys, tmp_path, data_
     # target, draft, lossless, mars and mars+Step(L=1): one prompt each, the two journaled not generated again
     assert len(journal.read_text().splitlines()) == 5
     assert (out / "calibration.json").is_file()
+
+
+def test_prompts_without_an_answer_write_no_calibration_and_the_same_command_completes_it(
+        capsys, tmp_path, data_dir, monkeypatch) -> None:
+    """A Step(L=1) cell whose prompt got no answer is not recorded: a calibration written without it would
+    recommend from the other cells as if L=1 had been weighed. Exit 1, the failure named, no files; the
+    same command then retries the prompt and writes the calibration."""
+    out = tmp_path / "out"
+    generate = HFEngine.generate
+
+    def the_step_cell_fails(self, config, prompts, *args, **kwargs):
+        if config.schedule is not None:
+            return [GenerationFailure("the server went away") for _ in prompts]
+        return generate(self, config, prompts, *args, **kwargs)
+
+    monkeypatch.setattr(HFEngine, "generate", the_step_cell_fails)
+    assert main(calibrate(out, data_dir)) == 1
+    err = capsys.readouterr().err
+    assert "1 prompts got no answer" in err and "the server went away" in err
+    assert "No calibration was written: it needs every cell of the sweep." in err and "Traceback" not in err
+    assert not (out / "calibration.json").exists() and not (out / "calibration.md").exists()
+    monkeypatch.setattr(HFEngine, "generate", generate)
+    assert main(calibrate(out, data_dir)) == 0
+    assert (out / "calibration.json").is_file() and (out / "calibration.md").is_file()

@@ -15,15 +15,6 @@ from hf_securesd.bench import cli_bench
 from hf_securesd.paths import path_kind
 
 
-@pytest.fixture
-def no_loading(monkeypatch) -> None:
-    """Fail the test if calibrate gets as far as preparing the study (loading models)."""
-    def loads(args):
-        raise AssertionError("models were loaded before the refusal")
-
-    monkeypatch.setattr("hf_securesd.bench.cli_calibrate.prepare", loads)
-
-
 def links(tmp_path: Path) -> dict[str, Path]:
     """A loop of two links and a dangling link in `tmp_path`."""
     (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
