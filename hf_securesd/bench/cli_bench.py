@@ -26,6 +26,7 @@ holds --out (`EXIT_IN_USE`).
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -323,7 +324,26 @@ def _json_value(key: str, value: str) -> list[Any] | dict[str, Any]:
     if not bracketed and not isinstance(parsed, dict):
         raise ValueError(f"--judge-option {key}={value}: a value in braces must be a JSON object, e.g. "
                          f"{key}='{{\"timeout\": 30}}'")
+    repeated = _repeated_key(value)
+    if repeated is not None:
+        raise ValueError(f"--judge-option {key}={value}: the JSON gives the key {repeated!r} twice in one object "
+                         "(only the last would be read); give each key once")
     return parsed
+
+
+def _repeated_key(text: str) -> str | None:
+    """The first key that an object of `text` (valid JSON) gives twice, or None."""
+    repeated: list[str] = []
+
+    def pairs(items: list[tuple[str, Any]]) -> dict[str, Any]:
+        value = dict(items)
+        if len(value) != len(items):
+            names = [name for name, _ in items]
+            repeated.append(next(name for index, name in enumerate(names) if name in names[:index]))
+        return value
+
+    json.loads(text, object_pairs_hook=pairs)
+    return repeated[0] if repeated else None
 
 
 def vllm_dtype(spec: str, device: str) -> tuple[str, str]:

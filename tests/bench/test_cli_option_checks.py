@@ -184,6 +184,18 @@ def test_a_judge_option_in_braces_is_a_json_object():
         judge_options(["backend_kwargs={timeout: 5}"])
 
 
+@pytest.mark.parametrize("value", ['backend_kwargs={"timeout": 5, "timeout": 500}',
+                                   'backend_kwargs={"headers": {"a": 1, "a": 2}}',
+                                   'prefixes=[{"x": 1, "x": 1}]'])
+def test_a_judge_option_whose_json_gives_a_key_twice_is_refused(value):
+    """Python's JSON reader keeps the last of two equal keys: {"timeout": 5, "timeout": 500} ran with 500."""
+    from hf_securesd.bench.cli_bench import judge_options
+
+    with pytest.raises(ValueError, match=r"the JSON gives the key '(timeout|a|x)' twice in one object \(only the "
+                                         r"last would be read\); give each key once"):
+        judge_options([value])
+
+
 def test_a_single_string_of_prefixes_is_refused_not_read_letter_by_letter():
     from hf_securesd.judges.refusal_prefix import ExactRefusalPrefixJudge, RefusalPrefixJudge
 
