@@ -31,7 +31,6 @@ from hf_securesd.bench.results import (
     _parse_json,
     _UNREADABLE,
     read_in_place,
-    write_text_atomic,
 )
 from hf_securesd.bench.report_markdown import one_line
 from hf_securesd.bench.terminal import printable, readable
@@ -151,10 +150,10 @@ def companion_engines(results_dir: str | os.PathLike) -> list[str]:
     return list(spec.get("engines") or []) if spec else []
 
 
-def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> Path | None:
-    """Write the card described by RESULTS/card.json from the report's Markdown lines (its first
-    line, the report title, is replaced by the card's). Returns the card's path, or None when the
-    directory has no card.json."""
+def card_file(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> tuple[Path, str] | None:
+    """The card described by RESULTS/card.json, made from the report's Markdown lines (its first line,
+    the report title, is replaced by the card's): (where it goes, its text), or None when the directory
+    has no card.json. `report.write_report` writes it with the report's files."""
     results = Path(results_dir)
     spec = read_card_spec(results)
     if spec is None:
@@ -175,5 +174,4 @@ def write_card(results_dir: str | os.PathLike, report_lines: Sequence[str]) -> P
         lines += ["## Commands", "", "```bash", *map(readable, spec["commands"]), "```", ""]
     lines += body
     lines += ["", *_paragraphs(spec.get("closing"))]
-    write_text_atomic(output, "\n".join(lines).rstrip() + "\n")
-    return output
+    return output, "\n".join(lines).rstrip() + "\n"

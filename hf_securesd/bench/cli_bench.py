@@ -17,7 +17,8 @@ A profile (`bench/profiles.py`) sets every default; the flags override it. Rerun
 Exit status: 0 every cell finished; 1 prompts got no answer (recorded in failures.jsonl; the same
 command again retries them); 2 bad options or settings (nothing generated; also an --out holding
 results of other settings or that cannot be created or written, or HumanEval without a usable
-bubblewrap or --unsafe-no-isolation); 3 the
+bubblewrap or --unsafe-no-isolation; after the study, a report that could not be written or read:
+the cells stay recorded and `securesd report` writes it once the cause is fixed); 3 the
 judge could not score a finished cell (`EXIT_JUDGE_FAILED`: its endpoint failed, or the run deadline
 passed; the journaled generations are kept and the same command again scores them); 4 another run
 holds --out (`EXIT_IN_USE`).
@@ -585,6 +586,11 @@ def run(args: argparse.Namespace) -> int:
             write_report_if_any(args.out)
         except ValueError as error:  # e.g. a results file damaged outside this run
             print_error(error)
+            return 2
+        except OSError as error:  # e.g. a full disk: the recorded cells are kept, the earlier report whole
+            print_error(f"the report could not be written ({error.strerror or error}: "
+                        f"{error.filename or args.out}); every finished cell is recorded in {args.out} and the "
+                        f"earlier report (if any) is as it was: fix the cause, then run `securesd report {args.out}`")
             return 2
     if outcome.failed:
         report_failed_prompts(outcome)

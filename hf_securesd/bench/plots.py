@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import BinaryIO, Mapping, Sequence
 
 import matplotlib
 
@@ -44,8 +44,8 @@ def _grid(count: int) -> tuple[plt.Figure, list[plt.Axes]]:
 
 
 def plot_prr_vs_ar(
-    curves: Mapping[str, Mapping[tuple[str, str], Sequence[tuple[float, float]]]], path: Path
-) -> Path:
+    curves: Mapping[str, Mapping[tuple[str, str], Sequence[tuple[float, float]]]], path: Path | BinaryIO
+) -> Path | BinaryIO:
     """Figure 1 analog. `curves[verifier][(kind, schedule label)]` = [(AR, PRR), ...]; one panel per
     verifier, safety in red and utility in blue, solid without a schedule and dashed with one."""
     figure, axes = _grid(len(curves))
@@ -82,14 +82,14 @@ def plot_prr_vs_ar(
             )
     figure.suptitle("PRR vs AR (1 = target alone, 0 = draft alone)")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, format="png")
     plt.close(figure)
     return path
 
 
 def plot_position_tv(
-    bars: Mapping[str, Mapping[str, Sequence[float]]], path: Path, positions: int = 16
-) -> Path:
+    bars: Mapping[str, Mapping[str, Sequence[float]]], path: Path | BinaryIO, positions: int = 16
+) -> Path | BinaryIO:
     """Figure 2 analog. `bars[panel title][series label]` = mean TV(out_j, q_j) by response position
     j; grouped bars for the first `positions` positions."""
     figure, axes = _grid(len(bars))
@@ -107,6 +107,6 @@ def plot_position_tv(
             axis.legend(fontsize=7)
     figure.suptitle("Per-position deviation from the target")
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, format="png")
     plt.close(figure)
     return path

@@ -7,11 +7,13 @@ against the target, verdict stability at a longer length, the safety–utility a
 configuration, Table 1 and Table 5 analogs, baselines, every run, cost per tier, sampled responses),
 `summary.json` (the same tables as data), `prr_vs_ar.png` (Figure 1 analog) and
 `position_tv.png` (Figure 2 analog). With RESULTS/card.json, a model card is written too
-(`hf_securesd.bench.card`).
+(`hf_securesd.bench.card`). The files are written together or not at all (`partials.write_files`): a
+file that cannot be written leaves the earlier report and card as they were.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import math
 import os
@@ -40,7 +42,7 @@ from hf_securesd.bench.analysis import (
     relaxed_setting,
     speculative_cells,
 )
-from hf_securesd.bench.card import companion_engines, write_card
+from hf_securesd.bench.card import card_file, companion_engines
 from hf_securesd.bench.formatting import fmt, fmt_ci, table
 from hf_securesd.bench.plots import plot_position_tv, plot_prr_vs_ar
 from hf_securesd.bench.report_asymmetry import asymmetry_rows, asymmetry_section, runs_both_kinds
@@ -54,10 +56,11 @@ from hf_securesd.bench.report_safety import (
     length_check_section,
 )
 from hf_securesd.bench.report_utility import utility_rows, utility_section
-from hf_securesd.bench.report_files import replacing, report_folder
-from hf_securesd.bench.results import FAILURES, RUNS, ResultsDir, baselines, json_text, write_text_atomic
+from hf_securesd.bench.report_files import report_folder
+from hf_securesd.bench.results import FAILURES, RUNS, ResultsDir, baselines, json_text
 from hf_securesd.judges.base import DEFAULT_UNPARSED_POLICY
 from hf_securesd.judges.secrets import redact
+from hf_securesd.models.partials import write_files
 
 KINDS = ("safety", "utility")
 # the fields a record holds against both its baselines (`analysis.prr_fields`): none without them
@@ -461,17 +464,25 @@ NO_CURVES = "No relaxed verifier was run (only baselines and lossless cells), so
 NO_BARS = "No relaxed verifier was run without a schedule, so this figure is empty."
 
 
+def drawn_figures(
+    curves: dict[str, dict[tuple[str, str], list[tuple[float, float]]]],
+    bars: dict[str, dict[str, list[float]]],
+) -> dict[str, bytes]:
+    """prr_vs_ar.png and position_tv.png as PNG bytes, by file name (always both: a study without
+    relaxed cells gets figures saying so)."""
+    drawn = {}
+    for name, plot, data in (("prr_vs_ar.png", plot_prr_vs_ar, curves), ("position_tv.png", plot_position_tv, bars)):
+        image = io.BytesIO()
+        plot(data, image)
+        drawn[name] = image.getvalue()
+    return drawn
+
+
 def figures_section(
     curves: dict[str, dict[tuple[str, str], list[tuple[float, float]]]],
     bars: dict[str, dict[str, list[float]]],
-    out: Path,
 ) -> list[str]:
-    """Draw prr_vs_ar.png and position_tv.png into `out` (always both: a study without relaxed
-    cells gets figures saying so) and the Markdown sections showing them."""
-    with replacing(out / "prr_vs_ar.png") as figure:
-        plot_prr_vs_ar(curves, figure)
-    with replacing(out / "position_tv.png") as figure:
-        plot_position_tv(bars, figure)
+    """The Markdown sections showing the two figures (`drawn_figures`)."""
     return [
         "## PRR vs AR (Figure 1 analog)",
         "",
@@ -628,13 +639,11 @@ def write_report(results_dir: str | os.PathLike) -> Path:
                       body),
                 "",
             ]
-    lines += figures_section(curves, bars, out)
+    lines += figures_section(curves, bars)
     lines += runs_section(cells)
     lines += cost_section(cells, manifest)
     lines += appendix_section(main, seed)
     path = out / "report.md"
-    write_text_atomic(path, "\n".join(lines))
-    write_card(results.path, lines)
     summary = {
         "manifest": manifest,
         "ar_bins": bins,
@@ -650,5 +659,12 @@ def write_report(results_dir: str | os.PathLike) -> Path:
         "engines": engines,
         "unfinished": {cell: len(examples) for cell, examples in pending.items()},
     }
-    write_text_atomic(out / "summary.json", json_text(summary, indent=2, default=str) + "\n")
+    # Every file of the report (and the card) or none: a failure leaves the earlier report whole.
+    files = {out / name: image for name, image in drawn_figures(curves, bars).items()}
+    files[path] = "\n".join(lines).encode("utf-8")
+    files[out / "summary.json"] = (json_text(summary, indent=2, default=str) + "\n").encode("utf-8")
+    card = card_file(results.path, lines)
+    if card is not None:
+        files[card[0]] = card[1].encode("utf-8")
+    write_files(files)
     return path

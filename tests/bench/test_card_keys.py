@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from hf_securesd.bench.card import CARD_ENTRIES, read_card_spec, write_card
+from hf_securesd.bench.card import CARD_ENTRIES, card_file, read_card_spec
 from hf_securesd.bench.results import CorruptResultsError
 
 
@@ -51,6 +51,7 @@ def test_every_known_entry_is_accepted(tmp_path):
 def test_card_text_cannot_carry_control_characters(tmp_path):
     _spec(tmp_path, {"output": "card.md", "title": "T\x1b]0;PWNED\x07", "preamble": "p\x1b[2J",
                      "commands": ["securesd report .\x1b[31m"], "closing": ["c\u202e"]})
-    card = write_card(tmp_path, ["# report", "", "body"]).read_text(encoding="utf-8")
+    path, card = card_file(tmp_path, ["# report", "", "body"])
+    assert path == tmp_path / "card.md"
     assert not any(char in card for char in "\x1b\x07\u202e")
     assert card.startswith("# T\\x1b]0;PWNED\\x07\n") and "p\\x1b[2J" in card and "c\\u202e" in card
