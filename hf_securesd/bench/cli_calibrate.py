@@ -21,10 +21,10 @@ its values to the earlier ones (`--L 1 --L 2` is `--L 1 2`).
 
 Exit status: 0 the recommendation was written; 1 the calibration files could not be written at the end
 (the recorded cells are kept: the same command again writes them), or prompts got no answer (recorded in
-failures.jsonl; no calibration is written without every cell, and the same command retries them); 2 bad options or settings, nothing
-generated (also an --out that cannot be created or written, that holds results of other settings, or
-that holds a calibration.json or calibration.md but is no results directory, no study.json: a file
-of the user's own); 3 the judge could not score a finished cell (`EXIT_JUDGE_FAILED`); 4 another run
+failures.jsonl; no calibration is written without every cell, and the same command retries them); 2 bad
+options or settings, nothing generated (also an --out that cannot be created or written, that holds
+results of other settings, or that holds a calibration.json or calibration.md but is no results
+directory, no study.json: a file of the user's own); 3 the judge could not score a finished cell (`EXIT_JUDGE_FAILED`); 4 another run
 holds --out (`EXIT_IN_USE`); 130 interrupted (Ctrl-C; the same command again resumes).
 """
 

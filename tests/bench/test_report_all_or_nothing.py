@@ -63,6 +63,7 @@ def test_bench_says_in_one_line_that_its_report_could_not_be_written(tmp_path, d
     err = capsys.readouterr().err
     assert "Traceback" not in err, err
     last = err.strip().splitlines()[-1]  # after the study's own progress lines
-    assert last.startswith(f"error: the report could not be written (No space left on device: {out / 'report' / 'report.md'})")
+    written = out / "report" / "report.md"
+    assert last.startswith(f"error: the report could not be written (No space left on device: {written})")
     assert f"then run `securesd report {out}`" in last and not (out / "report" / "report.md").exists()
     assert main(["report", str(out)]) == 0 and (out / "report" / "report.md").is_file()
