@@ -49,7 +49,7 @@ class ModelRunner:
         parameters = inspect.signature(model.forward).parameters
         self._cache_argument = "cache" if "cache" in parameters else "past_key_values"
         limit = position_limit(model)
-        self._last_position = None if limit is None else limit - 1  # of a learned position table
+        self._last_position = None if limit is None else limit - 1  # of a position table (learned, or a sin/cos buffer)
         self._keeps_logits = "logits_to_keep" in parameters
         self._cache_checked = False  # whether a forward has shown that the cache grows by the tokens fed
 
@@ -94,7 +94,7 @@ class ModelRunner:
             attention_mask = self._mask[:, :end]
         if self._last_position is not None:
             # A row near its budget is fed the batch's k drafts, past the positions it keeps (`positions.
-            # check_positions` bounds those): such slots are never kept, so a learned position table is
+            # check_positions` bounds those): such slots are never kept, so a position table is
             # read at its last row there instead of past its end.
             positions = positions.clamp_max(self._last_position)
         kwargs = {self._cache_argument: self.cache, "use_cache": True, "position_ids": positions, "attention_mask": attention_mask}

@@ -1,6 +1,7 @@
-"""A model with a learned absolute-position table (GPT-2, OPT) embeds only that many positions: a call
-that could feed either model more is refused before decoding, naming the model and the limit (it was an
-IndexError from inside torch's embedding lookup, for a draft shorter than its target mid-decoding)."""
+"""A model with a table of absolute positions (learned: GPT-2, OPT; a precomputed rotary sin/cos buffer:
+GPT-J, CodeGen) embeds only that many positions: a call that could feed either model more is refused before
+decoding, naming the model and the limit (it was an IndexError from inside torch's lookup, for a draft
+shorter than its target mid-decoding), and a batch's rows near their budget read the table's last row."""
 
 from __future__ import annotations
 
@@ -30,14 +31,31 @@ def _opt(positions: int) -> transformers.PreTrainedModel:
     return transformers.OPTForCausalLM(config).eval()
 
 
-def test_the_limit_is_read_from_the_learned_table_only(llama_pair) -> None:
+def _rotary_table(config_class: type, positions: int, seed: int = 5) -> transformers.PreTrainedModel:
+    """GPT-J or CodeGen: rotary positions read from a [positions, dim] sin/cos buffer (`embed_positions`)."""
+    torch.manual_seed(seed)
+    config = config_class(vocab_size=259, n_embd=64, n_layer=2, n_head=4, rotary_dim=8, n_positions=positions,
+                          bos_token_id=256, eos_token_id=258)
+    return transformers.AutoModelForCausalLM.from_config(config).eval()
+
+
+def _gptj(positions: int, seed: int = 5) -> transformers.PreTrainedModel:
+    return _rotary_table(transformers.GPTJConfig, positions, seed)
+
+
+def _codegen(positions: int, seed: int = 5) -> transformers.PreTrainedModel:
+    return _rotary_table(transformers.CodeGenConfig, positions, seed)
+
+
+def test_the_limit_is_read_from_a_table_of_positions_only(llama_pair) -> None:
     _, target = llama_pair
     assert position_limit(_gpt2(16)) == 16
     assert position_limit(_opt(16)) == 16  # 18 rows, the first 2 skipped (OPT's offset)
-    assert position_limit(target) is None  # rotary positions: no table
+    assert position_limit(_gptj(16)) == position_limit(_codegen(16)) == 16  # the sin/cos buffer's rows
+    assert position_limit(target) is None  # rotary positions computed per call: no table
 
 
-@pytest.mark.parametrize("build", [_gpt2, _opt])
+@pytest.mark.parametrize("build", [_gpt2, _opt, _gptj, _codegen])
 def test_a_draft_with_a_short_table_runs_up_to_it_and_is_refused_beyond(llama_pair, build) -> None:
     _, target = llama_pair
     draft = build(16)
@@ -75,4 +93,19 @@ def test_a_batch_feeds_rows_near_their_budget_past_the_table_without_failing(lla
     prompts = torch.randint(0, 250, (4, 7), generator=torch.Generator().manual_seed(0))
     expected = torch.cat([target.generate(row[None], max_new_tokens=10, do_sample=False) for row in prompts])
     ours = target.generate(prompts, max_new_tokens=10, do_sample=False, assistant_model=draft, verifier="lossless")
+    assert torch.equal(ours, expected)
+
+
+@pytest.mark.parametrize("build", [_gptj, _codegen])
+def test_a_left_padded_batch_of_a_rotary_table_draft_reads_its_last_row_past_a_rows_budget(build) -> None:
+    """A GPT-J/CodeGen draft in a padded batch whose longest row ends at its table's last position: a row
+    near its budget was fed positions past the sin/cos table (IndexError mid-decoding)."""
+    target = hf_securesd.wrap(build(32, seed=1))
+    draft = build(32, seed=2)
+    prompts = torch.tensor([[72, 101, 108, 108, 111, 32, 119, 33], [256, 256, 256, 97, 98, 99, 100, 101],
+                            [256, 256, 256, 256, 256, 10, 20, 30]])
+    mask = (prompts != 256).long()
+    expected = target.generate(prompts, attention_mask=mask, max_new_tokens=25, do_sample=False, pad_token_id=256)
+    ours = target.generate(prompts, attention_mask=mask, max_new_tokens=25, do_sample=False, pad_token_id=256,
+                           assistant_model=draft, verifier="lossless")
     assert torch.equal(ours, expected)
