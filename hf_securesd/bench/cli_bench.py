@@ -426,6 +426,7 @@ def machine_settings(args: argparse.Namespace, profile: Profile) -> dict[str, An
 def prepare(args: argparse.Namespace):
     """Settings, the engine (its models loaded) and prepared tasks for `args` (shared with
     `calibrate`, which has no --engine and runs `hf`)."""
+    from hf_securesd.bench.data import resolve_data_dir
     from hf_securesd.bench.runner import StudySettings, prepare_tasks, with_prompts
 
     from hf_securesd.bench.loading import check_model_folders
@@ -438,17 +439,7 @@ def prepare(args: argparse.Namespace):
     models = {"--target": args.target or profile.target, "--draft": args.draft or profile.draft}
     if getattr(args, "engine", "hf") in MODEL_FOLDER_ENGINES:
         check_model_folders(models)
-    # The examples before any model: a data problem (folder, file, --limit) is found in seconds
-    tasks = prepare_tasks(
-        args.tasks or profile.tasks,
-        None,
-        data_dir=args.data_dir,
-        limit=args.limit if args.limit is not None else profile.limit,
-        seed=args.seed,
-        max_new_tokens=lambda task: profile.max_new_tokens_for(
-            task.kind, task.max_new_tokens, args.max_new_tokens
-        ),
-    )
+    local_data = resolve_data_dir(args.data_dir)  # also where the judge reads its data files (a rubric)
     machine = machine_settings(args, profile)
     target, draft = study_models(args, models["--target"], models["--draft"])
     settings = StudySettings(
@@ -466,6 +457,18 @@ def prepare(args: argparse.Namespace):
         profile=args.profile,
         defaults_profile=profile.name,
         prompt_format=prompt_format(args),
+        data_dir=None if local_data is None else str(local_data),
+    )
+    # The examples before any model: a data problem (folder, file, --limit) is found in seconds
+    tasks = prepare_tasks(
+        args.tasks or profile.tasks,
+        None,
+        data_dir=args.data_dir,
+        limit=args.limit if args.limit is not None else profile.limit,
+        seed=args.seed,
+        max_new_tokens=lambda task: profile.max_new_tokens_for(
+            task.kind, task.max_new_tokens, args.max_new_tokens
+        ),
     )
     engine = build_engine(args, settings)
     settings = replace(settings, thinking_trace=thinking_trace(args.thinking_trace, engine.tokenizer))

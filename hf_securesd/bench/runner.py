@@ -57,7 +57,7 @@ from hf_securesd.bench.plan import DRAFT, LOSSLESS, TARGET, RunConfig, knob_valu
 from hf_securesd.bench.results import FAILURES, ResultsDir, baselines, cell_key, stats_from_dict
 from hf_securesd.bench.run_records import duration_problem
 from hf_securesd.bench.tasks import Example, ScoreOptions, Task, check_isolation, examples_digest, get_task
-from hf_securesd.judges import JudgeError, check_judge_options, describe_judge
+from hf_securesd.judges import JudgeError, check_judge_options, describe_judge, judge_takes
 from hf_securesd.judges.backends import judge_deadline
 from hf_securesd.judges.secrets import redact_command, reject_secret_options
 from hf_securesd.stats import SpeculativeStats
@@ -99,11 +99,22 @@ class StudySettings:
     isolation: str = "auto"
     prompt_format: Mapping[str, Any] = field(default_factory=dict)
     thinking_trace: str = "yes"  # "yes": judge the text after a reply's `</think>`; "no": the whole reply
+    # where a judge that reads data files (StrongREJECT's rubric) finds them when its options name no
+    # data_dir: the study's local data folder (`--data-dir`); not recorded (the same data may move)
+    data_dir: str | None = None
 
     def __post_init__(self) -> None:
         # judge options are written to study.json and the report: secrets belong in the environment
         reject_secret_options(self.judge_options)
-        check_judge_options(self.judge, self.judge_options)  # before anything is generated
+        check_judge_options(self.judge, self.judge_build_options())  # before anything is generated
+
+    def judge_build_options(self) -> dict[str, Any]:
+        """The options the judge is built with: `judge_options`, plus `data_dir` for a judge that takes
+        one (StrongREJECT) when they name none."""
+        options = dict(self.judge_options)
+        if self.data_dir is not None and "data_dir" not in options and judge_takes(self.judge, "data_dir"):
+            options["data_dir"] = self.data_dir
+        return options
 
     def manifest(self, engine: Engine) -> dict[str, Any]:
         """The binding settings, the model behind the judge (`describe_judge`) and what the engine
@@ -128,7 +139,7 @@ class StudySettings:
         }
 
     def score_options(self) -> ScoreOptions:
-        return ScoreOptions(judge=self.judge, judge_options=dict(self.judge_options),
+        return ScoreOptions(judge=self.judge, judge_options=self.judge_build_options(),
                             isolation=self.isolation, progress=False, thinking_trace=self.thinking_trace == "yes")
 
 

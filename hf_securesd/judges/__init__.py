@@ -36,6 +36,11 @@ def _check_option_names(name: str, options: Mapping[object, object], hint: str =
                          f"{', '.join(parameters)}{hint}.")
 
 
+def judge_takes(name: str, option: str) -> bool:
+    """Whether the judge registered as `name` takes `option` (False for an unknown judge)."""
+    return name in JUDGES and option in inspect.signature(JUDGES[name]).parameters
+
+
 def get_judge(name: str, **kwargs: object) -> Judge:
     """The judge registered as `name` ("refusal_prefix", "refusal_prefix_exact" or "strongreject"),
     built with `kwargs`; an option the judge does not take is refused as `check_judge_options` does."""
@@ -80,4 +85,4 @@ def describe_judge(name: str, options: Mapping[str, object]) -> dict[str, object
 
 
 __all__ = ["JUDGES", "ExactRefusalPrefixJudge", "Judge", "JudgeError", "RefusalPrefixJudge",
-           "StrongRejectJudge", "Verdict", "check_judge_options", "describe_judge", "get_judge"]
+           "StrongRejectJudge", "Verdict", "check_judge_options", "describe_judge", "get_judge", "judge_takes"]

@@ -56,3 +56,45 @@ def test_an_unknown_judge_option_is_refused_before_generation(tmp_path, capsys, 
 def test_bad_judge_settings_are_refused_when_the_study_is_set_up(judge, options, message):
     with pytest.raises(ValueError, match=message):
         StudySettings("tiny", "tiny", judge=judge, judge_options=options)
+
+
+TRANSFORMERS_JUDGE = {"backend": "transformers", "backend_kwargs": {"model": "some/judge"}}
+
+
+def test_the_studys_data_folder_is_where_the_judge_reads_its_rubric(data_dir, monkeypatch):
+    """`bench --data-dir` did not reach the StrongREJECT judge: with SECURESD_DATA_DIR unset the run was
+    refused with "pass data_dir=... (or --data-dir)" although --data-dir was given."""
+    monkeypatch.delenv("SECURESD_DATA_DIR", raising=False)
+    with pytest.raises(FileNotFoundError, match=r"pass data_dir=\.\.\. \(or --data-dir\)"):
+        StudySettings("tiny", "tiny", judge="strongreject", judge_options=TRANSFORMERS_JUDGE)
+    settings = StudySettings("tiny", "tiny", judge="strongreject", judge_options=TRANSFORMERS_JUDGE,
+                             data_dir=str(data_dir))
+    assert settings.score_options().judge_options == {**TRANSFORMERS_JUDGE, "data_dir": str(data_dir)}
+    own = StudySettings("tiny", "tiny", judge="strongreject", judge_options={**TRANSFORMERS_JUDGE,
+                        "data_dir": str(data_dir)}, data_dir="/elsewhere")
+    assert own.score_options().judge_options["data_dir"] == str(data_dir)  # the judge's own option wins
+    prefix = StudySettings("tiny", "tiny", judge="refusal_prefix", data_dir=str(data_dir))
+    assert prefix.score_options().judge_options == {}  # a judge that reads no data file gets none
+
+
+def test_bench_hands_its_data_folder_to_the_judge_and_records_none(tmp_path, data_dir, monkeypatch):
+    monkeypatch.delenv("SECURESD_DATA_DIR", raising=False)
+    built = {}
+
+    def build_engine(args, settings):
+        built["settings"] = settings
+        raise KeyboardInterrupt  # stop before loading any model
+
+    monkeypatch.setattr("hf_securesd.bench.cli_bench.build_engine", build_engine)
+    argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--judge", "strongreject",
+            "--judge-option", "backend=transformers", "--judge-option", 'backend_kwargs={"model": "some/judge"}',
+            "--data-dir", str(data_dir), "--out", str(tmp_path / "out"), "--no-progress"]
+    assert main(argv) == 130
+    settings = built["settings"]
+    assert settings.score_options().judge_options["data_dir"] == str(data_dir.resolve())
+
+    class Engine:
+        def describe(self):
+            return {}
+
+    assert "data_dir" not in settings.manifest(Engine())["judge_options"]
