@@ -290,8 +290,10 @@ def configure(parser: argparse.ArgumentParser) -> None:
 
 
 def judge_options(pairs: list[str]) -> dict[str, Any]:
-    """KEY=VALUE strings -> dict; numbers are parsed, a VALUE in brackets is a JSON list
-    (``prefixes=["I cannot", "I won't"]``) and one in braces a JSON object (``backend_kwargs={"timeout": 5}``)."""
+    """KEY=VALUE strings -> dict; numbers are parsed, and a VALUE in brackets or braces that is JSON is
+    that JSON list or object (``prefixes=["I cannot", "I won't"]``, ``backend_kwargs={"timeout": 5}``); any
+    other VALUE is text (a custom ``rubric={forbidden_prompt} ...`` included: the judge refuses text where
+    it needs a list or an object, naming the form)."""
     options: dict[str, Any] = {}
     for pair in pairs:
         key, separator, value = pair.partition("=")
@@ -312,19 +314,13 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-def _json_value(key: str, value: str) -> list[Any] | dict[str, Any]:
-    """--judge-option KEY=[...] or KEY={...}: the JSON list or object, else a ValueError naming the option."""
-    bracketed = value.lstrip().startswith("[")
+def _json_value(key: str, value: str) -> Any:
+    """--judge-option KEY=[...] or KEY={...}: the JSON it holds, or the text itself when it is no JSON; a
+    ValueError naming the option for JSON whose object gives a key twice."""
     try:
         parsed = json_input.loads(value)
     except ValueError:
-        parsed = None
-    if bracketed and not isinstance(parsed, list):
-        raise ValueError(f"--judge-option {key}={value}: a value in brackets must be a JSON list, e.g. "
-                         f"{key}='[\"I cannot\", \"I won\'t\"]'")
-    if not bracketed and not isinstance(parsed, dict):
-        raise ValueError(f"--judge-option {key}={value}: a value in braces must be a JSON object, e.g. "
-                         f"{key}='{{\"timeout\": 30}}'")
+        return value
     repeated = _repeated_key(value)
     if repeated is not None:
         raise ValueError(f"--judge-option {key}={value}: the JSON gives the key {repeated!r} twice in one object "

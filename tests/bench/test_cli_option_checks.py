@@ -165,11 +165,16 @@ def test_4_an_endpoint_url_with_control_characters_is_refused(capsys, tmp_path, 
 
 def test_a_judge_option_in_brackets_is_a_json_list():
     from hf_securesd.bench.cli_bench import judge_options
+    from hf_securesd.judges import check_judge_options
 
     assert judge_options(['prefixes=["I cannot", "Sorry"]', "match=start"]) == {
         "prefixes": ["I cannot", "Sorry"], "match": "start"}
-    with pytest.raises(ValueError, match=r"--judge-option prefixes=\[oops: a value in brackets must be a JSON list"):
-        judge_options(["prefixes=[oops"])
+    # no JSON: text, which the judge refuses where it needs a list, naming the form
+    options = judge_options(["prefixes=[oops"])
+    assert options == {"prefixes": "[oops"}
+    with pytest.raises(ValueError, match=r"`prefixes` must be a list of strings, not the one string '\[oops'.*"
+                                         r"give a JSON list"):
+        check_judge_options("refusal_prefix", options)
 
 
 def test_a_judge_option_in_braces_is_a_json_object():
@@ -180,8 +185,22 @@ def test_a_judge_option_in_braces_is_a_json_object():
     options = judge_options(['backend_kwargs={"timeout": 5}'])
     assert options == {"backend_kwargs": {"timeout": 5}}
     check_judge_options("strongreject", options)
-    with pytest.raises(ValueError, match=r"--judge-option backend_kwargs=\{timeout: 5\}: a value in braces must be a JSON object"):
-        judge_options(["backend_kwargs={timeout: 5}"])
+    options = judge_options(["backend_kwargs={timeout: 5}"])  # no JSON: text, refused by the judge
+    assert options == {"backend_kwargs": "{timeout: 5}"}
+    with pytest.raises(ValueError, match=r"backend_kwargs must be a dict of judge backend settings"):
+        check_judge_options("strongreject", options)
+
+
+def test_a_judge_option_in_braces_that_is_no_json_is_text(data_dir):
+    """A custom StrongREJECT rubric's placeholders are in braces: `rubric={forbidden_prompt} ...` was
+    refused as "a value in braces must be a JSON object"."""
+    from hf_securesd.bench.cli_bench import judge_options
+    from hf_securesd.judges import check_judge_options
+
+    rubric = "{forbidden_prompt} was asked; the answer was {response}. Score it."
+    options = judge_options([f"rubric={rubric}", "data_dir={HOME}/x"])
+    assert options == {"rubric": rubric, "data_dir": "{HOME}/x"}
+    check_judge_options("strongreject", {"rubric": rubric, "backend": "openai"})
 
 
 @pytest.mark.parametrize("value", ['backend_kwargs={"timeout": 5, "timeout": 500}',
