@@ -57,8 +57,9 @@ class DraftLength:
     num_tokens: int = DEFAULT_NUM_DRAFT_TOKENS
     schedule: str = "constant"
     confidence_threshold: float = 0.0
-    # k is the one a heuristic schedule stored in the draft's generation_config (`DraftLengthController.finish`),
-    # not one a user set: a starting point the next call may raise to its verifier's smallest k (`at_least`)
+    # k comes from a draft generation_config whose k a heuristic schedule rewrites (`DraftLengthController.finish`
+    # stored it, or that config's own schedule is "heuristic", which transformers' assisted decoding rewrites
+    # after every call): a starting point the call may raise to its verifier's smallest k (`at_least`)
     written_back: bool = False
 
     def __post_init__(self) -> None:
@@ -147,7 +148,9 @@ def resolve_draft_length(
         "confidence_threshold": pick("assistant_confidence_threshold")[0],
     }
     setting = DraftLength(**{key: getattr(defaults, key) if value is None else value for key, value in values.items()})
-    if k is not None and where == DRAFT_CONFIG and _is_written_back(draft_config):
+    if k is not None and where == DRAFT_CONFIG and (
+        _is_written_back(draft_config) or getattr(draft_config, "num_assistant_tokens_schedule", None) == "heuristic"
+    ):
         setting = dataclasses.replace(setting, written_back=True)
     return setting
 

@@ -201,6 +201,23 @@ def test_a_written_back_k_is_at_least_the_verifiers_smallest_k(llama_pair, draft
         target.generate(PROMPT, verifier="fly", **calls)
 
 
+
+def test_a_k_that_transformers_heuristic_rewrites_is_a_starting_point_too(llama_pair, draft_settings):
+    """transformers' own assisted decoding with the draft config's schedule "heuristic" rewrites that config's
+    k after every call (to 3 here): a following FLy call passing no k was refused ("k is num_assistant_tokens=3
+    here") though no one set k. A k in a draft config whose schedule is "heuristic" is a starting point, raised
+    to the verifier's smallest k; with the config's schedule "constant" it stays refused."""
+    draft, target = llama_pair
+    draft_settings(num_assistant_tokens_schedule="heuristic", num_assistant_tokens=3)  # as transformers leaves it
+    calls = dict(do_sample=False, max_new_tokens=12, assistant_model=draft, verifier="fly")
+    out = target.generate(PROMPT, return_dict_in_generate=True, **calls)
+    assert out.sequences.shape[1] == PROMPT.shape[1] + 12
+    assert draft.generation_config.num_assistant_tokens >= 4  # the heuristic FLy call stores at least 4
+    draft_settings(num_assistant_tokens_schedule="constant", num_assistant_tokens=3)
+    with pytest.raises(SecureSDConfigError, match="k is num_assistant_tokens=3 here"):
+        target.generate(PROMPT, **calls)
+
+
 DYNAMIC = [
     dict(num_assistant_tokens_schedule="heuristic", num_assistant_tokens=2),
     dict(assistant_confidence_threshold=0.6, num_assistant_tokens=6),
