@@ -23,8 +23,10 @@ sliding window counts cache slots, so a row whose window holds holes would atten
 tokens than plain decoding does. Holes are harmless while no row can reach the window: a batch is
 admitted when the prompt plus every slot the loop can add fits in the smallest window
 (`check_cache_support`), and refused otherwise with the fix named. GPT-Neo's "local" layers count slots
-the same way in their mask while their cache keeps every slot (`mask_window`). A model whose attention reads a key's
-distance from its slot number (`SLOT_POSITIONED`: MPT's ALiBi) is admitted one row at a time.
+the same way in their mask while their cache keeps every slot (`mask_window`), and GPT-Neo reads that mask
+from a table of max_position_embeddings slots (`slot_table`): a batch is admitted only while its slots fit in
+the table. A model whose attention reads a key's distance from its slot number (`SLOT_POSITIONED`: MPT's
+ALiBi) is admitted one row at a time.
 """
 
 from __future__ import annotations
@@ -91,6 +93,19 @@ def mask_window(config: object) -> int | None:
     if isinstance(layers, (list, tuple)) and "local" in layers and isinstance(size, int) and not isinstance(size, bool):
         return size
     return None
+
+
+def slot_table(model: PreTrainedModel) -> int | None:
+    """The cache slots a model's attention can address: GPT-Neo reads its causal mask from a fixed
+    [1, 1, N, N] boolean buffer (`bias`, N = max_position_embeddings) at the key's slot, so a cache of more
+    than N slots fails inside its attention. None when the model keeps no such table."""
+    sizes = [
+        int(buffer.shape[-1])
+        for name, buffer in model.named_buffers()
+        if name.rsplit(".", 1)[-1] == "bias" and buffer.dtype == torch.bool and buffer.dim() == 4
+        and buffer.shape[-1] == buffer.shape[-2]
+    ]
+    return min(sizes) if sizes else None
 
 
 def _croppable(layer: object) -> bool:
@@ -171,6 +186,14 @@ def check_cache_support(
             f"the {role} model ({type(model).__name__}) {SLOT_POSITIONED[model_type]}: rows of a batch that keep "
             "different numbers of drafts leave masked slots, which would change the distances it sees. Pass one "
             "row per generate call"
+        )
+    table = slot_table(model)
+    if table is not None and batch > 1 and reach > table:
+        raise SecureSDConfigError(
+            f"the {role} model ({type(model).__name__}) reads its attention mask from a table of {table} cache slots "
+            f"(max_position_embeddings), and a batch of {batch} rows could fill {reach}: rows that keep different "
+            f"numbers of drafts leave masked slots beyond their own tokens. Pass one row per generate call, or keep "
+            f"{bound} <= {table} (here {here})"
         )
     windows = [window for window in (smallest_window(layers), mask_window(model.config)) if window is not None]
     window = min(windows) if windows else None

@@ -294,13 +294,13 @@ def test_a_batch_is_refused_where_a_cache_layer_cannot_drop_rows(llama_pair):
     assert torch.equal(ours, expected)
 
 
-def _gpt_neo(noise: float = 0.0):
+def _gpt_neo(noise: float = 0.0, layers: tuple[str, ...] = ("global", "local"), positions: int = 256):
     """GPT-Neo with one global and one "local" layer: the local window is applied in the attention mask
     over cache slots, while its cache keeps every slot (plain DynamicLayers). noise > 0: a draft, the same
     weights perturbed, which agrees with the target on some tokens only (rows keep different numbers of
     drafts)."""
-    config = transformers.GPTNeoConfig(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[["global", "local"], 1]],
-                                       window_size=WINDOW, vocab_size=VOCAB, max_position_embeddings=256,
+    config = transformers.GPTNeoConfig(hidden_size=64, num_layers=2, num_heads=4, attention_types=[[list(layers), 2 // len(layers)]],
+                                       window_size=WINDOW, vocab_size=VOCAB, max_position_embeddings=positions,
                                        bos_token_id=256, eos_token_id=None, pad_token_id=256)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config).eval()
@@ -340,3 +340,23 @@ def test_gpt_neo_local_attention_bounds_a_batch_as_a_sliding_window_does():
     finally:
         cache_support.mask_window = original
     assert not torch.equal(unguarded, expected)
+
+
+def test_gpt_neo_bounds_a_batch_by_its_causal_mask_table():
+    """GPT-Neo reads its causal mask from a [max_position_embeddings]^2 table at the key's cache slot: with
+    global layers only, a padded batch's masked slots pushed the cache past the table (RuntimeError inside its
+    attention, with a draft model and with prompt lookup). Refused before decoding past the table; within
+    it, equal to plain batched greedy."""
+    target, draft = hf_securesd.wrap(_gpt_neo(layers=("global",), positions=32)), _gpt_neo(0.05, ("global",), 32)
+    prompts = torch.tensor([[72, 101, 108, 108, 111, 32, 119, 33], [256, 256, 256, 97, 98, 99, 100, 101]])
+    mask = (prompts != 256).long()
+    for proposer in (dict(assistant_model=draft), dict(prompt_lookup_num_tokens=3)):
+        with pytest.raises(SecureSDConfigError, match=r"reads its attention mask from a table of 32 cache slots "
+                           r"\(max_position_embeddings\), and a batch of 2 rows could fill 56.*\(here 8 \+ 2 x \(25 - 1\)\)"):
+            target.generate(prompts, attention_mask=mask, verifier="lossless", max_new_tokens=25, do_sample=False,
+                            **proposer)
+        within = target.generate(prompts, attention_mask=mask, verifier="lossless", max_new_tokens=12, do_sample=False,
+                                 **proposer)
+        assert torch.equal(within, target.generate(prompts, attention_mask=mask, max_new_tokens=12, do_sample=False))
+    single = target.generate(prompts[:1], verifier="lossless", max_new_tokens=25, do_sample=False, assistant_model=draft)
+    assert torch.equal(single, target.generate(prompts[:1], max_new_tokens=25, do_sample=False))  # batch 1: no holes
