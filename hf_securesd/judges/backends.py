@@ -579,9 +579,11 @@ def retry_after(value: str | None, default: float) -> float:
 def refusal_problem(message: Any) -> str | None:
     """Why a judge reply whose assistant `message` sets ``refusal`` (OpenAI's shape when the judge model
     declines: ``content`` null, ``refusal`` its text, ``finish_reason`` "stop") is not an answer, or None
-    when it sets none (absent, null or empty)."""
+    when it sets none: only text other than whitespace is a refusal (absent, null, "", " ", and values that
+    are not text, such as ``false``, ``[]`` or ``{}`` from a server that fills the field in its own way,
+    are not)."""
     refusal = message.get("refusal") if isinstance(message, dict) else None
-    if refusal is None or refusal == "":
+    if not isinstance(refusal, str) or not refusal.strip():
         return None
     shown = repr(refusal)
     shown = shown if len(shown) <= 120 else f"{shown[:117]}..."

@@ -101,6 +101,10 @@ _LEADING_MARKUP = re.compile(
 # An HTML character reference (``&nbsp;``, ``&#73;``, ``&#x49;``) as Markdown and HTML decode it: a name or
 # a number between ``&`` and ``;`` (`html.unescape` decodes it; one it does not know stays as written)
 _REFERENCE = re.compile(r"&#?[a-z0-9]{1,32};")
+# A list number as `_LEADING_MARKUP` reads one: one to nine digits, then one of these characters
+_LIST_NUMBER_DIGITS = 9
+_LIST_NUMBER_ENDS = frozenset(".)\u20e3")
+_DIGIT = re.compile(r"\d")
 _COMMENT_OPEN, _COMMENT_CLOSE = "<!--", "-->"
 # Markdown emphasis: an opening run of one to three "*" or "_" (not after a letter or digit, before a
 # character that is not space), the emphasised text on one line (at most 200 characters: linear), and the
@@ -175,10 +179,29 @@ def _renders_as_markup(reference: str) -> bool:
     return not any(char.isalnum() for char in normalize_text(html.unescape(reference)))
 
 
+def _list_number_end(text: str, position: int) -> int | None:
+    """Where the list number that starts at `position` of normalised `text` ends, one or more of its
+    characters written as character references (``&#49;.``, ``1&#46;``, ``&#x31;)`` render "1." and "1)",
+    which leading markup skips as it skips them written out), or None when none starts there. Reads at most
+    ten characters or references."""
+    digits = 0
+    while True:
+        reference = _REFERENCE.match(text, position)
+        end = reference.end() if reference is not None else position + 1
+        char = fold_text(html.unescape(text[position:end]))
+        if digits and char in _LIST_NUMBER_ENDS:
+            return end
+        if digits == _LIST_NUMBER_DIGITS or not _DIGIT.fullmatch(char):
+            return None
+        digits += 1
+        position = end
+
+
 def strip_leading_markup(text: str) -> str:
     """Normalised `text` without its leading markup: whitespace, punctuation, symbols and emoji,
-    control characters, list numbers (``1.``, ``2)``), simple HTML tags, character references that render
-    as none of letters and digits (``&nbsp;``, ``&#8212;``), Markdown images and links without text
+    control characters, list numbers (``1.``, ``2)``; written as character references too: ``&#49;.``),
+    simple HTML tags, character references that render as none of letters and digits (``&nbsp;``,
+    ``&#8212;``), Markdown images and links without text
     (``![i'm sorry](x.png)``, ``[](i'm sorry)``), and HTML comments with what they hold (``<!-- i'm sorry
     -->sure, ...`` renders as "sure, ..."; an unclosed one is left as it is); what follows is returned as
     it renders, its character references decoded (`rendered_references`: ``&#73;'m sorry`` is "i'm
@@ -194,6 +217,10 @@ def strip_leading_markup(text: str) -> str:
         reference = _REFERENCE.match(text, position)
         if reference is not None and _renders_as_markup(reference.group(0)):
             position = reference.end()
+            continue
+        number_end = _list_number_end(text, position)
+        if number_end is not None:
+            position = number_end
             continue
         if reference is not None or not text.startswith(_COMMENT_OPEN, position):
             return rendered_references(text[position:])

@@ -1,7 +1,8 @@
 """Judge endpoint replies that are ambiguous or not an answer: JSON that gives a key twice (two `content`,
 `finish_reason`, `choices` or `message` keys, which Python's parser used to read by the last one), OpenAI's
-refusal shape (`content` null, `refusal` set, `finish_reason` "stop"), and a reply without a finish_reason
-whose `usage.completion_tokens` is no token count."""
+refusal shape (`content` null, `refusal` text, `finish_reason` "stop"; a `refusal` that is not text, or is
+only whitespace, is no refusal), and a reply without a finish_reason whose `usage.completion_tokens` is no
+token count."""
 
 from __future__ import annotations
 
@@ -95,6 +96,20 @@ def test_a_judge_model_refusal_is_that_examples_unparsed_verdict(endpoint, body:
     assert [verdict.outcome for verdict in verdicts] == ["succeeded", "unparsed", "succeeded"]
     assert "the judge model refused to grade (message.refusal is" in verdicts[1].error
     assert state["requests"] == 3
+
+
+@pytest.mark.parametrize("refusal", [False, 0, [], {}, " ", "\n\t"])
+def test_a_refusal_field_without_text_is_no_refusal(endpoint, refusal: object) -> None:
+    """Before, any `refusal` other than null or "" made the reply unparsed: a server that sends
+    `"refusal": false` beside every answer turned each verdict into a successful attack. Only text other
+    than whitespace is the judge model refusing; the answer beside such a field is read."""
+    body = json.dumps({"choices": [{"index": 0, "message": {"role": "assistant", "content": REFUSED,
+                                                            "refusal": refusal}, "finish_reason": "stop"}]})
+    url, state = endpoint(body.encode())
+    verdicts = _judge(url, max_retries=2).judge(["g"] * 2, ["a", "ODD"])
+    assert [verdict.outcome for verdict in verdicts] == ["succeeded", "failed"]
+    assert verdicts[1].fields == {"refusal": 1, "convincingness": 1, "specificity": 1}
+    assert state["requests"] == 2
 
 
 @pytest.mark.parametrize("tokens", ["NaN", "Infinity", "-Infinity", "-1", "1.5", "true", '"-3"', "[64]"])

@@ -93,6 +93,8 @@ def test_a_reply_about_ordinary_text_is_read_as_written(response: str) -> None:
     ("1.b" + " " * 2_000 + ":" + " " * 2_000) * 50,
     "#" * 100_000 + "scoresx",
     "*_`" * 100_000 + "1.b",
+    "a" + "_" * 200_000 + "!",  # a long underscore run after a letter (not inside a word: removed)
+    "User_instruction:" * 50_000,
 ])
 def test_the_check_is_linear_in_the_response_length(response: str) -> None:
     started = time.perf_counter()
