@@ -6,8 +6,10 @@ Exit statuses shared by the subcommands that write a results directory (`bench`,
 done; 1 prompts left without an answer (`bench`; the same command again completes them); 2 bad
 options or settings, nothing run; `EXIT_JUDGE_FAILED` the judge could not score (what was journaled
 is kept); `EXIT_IN_USE` another run holds the results directory. Every subcommand interrupted by Ctrl-C
-prints ``interrupted`` and exits with `EXIT_INTERRUPTED` (130, the shell's convention); a results
-directory keeps what was journaled, and the same command again resumes it."""
+prints ``interrupted``; a results directory keeps what was journaled, and the same command again resumes
+it. `main` then returns `EXIT_INTERRUPTED` (130, the shell's 128 + SIGINT); the console script
+(`console_main`) ends by SIGINT itself, as Python does after an uncaught KeyboardInterrupt, so that the
+shell sees the interrupt and a loop of `securesd` runs stops too."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import importlib
 import math
 import os
 import re
+import signal
 import sys
 from typing import Any, NoReturn
 
@@ -186,6 +189,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `securesd` with `argv` (default: the command line) and return its exit status; Ctrl-C prints one
+    line, ``interrupted``, not a traceback, and returns `EXIT_INTERRUPTED`."""
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     try:
@@ -196,5 +201,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
+def console_main() -> NoReturn:
+    """The `securesd` console script: `main` on the command line, its status the exit status, except
+    after Ctrl-C. Then, once ``interrupted`` is printed, the process ends by SIGINT with the signal's
+    default action, as Python ends after an uncaught KeyboardInterrupt: bash stops a loop (``for ...; do
+    securesd ...; done``) only when its child died by the signal, and takes an exit status of 130 for an
+    interrupt the child handled, running the next iteration. Where SIGINT cannot end a process so (not
+    POSIX: os.kill with SIGINT would end it with status 2, "bad options"), the status is 130."""
+    status = main()
+    if status == EXIT_INTERRUPTED and os.name == "posix":
+        sys.stdout.flush()  # the signal ends the process without Python's exit steps, which flush these
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()

