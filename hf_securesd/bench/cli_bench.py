@@ -316,10 +316,13 @@ def judge_options(pairs: list[str]) -> dict[str, Any]:
 
 def _json_value(key: str, value: str) -> Any:
     """--judge-option KEY=[...] or KEY={...}: the JSON it holds, or the text itself when it is no JSON; a
-    ValueError naming the option for JSON whose object gives a key twice."""
+    ValueError naming the option for JSON nested too deeply to read or whose object gives a key twice."""
     try:
         parsed = json_input.loads(value)
-    except ValueError:
+    except ValueError as error:
+        if json_input.TOO_DEEP in str(error):
+            raise ValueError(f"--judge-option {key}: the JSON value is {str(error).split(':')[0]}; give a "
+                             "shallower list or object") from None
         return value
     repeated = _repeated_key(value)
     if repeated is not None:

@@ -185,22 +185,13 @@ class TransformersChatBackend(ChatBackend):
     def from_pretrained(
         cls, model: str, device: str | None = None, max_new_tokens: int = 512, batch_size: int = 8
     ) -> TransformersChatBackend:
-        """Load `model` (a Hub id or local folder) with its tokenizer, in its stored dtype; a model that cannot
-        be loaded (no such folder or repository, offline without a cached copy) is a `JudgeError` naming it."""
+        """Load `model` (a Hub id or local folder) with its tokenizer, in its stored dtype."""
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
         device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            tokenizer = AutoTokenizer.from_pretrained(model)
-            loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
-        except OSError as error:
-            reason = " ".join(str(error).split()) or type(error).__name__
-            raise JudgeError(
-                f"the transformers judge model {model!r} could not be loaded ({reason}); give a local folder or a "
-                "Hub id that is cached (offline) or reachable, e.g. --judge-option 'backend_kwargs={\"model\": "
-                "\"/path/to/judge\"}'"
-            ) from None
+        tokenizer = AutoTokenizer.from_pretrained(model)
+        loaded = AutoModelForCausalLM.from_pretrained(model, dtype="auto").to(device).eval()
         return cls(loaded, tokenizer, max_new_tokens=max_new_tokens, batch_size=batch_size)
 
     def complete(self, conversations: Sequence[Sequence[Message]]) -> list[str]:

@@ -412,3 +412,17 @@ def test_local_files_that_cannot_be_parsed_name_the_file(tmp_path) -> None:
         path.write_bytes(content)
         with pytest.raises(ValueError, match=f"benchmark file {path} could not be read"):
             reader(path)
+
+
+def test_a_judge_model_that_cannot_be_loaded_is_a_judge_error(data_dir, tmp_path) -> None:
+    """`bench` reported a transformers judge model it could not load (an offline Hub id, a folder that is
+    not there) as "cannot write the results directory", the fix for an --out that cannot be written."""
+    from hf_securesd.judges import JudgeError
+
+    missing = tmp_path / "no-judge-here"
+    options = ScoreOptions(judge="strongreject", judge_options={
+        "backend": "transformers", "backend_kwargs": {"model": str(missing)}, "data_dir": str(data_dir)})
+    examples = get_task("jailbreak").examples(data_dir=data_dir, limit=1)
+    with pytest.raises(JudgeError, match=r"the strongreject judge could not be built \(.*\); for a transformers "
+                                         r"judge give a local folder or a Hub id"):
+        get_task("jailbreak").score(examples, ["I'm sorry."], options)

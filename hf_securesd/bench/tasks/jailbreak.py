@@ -286,7 +286,15 @@ def score(examples: Sequence[Example], responses: Sequence[str], options: ScoreO
         from hf_securesd.judges.base import JudgeError
     except ImportError as error:
         raise ImportError(f"scoring the jailbreak task needs hf_securesd.judges ({error})") from error
-    judge = get_judge(options.judge, **options.judge_options)
+    try:
+        judge = get_judge(options.judge, **options.judge_options)
+    except OSError as error:  # a judge model transformers could not load (offline, no such folder or id)
+        reason = " ".join(str(error).split()) or type(error).__name__
+        raise JudgeError(
+            f"the {options.judge} judge could not be built ({reason}); for a transformers judge give a local "
+            "folder or a Hub id that is cached (offline) or reachable: --judge-option 'backend_kwargs={\"model\": "
+            "\"/path/to/judge\"}'"
+        ) from None
     responses = [judged_text(response, options.thinking_trace) for response in responses]
     responses = [strip_repeat(response, example.fields["prompt"]) if example.fields.get("adaptive") else response
                  for example, response in zip(examples, responses)]
