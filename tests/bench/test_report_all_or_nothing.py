@@ -15,6 +15,19 @@ from hf_securesd.bench.report import write_report
 FILES = ("report.md", "summary.json", "prr_vs_ar.png", "position_tv.png")
 
 
+def full_disk_for(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make creating the partial of file `name` (``.<name>.<random>``, `partials.write_files`) fail as a full
+    disk does, until `monkeypatch.undo()`."""
+    real_open = os.open
+
+    def full_disk(path, flags, *args, **kwargs):
+        if str(path).startswith(f".{name}.") and flags & os.O_CREAT:
+            raise OSError(28, "No space left on device", path)
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", full_disk)
+
+
 def test_a_file_that_cannot_be_written_leaves_the_earlier_report_whole(tmp_path, data_dir, monkeypatch):
     results = results_with_a_failed_prompt(tmp_path, data_dir)
     (tmp_path / "card.json").write_text(json.dumps({"output": "card.md", "title": "T"}))
@@ -23,14 +36,7 @@ def test_a_file_that_cannot_be_written_leaves_the_earlier_report_whole(tmp_path,
     before = {name: (folder / name).read_bytes() for name in FILES} | {"card.md": (tmp_path / "card.md").read_bytes()}
     (folder / "report.md").write_text("an earlier report\n")
     before["report.md"] = b"an earlier report\n"
-    real_open = os.open
-
-    def full_disk(path, flags, *args, **kwargs):
-        if str(path).startswith(".summary.json.") and flags & os.O_CREAT:
-            raise OSError(28, "No space left on device", path)
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", full_disk)
+    full_disk_for(monkeypatch, "summary.json")
     with pytest.raises(OSError) as caught:
         write_report(results.path)
     monkeypatch.undo()
@@ -46,14 +52,7 @@ def test_bench_says_in_one_line_that_its_report_could_not_be_written(tmp_path, d
     """The report at the end of `bench` failing to write was a traceback after the whole study."""
     from hf_securesd.cli import main
 
-    real_open = os.open
-
-    def full_disk(path, flags, *args, **kwargs):
-        if str(path).startswith(".report.md.") and flags & os.O_CREAT:
-            raise OSError(28, "No space left on device", path)
-        return real_open(path, flags, *args, **kwargs)
-
-    monkeypatch.setattr(os, "open", full_disk)
+    full_disk_for(monkeypatch, "report.md")
     out = tmp_path / "out"
     argv = ["bench", "--profile", "smoke", "--tasks", "jailbreak", "--limit", "1", "--max-new-tokens", "2",
             "--verifiers", "mars:0.5", "--schedules", "none", "--data-dir", str(data_dir), "--out", str(out),
