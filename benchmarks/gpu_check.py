@@ -28,6 +28,7 @@ import transformers
 
 import hf_securesd
 from hf_securesd.models import ModelNotCachedError, load_pair
+from hf_securesd.models.hardware import checked_device
 
 PROMPTS = (
     "Write a Python function that merges two sorted lists.",
@@ -134,6 +135,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="relaxed verifiers to time, at their default settings")
     parser.add_argument("--json", help="also write the figures to this file")
     args = parser.parse_args(argv)
+    args.device = checked_device(parser, args.device)
     torch.manual_seed(0)
     gpu = f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else ""
     print(f"torch {torch.__version__}, transformers {transformers.__version__}, device {args.device}{gpu}",

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 import torch
 
 import hf_securesd
+from hf_securesd.models.hardware import checked_device
 from hf_securesd.tiny import byte_tokenizer, tiny_pair
 
 PROMPTS = (
@@ -129,6 +130,7 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3, help="runs per prompt and method (median taken)")
     parser.add_argument("--threads", type=int, default=None)
     args = parser.parse_args()
+    args.device = checked_device(parser, args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
 

@@ -21,6 +21,7 @@ from transformers.generation import candidate_generator
 
 import hf_securesd
 from hf_securesd import MARS, Step
+from hf_securesd.models.hardware import checked_device
 from hf_securesd.tiny import byte_tokenizer, tiny_pair
 
 CODE = '''def moving_average(values, window):
@@ -92,6 +93,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args()
+    args.device = checked_device(parser, args.device)
     torch.set_num_threads(args.threads)
     tokenizer, target = load(args.pair, args.dtype)
     target.to(args.device)

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 import torch
 
 import hf_securesd
+from hf_securesd.models.hardware import checked_device
 from hf_securesd.tiny import byte_tokenizer, tiny_pair
 
 PROMPTS = (
@@ -253,6 +254,7 @@ def main() -> int:
     parser.add_argument("--interleave", type=int, default=0, metavar="N",
                         help="only the batch ratio of ours (lossless), in N interleaved passes (see above)")
     args = parser.parse_args()
+    args.device = checked_device(parser, args.device)
     if args.count_syncs and not args.device.startswith("cuda"):
         parser.error("--count-syncs needs a CUDA device")
     if args.interleave < 0 or (args.interleave and len(set(args.batches)) < 2):

@@ -20,6 +20,7 @@ whatever is fastest.
 
 from __future__ import annotations
 
+import argparse
 import functools
 import time
 from pathlib import Path
@@ -65,6 +66,15 @@ def resolve_device(spec: str = "auto") -> str:
     elif device.type != "cpu":
         raise DeviceError(f"--device {spec}: unsupported device type {device.type!r}; use auto, cpu, cuda or mps")
     return str(device)
+
+
+def checked_device(parser: argparse.ArgumentParser, spec: str) -> str:
+    """`resolve_device(spec)` for a script's --device option; a device this machine lacks ends the script
+    through `parser.error` (one line naming the fix, exit 2) instead of a traceback from inside torch."""
+    try:
+        return resolve_device(spec)
+    except DeviceError as error:
+        parser.error(str(error))
 
 
 def cpu_flags(cpuinfo: str | Path = "/proc/cpuinfo") -> set[str] | None:
