@@ -103,3 +103,35 @@ def _first_maximum(values: torch.Tensor, keepdim: bool) -> torch.Tensor:
     if values.numel() >= MAX_FROM_ROWS * values.shape[-1] > 0:
         return torch.max(values, dim=-1, keepdim=keepdim).indices
     return values.argmax(dim=-1, keepdim=keepdim)
+
+
+def vocab_top_two(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v1, v2) [..., 1] long for values [..., V >= 2]: v1 = `vocab_argmax` (torch's argmax index) and v2
+    = the argmax once v1 is set aside, `values.scatter(-1, v1, -inf).argmax(-1)`, equal to that
+    reference, ties and NaN included.
+
+    On a CPU, for contiguous values whose vocabulary splits into chunks (`chunk_size`, from `SPLIT_FROM`
+    entries), both come from one vectorised pass (the chunk maxima, as in the module doc) and no [..., V]
+    copy is made: v1 is read from its chunk; that chunk, re-read with v1 set to -inf, replaces its
+    maximum among the chunk maxima, whose first maximum is then v2's chunk (its first maximal entry is
+    v2, by the module doc's argument applied to the tensor with v1 set aside). Elsewhere, the reference
+    itself."""
+    vocab = values.shape[-1]
+    size = chunk_size(vocab) if values.is_cpu and vocab >= SPLIT_FROM else None
+    if size is None or not values.is_contiguous() or values.numel() == 0:
+        v1 = vocab_argmax(values, keepdim=True)
+        return v1, vocab_argmax(values.scatter(-1, v1, float("-inf")), keepdim=True)
+    lead = values.shape[:-1]
+    chunks = values.view(-1, vocab // size, size)  # [R, C, c]
+    maxima = chunks.amax(dim=-1)  # [R, C] (a new tensor: changed below)
+    first_chunk = _first_maximum(maxima, keepdim=True)  # [R, 1]
+    home = chunks.gather(1, first_chunk[:, :, None].expand(-1, 1, size))[:, 0]  # [R, c] a copy of v1's chunk
+    inside = _first_maximum(home, keepdim=True)  # [R, 1]
+    v1 = first_chunk * size + inside
+    home.scatter_(1, inside, float("-inf"))  # v1 set aside
+    maxima.scatter_(1, first_chunk, home.amax(dim=-1, keepdim=True))
+    second_chunk = _first_maximum(maxima, keepdim=True)  # [R, 1]
+    other = chunks.gather(1, second_chunk[:, :, None].expand(-1, 1, size))[:, 0]  # [R, c]
+    other = torch.where(second_chunk == first_chunk, home, other)
+    v2 = second_chunk * size + _first_maximum(other, keepdim=True)
+    return v1.view(*lead, 1), v2.view(*lead, 1)

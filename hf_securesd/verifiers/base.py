@@ -116,6 +116,21 @@ class RoundInputs:
         return self.target_logits is self.target_raw_logits
 
     @cached_property
+    def masks_nothing(self) -> bool:
+        """True when no token is masked: `unconstrained`, or processed target logits on a CPU that hold no
+        -inf entry (one NumPy minimum instead of building and applying the [B, k+1, V] mask; a NaN entry
+        makes the minimum NaN, which reads as masking). Where it holds, the raw logits masked by the
+        constraints are the raw logits themselves, bit for bit. Off the CPU the mask is built as before (a
+        device-wide minimum would synchronise with the host)."""
+        if self.unconstrained:
+            return True
+        logits = self.target_logits
+        if logits is None or not logits.is_cpu or logits.dtype not in (torch.float32, torch.float64):
+            return False
+        values = (logits.detach() if logits.requires_grad else logits).numpy()
+        return bool(values.size) and bool(values.min() > float("-inf"))
+
+    @cached_property
     def target_allowed(self) -> torch.Tensor:
         """bool [B, k+1, V]: tokens the target may emit (processed logit not -inf)."""
         return self.target_logits != float("-inf")
@@ -129,7 +144,7 @@ class RoundInputs:
                 "raw logits: give target_raw_logits [B, k+1, V] (the model's logits before the processors; the "
                 "processed logits themselves when nothing processed them)"
             )
-        if self.unconstrained:
+        if self.masks_nothing:
             return self.target_raw_logits
         return self.target_raw_logits.masked_fill(~self.target_allowed, float("-inf"))
 
@@ -190,7 +205,7 @@ class RoundInputs:
 
     def allowed_at(self, candidates: torch.Tensor) -> torch.Tensor:
         """bool [B, k, C]: whether the target may emit each candidate at its drafted position."""
-        if self.unconstrained:
+        if self.masks_nothing:
             return torch.ones(candidates.shape, dtype=torch.bool, device=candidates.device)
         return self.target_allowed[:, : self.num_draft_tokens].gather(-1, candidates)
 

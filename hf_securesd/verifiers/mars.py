@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..argmax import vocab_top_two
 from .base import RoundInputs, Verifier, is_target_choice, lossless_acceptance, set_real
 
 
@@ -44,10 +45,14 @@ class MARS(Verifier):
 
     def _lenient(self, round_inputs: RoundInputs, candidates: torch.Tensor) -> torch.Tensor:
         """bool [B, k, C]: the candidate is v1 or v2 at a position where the runner-up is close."""
-        logits = round_inputs.constrained_raw_logits[:, : round_inputs.num_draft_tokens]
-        if logits.shape[-1] < 2:  # no runner-up
+        every_position = round_inputs.constrained_raw_logits  # [B, k+1, V]
+        if every_position.shape[-1] < 2:  # no runner-up
             return torch.zeros(candidates.shape, dtype=torch.bool, device=candidates.device)
-        v1, v2 = top_two(logits)
+        k = round_inputs.num_draft_tokens
+        # top two of every position, sliced after: whole rows in memory order reduce several times faster
+        # than the drafted positions' strided slice of them at a real vocabulary
+        v1, v2 = (tokens[:, :k] for tokens in top_two(every_position))
+        logits = every_position[:, :k]
         z1, z2 = logits.gather(-1, v1), logits.gather(-1, v2)
         close = (z1 > 0) & (z2 > self.theta * z1) & (v2 != v1)  # one allowed token: no runner-up
         return close & ((candidates == v1) | (candidates == v2))
@@ -63,7 +68,6 @@ def top_two(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(v1, v2) [..., 1] long: the largest and the runner-up of logits [..., V >= 2], ties broken by the
     lowest index (v1 is `argmax`'s x*; v2 is the first maximum once v1 is set aside), the same on every
     device, where `topk`'s order among equal values is unspecified. A row with a single finite logit at
-    index 0 gets v2 = v1 (nothing else is larger than -inf)."""
-    v1 = logits.argmax(dim=-1, keepdim=True)
-    v2 = logits.scatter(-1, v1, float("-inf")).argmax(dim=-1, keepdim=True)
-    return v1, v2
+    index 0 gets v2 = v1 (nothing else is larger than -inf). Computed by `vocab_top_two` (one pass over
+    a real vocabulary on a CPU, no copy of the logits)."""
+    return vocab_top_two(logits)

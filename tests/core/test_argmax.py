@@ -1,7 +1,8 @@
 """`vocab_argmax` returns `torch.argmax`'s index on every input and through each of its routes (NumPy's
 argmax, and the torch reductions: the split and `torch.max`): random rows, ties across and within
 chunks, infinities and NaNs, every vocabulary layout it splits, small vocabularies, every float dtype
-and the inputs it hands to torch."""
+and the inputs it hands to torch. `vocab_top_two` returns its reference (argmax, then argmax with the
+first set to -inf) on the same inputs and on runner-ups placed around the maximum's chunk."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from hf_securesd import argmax
-from hf_securesd.argmax import SPLIT_FROM, chunk_size, vocab_argmax
+from hf_securesd.argmax import SPLIT_FROM, chunk_size, vocab_argmax, vocab_top_two
 
 
 @pytest.fixture(autouse=True, params=["numpy", "torch"])
@@ -133,3 +134,64 @@ def test_a_single_row_gives_torchs_index_and_shape(entries: int, keepdim: bool) 
     values = torch.randn(entries, generator=torch.Generator().manual_seed(entries))
     index, expected = vocab_argmax(values, keepdim=keepdim), values.argmax(dim=-1, keepdim=keepdim)
     assert torch.equal(index, expected) and index.shape == expected.shape and index.dtype == torch.long
+
+
+def reference_top_two(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(v1, v2) [..., 1] as torch computes them: argmax, then argmax once v1 is set to -inf."""
+    v1 = values.argmax(dim=-1, keepdim=True)
+    return v1, values.scatter(-1, v1, float("-inf")).argmax(dim=-1, keepdim=True)
+
+
+def assert_top_two_is_the_reference(values: torch.Tensor) -> None:
+    got, expected = vocab_top_two(values), reference_top_two(values)
+    for index, reference in zip(got, expected):
+        assert index.shape == reference.shape and index.dtype == torch.long
+        assert torch.equal(index, reference)
+
+
+def runner_up_rows(vocab: int, generator: torch.Generator) -> torch.Tensor:
+    """Rows whose runner-up sits in the maximum's own chunk (before or after it), in an earlier or later
+    chunk, tied with the maximum or below it in several chunks, or is NaN or -inf."""
+    size = chunk_size(vocab)
+    rows = torch.randn(12, vocab, generator=generator)
+    rows[0, [size + 5, size + 2]] = torch.tensor([9.0, 8.0])  # runner-up before the maximum, same chunk
+    rows[1, [size + 2, size + 5]] = torch.tensor([9.0, 8.0])  # after it, same chunk
+    rows[2, [5 * size, 2]] = torch.tensor([9.0, 8.0])  # in an earlier chunk
+    rows[3, [2, 5 * size]] = torch.tensor([9.0, 8.0])  # in a later chunk
+    rows[4, [7 * size + 1, 7 * size + 3, size]] = 9.0  # the maximum tied three times
+    rows[5, 7] = 9.0
+    rows[5, [3 * size, 4 * size, 10]] = 8.0  # the runner-up tied across chunks
+    rows[6, [size + 1, size + 4]] = float("nan")  # two NaNs in one chunk
+    rows[7, 3 * size] = float("nan")  # one NaN: the runner-up is the largest number
+    rows[8] = float("-inf")
+    rows[8, 0] = 1.0  # a single finite logit at index 0: v2 = v1
+    rows[9] = float("-inf")  # no finite logit
+    rows[10] = 0.0  # every entry tied
+    rows[11, [vocab - 1, vocab - 2]] = float("inf")  # the last two entries
+    return rows
+
+
+@pytest.mark.parametrize("vocab", [SPLIT_FROM, 32000, 50257, 151936])
+@pytest.mark.parametrize("seed", range(3))
+def test_top_two_is_the_reference_on_ties_infinities_and_nans(vocab: int, seed: int) -> None:
+    generator = torch.Generator().manual_seed(seed)
+    for rows in (special_rows(vocab, generator), runner_up_rows(vocab, generator)):
+        assert_top_two_is_the_reference(rows)
+        assert_top_two_is_the_reference(rows.view(3, 4, vocab))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_top_two_is_the_reference_in_every_float_dtype(dtype: torch.dtype) -> None:
+    rows = runner_up_rows(32000, torch.Generator().manual_seed(5))
+    assert_top_two_is_the_reference(torch.cat([rows, torch.randint(-3, 3, (4, 32000)).float()]).to(dtype))
+
+
+def test_top_two_of_inputs_it_does_not_split_is_the_reference() -> None:
+    generator = torch.Generator().manual_seed(0)
+    small = torch.randint(-2, 2, (5, 259), generator=generator).float()
+    prime = torch.randn(2, 16411, generator=generator)
+    strided = runner_up_rows(151936, generator)[::2]
+    one_row = torch.randn(151936, generator=generator)
+    empty = torch.empty(0, 151936)
+    for values in (small, prime, strided, one_row, empty):
+        assert_top_two_is_the_reference(values)

@@ -82,6 +82,26 @@ def test_relaxed_rules_read_the_constrained_target():
     assert bool(torch.isinf(inputs.constrained_raw_logits[..., FORBIDDEN]).all())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mark", [None, "-inf", "nan"])
+def test_constrained_raw_logits_equal_the_masked_raw_logits_bit_for_bit(dtype, mark):
+    """Processed logits given as a tensor of their own: with no -inf entry (nothing masked) the raw logits
+    are read as they are, without building the mask; with one (or a NaN) the mask is applied. Either way
+    the result is the raw logits masked where the processed ones are -inf, and the lenient sets agree."""
+    generator = torch.Generator().manual_seed(3)
+    raw = (torch.randn(3, 4, V, generator=generator) * 2).to(dtype)
+    processed = raw / 0.7
+    if mark is not None:
+        processed[1, 2, 4] = float(mark)
+    drafts = torch.randint(0, V, (3, 3), generator=generator)
+    inputs = RoundInputs(drafts, processed, None, raw, None, greedy=True)
+    expected = raw.masked_fill(processed == float("-inf"), float("-inf"))
+    assert torch.equal(inputs.constrained_raw_logits, expected)
+    assert inputs.masks_nothing == (mark is None and dtype != torch.bfloat16)
+    allowed = inputs.allowed_at(drafts[..., None])
+    assert torch.equal(allowed, (processed[:, :3] != float("-inf")).gather(-1, drafts[..., None]))
+
+
 def _exact_softmax(z: np.ndarray) -> list:
     """softmax of float32 logits at 50 significant digits."""
     values = [mpmath.mpf(float(np.float32(v))) for v in z]

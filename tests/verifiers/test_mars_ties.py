@@ -39,3 +39,29 @@ def test_sampled_mars_accepts_the_two_lowest_tied_tokens_outright():
     alphas = [tied_alpha(x, greedy=False) for x in range(6)]
     assert alphas[1] == alphas[2] == 1.0
     assert all(alpha < 1.0 for alpha in alphas[3:])  # the lossless rule's q / p
+
+
+def test_mars_at_a_real_vocabulary_decides_from_torchs_top_two():
+    """At a vocabulary large enough for `vocab_top_two`'s chunked pass (32,000), greedy MARS accepts
+    exactly what the rule gives with v1, v2 taken by torch's argmax (then argmax with v1 set aside):
+    the runner-up tied with the maximum, in its chunk or another, and drafts on v1, v2 and elsewhere."""
+    vocab, theta = 32000, 0.8
+    generator = torch.Generator().manual_seed(11)
+    raw = torch.randn(6, 3, vocab, generator=generator)
+    raw[0, :, [40, 41]] = torch.tensor([9.0, 8.0])  # close runner-up in the maximum's chunk
+    raw[1, :, [17000, 3]] = torch.tensor([9.0, 9.0])  # tied maximum: v1 = 3, v2 = 17000
+    raw[2, :, [5, 31999]] = torch.tensor([9.0, 1.0])  # far runner-up
+    raw[3, :, [100, 200, 300]] = 9.0  # three-way tie
+    raw[4, :, [7, 8]] = torch.tensor([-1.0, -1.5]) + 20 * torch.finfo(torch.float32).eps  # tiny logits
+    v1 = raw.argmax(dim=-1)
+    v2 = raw.scatter(-1, v1[..., None], float("-inf")).argmax(dim=-1)
+    drafts = torch.stack([v1[:, 0], v2[:, 1], (v2[:, 0] + 1) % vocab], dim=1)  # [6, 3] on v1, v2, neither
+    z1, z2 = raw.gather(-1, v1[..., None])[..., 0], raw.gather(-1, v2[..., None])[..., 0]
+    close = (z1 > 0) & (z2 > theta * z1) & (v2 != v1)
+    expected = ((drafts == v1[:, :3]) | (close[:, :3] & ((drafts == v1[:, :3]) | (drafts == v2[:, :3])))).float()
+    logits = torch.cat([raw, raw[:, :1]], dim=1)  # [6, 4, V]: k = 3 drafts and the bonus position
+    out = verify_step(VerificationRound(
+        rows=[RowSpec(MARS(theta=theta))] * 6, draft_tokens=drafts, draft_counts=None,
+        starts=torch.zeros(6, dtype=torch.long), target_logits=logits, target_raw_logits=logits, greedy=True,
+    ))
+    assert torch.equal(out.alpha, expected)
