@@ -77,10 +77,9 @@ class FLy(Verifier):
         """[2, B, k] two independent draws from q at each drafted position (x* twice at T = 0)."""
 
         def draw() -> torch.Tensor:
-            q = round_inputs.verified_target_probs()
-            if round_inputs.greedy:
-                return round_inputs.target_argmax[:, : q.shape[1]].expand(2, -1, -1)
-            return round_inputs.sample_positions(q, 2).permute(2, 0, 1)
+            if round_inputs.greedy:  # (q, one-hot on x*, is not built)
+                return round_inputs.target_argmax[:, : round_inputs.num_draft_tokens].expand(2, -1, -1)
+            return round_inputs.sample_positions(round_inputs.verified_target_probs(), 2).permute(2, 0, 1)
 
         return round_inputs.memo("fly_samples", draw)
 
