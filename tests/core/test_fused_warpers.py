@@ -134,10 +134,70 @@ def test_distinct_scores_need_no_sort(monkeypatch):
 
 
 def test_small_calls_use_hf_warpers():
-    """Below FUSE_FROM entries HF's two warpers run (cheaper there), with the same result."""
+    """Below FUSE_FROM entries of several rows HF's two warpers run (cheaper there), with the same result."""
     top_k, top_p = TopKLogitsWarper(5), TopPLogitsWarper(0.9)
-    scores = torch.randn(1, fused_warpers.FUSE_FROM // 2)
+    scores = torch.randn(2, fused_warpers.FUSE_FROM // 4)
     assert torch.equal(TopKTopP(top_k, top_p)(None, scores), top_p(None, top_k(None, scores)))
+
+
+def _one_row_outcomes(monkeypatch) -> list[bool]:
+    """Records, per call of `_one_row_cutoff`, whether it decided the row (True) or deferred it (False)."""
+    outcomes: list[bool] = []
+    decide = TopKTopP._one_row_cutoff
+
+    def recording(self, row):
+        cutoff = decide(self, row)
+        outcomes.append(cutoff is not None)
+        return cutoff
+
+    monkeypatch.setattr(TopKTopP, "_one_row_cutoff", recording)
+    return outcomes
+
+
+@pytest.mark.parametrize("split", ["sort", "partition"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_one_row_bitwise_equal_to_hf(monkeypatch, kind, split):
+    """A single float32 row (a draft step at batch 1) is decided by scalar steps, whatever its size, with
+    HF's bits; the rows it defers (ties, non-finite peaks) go to the multi-row pass, also with HF's bits."""
+    monkeypatch.setattr(fused_warpers, "PARTITION_FROM", 0 if split == "partition" else 10**9)
+    outcomes = _one_row_outcomes(monkeypatch)
+    generator = torch.Generator().manual_seed(hash((kind, split, "one row")) % 2**31)
+    for vocab in (1, 2, 7, 64, 259, 3000):
+        for top_k in (1, 3, 50, vocab, vocab + 4):
+            for top_p in (0.0, 0.3, 0.9, 0.99, 1.0):
+                for keep in (1, 2, 5, 300):
+                    for row in _scores(kind, 6, vocab, generator):
+                        scores = row[None].clone()
+                        top_k_warper = TopKLogitsWarper(top_k, min_tokens_to_keep=keep)
+                        top_p_warper = TopPLogitsWarper(top_p, min_tokens_to_keep=keep)
+                        expected = top_p_warper(None, top_k_warper(None, scores.clone()))
+                        for in_place in (False, True):
+                            given = scores.clone()
+                            fused = TopKTopP(top_k_warper, top_p_warper).apply(None, given, in_place=in_place)
+                            assert torch.equal(_bits(fused), _bits(expected)), (vocab, top_k, top_p, keep)
+                            assert (fused is given) == in_place
+    assert len(outcomes) == 2 * 6 * 5 * 5 * 4 * 6
+    assert outcomes.count(True) > len(outcomes) // 4  # the scalar steps decide (not only defer)
+
+
+def test_one_row_decisions_at_the_threshold_equal_hf(monkeypatch):
+    """Single rows whose top-p cut torch's rounding decides are deferred (and then decided by torch's own
+    float32 arithmetic): without the margin the scalar steps would decide some of them otherwise."""
+    generator = torch.Generator().manual_seed(11)
+    calls = [(scores[:1].clone(), top_k, top_p) for scores, top_k, top_p in _near_threshold_calls(generator, 300)]
+    expected = [top_p(None, top_k(None, scores)) for scores, top_k, top_p in calls]
+    disagreements, margin = {}, fused_warpers.ERROR_PER_TERM
+    for per_term in (margin, 0):
+        monkeypatch.setattr(fused_warpers, "ERROR_PER_TERM", per_term)
+        outcomes = _one_row_outcomes(monkeypatch)
+        disagreements[per_term] = sum(
+            not torch.equal(_bits(TopKTopP(top_k, top_p)(None, scores.clone())), _bits(want))
+            for (scores, top_k, top_p), want in zip(calls, expected)
+        )
+        if per_term:
+            assert outcomes.count(False) > 10  # rows at the threshold were deferred
+    assert disagreements[margin] == 0
+    assert disagreements[0] > 10
 
 
 def _near_threshold_calls(generator: torch.Generator, calls: int):
