@@ -184,8 +184,21 @@ def build_parser() -> argparse.ArgumentParser:
             try:
                 importlib.import_module(module_name).configure(sub)
             except ImportError as error:  # an optional extra that is not installed
-                parser.exit(2, f"securesd {name}: {error}\n")
+                if not _asks_for_help(sys.argv[2:]):
+                    parser.exit(2, f"securesd {name}: {error}\n")
+                sub.description = f"{help_text}\n\nNot available in this environment:\n  {error}"
+                sub.formatter_class = argparse.RawDescriptionHelpFormatter  # the install command on one line
     return parser
+
+
+def _asks_for_help(arguments: list[str]) -> bool:
+    """Whether a subcommand's arguments ask for its help (argparse's -h / --help, before any `--`)."""
+    for argument in arguments:
+        if argument == "--":
+            return False
+        if argument in ("-h", "--help"):
+            return True
+    return False
 
 
 def main(argv: list[str] | None = None) -> int:
