@@ -72,3 +72,18 @@ def test_the_console_script_exits_130_where_sigint_cannot_end_it(monkeypatch) ->
         with pytest.raises(SystemExit) as exited:
             cli.console_main()
     assert exited.value.code == cli.EXIT_INTERRUPTED
+
+
+def test_ctrl_c_while_a_subcommand_imports_its_modules_is_one_line_and_exit_130(monkeypatch, capsys) -> None:
+    """The heavy imports (torch, transformers) happen inside `main`, where Ctrl-C is reported in one line:
+    `import hf_securesd` and the console script's own import load neither (tests/core/test_package.py)."""
+    real_import = cli.importlib.import_module
+
+    def importing(name, *args, **kwargs):
+        if name == cli.SUBCOMMANDS["demo"][0]:
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(cli.importlib, "import_module", importing)
+    assert cli.main(["demo", "--help"]) == cli.EXIT_INTERRUPTED
+    assert capsys.readouterr().err == "interrupted\n"
