@@ -90,14 +90,23 @@ _LEADING_QUOTES_AND_EMPHASIS = re.compile(r"^[\s\"'*_#>~\-]+")
 # so a match never backtracks: linear. It stops before an HTML comment's opening ``<!--``, which
 # `strip_leading_markup` removes whole, and before an HTML character reference (`_REFERENCE`), which it
 # reads as the character it renders.
+_DESTINATION = (  # a Markdown link's or image's "(destination "title")", each form bounded
+    r"\((?:[^()]{0,2000}"  # without parentheses
+    r"|(?:[^()]|\([^()]{0,200}\)){0,2000}"  # with balanced ones, a level deep (``x_(1).png``)
+    r"|[^()\"]{0,2000}\"[^\"]{0,1000}\"[^()\"]{0,50}"  # a title in quotes holds any parentheses
+    r"|[^()']{0,2000}'[^']{0,1000}'[^()']{0,50})\)"
+)
 _LEADING_MARKUP = re.compile(
-    r"(?:!\[[^\[\]]{0,1000}\]\([^()]{0,2000}\)"  # a Markdown image: its alt text is not shown
-    r"|\[\]\([^()]{0,2000}\)"  # a Markdown link without text: renders as nothing
-    r"|</?[a-z][a-z0-9]{0,30}(?:[\s/][^<>]{0,200})?>"
+    r"(?:!\[[^\[\]]{0,1000}\](?:" + _DESTINATION + r"|\[[^\[\]]{0,1000}\])"  # an image: its alt text is not shown
+    r"|\[\]" + _DESTINATION  # a Markdown link without text: renders as nothing
+    + r"|</?[a-z][a-z0-9]{0,30}(?:[\s/][^<>]{0,200})?>"
     r"|\d{1,9}[.)\u20e3]"
     r"|[^\w<&!\[]+"
-    r"|[_!\[]|&(?!#?[a-z0-9]{1,32};)|<(?!!--))+"
+    r"|[_!\[]|&(?!#?[a-z0-9]{1,32};)|<(?!!--|!\[cdata\[|![a-z]|\?))+"
 )
+# What HTML reads as a bogus comment up to the next ">", hiding what it holds: a processing instruction
+# ``<?...>``, a declaration ``<!x...>`` (also ``<!doctype ...>``) and a CDATA section outside SVG/MathML
+_BOGUS_COMMENT = re.compile(r"<(?:\?|![a-z]|!\[cdata\[)")
 # An HTML character reference (``&nbsp;``, ``&#73;``, ``&#x49;``) as Markdown and HTML decode it: a name or
 # a number between ``&`` and ``;`` (`html.unescape` decodes it; one it does not know stays as written)
 _REFERENCE = re.compile(r"&#?[a-z0-9]{1,32};")
@@ -202,18 +211,28 @@ def strip_leading_markup(text: str) -> str:
     control characters, list numbers (``1.``, ``2)``; written as character references too: ``&#49;.``),
     simple HTML tags, character references that render as none of letters and digits (``&nbsp;``,
     ``&#8212;``), Markdown images and links without text
-    (``![i'm sorry](x.png)``, ``[](i'm sorry)``), and HTML comments with what they hold (``<!-- i'm sorry
-    -->sure, ...`` renders as "sure, ..."; an unclosed one is left as it is); what follows is returned as
+    (``![i'm sorry](x.png)``, ``![i'm sorry](x_(1).png "a (b")``, ``![i'm sorry][ref]``, ``[](i'm sorry)``),
+    HTML comments with what they hold (``<!-- i'm sorry -->sure, ...`` renders as "sure, ..."; an unclosed
+    one is left as it is) and what HTML reads as a bogus comment up to the next ">" (``<?i'm sorry?>``,
+    ``<!i'm sorry>``, ``<![cdata[...]]>``; unclosed, it shows as written); what follows is returned as
     it renders, its character references decoded (`rendered_references`: ``&#73;'m sorry`` is "i'm
     sorry", ``&#89;&#101;&#115;! i cannot wait`` is "yes! i cannot wait"). Other letters and words are
     never removed, so a response that opens with words still opens with them. Linear: the text is read
     once, from a position that only moves forward (an empty comment closes as HTML closes it, ``<!-->``
     and ``<!--->`` included)."""
     position = 0
+    next_close = -1  # the first ">" at or after `position` once looked for (len(text): none)
     while True:
         markup = _LEADING_MARKUP.match(text, position)
         if markup is not None:
             position = markup.end()
+        if _BOGUS_COMMENT.match(text, position) is not None:
+            if next_close < position:
+                next_close = text.find(">", position)
+                next_close = len(text) if next_close < 0 else next_close
+            # an unclosed one shows as text (Markdown leaves it as written): its "<" is leading markup
+            position = next_close + 1 if next_close < len(text) else position + 1
+            continue
         reference = _REFERENCE.match(text, position)
         if reference is not None and _renders_as_markup(reference.group(0)):
             position = reference.end()
