@@ -16,6 +16,7 @@ from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
 
 from .prefixes import TokenBuffer
+from .validation import SecureSDConfigError
 
 
 def limits(
@@ -71,9 +72,33 @@ def first_stops(
             break
         prefix = torch.tensor([min(length, tokens) for tokens in available], device=device)
         scores = None if scores_until is None else scores_until(length - lengths[host_rows[0]])
-        done = stopping_criteria(buffer.views(everyone, prefix, length), scores).tolist()
+        done = row_verdicts(stopping_criteria, buffer.views(everyone, prefix, length), scores).tolist()
         for row in range(batch):
             hit = wanted.get((row, length))
             if hit is not None and done[row] and stops[hit[0]] is None:
                 stops[hit[0]] = hit[1]
     return stops
+
+
+def row_verdicts(
+    stopping_criteria: StoppingCriteriaList, input_ids: torch.Tensor, scores: tuple[torch.Tensor, ...] | None
+) -> torch.Tensor:
+    """stopping_criteria(input_ids [B, L], scores) -> [B] bool, as `StoppingCriteriaList` combines them, with
+    each criterion's verdict checked: in a batch, one verdict for the whole batch (a bool, a 0-d or [1]
+    tensor: the `StopOnTokens` idiom that reads one row) cannot be honoured. Plain decoding stops every row
+    at the step it fires, but speculative rows advance at different speeds, so some rows would already
+    hold tokens past it; `SecureSDConfigError` names the criterion and the fix instead."""
+    batch = input_ids.shape[0]
+    done = torch.zeros(batch, dtype=torch.bool, device=input_ids.device)
+    for criterion in stopping_criteria:
+        verdict = criterion(input_ids, scores)
+        if batch > 1 and not (isinstance(verdict, torch.Tensor) and tuple(verdict.shape) == (batch,)):
+            shape = tuple(verdict.shape) if isinstance(verdict, torch.Tensor) else type(verdict).__name__
+            raise SecureSDConfigError(
+                f"the stopping criterion {type(criterion).__name__} returned one verdict for the whole batch "
+                f"({shape}) where speculative decoding needs one per row: its rows advance at different speeds, "
+                f"so a batch-wide stop cannot land where plain decoding puts it. Return a [batch_size] bool "
+                f"tensor (row i's verdict from input_ids[i] alone), or generate one row at a time"
+            )
+        done = done | verdict
+    return done

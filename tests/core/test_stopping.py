@@ -113,3 +113,54 @@ def test_a_subclass_of_a_length_criterion_is_called_like_any_criterion(pair):
     criteria = StoppingCriteriaList([StopAtLengthOrOnToken(PROMPT.shape[1] + 2, token)])
     plain, ours = _both(target, draft, 1, max_new_tokens=20, stopping_criteria=criteria)
     assert plain.shape[1] > PROMPT.shape[1] + 2 and torch.equal(ours, plain)
+
+
+class _RowZeroStops(StoppingCriteria):
+    """The widely copied `StopOnTokens` idiom: reads row 0 and returns one verdict for the whole batch."""
+
+    def __init__(self, token: int, form: str) -> None:
+        self.token, self.form = token, form
+
+    def __call__(self, input_ids, scores, **kwargs):
+        hit = input_ids[0, -1] == self.token
+        return {"bool": bool(hit), "0-d": hit, "[1]": hit.reshape(1)}[self.form]
+
+
+class _PerRowStops(StoppingCriteria):
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def _a_token_greedy_reaches(target, rows: int) -> int:
+    greedy = target.generate(input_ids=PROMPT[:rows], attention_mask=MASK[:rows], do_sample=False, pad_token_id=0,
+                             max_new_tokens=12)
+    return int(greedy[0, PROMPT.shape[1] + 3])  # row 0's fourth new token
+
+
+@pytest.mark.parametrize("form", ["bool", "0-d", "[1]"])
+def test_one_verdict_for_a_whole_batch_is_refused_naming_the_criterion(pair, form):
+    draft, target = pair
+    criteria = StoppingCriteriaList([_RowZeroStops(_a_token_greedy_reaches(target, 2), form)])
+    with pytest.raises(hf_securesd.SecureSDConfigError, match=r"_RowZeroStops returned one verdict for the whole batch.*\[batch_size\] bool tensor"):
+        target.generate(input_ids=PROMPT, attention_mask=MASK, do_sample=False, pad_token_id=0, max_new_tokens=12,
+                        stopping_criteria=criteria, assistant_model=draft, verifier="lossless")
+
+
+@pytest.mark.parametrize("form", ["bool", "0-d", "[1]"])
+def test_one_verdict_for_one_row_is_honoured(pair, form):
+    draft, target = pair
+    criteria = StoppingCriteriaList([_RowZeroStops(_a_token_greedy_reaches(target, 1), form)])
+    plain, ours = _both(target, draft, 1, max_new_tokens=12, stopping_criteria=criteria)
+    assert plain.shape[1] < PROMPT.shape[1] + 12  # the criterion fired
+    assert torch.equal(ours, plain)
+
+
+def test_per_row_verdicts_in_a_batch_are_honoured(pair):
+    draft, target = pair
+    criteria = StoppingCriteriaList([_PerRowStops(_a_token_greedy_reaches(target, 2))])
+    plain, ours = _both(target, draft, 2, max_new_tokens=12, stopping_criteria=criteria)
+    assert plain.shape[1] > PROMPT.shape[1] + 4 and (plain[0, PROMPT.shape[1] + 4 :] == 0).all()  # row 0 stopped
+    assert torch.equal(ours, plain)
