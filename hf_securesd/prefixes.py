@@ -32,6 +32,7 @@ from transformers.generation import logits_process
 
 from .fused_penalty import PenaltyThenTemperature, fuse_penalty_temperature, ids_within
 from .fused_warpers import TopKTopP, fuse_top_k_top_p
+from .validation import SecureSDConfigError
 
 _SCORES_ONLY = tuple(
     getattr(logits_process, name)
@@ -78,6 +79,20 @@ def row_independent(processor, prompt_length: int) -> bool:
         return (isinstance(ignored, torch.Tensor) and ignored.dim() == 1 and ignored.numel() > 0
                 and int(ignored.max()) < prompt_length)
     return False
+
+
+def checked_scores(processor: object, scores: object, shape: torch.Size) -> torch.Tensor:
+    """A processor's output, checked to be what a logits processor returns: a floating-point tensor of its
+    input's shape [N, V]. Anything else (a [V] row from a squeezed [1, V] input, fewer columns, integers)
+    would be read as other rows or tokens: `SecureSDConfigError` names the processor and what it returned."""
+    if isinstance(scores, torch.Tensor) and scores.shape == shape and scores.is_floating_point():
+        return scores
+    got = f"a {tuple(scores.shape)} {scores.dtype} tensor" if isinstance(scores, torch.Tensor) else type(scores).__name__
+    raise SecureSDConfigError(
+        f"the logits processor {type(processor).__name__} returned {got} for scores of shape {tuple(shape)}: a "
+        "logits processor returns floating-point scores of its input's shape [batch_size, vocab_size]; fix the "
+        "processor (e.g. do not squeeze the batch dimension)"
+    )
 
 
 def _constrains_one_beam(processor) -> bool:
@@ -527,7 +542,9 @@ class RowProcessing:
                 if _constrains_one_beam(processor):
                     scores = _constrain_rows(processor, ids, scores, at_length)
                 else:
-                    scores = processor(ids, scores)
+                    scores = checked_scores(processor, processor(ids, scores), scores.shape)
+            if scores.dtype != processed.dtype:  # a processor's own precision, as plain decoding keeps it
+                processed = processed.to(scores.dtype)
             index, i, row = (torch.tensor(column, device=device) for column in zip(*members))
             processed[index, i] = scores[row]
         return processed

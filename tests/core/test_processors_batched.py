@@ -10,7 +10,7 @@ from support import random_prompts
 from transformers import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor, TemperatureLogitsWarper
 from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsWarper
 
-from hf_securesd import FSD, LossySD, NonFiniteLogitsError
+from hf_securesd import FSD, LossySD, NonFiniteLogitsError, SecureSDConfigError
 from hf_securesd import fused_warpers
 from hf_securesd.fused_penalty import PenaltyThenTemperature
 from hf_securesd.fused_warpers import TopKTopP
@@ -153,6 +153,53 @@ def test_custom_processor_sees_each_rows_own_full_prefix_and_batch_row(llama_pai
                           logits_processor=LogitsProcessorList([recorder]), num_assistant_tokens=4)
     assert out.tolist() == reference.tolist()
     assert all(call.shape[0] == len(TEXTS) for call in recorder.calls), "a call did not have the batch's shape"
+
+
+class PrecisionChanging(LogitsProcessor):
+    """Adds a float64 bias (torch promotes the scores), then casts to `dtype`: plain decoding goes on in it."""
+
+    def __init__(self, dtype: torch.dtype) -> None:
+        self.dtype = dtype
+
+    def __call__(self, input_ids, scores):
+        bias = torch.zeros(scores.shape[-1], dtype=torch.float64)
+        bias[65] = 0.5
+        return (scores + bias).to(self.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float16, torch.bfloat16])
+def test_a_processor_that_changes_the_precision_equals_target_greedy(llama_pair, dtype):
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS)
+    processors = LogitsProcessorList([PrecisionChanging(dtype)])
+    reference = target.generate(**batch, max_new_tokens=14, do_sample=False, logits_processor=processors)
+    out = target.generate(**batch, max_new_tokens=14, do_sample=False, assistant_model=draft, verifier="lossless",
+                          logits_processor=processors)
+    assert out.tolist() == reference.tolist()
+
+
+class Misshaping(LogitsProcessor):
+    def __init__(self, change) -> None:
+        self.change = change
+
+    def __call__(self, input_ids, scores):
+        return self.change(scores)
+
+
+@pytest.mark.parametrize("change, got", [
+    (lambda scores: scores.squeeze(0), r"a \(259,\) torch.float32 tensor"),  # a [V] row from the [1, V] input
+    (lambda scores: scores[:, :-3], r"a \(1, 256\) torch.float32 tensor"),
+    (lambda scores: scores.argmax(-1, keepdim=True).expand_as(scores), r"a \(1, 259\) torch.int64 tensor"),
+    (lambda scores: scores.tolist(), r"list"),
+])
+def test_a_processor_that_returns_other_than_its_inputs_shape_is_named(llama_pair, change, got):
+    """Plain decoding may read such scores without noticing (a [V] row at batch 1 broadcasts); the loop would
+    read them as other rows or tokens, so it refuses them instead of answering wrongly."""
+    draft, target = llama_pair
+    batch = _padded_batch(TEXTS[:1])
+    with pytest.raises(SecureSDConfigError, match=rf"logits processor Misshaping returned {got} for scores of shape \(1, 259\)"):
+        target.generate(**batch, max_new_tokens=6, do_sample=False, assistant_model=draft, verifier="lossless",
+                        logits_processor=LogitsProcessorList([Misshaping(change)]))
 
 
 def test_row_independent_processors_are_called_once_per_step_for_all_rows(llama_pair, monkeypatch):
