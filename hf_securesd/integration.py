@@ -41,6 +41,7 @@ from .validation import (
     OTHER_METHODS,
     PROMPT_LOOKUP,
     SecureSDConfigError,
+    SecureSDConfigTypeError,
     check_model_inputs,
     check_models,
     check_options,
@@ -234,6 +235,11 @@ def _securesd_fields(
     verifier = _requested_verifier(model, arguments, generation_config, default_verifier)
     if verifier is None:
         return None
+    if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+        raise SecureSDConfigTypeError(
+            f"generation_config= takes a transformers GenerationConfig, not {type(generation_config).__name__}; "
+            "pass GenerationConfig(**fields), or give the fields to generate as keyword arguments"
+        )
     options = {name: _effective(name, arguments, generation_config, model) for name in _CHECKED_OPTIONS}
     lookup = options["prompt_lookup_num_tokens"]
     if draft is None and lookup is None and "verifier" not in arguments:

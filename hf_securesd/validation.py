@@ -388,9 +388,9 @@ def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> No
             "speculative loop runs in one process; load the models on one process (device_map='auto' spreads "
             "one model over several GPUs)"
         )
-    if (options.get("num_beams") or 1) > 1:
+    if _count_option(options, "num_beams") > 1:
         raise SecureSDConfigError("num_beams > 1 (beam search) cannot be combined with verifier=; use num_beams=1")
-    if (options.get("num_return_sequences") or 1) > 1:
+    if _count_option(options, "num_return_sequences") > 1:
         raise SecureSDConfigError(
             "num_return_sequences > 1 cannot be combined with verifier=; repeat the prompt in the batch instead"
         )
@@ -410,3 +410,19 @@ def check_options(options: dict[str, Any], input_ids: torch.Tensor | None) -> No
                     f"{option} supports a single sequence with verifier= (rows of a batch advance by different "
                     f"numbers of tokens per round); generate one prompt at a time to use {option}"
                 )
+
+
+def _count_option(options: Mapping[str, Any], name: str) -> int:
+    """options[name] (`num_beams`, `num_return_sequences`) as a whole number >= 1, 1 when not given. Another
+    type or a count below 1 is refused: transformers would take num_beams=0 as beam search (and divide by it)
+    and leave SecureSD out, and a text "2" would fail inside a comparison."""
+    value = options.get(name)
+    if value is None:
+        return 1
+    if not is_integer(value):
+        raise SecureSDConfigTypeError(f"{name}={short_repr(value)} must be a whole number (1 with verifier=), "
+                                      f"not {type(value).__name__}; pass {name}=1 or leave it out")
+    count = int(python_scalar(value))
+    if count < 1:
+        raise SecureSDConfigError(f"{name}={count} is not a count (at least 1); with verifier= pass {name}=1 or leave it out")
+    return count

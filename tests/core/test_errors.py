@@ -176,6 +176,13 @@ def test_different_tokenizer_assistant_is_rejected(llama_pair, forward_calls):
     ("num_beams", 2, "num_beams > 1"),
     ("num_return_sequences", 2, "num_return_sequences > 1"),
     ("output_attentions", True, "output_attentions=True is not supported"),
+    # transformers takes num_beams=0 as beam search (it divides by it) and would leave SecureSD out
+    ("num_beams", 0, r"num_beams=0 is not a count \(at least 1\); with verifier= pass num_beams=1"),
+    ("num_beams", -1, r"num_beams=-1 is not a count"),
+    ("num_return_sequences", 0, r"num_return_sequences=0 is not a count"),
+    ("num_beams", "2", r"num_beams='2' must be a whole number \(1 with verifier=\), not str"),
+    ("num_return_sequences", 2.0, r"num_return_sequences=2.0 must be a whole number"),
+    ("generation_config", {"max_new_tokens": 5}, r"generation_config= takes a transformers GenerationConfig, not dict"),
 ])
 def test_unsupported_generation_options(llama_pair, forward_calls, option, value, message):
     draft, target = llama_pair
