@@ -102,19 +102,26 @@ _LEADING_MARKUP = re.compile(
     + r"|</?[a-z][a-z0-9]{0,30}(?:[\s/][^<>]{0,200})?>"
     r"|\d{1,9}[.)\u20e3]"
     r"|[^\w<&!\[]+"
-    r"|[_!\[]|&(?!#?[a-z0-9]{1,32};)|<(?!!--|!\[cdata\[|![a-z]|\?))+"
+    r"|[_!\[]|&(?!#?[a-z0-9]{1,32};|#[0-9]|#x[0-9a-f])|<(?!!--|!\[cdata\[|![a-z]|\?))+"
 )
 # What HTML reads as a bogus comment up to the next ">", hiding what it holds: a processing instruction
 # ``<?...>``, a declaration ``<!x...>`` (also ``<!doctype ...>``) and a CDATA section outside SVG/MathML
 _BOGUS_COMMENT = re.compile(r"<(?:\?|![a-z]|!\[cdata\[)")
 # An HTML character reference (``&nbsp;``, ``&#73;``, ``&#x49;``) as Markdown and HTML decode it: a name or
 # a number between ``&`` and ``;`` (`html.unescape` decodes it; one it does not know stays as written)
-_REFERENCE = re.compile(r"&#?[a-z0-9]{1,32};")
+# A Markdown backslash escape: a backslash before ASCII punctuation shows that character alone ("&" aside,
+# whose escape keeps a character reference from being decoded)
+_BACKSLASH_ESCAPE = re.compile(r"\\([!-%'-/:-@\[-`{-~])")
+# leading zeros of a decimal or a hexadecimal reference (a "0" stays where no digit follows: "&#0", "&#00a")
+_LEADING_ZEROS = re.compile(r"&#(?:0+(?=[0-9])|(x)0+(?=[0-9a-f]))")
+_BEYOND_UNICODE = re.compile(r"&#(?:[1-9][0-9]{7,}|x[1-9a-f][0-9a-f]{6,});?")
+_REFERENCE = re.compile(r"&#?[a-z0-9]{1,32};|&#[0-9]{1,7}(?![0-9])|&#x[0-9a-f]{1,6}(?![0-9a-f])")
 # A list number as `_LEADING_MARKUP` reads one: one to nine digits, then one of these characters
 _LIST_NUMBER_DIGITS = 9
 _LIST_NUMBER_ENDS = frozenset(".)\u20e3")
 _DIGIT = re.compile(r"\d")
-_COMMENT_OPEN, _COMMENT_CLOSE = "<!--", "-->"
+_COMMENT_OPEN = "<!--"
+_COMMENT_CLOSE = re.compile(r"--!?>")  # HTML closes a comment at "-->" or "--!>"
 # Markdown emphasis: an opening run of one to three "*" or "_" (not after a letter or digit, before a
 # character that is not space), the emphasised text on one line (at most 200 characters: linear), and the
 # same run closing it (after a character that is not space, not before a letter or digit)
@@ -175,10 +182,21 @@ def _is_definition(line: str) -> bool:
 
 
 def rendered_references(text: str) -> str:
-    """Normalised `text` with its HTML character references decoded as Markdown and HTML render them
-    (``&#73;&#39;m`` reads "i'm", ``&nbsp;`` a space), then normalised again (`normalize_text`: a
-    reference may spell an upper-case, fullwidth or invisible character)."""
-    return normalize_text(html.unescape(text)) if "&" in text else text
+    """Normalised `text` as Markdown renders its backslash escapes (``i\\'m`` reads "i'm"; an escaped ``&``
+    stays as written) and as Markdown and HTML decode its character references (``&#73;&#39;m`` and
+    ``&#73'm`` read "i'm", ``&nbsp;`` a space), then normalised again (`normalize_text`: a reference may
+    spell an upper-case, fullwidth or invisible character)."""
+    if "\\" in text:
+        text = _BACKSLASH_ESCAPE.sub(r"\1", text)
+    return normalize_text(html.unescape(_bounded_numbers(text))) if "&" in text else text
+
+
+def _bounded_numbers(text: str) -> str:
+    """Normalised `text` with its numeric character references' digits bounded, each still rendering as it
+    did: leading zeros collapsed (``&#000073;`` is ``&#73;``) and a number beyond U+10FFFF written as the
+    U+FFFD it renders (HTML's rule). `html.unescape` converts a reference's digits with `int`, which
+    refuses more than 4,300 of them (a model-written ``&#1111...`` would stop the judge)."""
+    return _BEYOND_UNICODE.sub("\ufffd", _LEADING_ZEROS.sub(lambda zeros: f"&#{zeros.group(1) or ''}", text))
 
 
 def _renders_as_markup(reference: str) -> bool:
@@ -220,6 +238,7 @@ def strip_leading_markup(text: str) -> str:
     never removed, so a response that opens with words still opens with them. Linear: the text is read
     once, from a position that only moves forward (an empty comment closes as HTML closes it, ``<!-->``
     and ``<!--->`` included)."""
+    text = _bounded_numbers(text)  # a reference of thousands of digits is the character it renders
     position = 0
     next_close = -1  # the first ">" at or after `position` once looked for (len(text): none)
     while True:
@@ -234,6 +253,8 @@ def strip_leading_markup(text: str) -> str:
             position = next_close + 1 if next_close < len(text) else position + 1
             continue
         reference = _REFERENCE.match(text, position)
+        if reference is not None and text[position - 1 : position] == "\\":
+            return rendered_references(text[position - 1 :])  # "\\&#73;" shows "&#73;" as written: text
         if reference is not None and _renders_as_markup(reference.group(0)):
             position = reference.end()
             continue
@@ -243,10 +264,10 @@ def strip_leading_markup(text: str) -> str:
             continue
         if reference is not None or not text.startswith(_COMMENT_OPEN, position):
             return rendered_references(text[position:])
-        end = text.find(_COMMENT_CLOSE, position + 2)  # from "--" of the opening: "<!-->" is closed
-        if end < 0:
+        close = _COMMENT_CLOSE.search(text, position + 2)  # from "--" of the opening: "<!-->" is closed
+        if close is None:
             return rendered_references(text[position:])
-        position = end + len(_COMMENT_CLOSE)
+        position = close.end()
 
 
 def _prefix_tuple(prefix_list: str | None, prefixes: Iterable[str] | None) -> tuple[str, ...]:
