@@ -45,7 +45,8 @@ rounding (|x_target - x_draft| <= 1e-12 * max(|x_target|, |x_draft|), a toleranc
 scores' own scale) the ratio is undefined: the metric returns NaN, sets `undefined` and warns,
 never dividing by zero. Scores of any magnitude a float64 holds work: each setting's scores are
 rescaled by a power of two (exactly) before any mean or difference is taken, so nothing overflows,
-and a setting of tiny scores keeps its precision beside a setting of huge ones.
+and a setting of tiny scores keeps its precision beside a setting of huge ones. Within a setting all
+columns share the scale of its largest score: one below 2**-1074 of it reads as 0.
 
 With `settings` (one hyperparameter setting per row) the PRR is computed per setting and averaged
 over the sweep. With `baseline_predictions` (the same verifier and setting without SecureSD) it
