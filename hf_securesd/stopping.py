@@ -97,8 +97,8 @@ def row_verdicts(
             raise SecureSDConfigError(
                 f"the stopping criterion {type(criterion).__name__} returned one verdict for the whole batch "
                 f"({shape}) where speculative decoding needs one per row: its rows advance at different speeds, "
-                f"so a batch-wide stop cannot land where plain decoding puts it. Return a [batch_size] bool "
-                f"tensor (row i's verdict from input_ids[i] alone), or generate one row at a time"
+                "so a batch-wide stop cannot land where plain decoding puts it. Return a [batch_size] bool "
+                "tensor (row i's verdict from input_ids[i] alone), or generate one row at a time"
             )
         done = done | verdict
     return done
