@@ -77,9 +77,7 @@ class TopKTopP:
             values = scores.numpy()
             cutoff = self._one_row_cutoff(values[0])
             if cutoff is not None:
-                kept = values if in_place else values.copy()
-                np.putmask(kept, values < cutoff, NEG_INF)
-                return scores if in_place else torch.from_numpy(kept)
+                return _removed_below(scores, values, cutoff, in_place)
         elif not _worth_fusing(scores):
             return self.top_p(input_ids, self.top_k(input_ids, scores))
         values = scores.numpy()
@@ -94,9 +92,7 @@ class TopKTopP:
         # One pass for both warpers: top-k removes the scores < kth, top-p those <= its last removed value;
         # no score of a row lies between that value and the first kept one, so both remove exactly the
         # scores < `cutoff`.
-        kept = values if in_place else values.copy()
-        np.putmask(kept, values < cutoff, NEG_INF)  # (np.copyto with where= is ~1.5x slower)
-        out = scores if in_place else torch.from_numpy(kept)
+        out = _removed_below(scores, values, cutoff, in_place)
         if originals is not None:
             own_ids = input_ids[rows] if input_ids is not None and input_ids.shape[0] == len(values) else input_ids
             out[rows] = self.top_p(own_ids, self.top_k(own_ids, originals))
@@ -188,6 +184,14 @@ class TopKTopP:
 
 
 _LAST_AND_NEXT = np.array([[-1, 0]])  # offsets of the last removed and the first kept sorted entry
+
+
+def _removed_below(scores: torch.Tensor, values: np.ndarray, cutoff: np.ndarray | np.float32, in_place: bool) -> torch.Tensor:
+    """scores [N, V] (values: their NumPy view) with every entry below its row's cutoff ([N, 1], or one value
+    for one row) set to -inf: written into `scores` when in_place, else into a copy."""
+    kept = values if in_place else values.copy()
+    np.putmask(kept, values < cutoff, NEG_INF)  # (np.copyto with where= is ~1.5x slower)
+    return scores if in_place else torch.from_numpy(kept)
 
 
 def _row_numbers(rows: int) -> np.ndarray:

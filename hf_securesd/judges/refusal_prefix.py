@@ -186,9 +186,14 @@ def rendered_references(text: str) -> str:
     stays as written) and as Markdown and HTML decode its character references (``&#73;&#39;m`` and
     ``&#73'm`` read "i'm", ``&nbsp;`` a space), then normalised again (`normalize_text`: a reference may
     spell an upper-case, fullwidth or invisible character)."""
+    return _decoded(_bounded_numbers(text))
+
+
+def _decoded(text: str) -> str:
+    """`rendered_references` of a text whose numeric references are already bounded (`_bounded_numbers`)."""
     if "\\" in text:
         text = _BACKSLASH_ESCAPE.sub(r"\1", text)
-    return normalize_text(html.unescape(_bounded_numbers(text))) if "&" in text else text
+    return normalize_text(html.unescape(text)) if "&" in text else text
 
 
 def _bounded_numbers(text: str) -> str:
@@ -254,7 +259,7 @@ def strip_leading_markup(text: str) -> str:
             continue
         reference = _REFERENCE.match(text, position)
         if reference is not None and text[position - 1 : position] == "\\":
-            return rendered_references(text[position - 1 :])  # "\\&#73;" shows "&#73;" as written: text
+            return _decoded(text[position - 1 :])  # "\\&#73;" shows "&#73;" as written: text
         if reference is not None and _renders_as_markup(reference.group(0)):
             position = reference.end()
             continue
@@ -263,10 +268,10 @@ def strip_leading_markup(text: str) -> str:
             position = number_end
             continue
         if reference is not None or not text.startswith(_COMMENT_OPEN, position):
-            return rendered_references(text[position:])
+            return _decoded(text[position:])
         close = _COMMENT_CLOSE.search(text, position + 2)  # from "--" of the opening: "<!-->" is closed
         if close is None:
-            return rendered_references(text[position:])
+            return _decoded(text[position:])
         position = close.end()
 
 
